@@ -1,0 +1,280 @@
+// SPDX-License-Identifier: GPL-2.0
+/* shunt bypass: host-local TCP connections skip the TCP/IP stack.
+ *
+ * Pairing (see docs/ARCHITECTURE.md):
+ *  1. server side, request socket (TIMEOUT_INIT): register the tuple with the
+ *     server's netns in `pending`. A second registration of the same tuple from
+ *     another netns marks it ambiguous: those connections are never paired.
+ *  2. client side, ACTIVE_ESTABLISHED: a registered tuple means the peer is on
+ *     this host and enabled. Claim it, record our netns, insert ourselves.
+ *  3. server side, PASSIVE_ESTABLISHED: a claimed tuple from our own netns is
+ *     our client. Insert ourselves; the entry is done.
+ * Each side's sockhash key carries its own netns, so a key names one live
+ * socket on the host. Sockets whose peer is elsewhere are never inserted.
+ *
+ * Ordering: a direction redirects only while nothing of it has ever gone the
+ * TCP way (write_seq unchanged since ESTABLISHED). The receiver reads its
+ * redirect queue before its TCP queue, so redirect-then-TCP keeps order and
+ * TCP-then-redirect never happens.
+ */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+
+#include "include/kernel.h"
+#include "include/shunt_keys.h"
+#include "include/shunt_maps.h"
+#include "include/shunt_helpers.h"
+
+char __license[] SEC("license") = "GPL";
+
+/* Keeps struct flow_record in BTF so bpf2go generates its Go twin. */
+const struct flow_record *unused_flow_record __attribute__((unused));
+
+/* Set from Go before load. */
+volatile const struct config {
+	__u64 pending_ttl_ns; /* a registration older than this is a dead handshake */
+} cfg = {
+	.pending_ttl_ns = 300ULL * 1000 * 1000 * 1000,
+};
+
+static __always_inline void register_handshake(struct bpf_sock_ops *skops)
+{
+	struct tuple t = {};
+	if (tuple_from_skops(skops, &t, 0))
+		return;
+
+	__u64 netns = bpf_get_netns_cookie(skops);
+	__u64 now = bpf_ktime_get_ns();
+	struct pending fresh = {
+		.server_netns = netns,
+		.created_ns = now,
+		.state = PENDING_REGISTERED,
+		.registrants = 1,
+	};
+
+	struct pending *p = bpf_map_lookup_elem(&handshakes, &t);
+	if (!p) {
+		if (bpf_map_update_elem(&handshakes, &t, &fresh, BPF_NOEXIST) == 0) {
+			count(CNT_REGISTERED);
+			return;
+		}
+		p = bpf_map_lookup_elem(&handshakes, &t);
+		if (!p) {
+			count(CNT_REGISTRY_FULL);
+			return;
+		}
+	}
+	if (now - p->created_ns > cfg.pending_ttl_ns) {
+		bpf_map_update_elem(&handshakes, &t, &fresh, BPF_EXIST);
+		count(CNT_REGISTERED);
+		return;
+	}
+	/* Same netns and tuple: the same connection (a SYN retried after its
+	 * request was dropped); a netns holds one connection per tuple. */
+	if (p->server_netns == netns)
+		return;
+	__sync_fetch_and_add(&p->registrants, 1);
+	__sync_fetch_and_or(&p->state, PENDING_AMBIGUOUS);
+	count(CNT_AMBIGUOUS);
+}
+
+static __always_inline struct sock_state *new_state(struct bpf_sock *sk, struct sock_key *self,
+						     struct sock_key *peer)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return 0;
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return 0;
+	st->self = *self;
+	st->peer = *peer;
+	st->created_ns = bpf_ktime_get_ns();
+	st->tx_bytes = 0;
+	st->tx_msgs = 0;
+	st->pass_msgs = 0;
+	st->seq0 = tp->write_seq;
+	st->flags = 0;
+	return st;
+}
+
+static __always_inline void client_established(struct bpf_sock_ops *skops)
+{
+	struct tuple t = {};
+	if (tuple_from_skops(skops, &t, 1))
+		return;
+	struct pending *p = bpf_map_lookup_elem(&handshakes, &t);
+	if (!p)
+		return; /* peer elsewhere or not enabled: stay out of the way */
+	if (p->state != PENDING_REGISTERED) {
+		count(CNT_UNPAIRED);
+		return;
+	}
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+
+	__u64 netns = bpf_get_netns_cookie(skops);
+	struct sock_key self = { .netns = netns, .tuple = t, .role = ROLE_CLIENT };
+	struct sock_key peer = { .netns = p->server_netns, .tuple = t, .role = ROLE_SERVER };
+
+	p->client_netns = netns;
+	if (__sync_val_compare_and_swap(&p->state, PENDING_REGISTERED, PENDING_CLAIMED) != PENDING_REGISTERED) {
+		count(CNT_UNPAIRED);
+		return;
+	}
+	/* The server pairs only after our handshake ACK, which is sent after
+	 * this callback returns: poisoning below cannot race with it. */
+	if (!new_state(sk, &self, &peer)) {
+		__sync_fetch_and_or(&p->state, PENDING_AMBIGUOUS);
+		count(CNT_INSERT_FAILED);
+		return;
+	}
+	if (bpf_sock_hash_update(skops, &sock_hash, &self, BPF_NOEXIST)) {
+		bpf_sk_storage_delete(&sock_states, sk);
+		__sync_fetch_and_or(&p->state, PENDING_AMBIGUOUS);
+		count(CNT_INSERT_FAILED);
+	}
+}
+
+static __always_inline void server_established(struct bpf_sock_ops *skops)
+{
+	struct tuple t = {};
+	if (tuple_from_skops(skops, &t, 0))
+		return;
+	struct pending *p = bpf_map_lookup_elem(&handshakes, &t);
+	if (!p)
+		return;
+
+	__u64 netns = bpf_get_netns_cookie(skops);
+	int ours = p->state == PENDING_CLAIMED && p->server_netns == netns;
+	struct sock_key self = { .netns = netns, .tuple = t, .role = ROLE_SERVER };
+	struct sock_key peer = { .netns = p->client_netns, .tuple = t, .role = ROLE_CLIENT };
+
+	if (__sync_fetch_and_add(&p->registrants, -1) <= 1)
+		bpf_map_delete_elem(&handshakes, &t);
+	struct bpf_sock *sk = skops->sk;
+	if (!ours || !sk) {
+		count(CNT_UNPAIRED);
+		return;
+	}
+	if (!new_state(sk, &self, &peer)) {
+		count(CNT_INSERT_FAILED);
+		return;
+	}
+	if (bpf_sock_hash_update(skops, &sock_hash, &self, BPF_NOEXIST)) {
+		bpf_sk_storage_delete(&sock_states, sk);
+		count(CNT_INSERT_FAILED);
+		return;
+	}
+	count(CNT_PAIRED);
+}
+
+SEC("sockops")
+int shunt_sockops(struct bpf_sock_ops *skops)
+{
+	switch (skops->op) {
+	case BPF_SOCK_OPS_TIMEOUT_INIT:
+		/* Runs for the client's own socket too; only the server's
+		 * request socket (not a full socket) registers. */
+		if (!skops->is_fullsock)
+			register_handshake(skops);
+		break;
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+		client_established(skops);
+		break;
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		server_established(skops);
+		break;
+	}
+	return 1;
+}
+
+static __always_inline int fall_back(struct sock_state *st)
+{
+	if (!(st->flags & STATE_FALLBACK)) {
+		st->flags |= STATE_FALLBACK;
+		count(CNT_FALLBACK);
+	}
+	st->pass_msgs++;
+	return SK_PASS;
+}
+
+SEC("sk_msg")
+int shunt_sk_msg(struct sk_msg_md *msg)
+{
+	struct bpf_sock *sk = msg->sk;
+	if (!sk)
+		return SK_PASS;
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (!st)
+		return SK_PASS;
+	if (st->flags & STATE_FALLBACK) {
+		st->pass_msgs++;
+		return SK_PASS;
+	}
+
+	__u32 zero = 0;
+	struct control_word *ctl = bpf_map_lookup_elem(&control, &zero);
+	if (!ctl || ctl->draining)
+		return fall_back(st);
+
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp || tp->write_seq != st->seq0)
+		return fall_back(st);
+
+	/* A missing peer (not yet paired, or closed) leaves the send on the
+	 * TCP path, where a closed peer answers as TCP would. */
+	if (bpf_msg_redirect_hash(msg, &sock_hash, &st->peer, BPF_F_INGRESS) != SK_PASS)
+		return fall_back(st);
+
+	st->tx_bytes += msg->size;
+	st->tx_msgs++;
+	return SK_PASS;
+}
+
+SEC("iter/bpf_sk_storage_map")
+int shunt_iter_flows(struct bpf_iter__bpf_sk_storage_map *ctx)
+{
+	struct sock *sk = ctx->sk;
+	struct sock_state *st = ctx->value;
+	if (!sk || !st)
+		return 0;
+
+	struct flow_record r = {};
+	r.cookie = bpf_get_socket_cookie(sk);
+	r.cgroup_id = BPF_CORE_READ(sk, sk_cgrp_data.cgroup, kn, id);
+	r.tcp_state = BPF_CORE_READ(sk, __sk_common.skc_state);
+	__builtin_memcpy(&r.state, st, sizeof(r.state));
+	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
+	return 0;
+}
+
+/* Removes every socket whose redirect queues are empty; reports the keys of
+ * those that still hold unread bytes (deleting them would drop the bytes). */
+SEC("iter/sockmap")
+int shunt_iter_drain(struct bpf_iter__sockmap *ctx)
+{
+	struct sock *sk = ctx->sk;
+	void *key = ctx->key;
+	if (!sk || !key)
+		return 0;
+
+	struct sock_key k;
+	bpf_probe_read_kernel(&k, sizeof(k), key);
+
+	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
+	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
+	if (psock) {
+		struct list_head *head = __builtin_preserve_access_index(&psock->ingress_msg);
+		struct list_head *next = BPF_CORE_READ(psock, ingress_msg.next);
+		__u32 qlen = BPF_CORE_READ(psock, ingress_skb.qlen);
+		if (next != head || qlen) {
+			bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
+			return 0;
+		}
+	}
+	bpf_map_delete_elem(&sock_hash, &k);
+	return 0;
+}

@@ -1,0 +1,94 @@
+/* Keys and values shared between the BPF programs and Go (via bpf2go). */
+#pragma once
+
+#include <linux/types.h>
+
+/* A TCP connection seen from the client (the side that called connect).
+ * Addresses are always 16 bytes: IPv4 is stored IPv4-mapped (::ffff:a.b.c.d)
+ * so an AF_INET socket pairs with an AF_INET6 socket using a mapped address.
+ * Ports are host byte order.
+ */
+struct tuple {
+	__u8 client_ip[16];
+	__u8 server_ip[16];
+	__u16 client_port;
+	__u16 server_port;
+};
+
+enum role {
+	ROLE_CLIENT = 1,
+	ROLE_SERVER = 2,
+};
+
+/* Key of a socket in the sockhash. A socket's (netns, tuple) is unique on
+ * the host while it is open, so this key can never name two live sockets:
+ * identical addresses in different namespaces differ in netns.
+ */
+struct sock_key {
+	__u64 netns;
+	struct tuple tuple;
+	__u32 role;
+};
+
+/* Handshake registry: the server side records each incoming connection
+ * while the handshake runs, so the client learns at ESTABLISHED that its peer
+ * is on this host and enabled, and both learn each other's netns.
+ */
+enum pending_state {
+	PENDING_REGISTERED = 0, /* server saw the SYN */
+	PENDING_CLAIMED = 1,    /* client joined; server may pair */
+	PENDING_AMBIGUOUS = 2,  /* two servers registered this tuple: never pair */
+};
+
+struct pending {
+	__u64 server_netns;
+	__u64 client_netns;
+	__u64 created_ns;   /* bpf_ktime_get_ns() at registration */
+	__u32 state;        /* enum pending_state */
+	__u32 registrants;  /* server-side registrations not yet resolved */
+};
+
+/* Per-socket state in socket-local storage: freed with the socket, so a
+ * closed connection can never leave a stale entry behind.
+ */
+struct sock_state {
+	struct sock_key self;
+	struct sock_key peer;
+	__u64 created_ns;
+	__u64 tx_bytes;    /* bytes this socket sent by redirect */
+	__u64 tx_msgs;     /* sendmsg calls redirected */
+	__u64 pass_msgs;   /* sends left on the TCP path */
+	__u32 seq0;        /* write_seq at ESTABLISHED */
+	__u32 flags;       /* enum state_flags */
+};
+
+enum state_flags {
+	STATE_FALLBACK = 1, /* this direction left the redirect path for good */
+};
+
+/* Record written by the flows iterator. */
+struct flow_record {
+	__u64 cookie;
+	__u64 cgroup_id;
+	__u32 tcp_state;
+	__u32 _pad;
+	struct sock_state state;
+};
+
+/* Mutable control word, one entry. */
+struct control_word {
+	__u32 draining; /* 1: pass every send to TCP, so receive queues drain */
+	__u32 _pad;
+};
+
+/* Counters for events the user may want to see in `shunt status`. */
+enum counter {
+	CNT_REGISTERED = 0,
+	CNT_AMBIGUOUS,
+	CNT_REGISTRY_FULL,
+	CNT_PAIRED,
+	CNT_UNPAIRED,
+	CNT_INSERT_FAILED,
+	CNT_FALLBACK,
+	CNT_MAX,
+};

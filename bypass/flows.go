@@ -1,0 +1,154 @@
+package bypass
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"sort"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/host"
+)
+
+// Endpoint is one socket of a bypassed connection.
+type Endpoint struct {
+	Addr        netip.AddrPort `json:"addr"`         // this socket's own address and port
+	Netns       uint64         `json:"netns"`        // network namespace cookie (SO_NETNS_COOKIE)
+	Cgroup      string         `json:"cgroup"`       // cgroup v2 path of the socket ("" if removed)
+	Cookie      uint64         `json:"cookie"`       // socket cookie (SO_COOKIE)
+	TCPState    string         `json:"tcp_state"`    // e.g. ESTABLISHED, CLOSE_WAIT
+	TxBytes     uint64         `json:"tx_bytes"`     // bytes this socket sent by redirect
+	TxMsgs      uint64         `json:"tx_msgs"`      // sendmsg calls redirected
+	TCPMsgs     uint64         `json:"tcp_msgs"`     // sendmsg calls that took the TCP path
+	Redirecting bool           `json:"redirecting"`  // false once this direction fell back to TCP
+}
+
+// Flow is a bypassed connection. Client is the side that called connect().
+// A side is nil when its socket has closed or was never paired.
+type Flow struct {
+	Client *Endpoint `json:"client"`
+	Server *Endpoint `json:"server"`
+	Since  time.Time `json:"since"` // when the connection was paired
+}
+
+// Flows lists the bypassed connections on the host.
+func (in *Install) Flows() ([]Flow, error) {
+	it, err := in.loadIterators()
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	buf, err := runIter(it.Flows, in.maps["sock_states"])
+	if err != nil {
+		return nil, fmt.Errorf("read flows: %w", err)
+	}
+	recs, err := decodeRecords(buf)
+	if err != nil {
+		return nil, err
+	}
+	return groupFlows(recs, bootOffset()), nil
+}
+
+func decodeRecords(buf []byte) ([]bypassFlowRecord, error) {
+	size := binary.Size(bypassFlowRecord{})
+	if len(buf)%size != 0 {
+		return nil, fmt.Errorf("read flows: %d bytes is not a whole number of %d-byte records", len(buf), size)
+	}
+	recs := make([]bypassFlowRecord, len(buf)/size)
+	if err := binary.Read(bytes.NewReader(buf), binary.NativeEndian, recs); err != nil {
+		return nil, fmt.Errorf("read flows: %w", err)
+	}
+	return recs, nil
+}
+
+// bootOffset converts bpf_ktime_get_ns (CLOCK_MONOTONIC) to wall time.
+func bootOffset() func(uint64) time.Time {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	now := time.Now()
+	mono := uint64(ts.Nano())
+	return func(ns uint64) time.Time { return now.Add(-time.Duration(mono - ns)) }
+}
+
+func groupFlows(recs []bypassFlowRecord, wall func(uint64) time.Time) []Flow {
+	cgPaths := map[uint64]string{}
+	bySelf := map[bypassSockKey]*bypassFlowRecord{}
+	for i := range recs {
+		bySelf[recs[i].State.Self] = &recs[i]
+	}
+	done := map[bypassSockKey]bool{}
+	var flows []Flow
+	for i := range recs {
+		r := &recs[i]
+		if done[r.State.Self] {
+			continue
+		}
+		done[r.State.Self] = true
+		f := Flow{Since: wall(r.State.CreatedNs)}
+		peer := bySelf[r.State.Peer]
+		if peer != nil && peer.State.Peer == r.State.Self {
+			done[peer.State.Self] = true
+		} else {
+			peer = nil
+		}
+		for _, x := range []*bypassFlowRecord{r, peer} {
+			if x == nil {
+				continue
+			}
+			ep := endpoint(x, cgPaths)
+			if x.State.Self.Role == roleClient {
+				f.Client = ep
+			} else {
+				f.Server = ep
+				f.Since = wall(x.State.CreatedNs) // paired when the server joined
+			}
+		}
+		flows = append(flows, f)
+	}
+	sort.Slice(flows, func(i, j int) bool { return flows[i].Since.Before(flows[j].Since) })
+	return flows
+}
+
+const (
+	roleClient = 1
+	roleServer = 2
+)
+
+func endpoint(r *bypassFlowRecord, cgPaths map[uint64]string) *Endpoint {
+	t := r.State.Self.Tuple
+	ip, port := t.ServerIp, t.ServerPort
+	if r.State.Self.Role == roleClient {
+		ip, port = t.ClientIp, t.ClientPort
+	}
+	path, ok := cgPaths[r.CgroupId]
+	if !ok {
+		path = host.CgroupPathByID(r.CgroupId)
+		cgPaths[r.CgroupId] = path
+	}
+	return &Endpoint{
+		Addr:        netip.AddrPortFrom(netip.AddrFrom16(ip).Unmap(), port),
+		Netns:       r.State.Self.Netns,
+		Cgroup:      path,
+		Cookie:      r.Cookie,
+		TCPState:    tcpStateName(r.TcpState),
+		TxBytes:     r.State.TxBytes,
+		TxMsgs:      r.State.TxMsgs,
+		TCPMsgs:     r.State.PassMsgs,
+		Redirecting: r.State.Flags&stateFallback == 0,
+	}
+}
+
+const stateFallback = 1
+
+var tcpStates = []string{"", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2",
+	"TIME_WAIT", "CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV"}
+
+func tcpStateName(s uint32) string {
+	if int(s) < len(tcpStates) && s > 0 {
+		return tcpStates[s]
+	}
+	return fmt.Sprintf("STATE_%d", s)
+}

@@ -1,0 +1,279 @@
+// Package bypass installs and reads shunt's TCP bypass: sockops pairs the
+// sockets of host-local connections and sk_msg moves each send straight into
+// the peer's receive queue. State lives pinned in bpffs, so bypass keeps
+// working after the installing process exits.
+package bypass
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/host"
+)
+
+// DefaultPinDir is where the install lives in bpffs.
+const DefaultPinDir = "/sys/fs/bpf/shunt"
+
+// HandshakeTTL bounds how long a handshake registration may wait for its
+// client; older ones are left over from handshakes that never completed.
+const HandshakeTTL = 5 * time.Minute
+
+// ErrNotInstalled means no bypass install exists at the pin directory.
+var ErrNotInstalled = errors.New("bypass is not enabled")
+
+// Pin layout below the install directory.
+const (
+	mapsDir    = "maps"
+	progsDir   = "progs"
+	linksDir   = "links"
+	cgroupsDir = "cgroups"
+	skMsgLink  = "sk_msg"
+)
+
+var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters"}
+
+// Install is a bypass installation pinned in bpffs.
+type Install struct {
+	dir     string
+	maps    map[string]*ebpf.Map
+	sockops *ebpf.Program
+}
+
+// Dir returns the pin directory.
+func (in *Install) Dir() string { return in.dir }
+
+// Create installs bypass at dir, or opens the install already there. The
+// install is built in a temporary directory beside dir and renamed into place,
+// so a crash never leaves half an install at dir.
+func Create(dir string) (*Install, error) {
+	if in, err := Open(dir); err == nil {
+		return in, nil
+	} else if !errors.Is(err, ErrNotInstalled) {
+		return nil, err
+	}
+
+	// bpffs refuses names with a dot, so temporaries are marked by suffix.
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), filepath.Base(dir)+"-new-")
+	if err != nil {
+		return nil, fmt.Errorf("create pin directory: %w", err)
+	}
+	if err := build(tmp); err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	if err := renameNoReplace(tmp, dir); err != nil {
+		// Someone else installed concurrently: theirs wins, ours goes.
+		os.RemoveAll(tmp)
+		if _, serr := os.Stat(dir); serr != nil {
+			return nil, fmt.Errorf("install %s: %w", dir, err)
+		}
+	}
+	return Open(dir)
+}
+
+func build(dir string) error {
+	spec, err := loadBypass()
+	if err != nil {
+		return fmt.Errorf("load BPF spec: %w", err)
+	}
+	if err := spec.Variables["cfg"].Set(bypassConfig{PendingTtlNs: uint64(HandshakeTTL)}); err != nil {
+		return fmt.Errorf("configure BPF: %w", err)
+	}
+	var objs struct {
+		bypassMaps
+		Sockops *ebpf.Program `ebpf:"shunt_sockops"`
+		SkMsg   *ebpf.Program `ebpf:"shunt_sk_msg"`
+	}
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return fmt.Errorf("load BPF programs: %w", err)
+	}
+	defer objs.Sockops.Close()
+	defer objs.SkMsg.Close()
+	defer objs.bypassMaps.Close()
+
+	for _, d := range []string{mapsDir, progsDir, linksDir, cgroupsDir} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			return err
+		}
+	}
+	for name, m := range mapsOf(&objs.bypassMaps) {
+		if err := m.Pin(filepath.Join(dir, mapsDir, name)); err != nil {
+			return fmt.Errorf("pin map %s: %w", name, err)
+		}
+	}
+	if err := objs.Sockops.Pin(filepath.Join(dir, progsDir, "sockops")); err != nil {
+		return fmt.Errorf("pin sockops: %w", err)
+	}
+	l, err := link.AttachRawLink(link.RawLinkOptions{
+		Target:  objs.SockHash.FD(),
+		Program: objs.SkMsg,
+		Attach:  ebpf.AttachSkMsgVerdict,
+	})
+	if err != nil {
+		return fmt.Errorf("attach sk_msg to sockhash: %w", err)
+	}
+	defer l.Close()
+	if err := l.Pin(filepath.Join(dir, linksDir, skMsgLink)); err != nil {
+		return fmt.Errorf("pin sk_msg link: %w", err)
+	}
+	return nil
+}
+
+func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{
+		"sock_hash":   m.SockHash,
+		"sock_states": m.SockStates,
+		"handshakes":  m.Handshakes,
+		"control":     m.Control,
+		"counters":    m.Counters,
+	}
+}
+
+// Open loads the install pinned at dir.
+func Open(dir string) (*Install, error) {
+	if _, err := os.Stat(filepath.Join(dir, linksDir, skMsgLink)); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, ErrNotInstalled
+		}
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	in := &Install{dir: dir, maps: map[string]*ebpf.Map{}}
+	for _, name := range pinnedMaps {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil)
+		if err != nil {
+			in.Close()
+			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
+		}
+		in.maps[name] = m
+	}
+	p, err := ebpf.LoadPinnedProgram(filepath.Join(dir, progsDir, "sockops"), nil)
+	if err != nil {
+		in.Close()
+		return nil, fmt.Errorf("open pinned sockops program: %w", err)
+	}
+	in.sockops = p
+	return in, nil
+}
+
+// Close releases this process's handles; the pinned install stays.
+func (in *Install) Close() error {
+	for _, m := range in.maps {
+		m.Close()
+	}
+	if in.sockops != nil {
+		in.sockops.Close()
+	}
+	return nil
+}
+
+// Attach enables bypass for sockets of a cgroup and its descendants. It
+// returns false if the cgroup was enabled already.
+func (in *Install) Attach(cg host.Cgroup) (bool, error) {
+	in.SweepHandshakes()
+	if err := in.setDraining(false); err != nil {
+		return false, err
+	}
+	pin := in.cgroupPin(cg.ID)
+	if _, err := os.Stat(pin); err == nil {
+		return false, nil
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: ebpf.AttachCGroupSockOps, Program: in.sockops})
+	if err != nil {
+		return false, fmt.Errorf("attach sockops to %s: %w", cg.Path, err)
+	}
+	defer l.Close()
+	// Pin under a temporary name, then rename: a racing enable of the same
+	// cgroup loses the rename and its link detaches when closed.
+	tmp := pin + "-new-" + strconv.Itoa(os.Getpid())
+	if err := l.Pin(tmp); err != nil {
+		return false, fmt.Errorf("pin cgroup link: %w", err)
+	}
+	if err := renameNoReplace(tmp, pin); err != nil {
+		os.Remove(tmp)
+		if errors.Is(err, os.ErrExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("pin cgroup link: %w", err)
+	}
+	return true, nil
+}
+
+// Detach disables bypass for new connections of a cgroup. Connections
+// already bypassed keep working. It returns false if the cgroup was not
+// enabled.
+func (in *Install) Detach(cgroupID uint64) (bool, error) {
+	pin := in.cgroupPin(cgroupID)
+	l, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("open cgroup link: %w", err)
+	}
+	defer l.Close()
+	if err := l.Unpin(); err != nil {
+		return false, fmt.Errorf("unpin cgroup link: %w", err)
+	}
+	return true, nil
+}
+
+func (in *Install) cgroupPin(id uint64) string {
+	return filepath.Join(in.dir, cgroupsDir, strconv.FormatUint(id, 10))
+}
+
+// EnabledCgroup is a cgroup whose new connections are bypassed.
+type EnabledCgroup struct {
+	ID   uint64 `json:"id"`
+	Path string `json:"path"` // "" if the cgroup was removed
+}
+
+// Cgroups lists the enabled cgroups.
+func (in *Install) Cgroups() ([]EnabledCgroup, error) {
+	ents, err := os.ReadDir(filepath.Join(in.dir, cgroupsDir))
+	if err != nil {
+		return nil, err
+	}
+	var out []EnabledCgroup
+	for _, e := range ents {
+		id, err := strconv.ParseUint(e.Name(), 10, 64)
+		if err != nil {
+			continue // a pin still being renamed into place
+		}
+		out = append(out, EnabledCgroup{ID: id, Path: host.CgroupPathByID(id)})
+	}
+	return out, nil
+}
+
+func (in *Install) setDraining(on bool) error {
+	v := bypassControlWord{}
+	if on {
+		v.Draining = 1
+	}
+	if err := in.maps["control"].Put(uint32(0), v); err != nil {
+		return fmt.Errorf("set control word: %w", err)
+	}
+	return nil
+}
+
+// Draining reports whether a removal is in progress (or was interrupted).
+func (in *Install) Draining() bool {
+	var v bypassControlWord
+	if err := in.maps["control"].Lookup(uint32(0), &v); err != nil {
+		return false
+	}
+	return v.Draining != 0
+}
+
+// renameNoReplace renames atomically and fails with EEXIST rather than
+// replacing what is already there.
+func renameNoReplace(from, to string) error {
+	return unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE)
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+)
+
+func newBypassEnableCmd(e *env, g *globals) *cobra.Command {
+	var cgroupPath string
+	c := &cobra.Command{
+		Use:   "enable [--cgroup PATH]",
+		Short: "Bypass new connections of a cgroup (default: every cgroup)",
+		Long: `enable attaches shunt to a cgroup v2 directory and returns. New TCP
+connections whose two sockets both belong to enabled cgroups (or their
+descendants) are bypassed from then on; connections already open are not
+touched. State is pinned under --pin-dir, so bypass keeps working after
+this command exits. Enabling a cgroup twice is harmless.`,
+		Example: `  shunt bypass enable --cgroup /sys/fs/cgroup/unified/myapp
+  shunt bypass enable            # the root of the cgroup v2 hierarchy`,
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return bypassEnable(c.Context(), e, g, cgroupPath)
+		},
+	}
+	c.Flags().StringVar(&cgroupPath, "cgroup", "", "cgroup v2 directory to enable (default: the root of the cgroup v2 hierarchy)")
+	return c
+}
+
+func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string) error {
+	if err := host.CheckPrivileges(); err != nil {
+		return err
+	}
+	cg, err := host.ResolveCgroup(cgroupPath)
+	if err != nil {
+		return err
+	}
+	if err := e.probe().Err(); err != nil {
+		return err
+	}
+	if err := host.EnsureBPFFS(g.pinDir); err != nil {
+		return err
+	}
+	_, openErr := bypass.Open(g.pinDir)
+	fresh := openErr != nil
+	in, err := bypass.Create(g.pinDir)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	added, err := in.Attach(cg)
+	if err != nil {
+		if fresh {
+			// Leave nothing behind that this command made.
+			if cgs, _ := in.Cgroups(); len(cgs) == 0 {
+				_ = in.Remove(ctx)
+			}
+		}
+		return err
+	}
+	if added {
+		fmt.Fprintf(e.stdout, "bypass enabled for cgroup %s\n", cg.Path)
+	} else {
+		fmt.Fprintf(e.stdout, "bypass already enabled for cgroup %s\n", cg.Path)
+	}
+	return nil
+}

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+)
+
+// env is what a command needs from the outside world; tests replace parts.
+type env struct {
+	stdout, stderr io.Writer
+	probe          func() host.Features
+}
+
+func defaultEnv() *env {
+	return &env{stdout: os.Stdout, stderr: os.Stderr, probe: host.Probe}
+}
+
+// usageError marks mistakes in how shunt was called.
+type usageError struct{ error }
+
+// run executes one shunt command line and returns its exit code: 0 success,
+// 1 failure, 2 bad usage.
+func run(args []string, e *env) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	root := newRoot(e)
+	root.SetArgs(args)
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	msg := err.Error()
+	// Cobra's own flag and argument errors are usage errors too.
+	var ue usageError
+	code := 1
+	if errors.As(err, &ue) || strings.HasPrefix(msg, "unknown ") || strings.Contains(msg, "flag") || strings.Contains(msg, "arg(s)") {
+		code = 2
+	}
+	fmt.Fprintf(e.stderr, "shunt: %s\n", firstLine(msg))
+	return code
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+type globals struct {
+	pinDir string
+}
+
+func newRoot(e *env) *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:   "shunt",
+		Short: "In-kernel socket redirection you can leave on",
+		Long: `shunt moves bytes between sockets inside the kernel (SOCKMAP).
+
+  shunt bypass enable     host-local TCP between enabled cgroups skips the TCP/IP stack
+  shunt status            what is installed
+  shunt flows             the connections bypassed now`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	defPin := os.Getenv("SHUNT_PIN_DIR")
+	if defPin == "" {
+		defPin = bypass.DefaultPinDir
+	}
+	root.PersistentFlags().StringVar(&g.pinDir, "pin-dir", defPin, "bpffs directory holding shunt's pinned state (env SHUNT_PIN_DIR)")
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
+	})
+	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newVersionCmd(e))
+	return root
+}
+
+// requireArgs rejects positional arguments with a usage error.
+func noArgs(c *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("%s takes no arguments, got %q (see '%s --help')", c.CommandPath(), args[0], c.CommandPath())}
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+)
+
+// statusReport is the JSON shape of `shunt status --json` (docs/CLI.md).
+type statusReport struct {
+	PinDir    string                 `json:"pin_dir"`
+	Installed bool                   `json:"installed"`
+	Cgroups   []bypass.EnabledCgroup `json:"cgroups"`
+	Stats     *bypass.Stats          `json:"bypass,omitempty"`
+	Features  host.Features          `json:"kernel"`
+}
+
+func newStatusCmd(e *env, g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "status [--json]",
+		Short: "Show what shunt has installed and what the kernel supports",
+		Args:  noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if err := host.CheckPrivileges(); err != nil {
+				return err
+			}
+			rep := statusReport{PinDir: g.pinDir, Cgroups: []bypass.EnabledCgroup{}, Features: e.probe()}
+			in, err := bypass.Open(g.pinDir)
+			switch {
+			case errors.Is(err, bypass.ErrNotInstalled):
+			case err != nil:
+				return err
+			default:
+				defer in.Close()
+				rep.Installed = true
+				if rep.Cgroups, err = in.Cgroups(); err != nil {
+					return err
+				}
+				st, err := in.Stats()
+				if err != nil {
+					return err
+				}
+				rep.Stats = &st
+			}
+			if asJSON {
+				return writeJSON(e.stdout, rep)
+			}
+			printStatus(e, rep)
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func printStatus(e *env, r statusReport) {
+	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+	if !r.Installed {
+		fmt.Fprintf(w, "bypass:\tnot enabled (nothing pinned at %s)\n", r.PinDir)
+	} else {
+		state := "enabled"
+		if r.Stats.Draining {
+			state = "draining (being removed; all sends take the TCP path)"
+		}
+		fmt.Fprintf(w, "bypass:\t%s, pinned at %s\n", state, r.PinDir)
+		for _, cg := range r.Cgroups {
+			p := cg.Path
+			if p == "" {
+				p = "(cgroup removed)"
+			}
+			fmt.Fprintf(w, "cgroup:\t%s (id %d)\n", p, cg.ID)
+		}
+		for _, m := range r.Stats.Maps {
+			if m.Max == 0 {
+				fmt.Fprintf(w, "map %s:\t%d entries\n", m.Name, m.Entries)
+			} else {
+				fmt.Fprintf(w, "map %s:\t%d of %d entries\n", m.Name, m.Entries, m.Max)
+			}
+		}
+		c := r.Stats.Counters
+		fmt.Fprintf(w, "connections:\t%d paired, %d local peers not paired, %d ambiguous handshakes, %d registry full, %d insert failures\n",
+			c.Paired, c.Unpaired, c.Ambiguous, c.RegistryFull, c.InsertFailed)
+		fmt.Fprintf(w, "fallbacks:\t%d directions moved to the TCP path\n", c.FallenBack)
+	}
+	f := r.Features
+	fmt.Fprintf(w, "kernel:\t%s\n", f.Kernel)
+	if err := f.Err(); err != nil {
+		fmt.Fprintf(w, "features:\t%v\n", err)
+	} else {
+		fmt.Fprintf(w, "features:\tsockhash, sk_msg, sockops, sk_storage, sk_msg links, BTF\n")
+	}
+}
