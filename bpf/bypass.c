@@ -65,7 +65,10 @@ static __always_inline void register_handshake(struct bpf_sock_ops *skops)
 			return;
 		}
 	}
-	if (now - p->created_ns > cfg.pending_ttl_ns) {
+	/* Another CPU may have registered after we read the clock: compare
+	 * signed, or that fresh entry would look ancient and be overwritten,
+	 * erasing the collision (caught by TestIsolationIdenticalTuples). */
+	if ((__s64)(bpf_ktime_get_ns() - p->created_ns) > (__s64)cfg.pending_ttl_ns) {
 		bpf_map_update_elem(&handshakes, &t, &fresh, BPF_EXIST);
 		count(CNT_REGISTERED);
 		return;

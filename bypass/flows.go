@@ -36,6 +36,15 @@ type Flow struct {
 
 // Flows lists the bypassed connections on the host.
 func (in *Install) Flows() ([]Flow, error) {
+	recs, err := in.records()
+	if err != nil {
+		return nil, err
+	}
+	return groupFlows(recs, bootOffset()), nil
+}
+
+// records reads the state of every socket shunt holds.
+func (in *Install) records() ([]bypassFlowRecord, error) {
 	it, err := in.loadIterators()
 	if err != nil {
 		return nil, err
@@ -45,11 +54,7 @@ func (in *Install) Flows() ([]Flow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read flows: %w", err)
 	}
-	recs, err := decodeRecords(buf)
-	if err != nil {
-		return nil, err
-	}
-	return groupFlows(recs, bootOffset()), nil
+	return decodeRecords(buf)
 }
 
 func decodeRecords(buf []byte) ([]bypassFlowRecord, error) {

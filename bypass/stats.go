@@ -40,6 +40,12 @@ func (in *Install) Stats() (Stats, error) {
 		m := in.maps[name]
 		s.Maps = append(s.Maps, MapFill{Name: name, Entries: countKeys(m), Max: maxEntries(m)})
 	}
+	// Socket storage is keyed by socket fds; count it through the iterator.
+	recs, err := in.records()
+	if err != nil {
+		return s, err
+	}
+	s.Maps[1].Entries = len(recs)
 	var vals [cntMax][]uint64
 	for i := range vals {
 		if err := in.maps["counters"].Lookup(uint32(i), &vals[i]); err != nil {
@@ -69,12 +75,8 @@ func maxEntries(m *ebpf.Map) uint32 {
 	return m.MaxEntries()
 }
 
-// countKeys counts entries; socket storage is counted through the flows
-// iterator since its keys are socket fds.
+// countKeys counts the entries of a map with ordinary keys.
 func countKeys(m *ebpf.Map) int {
-	if m.Type() == ebpf.SkStorage {
-		return -1
-	}
 	n := 0
 	var key []byte
 	next := make([]byte, m.KeySize())

@@ -1,0 +1,76 @@
+package bypass_test
+
+import (
+	"io"
+	"net"
+	"testing"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// mustInstall makes a pin dir and a cgroup, installs bypass there and enables
+// the cgroup. It watches the kernel log for the whole test.
+func mustInstall(t *testing.T) (*bypass.Install, host.Cgroup) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	testenv.WatchKernelLog(t)
+	pin := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	in, err := bypass.Create(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	if _, err := in.Attach(cg); err != nil {
+		t.Fatal(err)
+	}
+	return in, cg
+}
+
+// flowOf finds the flow whose client or server socket has the cookie.
+func flowOf(t *testing.T, in *bypass.Install, cookie uint64) *bypass.Flow {
+	t.Helper()
+	flows, err := in.Flows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range flows {
+		if (f.Client != nil && f.Client.Cookie == cookie) || (f.Server != nil && f.Server.Cookie == cookie) {
+			return &flows[i]
+		}
+	}
+	return nil
+}
+
+// exchange sends msg from a to b and checks it arrives whole.
+func exchange(t *testing.T, a, b net.Conn, msg string) {
+	t.Helper()
+	if _, err := a.Write([]byte(msg)); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(b, got); err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if string(got) != msg {
+		t.Fatalf("got %q, want %q", got, msg)
+	}
+}
+
+// mapEntries returns the entry count of one of the install's maps.
+func mapEntries(t *testing.T, in *bypass.Install, name string) int {
+	t.Helper()
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range st.Maps {
+		if m.Name == name {
+			return m.Entries
+		}
+	}
+	t.Fatalf("no map %s", name)
+	return 0
+}

@@ -1,0 +1,114 @@
+package testenv
+
+import (
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/host"
+)
+
+// Side says where a socket is made: which namespace and which cgroup. Zero
+// values mean the test's own.
+type Side struct {
+	NS *NetNS
+	CG host.Cgroup
+}
+
+// Make runs fn so that sockets it creates belong to the side.
+func (s Side) Make(t testing.TB, fn func()) {
+	t.Helper()
+	s.NS.Do(t, func() { InCgroup(t, s.CG, fn) })
+}
+
+// Listen opens a TCP listener on the server side. addr like "127.0.0.1:0".
+func Listen(t testing.TB, server Side, network, addr string) *net.TCPListener {
+	t.Helper()
+	var ln net.Listener
+	var err error
+	server.Make(t, func() { ln, err = net.Listen(network, addr) })
+	if err != nil {
+		t.Fatalf("listen %s %s: %v", network, addr, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln.(*net.TCPListener)
+}
+
+// Dial connects from the client side, optionally from a fixed local address.
+func Dial(t testing.TB, client Side, network, addr string, local *net.TCPAddr) *net.TCPConn {
+	t.Helper()
+	var c net.Conn
+	var err error
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if local != nil {
+		d.LocalAddr = local
+	}
+	client.Make(t, func() { c, err = d.Dial(network, addr) })
+	if err != nil {
+		t.Fatalf("dial %s %s: %v", network, addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c.(*net.TCPConn)
+}
+
+// Accept takes one connection from ln.
+func Accept(t testing.TB, ln *net.TCPListener) *net.TCPConn {
+	t.Helper()
+	_ = ln.SetDeadline(time.Now().Add(5 * time.Second))
+	c, err := ln.AcceptTCP()
+	if err != nil {
+		t.Fatalf("accept: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// ConnPair returns a connected client and server socket: the listener is
+// made on the server side at listenAddr, the client dials dialAddr (the
+// listener's port is filled in when dialAddr's port is 0).
+func ConnPair(t testing.TB, network string, server Side, listenAddr string, client Side, dialAddr string) (c, s *net.TCPConn) {
+	t.Helper()
+	ln := Listen(t, server, network, listenAddr)
+	host, _, _ := net.SplitHostPort(dialAddr)
+	port := ln.Addr().(*net.TCPAddr).Port
+	c = Dial(t, client, network, net.JoinHostPort(host, strconv.Itoa(port)), nil)
+	s = Accept(t, ln)
+	return c, s
+}
+
+// Cookie returns the socket cookie (SO_COOKIE) of a connection.
+func Cookie(t testing.TB, c *net.TCPConn) uint64 {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v uint64
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		v, serr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE)
+	})
+	if err != nil || serr != nil {
+		t.Fatalf("SO_COOKIE: %v %v", err, serr)
+	}
+	return v
+}
+
+// InQueue returns FIONREAD for a connection.
+func InQueue(t testing.TB, c *net.TCPConn) int {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var ierr error
+	_ = raw.Control(func(fd uintptr) { v, ierr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	if ierr != nil {
+		t.Fatalf("FIONREAD: %v", ierr)
+	}
+	return v
+}

@@ -1,0 +1,33 @@
+package testenv
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+)
+
+// MustPinDir returns a fresh pin directory path under /sys/fs/bpf (not yet
+// created). Cleanup removes whatever was installed there, draining first.
+func MustPinDir(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(host.BPFFSRoot, Name())
+	if err := host.EnsureBPFFS(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if in, err := bypass.Open(dir); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := in.Remove(ctx); err != nil {
+				t.Errorf("remove install at %s: %v", dir, err)
+			}
+		}
+		os.RemoveAll(dir)
+	})
+	return dir
+}

@@ -1,0 +1,82 @@
+package testenv
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"math/rand/v2"
+)
+
+// Stream is a reproducible byte stream: a writer sends it in chunks of random
+// size and a reader with the same seed checks every byte in order, so any
+// byte lost, duplicated, reordered or delivered to the wrong socket shows.
+type Stream struct {
+	Seed uint64
+	Size int64
+	// MaxChunk bounds the random write size (1 .. MaxChunk bytes).
+	MaxChunk int
+}
+
+func (s Stream) source() *rand.ChaCha8 {
+	var seed [32]byte
+	for i := 0; i < 8; i++ {
+		seed[i] = byte(s.Seed >> (8 * i))
+	}
+	return rand.NewChaCha8(seed)
+}
+
+// Write sends the stream to w in random-sized writes.
+func (s Stream) Write(w io.Writer) error {
+	src := s.source()
+	sizes := rand.New(rand.NewPCG(s.Seed, 1))
+	buf := make([]byte, s.MaxChunk)
+	for left := s.Size; left > 0; {
+		n := 1 + sizes.IntN(s.MaxChunk)
+		if int64(n) > left {
+			n = int(left)
+		}
+		_, _ = src.Read(buf[:n])
+		if _, err := w.Write(buf[:n]); err != nil {
+			return fmt.Errorf("write at offset %d: %w", s.Size-left, err)
+		}
+		left -= int64(n)
+	}
+	return nil
+}
+
+// Check reads exactly the stream from r and reports the first difference.
+// It then expects EOF when wantEOF is set.
+func (s Stream) Check(r io.Reader, wantEOF bool) error {
+	src := s.source()
+	got := make([]byte, 256<<10)
+	want := make([]byte, len(got))
+	var off int64
+	for off < s.Size {
+		n := len(got)
+		if int64(n) > s.Size-off {
+			n = int(s.Size - off)
+		}
+		m, err := r.Read(got[:n])
+		if m > 0 {
+			_, _ = src.Read(want[:m])
+			if !bytes.Equal(got[:m], want[:m]) {
+				i := 0
+				for got[i] == want[i] {
+					i++
+				}
+				return fmt.Errorf("stream %d differs at byte %d of %d (got % x, want % x)", s.Seed, off+int64(i), s.Size, got[i:min(i+8, m)], want[i:min(i+8, m)])
+			}
+			off += int64(m)
+		}
+		if err != nil {
+			return fmt.Errorf("stream %d: read at byte %d of %d: %w", s.Seed, off, s.Size, err)
+		}
+	}
+	if wantEOF {
+		var one [1]byte
+		if m, err := r.Read(one[:]); m != 0 || err != io.EOF {
+			return fmt.Errorf("stream %d: want EOF after %d bytes, got %d more bytes, err %v", s.Seed, s.Size, m, err)
+		}
+	}
+	return nil
+}
