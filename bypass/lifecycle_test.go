@@ -1,0 +1,244 @@
+package bypass_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// paced slows a writer so a stream lasts long enough to live through an
+// enable and a disable.
+type paced struct {
+	w     io.Writer
+	pause time.Duration
+}
+
+func (p paced) Write(b []byte) (int, error) {
+	time.Sleep(p.pause)
+	return p.w.Write(b)
+}
+
+// gated holds a reader back until its gate opens, so redirected bytes sit
+// unread in the receive queue meanwhile.
+type gated struct {
+	r    io.Reader
+	gate <-chan struct{}
+}
+
+func (g gated) Read(b []byte) (int, error) {
+	<-g.gate
+	return g.r.Read(b)
+}
+
+// streamBoth runs one stream each way over c/s and reports into errs; the
+// readers start reading when gate opens.
+func streamBoth(wg *sync.WaitGroup, errs chan<- error, c, s *net.TCPConn, seed uint64, gate <-chan struct{}) {
+	up := testenv.Stream{Seed: seed, Size: 4 << 20, MaxChunk: 32 << 10}
+	down := testenv.Stream{Seed: seed + 1, Size: 4 << 20, MaxChunk: 32 << 10}
+	wg.Add(4)
+	go func() { defer wg.Done(); defer c.CloseWrite(); errs <- up.Write(paced{c, 2 * time.Millisecond}) }()
+	go func() { defer wg.Done(); errs <- up.Check(gated{s, gate}, true) }()
+	go func() { defer wg.Done(); defer s.CloseWrite(); errs <- down.Write(paced{s, 2 * time.Millisecond}) }()
+	go func() { defer wg.Done(); errs <- down.Check(gated{c, gate}, true) }()
+}
+
+// Requirement 5: enable and then remove shunt while 50 connections stream:
+// no byte lost, duplicated or reordered, nothing left pinned or attached, no
+// kernel warning. The readers of the bypassed half pause across the removal,
+// so it meets redirected bytes nobody has read yet: deleting those sockets
+// from the sockhash then would drop the bytes (kernel-notes.md).
+func TestEnableDisableUnderTraffic(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.WatchKernelLog(t)
+	pin := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	ln := testenv.Listen(t, side, "tcp4", "127.0.0.1:0")
+	addr := ln.Addr().String()
+
+	const n = 50
+	errs := make(chan error, 4*n)
+	var wg sync.WaitGroup
+	open := func(seed uint64, gate <-chan struct{}) (*net.TCPConn, *net.TCPConn) {
+		c := testenv.Dial(t, side, "tcp4", addr, nil)
+		s := testenv.Accept(t, ln)
+		streamBoth(&wg, errs, c, s, seed, gate)
+		return c, s
+	}
+	opened := make(chan struct{})
+	close(opened)
+	for i := 0; i < n/2; i++ { // before enable: these stay on TCP
+		open(uint64(2*i), opened)
+	}
+	in, err := bypass.Create(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	if _, err := in.Attach(cg); err != nil {
+		t.Fatal(err)
+	}
+	var late []*net.TCPConn
+	paused := make(chan struct{})
+	for i := n / 2; i < n; i++ { // after enable: these are bypassed
+		c, _ := open(uint64(2*i), paused)
+		late = append(late, c)
+	}
+	time.Sleep(150 * time.Millisecond)
+	for _, c := range late {
+		if f := flowOf(t, in, testenv.Cookie(t, c)); f == nil || f.Client == nil || f.Client.TxBytes == 0 {
+			t.Fatalf("connection opened after enable is not bypassed: %+v", f)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	removed := make(chan error, 1)
+	go func() { removed <- in.Remove(ctx) }()
+	select {
+	case err := <-removed:
+		t.Fatalf("remove finished while readers held unread redirected bytes (err %v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(paused)
+	if err := <-removed; err != nil {
+		t.Fatalf("remove under traffic: %v", err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := os.Stat(pin); !os.IsNotExist(err) {
+		t.Errorf("pin dir %s still exists after remove (%v)", pin, err)
+	}
+	assertNothingAttached(t, cg)
+}
+
+// Detaching one of two cgroups stops new bypass there but keeps the
+// connections already bypassed working, still by redirect.
+func TestDetachKeepsExistingFlows(t *testing.T) {
+	in, cg := mustInstall(t)
+	other := testenv.MustCgroup(t)
+	if _, err := in.Attach(other); err != nil {
+		t.Fatal(err)
+	}
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	exchange(t, c, s, "before")
+	if ok, err := in.Detach(cg.ID); err != nil || !ok {
+		t.Fatalf("detach: %v %v", ok, err)
+	}
+	exchange(t, c, s, "after detach")
+	exchange(t, s, c, "reply")
+	f := flowOf(t, in, testenv.Cookie(t, c))
+	if f == nil || f.Client == nil || f.Client.TxMsgs != 2 || f.Server.TxMsgs != 1 {
+		t.Fatalf("existing flow stopped being redirected after detach: %+v", f)
+	}
+	// New connections of the detached cgroup take the TCP path.
+	c2, s2 := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	exchange(t, c2, s2, "new")
+	if f := flowOf(t, in, testenv.Cookie(t, c2)); f != nil {
+		t.Fatalf("connection of a detached cgroup was bypassed: %+v", f)
+	}
+	assertNothingAttached(t, cg)
+}
+
+// assertNothingAttached fails if any sockops program is attached to cg.
+func assertNothingAttached(t *testing.T, cg host.Cgroup) {
+	t.Helper()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: cgroupFD(t, cg), Attach: ebpf.AttachCGroupSockOps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Programs) != 0 {
+		t.Errorf("%d sockops program(s) still attached to %s", len(res.Programs), cg.Path)
+	}
+}
+
+func cgroupFD(t *testing.T, cg host.Cgroup) int {
+	f, err := os.Open(cg.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return int(f.Fd())
+}
+
+// Requirement 6: 10,000 short connections, closed every way TCP allows,
+// leave no entry in any of shunt's maps.
+func TestShortConnectionsLeaveNoState(t *testing.T) {
+	in, cg := mustInstall(t)
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	ln := testenv.Listen(t, side, "tcp4", "127.0.0.1:0")
+	addr := ln.Addr().String()
+
+	const n = 10000
+	var d net.Dialer
+	buf := make([]byte, 1)
+	side.Make(t, func() {
+		for i := 0; i < n; i++ {
+			cc, err := d.Dial("tcp4", addr)
+			if err != nil {
+				t.Fatalf("connection %d: %v", i, err)
+			}
+			c := cc.(*net.TCPConn)
+			s, err := ln.AcceptTCP()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Write([]byte{'x'}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(s, buf); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Write([]byte{'y'}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(c, buf); err != nil {
+				t.Fatal(err)
+			}
+			switch i % 3 {
+			case 0: // client closes first
+				c.Close()
+				s.Close()
+			case 1: // server closes first
+				s.Close()
+				c.Close()
+			case 2: // reset
+				_ = c.SetLinger(0)
+				c.Close()
+				s.Close()
+			}
+		}
+	})
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Counters.Paired != n {
+		t.Errorf("%d connections paired, want %d", st.Counters.Paired, n)
+	}
+	for _, m := range st.Maps {
+		if m.Entries != 0 {
+			t.Errorf("map %s holds %d stale entries", m.Name, m.Entries)
+		}
+	}
+}
