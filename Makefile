@@ -1,0 +1,34 @@
+# shunt: build, generate, test. `make help` lists the targets.
+GO ?= go
+BIN := bin/shunt
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: help deps build generate test vet try clean
+
+help:
+	@echo "make deps      install build and test dependencies (Debian 12, as root)"
+	@echo "make build     build the static binary $(BIN)"
+	@echo "make generate  recompile the BPF programs (bpf2go)"
+	@echo "make test      go vet and every test (as root, on the real kernel)"
+	@echo "make try       build, then bypass one loopback connection and show it"
+
+deps:
+	./scripts/deps.sh
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN) ./cmd/shunt
+
+generate:
+	$(GO) generate ./...
+
+vet:
+	$(GO) vet ./...
+
+test: vet
+	$(GO) test -count=1 -timeout 20m ./...
+
+try: build
+	./scripts/try.sh $(BIN)
+
+clean:
+	rm -rf bin

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// The README's example, driven in-process: enable, see the flow in
+// `flows --json` and `status --json`, disable everything.
+func TestBypassCommandsEndToEnd(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+
+	out, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin)
+	if code != 0 || !strings.Contains(out, "bypass enabled for cgroup "+cg.Path) {
+		t.Fatalf("enable: exit %d, %q %q", code, out, stderr)
+	}
+	out, _, code = runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin)
+	if code != 0 || !strings.Contains(out, "already enabled") {
+		t.Fatalf("second enable: exit %d, %q", code, out)
+	}
+
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	c, s := testenv.ConnPair(t, "tcp6", side, "[::1]:0", side, "[::1]:0")
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(s, make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+
+	out, _, code = runShunt(t, nil, "flows", "--json", "--pin-dir", pin)
+	var flows []bypass.Flow
+	if code != 0 || json.Unmarshal([]byte(out), &flows) != nil {
+		t.Fatalf("flows --json: exit %d, %q", code, out)
+	}
+	if len(flows) != 1 || flows[0].Client == nil || flows[0].Server == nil ||
+		flows[0].Client.TxBytes != 5 || flows[0].Client.Cookie != testenv.Cookie(t, c) ||
+		flows[0].Client.Addr.String() != c.LocalAddr().String() {
+		t.Fatalf("flows --json = %s", out)
+	}
+	out, _, code = runShunt(t, nil, "flows", "--pin-dir", pin)
+	if code != 0 || !strings.Contains(out, c.LocalAddr().String()) || !strings.Contains(out, "5/1") {
+		t.Fatalf("flows table lacks the connection: %q", out)
+	}
+
+	out, _, code = runShunt(t, nil, "status", "--json", "--pin-dir", pin)
+	var st statusReport
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
+		t.Fatalf("status --json: exit %d, %q", code, out)
+	}
+	if !st.Installed || len(st.Cgroups) != 1 || st.Cgroups[0].Path != cg.Path || st.Stats.Counters.Paired != 1 {
+		t.Fatalf("status --json = %s", out)
+	}
+	out, _, code = runShunt(t, nil, "status", "--pin-dir", pin)
+	if code != 0 || !strings.Contains(out, cg.Path) || !strings.Contains(out, "1 paired") {
+		t.Fatalf("status = %q", out)
+	}
+
+	out, _, code = runShunt(t, nil, "bypass", "disable", "--all", "--pin-dir", pin)
+	if code != 0 || !strings.Contains(out, "shunt removed") {
+		t.Fatalf("disable --all: exit %d, %q", code, out)
+	}
+	if _, err := os.Stat(pin); !os.IsNotExist(err) {
+		t.Fatalf("pin dir still there after disable --all")
+	}
+	// The connection keeps working on the TCP path.
+	if _, err := s.Write([]byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 10)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "still here" {
+		t.Fatalf("after disable: %q %v", got, err)
+	}
+	out, _, code = runShunt(t, nil, "bypass", "disable", "--all", "--pin-dir", pin)
+	if code != 0 || !strings.Contains(out, "not enabled") {
+		t.Fatalf("disable when not enabled: exit %d, %q", code, out)
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"bypass", "--help"}, {"bypass", "enable", "--help"},
+		{"bypass", "disable", "--help"}, {"status", "--help"}, {"flows", "--help"}} {
+		out, _, code := runShunt(t, nil, args...)
+		if code != 0 || !strings.Contains(out, "Usage:") {
+			t.Errorf("%v: exit %d, %q", args, code, out)
+		}
+	}
+	out, _, code := runShunt(t, nil, "version")
+	if code != 0 || !strings.HasPrefix(out, "shunt ") {
+		t.Errorf("version: exit %d, %q", code, out)
+	}
+}

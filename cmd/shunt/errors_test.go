@@ -1,0 +1,161 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// nothingInstalled checks that a failed command left no state behind.
+func nothingInstalled(t *testing.T, pin string, cg host.Cgroup) {
+	t.Helper()
+	if _, err := os.Stat(pin); !os.IsNotExist(err) {
+		t.Errorf("pin dir %s exists after a failed command", pin)
+	}
+	f, err := os.Open(cg.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Programs) != 0 {
+		t.Errorf("%d program(s) attached to %s after a failed command", len(res.Programs), cg.Path)
+	}
+}
+
+// Requirement 7: each environment problem gets one line naming the fix, a
+// non-zero exit, and nothing installed.
+func TestEnableErrors(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	bin := shuntBinary(t)
+
+	t.Run("not-root", func(t *testing.T) {
+		cmd := subprocess(bin, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, code := combined(cmd)
+		if code != 1 {
+			t.Errorf("exit %d, want 1", code)
+		}
+		oneLine(t, out, "run shunt as root")
+		nothingInstalled(t, pin, cg)
+	})
+
+	t.Run("no-cgroup-v2", func(t *testing.T) {
+		script := fmt.Sprintf("umount -l %s && exec \"$0\" bypass enable --pin-dir %s", mustCgroup2Root(t), pin)
+		out, code := combined(unshareMount(bin, script))
+		if code != 1 {
+			t.Errorf("exit %d, want 1", code)
+		}
+		oneLine(t, out, "no cgroup v2 hierarchy is mounted: mount one with")
+		nothingInstalled(t, pin, cg)
+	})
+
+	t.Run("not-a-cgroup", func(t *testing.T) {
+		_, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", t.TempDir(), "--pin-dir", pin)
+		if code != 1 {
+			t.Errorf("exit %d, want 1", code)
+		}
+		oneLine(t, stderr, "is not a cgroup v2 directory (cgroup v2 is mounted at")
+		nothingInstalled(t, pin, cg)
+	})
+
+	t.Run("missing-cgroup", func(t *testing.T) {
+		_, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path+"-nope", "--pin-dir", pin)
+		if code != 1 {
+			t.Errorf("exit %d, want 1", code)
+		}
+		oneLine(t, stderr, "does not exist")
+		nothingInstalled(t, pin, cg)
+	})
+
+	t.Run("bpffs-cannot-be-mounted", func(t *testing.T) {
+		// A read-only /sys/fs without bpf/ (cgroup v2 mounted back on it).
+		root := mustCgroup2Root(t)
+		script := fmt.Sprintf(`mount -t tmpfs none /sys/fs && mkdir -p %[1]s && mount -t cgroup2 none %[1]s &&
+mount -o remount,ro /sys/fs && exec "$0" bypass enable --cgroup %[2]s --pin-dir /sys/fs/bpf/%[3]s`,
+			root, cg.Path, testenv.Name())
+		out, code := combined(unshareMount(bin, script))
+		if code != 1 {
+			t.Errorf("exit %d, want 1", code)
+		}
+		oneLine(t, out, "cannot mount bpffs at /sys/fs/bpf")
+		oneLine(t, out, "mount -t bpf bpf /sys/fs/bpf")
+		nothingInstalled(t, pin, cg)
+	})
+
+	t.Run("pin-dir-not-on-bpffs", func(t *testing.T) {
+		_, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", t.TempDir()+"/shunt")
+		if code != 1 {
+			t.Errorf("exit %d, want 1", code)
+		}
+		oneLine(t, stderr, "is not on bpffs")
+		nothingInstalled(t, pin, cg)
+	})
+
+	t.Run("kernel-without-sockmap", func(t *testing.T) {
+		e := defaultEnv()
+		e.probe = func() host.Features {
+			f := host.Probe()
+			f.SockHash, f.SkMsg = false, false
+			return f
+		}
+		_, stderr, code := runShunt(t, e, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin)
+		if code != 1 {
+			t.Errorf("exit %d, want 1", code)
+		}
+		oneLine(t, stderr, "cannot run shunt bypass: missing SOCKHASH maps")
+		nothingInstalled(t, pin, cg)
+	})
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown-flag", []string{"bypass", "enable", "--bogus"}, "unknown flag: --bogus"},
+		{"stray-argument", []string{"bypass", "enable", "extra"}, "takes no arguments"},
+		{"cgroup-and-all", []string{"bypass", "disable", "--all", "--cgroup", "/x"}, "either --cgroup or --all"},
+		{"unknown-command", []string{"frobnicate"}, "unknown command"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, stderr, code := runShunt(t, nil, append(tc.args, "--pin-dir", pin)...)
+			if code != 2 {
+				t.Errorf("exit %d, want 2", code)
+			}
+			oneLine(t, stderr, tc.want)
+			nothingInstalled(t, pin, cg)
+		})
+	}
+}
+
+// unshareMount runs script in a private mount namespace; $0 is bin.
+func unshareMount(bin, script string) *exec.Cmd {
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-ec", script, bin)
+	cmd.Env = append(os.Environ(), "SHUNT_TEST_MAIN=1")
+	return cmd
+}
+
+func combined(cmd *exec.Cmd) (string, int) {
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		return err.Error(), -1
+	}
+	return strings.TrimSpace(string(out)) + "\n", code
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Bypass one loopback TCP connection and show it in `shunt flows`.
+# Uses its own cgroup and pin directory and removes both at the end.
+set -euo pipefail
+shunt=${1:-bin/shunt}
+root=$(awk '$9 == "cgroup2" {print $5; exit}' /proc/self/mountinfo)
+cg="$root/shunt-try"
+pin=/sys/fs/bpf/shunt-try
+cleanup() {
+  "$shunt" bypass disable --all --pin-dir "$pin" >/dev/null 2>&1 || true
+  rmdir "$cg" 2>/dev/null || true
+}
+trap cleanup EXIT
+mkdir -p "$cg"
+"$shunt" bypass enable --cgroup "$cg" --pin-dir "$pin"
+# A server and a client in the cgroup: they ping-pong, then the flow is listed
+# while the connection is still open.
+sh -c 'echo $$ > "$1/cgroup.procs"; exec python3 - "$2" "$3"' _ "$cg" "$shunt" "$pin" <<'PY'
+import socket, subprocess, sys
+shunt, pin = sys.argv[1], sys.argv[2]
+ln = socket.create_server(("127.0.0.1", 0))
+c = socket.create_connection(ln.getsockname())
+s, _ = ln.accept()
+for _ in range(1000):
+    c.sendall(b"ping"); assert s.recv(4, socket.MSG_WAITALL) == b"ping"
+    s.sendall(b"pong"); assert c.recv(4, socket.MSG_WAITALL) == b"pong"
+subprocess.run([shunt, "flows", "--pin-dir", pin], check=True)
+PY
