@@ -4,12 +4,10 @@
 package testenv
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
+
+	"github.com/shunt-project/shunt/internal/lab"
 )
 
 // RequireRoot skips a test that needs root, except under CI (CI=true), where
@@ -26,17 +24,4 @@ func RequireRoot(t testing.TB) {
 }
 
 // Name returns a fresh name with the shunt-test- prefix.
-func Name() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return "shunt-test-" + hex.EncodeToString(b)
-}
-
-// run executes a command and fails the test with its output on error.
-func run(t testing.TB, name string, args ...string) {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
-	}
-}
+func Name() string { return lab.Name("shunt-test-") }
