@@ -15,15 +15,15 @@ import (
 
 // Endpoint is one socket of a bypassed connection.
 type Endpoint struct {
-	Addr        netip.AddrPort `json:"addr"`         // this socket's own address and port
-	Netns       uint64         `json:"netns"`        // network namespace cookie (SO_NETNS_COOKIE)
-	Cgroup      string         `json:"cgroup"`       // cgroup v2 path of the socket ("" if removed)
-	Cookie      uint64         `json:"cookie"`       // socket cookie (SO_COOKIE)
-	TCPState    string         `json:"tcp_state"`    // e.g. ESTABLISHED, CLOSE_WAIT
-	TxBytes     uint64         `json:"tx_bytes"`     // bytes this socket sent by redirect
-	TxMsgs      uint64         `json:"tx_msgs"`      // sendmsg calls redirected
-	TCPMsgs     uint64         `json:"tcp_msgs"`     // sendmsg calls that took the TCP path
-	Redirecting bool           `json:"redirecting"`  // false once this direction fell back to TCP
+	Addr        netip.AddrPort `json:"addr"`        // this socket's own address and port
+	Netns       uint64         `json:"netns"`       // network namespace cookie (SO_NETNS_COOKIE)
+	Cgroup      string         `json:"cgroup"`      // cgroup v2 path of the socket ("" if removed)
+	Cookie      uint64         `json:"cookie"`      // socket cookie (SO_COOKIE)
+	TCPState    string         `json:"tcp_state"`   // e.g. ESTABLISHED, CLOSE_WAIT
+	TxBytes     uint64         `json:"tx_bytes"`    // bytes this socket sent by redirect
+	TxMsgs      uint64         `json:"tx_msgs"`     // sendmsg calls redirected
+	TCPMsgs     uint64         `json:"tcp_msgs"`    // sendmsg calls that took the TCP path
+	Redirecting bool           `json:"redirecting"` // false once this direction fell back to TCP
 }
 
 // Flow is a bypassed connection. Client is the side that called connect().

@@ -16,13 +16,13 @@ type MapFill struct {
 
 // Counters are events counted by the BPF programs since install.
 type Counters struct {
-	Registered    uint64 `json:"handshakes_registered"` // server-side handshakes seen
-	Ambiguous     uint64 `json:"handshakes_ambiguous"`  // tuples seen from two namespaces at once: not bypassed
-	RegistryFull  uint64 `json:"handshakes_dropped"`    // registry full: not bypassed
-	Paired        uint64 `json:"connections_paired"`    // connections bypassed
-	Unpaired      uint64 `json:"connections_unpaired"`  // local peers that could not be paired
-	InsertFailed  uint64 `json:"insert_failed"`         // socket storage or sockhash insert failed
-	FallenBack    uint64 `json:"directions_fallen_back"` // directions that left the redirect path
+	Registered   uint64 `json:"handshakes_registered"`  // server-side handshakes seen
+	Ambiguous    uint64 `json:"handshakes_ambiguous"`   // tuples seen from two namespaces at once: not bypassed
+	RegistryFull uint64 `json:"handshakes_dropped"`     // registry full: not bypassed
+	Paired       uint64 `json:"connections_paired"`     // connections bypassed
+	Unpaired     uint64 `json:"connections_unpaired"`   // local peers that could not be paired
+	InsertFailed uint64 `json:"insert_failed"`          // socket storage or sockhash insert failed
+	FallenBack   uint64 `json:"directions_fallen_back"` // directions that left the redirect path
 }
 
 // Stats is the state of the install.

@@ -31,13 +31,13 @@ func CheckPrivileges() error {
 
 // Features is what the kernel offers shunt.
 type Features struct {
-	Kernel     string `json:"kernel"`
-	SockHash   bool   `json:"sockhash"`
-	SkMsg      bool   `json:"sk_msg"`
-	SockOps    bool   `json:"sockops"`
-	SkStorage  bool   `json:"sk_storage"`
-	SkMsgLink  bool   `json:"sk_msg_link"`
-	BTF        bool   `json:"btf"`
+	Kernel    string `json:"kernel"`
+	SockHash  bool   `json:"sockhash"`
+	SkMsg     bool   `json:"sk_msg"`
+	SockOps   bool   `json:"sockops"`
+	SkStorage bool   `json:"sk_storage"`
+	SkMsgLink bool   `json:"sk_msg_link"`
+	BTF       bool   `json:"btf"`
 }
 
 // Missing lists the features bypass needs and the kernel lacks.

@@ -84,7 +84,7 @@ func newRoot(e *env) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
 	})
-	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newVersionCmd(e))
+	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newBenchCmd(e), newVersionCmd(e))
 	return root
 }
 

@@ -1,0 +1,109 @@
+package bench
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/internal/lab"
+)
+
+// tcpPair returns connected client and server fds: the client in the lab's
+// client namespace, the server in its server namespace, both in its cgroup.
+// The fds are blocking: measured loops make plain syscalls on them.
+func (l *Lab) tcpPair() (client, server int, err error) {
+	ln, cfd := -1, -1
+	defer func() {
+		if ln >= 0 {
+			unix.Close(ln)
+		}
+		if err != nil && cfd >= 0 {
+			unix.Close(cfd)
+		}
+	}()
+	addr := &unix.SockaddrInet4{}
+	copy(addr.Addr[:], ipv4(lab.VethIPv4B))
+	err = l.Server.Do(func() error {
+		return lab.InCgroup(l.Cgroup, func() error {
+			var e error
+			if ln, e = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); e != nil {
+				return e
+			}
+			if e = unix.Bind(ln, addr); e != nil {
+				return e
+			}
+			if e = unix.Listen(ln, 1); e != nil {
+				return e
+			}
+			sa, e := unix.Getsockname(ln)
+			if e != nil {
+				return e
+			}
+			addr.Port = sa.(*unix.SockaddrInet4).Port
+			return nil
+		})
+	})
+	if err != nil {
+		return -1, -1, fmt.Errorf("server socket: %w", err)
+	}
+	err = l.Client.Do(func() error {
+		return lab.InCgroup(l.Cgroup, func() error {
+			var e error
+			if cfd, e = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); e != nil {
+				return e
+			}
+			return unix.Connect(cfd, addr)
+		})
+	})
+	if err != nil {
+		return -1, -1, fmt.Errorf("client socket: %w", err)
+	}
+	sfd, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+	if err != nil {
+		return -1, -1, fmt.Errorf("accept: %w", err)
+	}
+	for _, fd := range []int{cfd, sfd} {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	}
+	return cfd, sfd, nil
+}
+
+func ipv4(s string) []byte {
+	var b [4]byte
+	fmt.Sscanf(s, "%d.%d.%d.%d", &b[0], &b[1], &b[2], &b[3])
+	return b[:]
+}
+
+func writeFull(fd int, b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// readFull reads len(b) bytes; it returns io.EOF-like errEOF on a clean close.
+func readFull(fd int, b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Read(fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return errEOF
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+var errEOF = fmt.Errorf("connection closed")

@@ -1,0 +1,125 @@
+// Package bench measures shunt against its alternatives on this host:
+// interleaved rounds, both ends pinned the same way in every mode, whole
+// machine CPU, percentiles rather than averages.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/lab"
+)
+
+// Lab is the set-up the network modes run in: a client namespace and a server
+// namespace joined by veth, one cgroup for both ends, and a private bypass
+// install that is attached to the cgroup only for shunt's rounds.
+type Lab struct {
+	Client, Server *lab.NetNS
+	Cgroup         host.Cgroup
+	install        *bypass.Install
+	cleanup        []func() error
+}
+
+// NewLab builds the set-up; prefix names everything it makes.
+func NewLab(prefix string) (l *Lab, err error) {
+	if err := host.CheckPrivileges(); err != nil {
+		return nil, err
+	}
+	if err := host.Probe().Err(); err != nil {
+		return nil, err
+	}
+	l = &Lab{}
+	defer func() {
+		if err != nil {
+			l.Close()
+		}
+	}()
+	if l.Client, err = lab.NewNetNS(lab.Name(prefix)); err != nil {
+		return nil, err
+	}
+	l.cleanup = append(l.cleanup, l.Client.Close)
+	if l.Server, err = lab.NewNetNS(lab.Name(prefix)); err != nil {
+		return nil, err
+	}
+	l.cleanup = append(l.cleanup, l.Server.Close)
+	if err = lab.Veth(l.Client, l.Server); err != nil {
+		return nil, err
+	}
+	cg, remove, err := lab.NewCgroup(lab.Name(prefix))
+	if err != nil {
+		return nil, err
+	}
+	l.Cgroup = cg
+	l.cleanup = append(l.cleanup, remove)
+	pin := filepath.Join(host.BPFFSRoot, lab.Name(prefix))
+	if err = host.EnsureBPFFS(pin); err != nil {
+		return nil, err
+	}
+	if l.install, err = bypass.Create(pin); err != nil {
+		return nil, err
+	}
+	l.cleanup = append(l.cleanup, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return l.install.Remove(ctx)
+	})
+	return l, nil
+}
+
+// Bypass turns shunt on or off for connections made from now on.
+func (l *Lab) Bypass(on bool) error {
+	var err error
+	if on {
+		_, err = l.install.Attach(l.Cgroup)
+	} else {
+		_, err = l.install.Detach(l.Cgroup.ID)
+	}
+	return err
+}
+
+// Flows lists the lab's bypassed connections.
+func (l *Lab) Flows() ([]bypass.Flow, error) { return l.install.Flows() }
+
+// Close removes everything the lab made, newest first.
+func (l *Lab) Close() error {
+	var errs []error
+	for i := len(l.cleanup) - 1; i >= 0; i-- {
+		if err := l.cleanup[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	l.cleanup = nil
+	if len(errs) > 0 {
+		return fmt.Errorf("clean up lab: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// requireBypassed fails unless the client socket fd is a bypassed flow whose
+// every send was redirected.
+func (l *Lab) requireBypassed(fd int) error {
+	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
+	if err != nil {
+		return err
+	}
+	flows, err := l.Flows()
+	if err != nil {
+		return err
+	}
+	for _, f := range flows {
+		if f.Client != nil && f.Client.Cookie == cookie {
+			if !f.Client.Redirecting || f.Server == nil || !f.Server.Redirecting {
+				return fmt.Errorf("connection fell back to TCP during the run")
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("connection was not bypassed")
+}

@@ -1,0 +1,43 @@
+package bench
+
+import (
+	"slices"
+	"time"
+)
+
+// Dist summarizes latency samples.
+type Dist struct {
+	Count int           `json:"count"`
+	P50   time.Duration `json:"p50_ns"`
+	P99   time.Duration `json:"p99_ns"`
+	P999  time.Duration `json:"p999_ns"`
+	Max   time.Duration `json:"max_ns"`
+}
+
+func distOf(samples []time.Duration) Dist {
+	if len(samples) == 0 {
+		return Dist{}
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return Dist{Count: len(s), P50: q(0.50), P99: q(0.99), P999: q(0.999), Max: s[len(s)-1]}
+}
+
+func median(v []time.Duration) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// StallLimit is the published defect: a message that takes this long.
+const StallLimit = 10 * time.Millisecond
+
+// stalled reports whether a distribution shows a stall: a message over
+// StallLimit, or a max over 100 times the median.
+func stalled(d Dist) bool {
+	return d.Max > StallLimit || (d.P50 > 0 && d.Max > 100*d.P50)
+}
