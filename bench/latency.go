@@ -14,6 +14,9 @@ const (
 	ModeTCP   = "tcp"   // plain TCP over veth between two namespaces
 	ModeShunt = "shunt" // the same connection with shunt bypass
 	ModeUnix  = "unix"  // AF_UNIX socketpair: the host-local floor
+	// ModeBare is shunt's pairing with a redirect program stripped of its
+	// checks and counters: shunt minus ModeBare is what the checks cost.
+	ModeBare = "shunt-bare"
 )
 
 // Placements: where client and server threads run.
@@ -129,8 +132,11 @@ func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) ([]time.Durat
 		var fds [2]int
 		fds, err = unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		cfd, sfd = fds[0], fds[1]
-	case ModeTCP, ModeShunt:
-		if err = l.Bypass(mode == ModeShunt); err != nil {
+	case ModeTCP, ModeShunt, ModeBare:
+		if err = l.Bypass(mode != ModeTCP); err != nil {
+			return nil, 0, 0, err
+		}
+		if err = l.install.UseBareRedirect(mode == ModeBare); err != nil {
 			return nil, 0, 0, err
 		}
 		cfd, sfd, err = l.tcpPair()

@@ -237,6 +237,22 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 	return SK_PASS;
 }
 
+/* The least a redirect needs with shunt's pairing: find the peer, redirect.
+ * No ordering guard, no drain switch, no counters; a missing peer drops the
+ * send. Only `shunt bench` attaches it, to measure what the checks above
+ * cost. Never install it for real traffic. */
+SEC("sk_msg")
+int shunt_sk_msg_bare(struct sk_msg_md *msg)
+{
+	struct bpf_sock *sk = msg->sk;
+	if (!sk)
+		return SK_PASS;
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (!st)
+		return SK_PASS;
+	return bpf_msg_redirect_hash(msg, &sock_hash, &st->peer, BPF_F_INGRESS);
+}
+
 SEC("iter/bpf_sk_storage_map")
 int shunt_iter_flows(struct bpf_iter__bpf_sk_storage_map *ctx)
 {

@@ -81,6 +81,7 @@ const (
 	bypassProgShuntIterDrain  = "shunt_iter_drain"
 	bypassProgShuntIterFlows  = "shunt_iter_flows"
 	bypassProgShuntSkMsg      = "shunt_sk_msg"
+	bypassProgShuntSkMsgBare  = "shunt_sk_msg_bare"
 	bypassProgShuntSockops    = "shunt_sockops"
 	bypassVarCfg              = "cfg"
 	bypassVarUnusedFlowRecord = "unused_flow_record"
@@ -131,6 +132,7 @@ type bypassProgramSpecs struct {
 	ShuntIterDrain *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
 	ShuntSkMsg     *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
+	ShuntSkMsgBare *ebpf.ProgramSpec `ebpf:"shunt_sk_msg_bare"`
 	ShuntSockops   *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
 }
 
@@ -205,6 +207,7 @@ type bypassPrograms struct {
 	ShuntIterDrain *ebpf.Program `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows *ebpf.Program `ebpf:"shunt_iter_flows"`
 	ShuntSkMsg     *ebpf.Program `ebpf:"shunt_sk_msg"`
+	ShuntSkMsgBare *ebpf.Program `ebpf:"shunt_sk_msg_bare"`
 	ShuntSockops   *ebpf.Program `ebpf:"shunt_sockops"`
 }
 
@@ -213,6 +216,7 @@ func (p *bypassPrograms) Close() error {
 		p.ShuntIterDrain,
 		p.ShuntIterFlows,
 		p.ShuntSkMsg,
+		p.ShuntSkMsgBare,
 		p.ShuntSockops,
 	)
 }

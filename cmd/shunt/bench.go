@@ -45,7 +45,7 @@ from /proc/stat, divided by round trips.`,
 		Args:    noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
-			if cfg.Modes, err = oneOf("--modes", modes, bench.ModeTCP, bench.ModeShunt, bench.ModeUnix); err != nil {
+			if cfg.Modes, err = oneOf("--modes", modes, bench.ModeTCP, bench.ModeShunt, bench.ModeUnix, bench.ModeBare); err != nil {
 				return err
 			}
 			if cfg.Placements, err = oneOf("--placement", placements, bench.SameCPU, bench.CrossCPU); err != nil {
@@ -80,7 +80,7 @@ from /proc/stat, divided by round trips.`,
 	c.Flags().IntVar(&cfg.Count, "count", 20000, "round trips measured per round and mode")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 1000, "round trips before measuring")
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 5, "interleaved rounds")
-	c.Flags().StringVar(&modes, "modes", "tcp,shunt,unix", "modes to compare: tcp, shunt, unix")
+	c.Flags().StringVar(&modes, "modes", "tcp,shunt,unix", "modes to compare: tcp, shunt, unix, shunt-bare (shunt's pairing, redirect without checks)")
 	c.Flags().StringVar(&placements, "placement", "same-cpu,cross-cpu", "CPU placement: same-cpu (both on CPU 1), cross-cpu (client 0, server 1)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
