@@ -81,22 +81,31 @@ func writeFull(fd int, b []byte) error {
 			continue
 		}
 		if err != nil {
-			return err
+			return fmt.Errorf("write: %w", err)
 		}
 		b = b[n:]
 	}
 	return nil
 }
 
-// readFull reads len(b) bytes; it returns io.EOF-like errEOF on a clean close.
-func readFull(fd int, b []byte) error {
+// readFull reads len(b) bytes; it returns errEOF on a clean close.
+//
+// A blocking read of a bypassed socket that a signal interrupts fails with
+// EAGAIN on 6.18 (tcp_bpf_recvmsg; plain TCP restarts it), and Go's runtime
+// signals threads to preempt them. Such reads are retried and counted in
+// *eagain, so results say how often an application would have seen it.
+func readFull(fd int, b []byte, eagain *int) error {
 	for len(b) > 0 {
 		n, err := unix.Read(fd, b)
 		if err == unix.EINTR {
 			continue
 		}
+		if err == unix.EAGAIN {
+			*eagain++
+			continue
+		}
 		if err != nil {
-			return err
+			return fmt.Errorf("read: %w", err)
 		}
 		if n == 0 {
 			return errEOF

@@ -48,6 +48,9 @@ type LatencyResult struct {
 	CPUPerRT     time.Duration   `json:"machine_cpu_per_round_trip_ns"`
 	Stalled      bool            `json:"stalled"`
 	RatioToTCP   float64         `json:"p50_ratio_to_tcp,omitempty"` // median round p50 over tcp's
+	// SpuriousEAGAIN counts blocking reads that failed with EAGAIN (see
+	// readFull); plain TCP never does this.
+	SpuriousEAGAIN int `json:"spurious_eagain"`
 }
 
 // RunLatency runs request/response ping-pong, interleaving modes round by
@@ -61,6 +64,7 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 		p50s    []time.Duration
 		cpu     time.Duration
 		wall    time.Duration
+		eagain  int
 	}
 	accs := map[[2]string]*acc{}
 	for r := 0; r < cfg.Rounds; r++ {
@@ -72,7 +76,7 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 				if cfg.Progress != nil {
 					cfg.Progress(fmt.Sprintf("round %d/%d %s %s", r+1, cfg.Rounds, pl, mode))
 				}
-				s, cpu, wall, err := latencyRun(l, mode, pl, cfg)
+				s, cpu, wall, eagain, err := latencyRun(l, mode, pl, cfg)
 				if err != nil {
 					return nil, fmt.Errorf("%s %s: %w", pl, mode, err)
 				}
@@ -85,6 +89,7 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 				a.p50s = append(a.p50s, distOf(s).P50)
 				a.cpu += cpu
 				a.wall += wall
+				a.eagain += eagain
 			}
 		}
 	}
@@ -97,9 +102,10 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 			res := LatencyResult{
 				Placement: pl, Mode: mode, Size: cfg.Size, Dist: d,
 				RoundP50: a.p50s, MedianP50: median(a.p50s),
-				RoundTripsPS: float64(d.Count) / a.wall.Seconds(),
-				CPUPerRT:     a.cpu / time.Duration(max(1, d.Count)),
-				Stalled:      stalled(d),
+				RoundTripsPS:   float64(d.Count) / a.wall.Seconds(),
+				CPUPerRT:       a.cpu / time.Duration(max(1, d.Count)),
+				Stalled:        stalled(d),
+				SpuriousEAGAIN: a.eagain,
 			}
 			if mode == ModeTCP {
 				tcp = res.MedianP50
@@ -123,10 +129,9 @@ func cpusFor(placement string) (client, server int) {
 }
 
 // latencyRun measures one connection: the samples, the machine CPU and the
-// wall time of the measured part.
-func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) ([]time.Duration, time.Duration, time.Duration, error) {
+// wall time of the measured part, and the spurious EAGAINs seen.
+func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) (samples []time.Duration, cpu, wall time.Duration, eagain int, err error) {
 	var cfd, sfd int
-	var err error
 	switch mode {
 	case ModeUnix:
 		var fds [2]int
@@ -134,22 +139,23 @@ func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) ([]time.Durat
 		cfd, sfd = fds[0], fds[1]
 	case ModeTCP, ModeShunt, ModeBare:
 		if err = l.Bypass(mode != ModeTCP); err != nil {
-			return nil, 0, 0, err
+			return nil, 0, 0, 0, err
 		}
 		if err = l.install.UseBareRedirect(mode == ModeBare); err != nil {
-			return nil, 0, 0, err
+			return nil, 0, 0, 0, err
 		}
 		cfd, sfd, err = l.tcpPair()
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, 0, 0, 0, err
 	}
 	defer unix.Close(cfd)
 	ccpu, scpu := cpusFor(placement)
 
 	srvErr := make(chan error, 1)
+	var srvEagain int
 	go func() {
 		defer unix.Close(sfd)
 		if err := pinThread(scpu); err != nil {
@@ -159,7 +165,7 @@ func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) ([]time.Durat
 		defer runtime.UnlockOSThread()
 		buf := make([]byte, cfg.Size)
 		for {
-			if err := readFull(sfd, buf); err != nil {
+			if err := readFull(sfd, buf, &srvEagain); err != nil {
 				if err == errEOF {
 					err = nil
 				}
@@ -173,8 +179,7 @@ func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) ([]time.Durat
 		}
 	}()
 
-	samples := make([]time.Duration, cfg.Count)
-	var cpu, wall time.Duration
+	samples = make([]time.Duration, cfg.Count)
 	cliErr := func() error {
 		if err := pinThread(ccpu); err != nil {
 			return err
@@ -185,7 +190,7 @@ func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) ([]time.Durat
 			if err := writeFull(cfd, buf); err != nil {
 				return err
 			}
-			return readFull(cfd, buf)
+			return readFull(cfd, buf, &eagain)
 		}
 		for i := 0; i < cfg.Warmup; i++ {
 			if err := rt(); err != nil {
@@ -213,7 +218,7 @@ func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) ([]time.Durat
 		cliErr = err
 	}
 	if cliErr != nil {
-		return nil, 0, 0, cliErr
+		return nil, 0, 0, 0, cliErr
 	}
-	return samples, cpu, wall, nil
+	return samples, cpu, wall, eagain + srvEagain, nil
 }

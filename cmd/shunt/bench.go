@@ -108,8 +108,9 @@ func us(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e3) }
 func printLatency(w io.Writer, res []bench.LatencyResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "placement\tmode\tp50 us\tp99 us\tp99.9 us\tmax us\tround trips/s\tCPU us/RT\tp50 vs tcp\t")
-	stalls := 0
+	stalls, eagain := 0, 0
 	for _, r := range res {
+		eagain += r.SpuriousEAGAIN
 		ratio := "-"
 		if r.RatioToTCP > 0 {
 			ratio = fmt.Sprintf("%.2f", r.RatioToTCP)
@@ -126,6 +127,9 @@ func printLatency(w io.Writer, res []bench.LatencyResult) {
 	if len(res) > 0 {
 		fmt.Fprintf(w, "\n%d-byte messages, %d round trips per mode and placement; p50 is the median of the rounds' p50s, other percentiles pool all rounds.\n",
 			res[0].Size, res[0].Dist.Count)
+	}
+	if eagain > 0 {
+		fmt.Fprintf(w, "EAGAIN: %d blocking read(s) of bypassed sockets failed with EAGAIN after a signal (a kernel difference from TCP, docs/ARCHITECTURE.md); retried\n", eagain)
 	}
 	if stalls > 0 {
 		fmt.Fprintf(w, "STALL: %d run(s) had a round trip over %v or a max over 100x p50\n", stalls, bench.StallLimit)
