@@ -23,7 +23,7 @@ removes them afterwards. Modes are interleaved round by round and both ends
 are pinned the same way in every mode. Numbers: docs/BENCHMARKS.md.`,
 		Args: noArgs,
 	}
-	c.AddCommand(newBenchLatencyCmd(e))
+	c.AddCommand(newBenchLatencyCmd(e), newBenchThroughputCmd(e))
 	return c
 }
 
@@ -59,13 +59,11 @@ from /proc/stat, divided by round trips.`,
 				return err
 			}
 			defer l.Close()
-			if !asJSON && isTerminal(e.stderr) {
-				cfg.Progress = func(s string) { fmt.Fprintf(e.stderr, "\r\033[K%s", s) }
+			if !asJSON {
+				cfg.Progress = progress(e)
 			}
 			res, err := bench.RunLatency(c.Context(), l, cfg)
-			if cfg.Progress != nil {
-				fmt.Fprint(e.stderr, "\r\033[K")
-			}
+			clearProgress(e, cfg.Progress)
 			if err != nil {
 				return err
 			}
@@ -133,6 +131,20 @@ func printLatency(w io.Writer, res []bench.LatencyResult) {
 	}
 	if stalls > 0 {
 		fmt.Fprintf(w, "STALL: %d run(s) had a round trip over %v or a max over 100x p50\n", stalls, bench.StallLimit)
+	}
+}
+
+// progress returns a one-line progress display on a terminal, or nil.
+func progress(e *env) func(string) {
+	if !isTerminal(e.stderr) {
+		return nil
+	}
+	return func(s string) { fmt.Fprintf(e.stderr, "\r\033[K%s", s) }
+}
+
+func clearProgress(e *env, p func(string)) {
+	if p != nil {
+		fmt.Fprint(e.stderr, "\r\033[K")
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -31,7 +32,7 @@ type usageError struct{ error }
 // run executes one shunt command line and returns its exit code: 0 success,
 // 1 failure, 2 bad usage.
 func run(args []string, e *env) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	root := newRoot(e)
 	root.SetArgs(args)
@@ -84,7 +85,7 @@ func newRoot(e *env) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
 	})
-	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newBenchCmd(e), newVersionCmd(e))
+	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
 	return root
 }
 
