@@ -19,6 +19,27 @@ const (
 	ModeBare = "shunt-bare"
 )
 
+// interleave calls run for every round, placement and mode, in that nesting,
+// so drift on a noisy machine hits every mode alike.
+func interleave(ctx context.Context, rounds int, placements, modes []string, progress func(string), run func(placement, mode string) error) error {
+	for r := 0; r < rounds; r++ {
+		for _, pl := range placements {
+			for _, mode := range modes {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				if progress != nil {
+					progress(fmt.Sprintf("round %d/%d %s %s", r+1, rounds, pl, mode))
+				}
+				if err := run(pl, mode); err != nil {
+					return fmt.Errorf("%s %s: %w", pl, mode, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // Placements: where client and server threads run.
 const (
 	SameCPU  = "same-cpu"  // both on CPU 1
@@ -67,31 +88,25 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 		eagain  int
 	}
 	accs := map[[2]string]*acc{}
-	for r := 0; r < cfg.Rounds; r++ {
-		for _, pl := range cfg.Placements {
-			for _, mode := range cfg.Modes {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
-				if cfg.Progress != nil {
-					cfg.Progress(fmt.Sprintf("round %d/%d %s %s", r+1, cfg.Rounds, pl, mode))
-				}
-				s, cpu, wall, eagain, err := latencyRun(l, mode, pl, cfg)
-				if err != nil {
-					return nil, fmt.Errorf("%s %s: %w", pl, mode, err)
-				}
-				a := accs[[2]string{pl, mode}]
-				if a == nil {
-					a = &acc{}
-					accs[[2]string{pl, mode}] = a
-				}
-				a.samples = append(a.samples, s...)
-				a.p50s = append(a.p50s, distOf(s).P50)
-				a.cpu += cpu
-				a.wall += wall
-				a.eagain += eagain
-			}
+	err := interleave(ctx, cfg.Rounds, cfg.Placements, cfg.Modes, cfg.Progress, func(pl, mode string) error {
+		s, cpu, wall, eagain, err := latencyRun(l, mode, pl, cfg)
+		if err != nil {
+			return err
 		}
+		a := accs[[2]string{pl, mode}]
+		if a == nil {
+			a = &acc{}
+			accs[[2]string{pl, mode}] = a
+		}
+		a.samples = append(a.samples, s...)
+		a.p50s = append(a.p50s, distOf(s).P50)
+		a.cpu += cpu
+		a.wall += wall
+		a.eagain += eagain
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	var out []LatencyResult
 	for _, pl := range cfg.Placements {

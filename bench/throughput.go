@@ -40,28 +40,22 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		bytes int64
 	}
 	accs := map[[2]string]*acc{}
-	for r := 0; r < cfg.Rounds; r++ {
-		for _, pl := range cfg.Placements {
-			for _, mode := range cfg.Modes {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
-				if cfg.Progress != nil {
-					cfg.Progress(fmt.Sprintf("throughput round %d/%d %s %s", r+1, cfg.Rounds, pl, mode))
-				}
-				n, wall, cpu, err := throughputRun(l, mode, pl, cfg)
-				if err != nil {
-					return nil, fmt.Errorf("%s %s: %w", pl, mode, err)
-				}
-				k := [2]string{pl, mode}
-				if accs[k] == nil {
-					accs[k] = &acc{}
-				}
-				accs[k].gbps = append(accs[k].gbps, float64(n)*8/wall.Seconds()/1e9)
-				accs[k].cpu += cpu
-				accs[k].bytes += n
-			}
+	err := interleave(ctx, cfg.Rounds, cfg.Placements, cfg.Modes, cfg.Progress, func(pl, mode string) error {
+		n, wall, cpu, err := throughputRun(l, mode, pl, cfg)
+		if err != nil {
+			return err
 		}
+		k := [2]string{pl, mode}
+		if accs[k] == nil {
+			accs[k] = &acc{}
+		}
+		accs[k].gbps = append(accs[k].gbps, float64(n)*8/wall.Seconds()/1e9)
+		accs[k].cpu += cpu
+		accs[k].bytes += n
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	var out []ThroughputResult
 	for _, pl := range cfg.Placements {

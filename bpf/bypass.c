@@ -204,14 +204,20 @@ static __always_inline int fall_back(struct sock_state *st)
 	return SK_PASS;
 }
 
+/* The sending socket's state; NULL for sockets shunt does not hold. */
+static __always_inline struct sock_state *state_of(struct bpf_sock *sk)
+{
+	if (!sk)
+		return 0;
+	return bpf_sk_storage_get(&sock_states, sk, 0, 0);
+}
+
 SEC("sk_msg")
 int shunt_sk_msg(struct sk_msg_md *msg)
 {
 	struct bpf_sock *sk = msg->sk;
-	if (!sk)
-		return SK_PASS;
-	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-	if (!st)
+	struct sock_state *st = state_of(sk);
+	if (!st || !sk)
 		return SK_PASS;
 	if (st->flags & STATE_FALLBACK) {
 		st->pass_msgs++;
@@ -244,10 +250,7 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 SEC("sk_msg")
 int shunt_sk_msg_bare(struct sk_msg_md *msg)
 {
-	struct bpf_sock *sk = msg->sk;
-	if (!sk)
-		return SK_PASS;
-	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	struct sock_state *st = state_of(msg->sk);
 	if (!st)
 		return SK_PASS;
 	return bpf_msg_redirect_hash(msg, &sock_hash, &st->peer, BPF_F_INGRESS);

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -54,24 +55,10 @@ from /proc/stat, divided by round trips.`,
 			if cfg.Size < 1 || cfg.Count < 1 || cfg.Rounds < 1 || cfg.Warmup < 0 {
 				return usageError{fmt.Errorf("--size, --count and --rounds must be at least 1")}
 			}
-			l, err := bench.NewLab("shunt-bench-")
-			if err != nil {
-				return err
-			}
-			defer l.Close()
-			if !asJSON {
-				cfg.Progress = progress(e)
-			}
-			res, err := bench.RunLatency(c.Context(), l, cfg)
-			clearProgress(e, cfg.Progress)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(e.stdout, res)
-			}
-			printLatency(e.stdout, res)
-			return nil
+			return runBench(c.Context(), e, asJSON, func(ctx context.Context, l *bench.Lab, p func(string)) ([]bench.LatencyResult, error) {
+				cfg.Progress = p
+				return bench.RunLatency(ctx, l, cfg)
+			}, printLatency)
 		},
 	}
 	c.Flags().IntVar(&cfg.Size, "size", 14, "message size in bytes, each way")
@@ -132,6 +119,30 @@ func printLatency(w io.Writer, res []bench.LatencyResult) {
 	if stalls > 0 {
 		fmt.Fprintf(w, "STALL: %d run(s) had a round trip over %v or a max over 100x p50\n", stalls, bench.StallLimit)
 	}
+}
+
+// runBench runs a scenario in a fresh lab, with progress on a terminal, and
+// prints its result as JSON or as a table.
+func runBench[T any](ctx context.Context, e *env, asJSON bool, run func(context.Context, *bench.Lab, func(string)) (T, error), table func(io.Writer, T)) error {
+	l, err := bench.NewLab("shunt-bench-")
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	var p func(string)
+	if !asJSON {
+		p = progress(e)
+	}
+	res, err := run(ctx, l, p)
+	clearProgress(e, p)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(e.stdout, res)
+	}
+	table(e.stdout, res)
+	return nil
 }
 
 // progress returns a one-line progress display on a terminal, or nil.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -36,24 +37,10 @@ socketpair. CPU is the whole machine's, from /proc/stat, per GB received.`,
 			if cfg.WriteSize < 1 || cfg.Rounds < 1 || cfg.Duration <= 0 {
 				return usageError{fmt.Errorf("--write-size, --rounds and --duration must be positive")}
 			}
-			l, err := bench.NewLab("shunt-bench-")
-			if err != nil {
-				return err
-			}
-			defer l.Close()
-			if !asJSON {
-				cfg.Progress = progress(e)
-			}
-			res, err := bench.RunThroughput(c.Context(), l, cfg)
-			clearProgress(e, cfg.Progress)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(e.stdout, res)
-			}
-			printThroughput(e.stdout, res)
-			return nil
+			return runBench(c.Context(), e, asJSON, func(ctx context.Context, l *bench.Lab, p func(string)) ([]bench.ThroughputResult, error) {
+				cfg.Progress = p
+				return bench.RunThroughput(ctx, l, cfg)
+			}, printThroughput)
 		},
 	}
 	c.Flags().IntVar(&cfg.WriteSize, "write-size", 64<<10, "bytes per write()")
