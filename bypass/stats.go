@@ -1,9 +1,12 @@
 package bypass
 
 import (
+	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,8 +28,17 @@ type Counters struct {
 	FallenBack   uint64 `json:"directions_fallen_back"` // directions that left the redirect path
 }
 
+// Program is a BPF program of the install and where it is attached.
+type Program struct {
+	Name     string   `json:"name"`
+	ID       uint32   `json:"id"`       // program id (bpftool prog show id N)
+	Links    []uint32 `json:"link_ids"` // BPF links attaching it
+	Attached string   `json:"attached"` // what it is attached to
+}
+
 // Stats is the state of the install.
 type Stats struct {
+	Programs []Program `json:"programs"`
 	Maps     []MapFill `json:"maps"`
 	Counters Counters  `json:"counters"`
 	Draining bool      `json:"draining"`
@@ -36,6 +48,11 @@ type Stats struct {
 func (in *Install) Stats() (Stats, error) {
 	in.SweepHandshakes()
 	s := Stats{Draining: in.Draining()}
+	progs, err := in.programs()
+	if err != nil {
+		return s, err
+	}
+	s.Programs = progs
 	for _, name := range []string{"sock_hash", "sock_states", "handshakes"} {
 		m := in.maps[name]
 		s.Maps = append(s.Maps, MapFill{Name: name, Entries: countKeys(m), Max: maxEntries(m)})
@@ -113,4 +130,46 @@ func (in *Install) SweepHandshakes() int {
 		_ = m.Delete(k)
 	}
 	return len(stale)
+}
+
+// programs describes the install's programs from their pins.
+func (in *Install) programs() ([]Program, error) {
+	var out []Program
+	info, err := in.sockops.Info()
+	if err != nil {
+		return nil, fmt.Errorf("sockops program info: %w", err)
+	}
+	id, _ := info.ID()
+	sockops := Program{Name: "sockops", ID: uint32(id), Links: []uint32{}}
+	cgs, err := in.Cgroups()
+	if err != nil {
+		return nil, err
+	}
+	for _, cg := range cgs {
+		if lid, _, err := pinnedLinkIDs(in.cgroupPin(cg.ID)); err == nil {
+			sockops.Links = append(sockops.Links, lid)
+		}
+	}
+	sockops.Attached = fmt.Sprintf("%d cgroup(s)", len(sockops.Links))
+	out = append(out, sockops)
+
+	lid, pid, err := pinnedLinkIDs(filepath.Join(in.dir, linksDir, skMsgLink))
+	if err != nil {
+		return nil, fmt.Errorf("sk_msg link info: %w", err)
+	}
+	out = append(out, Program{Name: "sk_msg", ID: pid, Links: []uint32{lid}, Attached: "map sock_hash"})
+	return out, nil
+}
+
+func pinnedLinkIDs(pin string) (linkID, progID uint32, err error) {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return 0, 0, err
+	}
+	return uint32(info.ID), uint32(info.Program), nil
 }

@@ -60,6 +60,10 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	if !st.Installed || len(st.Cgroups) != 1 || st.Cgroups[0].Path != cg.Path || st.Stats.Counters.Paired != 1 {
 		t.Fatalf("status --json = %s", out)
 	}
+	if len(st.Stats.Programs) != 2 || st.Stats.Programs[0].ID == 0 || len(st.Stats.Programs[0].Links) != 1 ||
+		st.Stats.Programs[1].ID == 0 || len(st.Stats.Programs[1].Links) != 1 {
+		t.Fatalf("status --json programs = %+v", st.Stats.Programs)
+	}
 	out, _, code = runShunt(t, nil, "status", "--pin-dir", pin)
 	if code != 0 || !strings.Contains(out, cg.Path) || !strings.Contains(out, "1 paired") {
 		t.Fatalf("status = %q", out)

@@ -77,6 +77,9 @@ func printStatus(e *env, r statusReport) {
 			}
 			fmt.Fprintf(w, "cgroup:\t%s (id %d)\n", p, cg.ID)
 		}
+		for _, p := range r.Stats.Programs {
+			fmt.Fprintf(w, "program %s:\tid %d, attached to %s (links %v)\n", p.Name, p.ID, p.Attached, p.Links)
+		}
 		for _, m := range r.Stats.Maps {
 			if m.Max == 0 {
 				fmt.Fprintf(w, "map %s:\t%d entries\n", m.Name, m.Entries)

@@ -79,36 +79,36 @@ func ConnPair(t testing.TB, network string, server Side, listenAddr string, clie
 	return c, s
 }
 
-// Cookie returns the socket cookie (SO_COOKIE) of a connection.
-func Cookie(t testing.TB, c *net.TCPConn) uint64 {
+// onFD runs fn on the connection's file descriptor and fails the test on
+// any error.
+func onFD(t testing.TB, c *net.TCPConn, what string, fn func(fd int) error) {
 	t.Helper()
 	raw, err := c.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var v uint64
-	var serr error
-	err = raw.Control(func(fd uintptr) {
-		v, serr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE)
-	})
-	if err != nil || serr != nil {
-		t.Fatalf("SO_COOKIE: %v %v", err, serr)
+	var ferr error
+	if err := raw.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil || ferr != nil {
+		t.Fatalf("%s: %v %v", what, err, ferr)
 	}
+}
+
+// Cookie returns the socket cookie (SO_COOKIE) of a connection.
+func Cookie(t testing.TB, c *net.TCPConn) (v uint64) {
+	t.Helper()
+	onFD(t, c, "SO_COOKIE", func(fd int) (err error) {
+		v, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
+		return err
+	})
 	return v
 }
 
 // InQueue returns FIONREAD for a connection.
-func InQueue(t testing.TB, c *net.TCPConn) int {
+func InQueue(t testing.TB, c *net.TCPConn) (v int) {
 	t.Helper()
-	raw, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v int
-	var ierr error
-	_ = raw.Control(func(fd uintptr) { v, ierr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
-	if ierr != nil {
-		t.Fatalf("FIONREAD: %v", ierr)
-	}
+	onFD(t, c, "FIONREAD", func(fd int) (err error) {
+		v, err = unix.IoctlGetInt(fd, unix.SIOCINQ)
+		return err
+	})
 	return v
 }
