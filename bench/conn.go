@@ -8,10 +8,30 @@ import (
 	"github.com/shunt-project/shunt/internal/lab"
 )
 
-// tcpPair returns connected client and server fds: the client in the lab's
-// client namespace, the server in its server namespace, both in its cgroup.
-// The fds are blocking: measured loops make plain syscalls on them.
-func (l *Lab) tcpPair() (client, server int, err error) {
+// connect returns a connected client and server fd for a mode: an AF_UNIX
+// socketpair, or TCP with bypass on (shunt, shunt-bare) or off (tcp). The fds
+// are blocking: measured loops make plain syscalls on them.
+func (l *Lab) connect(mode, topology string) (client, server int, err error) {
+	switch mode {
+	case ModeUnix:
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		return fds[0], fds[1], err
+	case ModeTCP, ModeShunt, ModeBare:
+		if err := l.Bypass(mode != ModeTCP); err != nil {
+			return -1, -1, err
+		}
+		if err := l.install.UseBareRedirect(mode == ModeBare); err != nil {
+			return -1, -1, err
+		}
+		return l.tcpPair(topology)
+	}
+	return -1, -1, fmt.Errorf("unknown mode %q", mode)
+}
+
+// tcpPair returns connected client and server fds, both in the lab's cgroup:
+// over veth, the client in the client namespace and the server in the
+// server namespace; over loopback, both in the server namespace.
+func (l *Lab) tcpPair(topology string) (client, server int, err error) {
 	ln, cfd := -1, -1
 	defer func() {
 		if ln >= 0 {
@@ -22,7 +42,12 @@ func (l *Lab) tcpPair() (client, server int, err error) {
 		}
 	}()
 	addr := &unix.SockaddrInet4{}
+	clientNS := l.Client
 	copy(addr.Addr[:], ipv4(lab.VethIPv4B))
+	if topology == Loopback {
+		clientNS = l.Server
+		copy(addr.Addr[:], ipv4("127.0.0.1"))
+	}
 	err = l.Server.Do(func() error {
 		return lab.InCgroup(l.Cgroup, func() error {
 			var e error
@@ -46,7 +71,7 @@ func (l *Lab) tcpPair() (client, server int, err error) {
 	if err != nil {
 		return -1, -1, fmt.Errorf("server socket: %w", err)
 	}
-	err = l.Client.Do(func() error {
+	err = clientNS.Do(func() error {
 		return lab.InCgroup(l.Cgroup, func() error {
 			var e error
 			if cfd, e = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); e != nil {

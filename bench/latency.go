@@ -9,56 +9,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Modes of the latency benchmark.
-const (
-	ModeTCP   = "tcp"   // plain TCP over veth between two namespaces
-	ModeShunt = "shunt" // the same connection with shunt bypass
-	ModeUnix  = "unix"  // AF_UNIX socketpair: the host-local floor
-	// ModeBare is shunt's pairing with a redirect program stripped of its
-	// checks and counters: shunt minus ModeBare is what the checks cost.
-	ModeBare = "shunt-bare"
-)
-
-// interleave calls run for every round, placement and mode, in that nesting,
-// so drift on a noisy machine hits every mode alike.
-func interleave(ctx context.Context, rounds int, placements, modes []string, progress func(string), run func(placement, mode string) error) error {
-	for r := 0; r < rounds; r++ {
-		for _, pl := range placements {
-			for _, mode := range modes {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				if progress != nil {
-					progress(fmt.Sprintf("round %d/%d %s %s", r+1, rounds, pl, mode))
-				}
-				if err := run(pl, mode); err != nil {
-					return fmt.Errorf("%s %s: %w", pl, mode, err)
-				}
-			}
-		}
-	}
-	return nil
-}
-
-// Placements: where client and server threads run.
-const (
-	SameCPU  = "same-cpu"  // both on CPU 1
-	CrossCPU = "cross-cpu" // client on CPU 0, server on CPU 1
-)
-
 // LatencyConfig says what to measure.
 type LatencyConfig struct {
-	Size       int          // message size in bytes, each way
-	Count      int          // round trips measured per round and mode
-	Warmup     int          // round trips before measuring
-	Rounds     int          // interleaved rounds: tcp shunt unix, tcp shunt unix, ...
-	Modes      []string     // subset of ModeTCP, ModeShunt, ModeUnix
-	Placements []string     // subset of SameCPU, CrossCPU
-	Progress   func(string) // optional: called before each run
+	Matrix
+	Count   int           // round trips measured per run (at most)
+	MaxTime time.Duration // a run stops early after this long (0: no limit)
+	Warmup  int           // round trips before measuring
 }
 
-// LatencyResult is one mode at one placement, pooled over rounds.
+// LatencyResult is one cell, pooled over rounds.
 type LatencyResult struct {
+	Topology     string          `json:"topology"`
 	Placement    string          `json:"placement"`
 	Mode         string          `json:"mode"`
 	Size         int             `json:"size"`
@@ -74,9 +35,11 @@ type LatencyResult struct {
 	SpuriousEAGAIN int `json:"spurious_eagain"`
 }
 
-// RunLatency runs request/response ping-pong, interleaving modes round by
-// round so drift on a noisy machine hits every mode alike.
+// RunLatency runs request/response ping-pong over every cell of the matrix.
 func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if runtime.NumCPU() < 2 {
 		return nil, fmt.Errorf("latency benchmark needs 2 CPUs, this machine has %d", runtime.NumCPU())
 	}
@@ -87,87 +50,70 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 		wall    time.Duration
 		eagain  int
 	}
-	accs := map[[2]string]*acc{}
-	err := interleave(ctx, cfg.Rounds, cfg.Placements, cfg.Modes, cfg.Progress, func(pl, mode string) error {
-		s, cpu, wall, eagain, err := latencyRun(l, mode, pl, cfg)
+	accs := map[Cell]*acc{}
+	err := cfg.run(ctx, func(c Cell) error {
+		r, err := latencyRun(l, c, cfg)
 		if err != nil {
 			return err
 		}
-		a := accs[[2]string{pl, mode}]
+		a := accs[c]
 		if a == nil {
 			a = &acc{}
-			accs[[2]string{pl, mode}] = a
+			accs[c] = a
 		}
-		a.samples = append(a.samples, s...)
-		a.p50s = append(a.p50s, distOf(s).P50)
-		a.cpu += cpu
-		a.wall += wall
-		a.eagain += eagain
+		a.samples = append(a.samples, r.samples...)
+		a.p50s = append(a.p50s, distOf(r.samples).P50)
+		a.cpu += r.cpu
+		a.wall += r.wall
+		a.eagain += r.eagain
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	var out []LatencyResult
-	for _, pl := range cfg.Placements {
-		var tcp time.Duration
-		for _, mode := range cfg.Modes {
-			a := accs[[2]string{pl, mode}]
-			d := distOf(a.samples)
-			res := LatencyResult{
-				Placement: pl, Mode: mode, Size: cfg.Size, Dist: d,
-				RoundP50: a.p50s, MedianP50: median(a.p50s),
-				RoundTripsPS:   float64(d.Count) / a.wall.Seconds(),
-				CPUPerRT:       a.cpu / time.Duration(max(1, d.Count)),
-				Stalled:        stalled(d),
-				SpuriousEAGAIN: a.eagain,
-			}
-			if mode == ModeTCP {
-				tcp = res.MedianP50
-			}
-			out = append(out, res)
+	for _, c := range cfg.cells() {
+		a := accs[c]
+		d := distOf(a.samples)
+		out = append(out, LatencyResult{
+			Topology: cfg.Topology, Placement: c.Placement, Mode: c.Mode, Size: c.Size, Dist: d,
+			RoundP50: a.p50s, MedianP50: median(a.p50s),
+			RoundTripsPS:   float64(d.Count) / a.wall.Seconds(),
+			CPUPerRT:       a.cpu / time.Duration(max(1, d.Count)),
+			Stalled:        stalled(d),
+			SpuriousEAGAIN: a.eagain,
+		})
+	}
+	// Ratios against tcp in the same size and placement.
+	tcp := map[[2]any]time.Duration{}
+	for _, r := range out {
+		if r.Mode == ModeTCP {
+			tcp[[2]any{r.Size, r.Placement}] = r.MedianP50
 		}
-		for i := range out {
-			if out[i].Placement == pl && tcp > 0 {
-				out[i].RatioToTCP = float64(out[i].MedianP50) / float64(tcp)
-			}
+	}
+	for i := range out {
+		if t := tcp[[2]any{out[i].Size, out[i].Placement}]; t > 0 {
+			out[i].RatioToTCP = float64(out[i].MedianP50) / float64(t)
 		}
 	}
 	return out, nil
 }
 
-func cpusFor(placement string) (client, server int) {
-	if placement == SameCPU {
-		return 1, 1
-	}
-	return 0, 1
+type latencySample struct {
+	samples   []time.Duration
+	cpu, wall time.Duration
+	eagain    int
 }
 
-// latencyRun measures one connection: the samples, the machine CPU and the
-// wall time of the measured part, and the spurious EAGAINs seen.
-func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) (samples []time.Duration, cpu, wall time.Duration, eagain int, err error) {
-	var cfd, sfd int
-	switch mode {
-	case ModeUnix:
-		var fds [2]int
-		fds, err = unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		cfd, sfd = fds[0], fds[1]
-	case ModeTCP, ModeShunt, ModeBare:
-		if err = l.Bypass(mode != ModeTCP); err != nil {
-			return nil, 0, 0, 0, err
-		}
-		if err = l.install.UseBareRedirect(mode == ModeBare); err != nil {
-			return nil, 0, 0, 0, err
-		}
-		cfd, sfd, err = l.tcpPair()
-	default:
-		err = fmt.Errorf("unknown mode %q", mode)
-	}
+// latencyRun measures one connection.
+func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
+	var res latencySample
+	cfd, sfd, err := l.connect(c.Mode, cfg.Topology)
 	if err != nil {
-		return nil, 0, 0, 0, err
+		return res, err
 	}
 	defer unix.Close(cfd)
-	ccpu, scpu := cpusFor(placement)
+	ccpu, scpu := cpusFor(c.Placement)
 
 	srvErr := make(chan error, 1)
 	var srvEagain int
@@ -178,7 +124,7 @@ func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) (samples []ti
 			return
 		}
 		defer runtime.UnlockOSThread()
-		buf := make([]byte, cfg.Size)
+		buf := make([]byte, c.Size)
 		for {
 			if err := readFull(sfd, buf, &srvEagain); err != nil {
 				if err == errEOF {
@@ -194,18 +140,18 @@ func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) (samples []ti
 		}
 	}()
 
-	samples = make([]time.Duration, cfg.Count)
+	res.samples = make([]time.Duration, 0, cfg.Count)
 	cliErr := func() error {
 		if err := pinThread(ccpu); err != nil {
 			return err
 		}
 		defer runtime.UnlockOSThread()
-		buf := make([]byte, cfg.Size)
+		buf := make([]byte, c.Size)
 		rt := func() error {
 			if err := writeFull(cfd, buf); err != nil {
 				return err
 			}
-			return readFull(cfd, buf, &eagain)
+			return readFull(cfd, buf, &res.eagain)
 		}
 		for i := 0; i < cfg.Warmup; i++ {
 			if err := rt(); err != nil {
@@ -213,15 +159,18 @@ func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) (samples []ti
 			}
 		}
 		cpu0, t0 := machineCPU(), time.Now()
-		for i := range samples {
+		for i := 0; i < cfg.Count; i++ {
 			s := time.Now()
 			if err := rt(); err != nil {
 				return err
 			}
-			samples[i] = time.Since(s)
+			res.samples = append(res.samples, time.Since(s))
+			if cfg.MaxTime > 0 && i%64 == 0 && time.Since(t0) > cfg.MaxTime {
+				break
+			}
 		}
-		wall, cpu = time.Since(t0), machineCPU()-cpu0
-		if mode == ModeShunt {
+		res.wall, res.cpu = time.Since(t0), machineCPU()-cpu0
+		if c.Mode == ModeShunt {
 			// A mode that silently fell back would measure TCP under
 			// shunt's name.
 			return l.requireBypassed(cfd)
@@ -232,8 +181,6 @@ func latencyRun(l *Lab, mode, placement string, cfg LatencyConfig) (samples []ti
 	if err := <-srvErr; err != nil && cliErr == nil {
 		cliErr = err
 	}
-	if cliErr != nil {
-		return nil, 0, 0, 0, cliErr
-	}
-	return samples, cpu, wall, eagain + srvEagain, nil
+	res.eagain += srvEagain
+	return res, cliErr
 }

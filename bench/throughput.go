@@ -10,18 +10,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ThroughputConfig says what to measure.
+// ThroughputConfig says what to measure; the matrix sizes are write sizes.
 type ThroughputConfig struct {
-	WriteSize  int           // bytes per write()
-	Duration   time.Duration // how long the sender writes, per round and mode
-	Rounds     int
-	Modes      []string // ModeTCP, ModeShunt, ModeUnix
-	Placements []string
-	Progress   func(string)
+	Matrix
+	Duration time.Duration // how long the sender writes, per run
 }
 
-// ThroughputResult is one mode at one placement over all rounds.
+// ThroughputResult is one cell over all rounds.
 type ThroughputResult struct {
+	Topology    string    `json:"topology"`
 	Placement   string    `json:"placement"`
 	Mode        string    `json:"mode"`
 	WriteSize   int       `json:"write_size"`
@@ -34,72 +31,60 @@ type ThroughputResult struct {
 // RunThroughput streams one way for cfg.Duration per run; throughput counts
 // bytes the receiver got until it read the last one.
 func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]ThroughputResult, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	type acc struct {
 		gbps  []float64
 		cpu   time.Duration
 		bytes int64
 	}
-	accs := map[[2]string]*acc{}
-	err := interleave(ctx, cfg.Rounds, cfg.Placements, cfg.Modes, cfg.Progress, func(pl, mode string) error {
-		n, wall, cpu, err := throughputRun(l, mode, pl, cfg)
+	accs := map[Cell]*acc{}
+	err := cfg.run(ctx, func(c Cell) error {
+		n, wall, cpu, err := throughputRun(l, c, cfg)
 		if err != nil {
 			return err
 		}
-		k := [2]string{pl, mode}
-		if accs[k] == nil {
-			accs[k] = &acc{}
+		if accs[c] == nil {
+			accs[c] = &acc{}
 		}
-		accs[k].gbps = append(accs[k].gbps, float64(n)*8/wall.Seconds()/1e9)
-		accs[k].cpu += cpu
-		accs[k].bytes += n
+		accs[c].gbps = append(accs[c].gbps, float64(n)*8/wall.Seconds()/1e9)
+		accs[c].cpu += cpu
+		accs[c].bytes += n
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	var out []ThroughputResult
-	for _, pl := range cfg.Placements {
-		var tcp float64
-		first := len(out)
-		for _, mode := range cfg.Modes {
-			a := accs[[2]string{pl, mode}]
-			res := ThroughputResult{
-				Placement: pl, Mode: mode, WriteSize: cfg.WriteSize, RoundGbps: a.gbps,
-				MedianGbps:  medianF(a.gbps),
-				CPUSecPerGB: a.cpu.Seconds() / (float64(a.bytes) / 1e9),
-			}
-			if mode == ModeTCP {
-				tcp = res.MedianGbps
-			}
-			out = append(out, res)
+	tcp := map[[2]any]float64{}
+	for _, c := range cfg.cells() {
+		a := accs[c]
+		r := ThroughputResult{
+			Topology: cfg.Topology, Placement: c.Placement, Mode: c.Mode, WriteSize: c.Size,
+			RoundGbps: a.gbps, MedianGbps: medianF(a.gbps),
+			CPUSecPerGB: a.cpu.Seconds() / (float64(a.bytes) / 1e9),
 		}
-		for i := first; i < len(out) && tcp > 0; i++ {
-			out[i].RatioToTCP = out[i].MedianGbps / tcp
+		if c.Mode == ModeTCP {
+			tcp[[2]any{c.Size, c.Placement}] = r.MedianGbps
+		}
+		out = append(out, r)
+	}
+	for i := range out {
+		if t := tcp[[2]any{out[i].WriteSize, out[i].Placement}]; t > 0 {
+			out[i].RatioToTCP = out[i].MedianGbps / t
 		}
 	}
 	return out, nil
 }
 
-func throughputRun(l *Lab, mode, placement string, cfg ThroughputConfig) (int64, time.Duration, time.Duration, error) {
-	var cfd, sfd int
-	var err error
-	switch mode {
-	case ModeUnix:
-		var fds [2]int
-		fds, err = unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		cfd, sfd = fds[0], fds[1]
-	case ModeTCP, ModeShunt:
-		if err = l.Bypass(mode == ModeShunt); err == nil {
-			cfd, sfd, err = l.tcpPair()
-		}
-	default:
-		err = fmt.Errorf("unknown mode %q", mode)
-	}
+func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, time.Duration, error) {
+	cfd, sfd, err := l.connect(c.Mode, cfg.Topology)
 	if err != nil {
 		return 0, 0, 0, err
 	}
 	defer unix.Close(sfd)
-	ccpu, scpu := cpusFor(placement)
+	ccpu, scpu := cpusFor(c.Placement)
 
 	type result struct {
 		n   int64
@@ -139,13 +124,13 @@ func throughputRun(l *Lab, mode, placement string, cfg ThroughputConfig) (int64,
 			return err
 		}
 		defer runtime.UnlockOSThread()
-		buf := make([]byte, cfg.WriteSize)
+		buf := make([]byte, c.Size)
 		for time.Since(start) < cfg.Duration {
 			if err := writeFull(cfd, buf); err != nil {
 				return err
 			}
 		}
-		if mode == ModeShunt {
+		if c.Mode == ModeShunt {
 			return l.requireBypassed(cfd)
 		}
 		return nil

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bench"
@@ -20,55 +20,71 @@ func newBenchCmd(e *env) *cobra.Command {
 		Use:   "bench SCENARIO",
 		Short: "Measure shunt against plain TCP and the host-local floor",
 		Long: `bench runs a benchmark scenario in namespaces and a cgroup of its own and
-removes them afterwards. Modes are interleaved round by round and both ends
-are pinned the same way in every mode. Numbers: docs/BENCHMARKS.md.`,
+removes them afterwards. Every size, placement and mode is measured once per
+round, rounds outermost, and both ends are pinned the same way in every mode.
+Numbers and method: docs/BENCHMARKS.md.`,
 		Args: noArgs,
 	}
 	c.AddCommand(newBenchLatencyCmd(e), newBenchThroughputCmd(e))
 	return c
 }
 
-func newBenchLatencyCmd(e *env) *cobra.Command {
-	var (
-		cfg        bench.LatencyConfig
-		modes      string
-		placements string
-		asJSON     bool
-	)
-	c := &cobra.Command{
-		Use:   "latency",
-		Short: "Request/response ping-pong between two namespaces joined by veth",
-		Long: `latency sends a message, waits for the same size back, and times each round
-trip, over plain TCP, over the same TCP connection bypassed by shunt, and over
-an AF_UNIX socketpair (the floor for host-local). CPU is the whole machine's,
-from /proc/stat, divided by round trips.`,
-		Example: `  shunt bench latency --size 14 --rounds 5 --count 20000`,
-		Args:    noArgs,
-		RunE: func(c *cobra.Command, _ []string) error {
-			var err error
-			if cfg.Modes, err = oneOf("--modes", modes, bench.ModeTCP, bench.ModeShunt, bench.ModeUnix, bench.ModeBare); err != nil {
-				return err
-			}
-			if cfg.Placements, err = oneOf("--placement", placements, bench.SameCPU, bench.CrossCPU); err != nil {
-				return err
-			}
-			if cfg.Size < 1 || cfg.Count < 1 || cfg.Rounds < 1 || cfg.Warmup < 0 {
-				return usageError{fmt.Errorf("--size, --count and --rounds must be at least 1")}
-			}
-			return runBench(c.Context(), e, asJSON, func(ctx context.Context, l *bench.Lab, p func(string)) ([]bench.LatencyResult, error) {
-				cfg.Progress = p
-				return bench.RunLatency(ctx, l, cfg)
-			}, printLatency)
-		},
+// matrixFlags are the flags every scenario shares.
+type matrixFlags struct {
+	sizes, modes, placements, topology string
+	rounds                             int
+	asJSON                             bool
+	out                                string
+}
+
+func (m *matrixFlags) register(fs *pflag.FlagSet, sizeName, sizes, modes, placements, modeHelp string) {
+	fs.StringVar(&m.sizes, sizeName, sizes, "comma-separated sizes in bytes; K and M suffixes are powers of 1024")
+	fs.StringVar(&m.modes, "modes", modes, "modes to compare: "+modeHelp)
+	fs.StringVar(&m.placements, "placement", placements, "CPU placement: same-cpu (both on CPU 1), cross-cpu (client/sender on 0, server/receiver on 1)")
+	fs.StringVar(&m.topology, "topology", bench.Veth, "veth (two namespaces joined by veth) or loopback (one namespace, 127.0.0.1)")
+	fs.IntVar(&m.rounds, "rounds", 5, "interleaved rounds")
+	fs.BoolVar(&m.asJSON, "json", false, "print JSON")
+	fs.StringVar(&m.out, "out", "", "also write JSON, a markdown table and PNG plots to this directory")
+}
+
+func (m *matrixFlags) matrix(sizeFlag string, modes ...string) (bench.Matrix, error) {
+	var mx bench.Matrix
+	var err error
+	if mx.Sizes, err = parseSizes(sizeFlag, m.sizes); err != nil {
+		return mx, err
 	}
-	c.Flags().IntVar(&cfg.Size, "size", 14, "message size in bytes, each way")
-	c.Flags().IntVar(&cfg.Count, "count", 20000, "round trips measured per round and mode")
-	c.Flags().IntVar(&cfg.Warmup, "warmup", 1000, "round trips before measuring")
-	c.Flags().IntVar(&cfg.Rounds, "rounds", 5, "interleaved rounds")
-	c.Flags().StringVar(&modes, "modes", "tcp,shunt,unix", "modes to compare: tcp, shunt, unix, shunt-bare (shunt's pairing, redirect without checks)")
-	c.Flags().StringVar(&placements, "placement", "same-cpu,cross-cpu", "CPU placement: same-cpu (both on CPU 1), cross-cpu (client 0, server 1)")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	return c
+	if mx.Modes, err = oneOf("--modes", m.modes, modes...); err != nil {
+		return mx, err
+	}
+	if mx.Placements, err = oneOf("--placement", m.placements, bench.SameCPU, bench.CrossCPU); err != nil {
+		return mx, err
+	}
+	mx.Topology, mx.Rounds = m.topology, m.rounds
+	if err := mx.Validate(); err != nil {
+		return mx, usageError{err}
+	}
+	return mx, nil
+}
+
+// parseSizes reads "14,1K,64K,2M".
+func parseSizes(flag, list string) ([]int, error) {
+	var out []int
+	for _, v := range strings.Split(list, ",") {
+		v = strings.TrimSpace(v)
+		mult := 1
+		switch {
+		case strings.HasSuffix(v, "K"):
+			mult, v = 1<<10, strings.TrimSuffix(v, "K")
+		case strings.HasSuffix(v, "M"):
+			mult, v = 1<<20, strings.TrimSuffix(v, "M")
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return nil, usageError{fmt.Errorf("%s: %q is not a size (e.g. 14,1K,64K,2M)", flag, v)}
+		}
+		out = append(out, n*mult)
+	}
+	return out, nil
 }
 
 // oneOf splits a comma list and checks each item is allowed.
@@ -88,57 +104,29 @@ func oneOf(flag, list string, allowed ...string) ([]string, error) {
 	return out, nil
 }
 
-func us(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e3) }
-
-func printLatency(w io.Writer, res []bench.LatencyResult) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "placement\tmode\tp50 us\tp99 us\tp99.9 us\tmax us\tround trips/s\tCPU us/RT\tp50 vs tcp\t")
-	stalls, eagain := 0, 0
-	for _, r := range res {
-		eagain += r.SpuriousEAGAIN
-		ratio := "-"
-		if r.RatioToTCP > 0 {
-			ratio = fmt.Sprintf("%.2f", r.RatioToTCP)
-		}
-		mark := ""
-		if r.Stalled {
-			mark = " STALL"
-			stalls++
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s%s\t%.0f\t%s\t%s\t\n", r.Placement, r.Mode, us(r.MedianP50), us(r.Dist.P99),
-			us(r.Dist.P999), us(r.Dist.Max), mark, r.RoundTripsPS, us(r.CPUPerRT), ratio)
-	}
-	tw.Flush()
-	if len(res) > 0 {
-		fmt.Fprintf(w, "\n%d-byte messages, %d round trips per mode and placement; p50 is the median of the rounds' p50s, other percentiles pool all rounds.\n",
-			res[0].Size, res[0].Dist.Count)
-	}
-	if eagain > 0 {
-		fmt.Fprintf(w, "EAGAIN: %d blocking read(s) of bypassed sockets failed with EAGAIN after a signal (a kernel difference from TCP, docs/ARCHITECTURE.md); retried\n", eagain)
-	}
-	if stalls > 0 {
-		fmt.Fprintf(w, "STALL: %d run(s) had a round trip over %v or a max over 100x p50\n", stalls, bench.StallLimit)
-	}
-}
-
-// runBench runs a scenario in a fresh lab, with progress on a terminal, and
-// prints its result as JSON or as a table.
-func runBench[T any](ctx context.Context, e *env, asJSON bool, run func(context.Context, *bench.Lab, func(string)) (T, error), table func(io.Writer, T)) error {
+// runBench runs a scenario in a fresh lab, with progress on a terminal,
+// prints its result as JSON or a table, and writes a report to --out.
+func runBench[T any](ctx context.Context, e *env, m *matrixFlags, mx *bench.Matrix, run func(context.Context, *bench.Lab) (T, error),
+	table func(io.Writer, T), report func(dir string, res T) error) error {
 	l, err := bench.NewLab("shunt-bench-")
 	if err != nil {
 		return err
 	}
 	defer l.Close()
-	var p func(string)
-	if !asJSON {
-		p = progress(e)
+	if !m.asJSON {
+		mx.Progress = progress(e)
 	}
-	res, err := run(ctx, l, p)
-	clearProgress(e, p)
+	res, err := run(ctx, l)
+	clearProgress(e, mx.Progress)
 	if err != nil {
 		return err
 	}
-	if asJSON {
+	if m.out != "" {
+		if err := report(m.out, res); err != nil {
+			return err
+		}
+	}
+	if m.asJSON {
 		return writeJSON(e.stdout, res)
 	}
 	table(e.stdout, res)

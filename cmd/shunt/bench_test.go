@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,7 +15,9 @@ import (
 // a tiny size, measures every mode, and cleans up after itself.
 func TestBenchLatencyTiny(t *testing.T) {
 	testenv.RequireRoot(t)
-	out, stderr, code := runShunt(t, nil, "bench", "latency", "--json", "--rounds", "1", "--count", "200", "--warmup", "10")
+	dir := t.TempDir()
+	out, stderr, code := runShunt(t, nil, "bench", "latency", "--json", "--rounds", "1", "--count", "200", "--warmup", "10",
+		"--sizes", "14,1K", "--out", dir)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -21,23 +25,38 @@ func TestBenchLatencyTiny(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	if len(res) != 6 {
-		t.Fatalf("want 3 modes x 2 placements, got %d results", len(res))
+	if len(res) != 12 {
+		t.Fatalf("want 2 sizes x 3 modes x 2 placements, got %d results", len(res))
 	}
 	for _, r := range res {
 		if r.Dist.Count != 200 || r.Dist.P50 <= 0 || r.Dist.Max < r.Dist.P50 {
-			t.Errorf("%s %s: implausible %+v", r.Placement, r.Mode, r.Dist)
+			t.Errorf("%d %s %s: implausible %+v", r.Size, r.Placement, r.Mode, r.Dist)
 		}
 	}
-	_, stderr, code = runShunt(t, nil, "bench", "latency", "--modes", "tcp,carrier-pigeon")
-	if code != 2 || !strings.Contains(stderr, `unknown value "carrier-pigeon"`) {
-		t.Errorf("bad mode: exit %d, %q", code, stderr)
+	requireFiles(t, dir, "latency.json", "latency.md", "latency-same-cpu.png", "latency-cross-cpu.png")
+	out, stderr, code = runShunt(t, nil, "bench", "latency", "--json", "--rounds", "1", "--count", "100",
+		"--topology", "loopback", "--placement", "same-cpu", "--modes", "tcp,shunt,shunt-bare")
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || len(res) != 3 || res[0].Topology != "loopback" {
+		t.Fatalf("loopback: exit %d: %s %s", code, stderr, out)
+	}
+	for _, bad := range []struct{ args, want string }{
+		{"--modes tcp,carrier-pigeon", `unknown value "carrier-pigeon"`},
+		{"--sizes 14,lots", `"lots" is not a size`},
+		{"--topology wormhole", `unknown topology "wormhole"`},
+		{"--placement far-away", `unknown value "far-away"`},
+	} {
+		_, stderr, code = runShunt(t, nil, append([]string{"bench", "latency"}, strings.Fields(bad.args)...)...)
+		if code != 2 || !strings.Contains(stderr, bad.want) {
+			t.Errorf("%s: exit %d, %q", bad.args, code, stderr)
+		}
 	}
 }
 
 func TestBenchThroughputTiny(t *testing.T) {
 	testenv.RequireRoot(t)
-	out, stderr, code := runShunt(t, nil, "bench", "throughput", "--json", "--rounds", "1", "--duration", "50ms", "--placement", "same-cpu,cross-cpu")
+	dir := t.TempDir()
+	out, stderr, code := runShunt(t, nil, "bench", "throughput", "--json", "--rounds", "1", "--duration", "50ms",
+		"--placement", "same-cpu,cross-cpu", "--out", dir)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -51,6 +70,16 @@ func TestBenchThroughputTiny(t *testing.T) {
 	for _, r := range res {
 		if r.MedianGbps <= 0 || r.CPUSecPerGB <= 0 {
 			t.Errorf("%s %s: implausible %+v", r.Placement, r.Mode, r)
+		}
+	}
+	requireFiles(t, dir, "throughput.json", "throughput.md", "throughput-same-cpu.png", "throughput-cross-cpu.png")
+}
+
+func requireFiles(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if st, err := os.Stat(filepath.Join(dir, n)); err != nil || st.Size() == 0 {
+			t.Errorf("report file %s missing or empty: %v", n, err)
 		}
 	}
 }

@@ -37,9 +37,9 @@ Ctrl-C or failure. For the full method see 'shunt bench --help'.`,
 
 			p := progress(e)
 			lat, err := bench.RunLatency(c.Context(), l, bench.LatencyConfig{
-				Size: 14, Count: count, Warmup: count / 10, Rounds: rounds,
-				Modes: []string{bench.ModeTCP, bench.ModeShunt}, Placements: []string{bench.SameCPU, bench.CrossCPU},
-				Progress: p,
+				Matrix: bench.Matrix{Rounds: rounds, Sizes: []int{14}, Topology: bench.Veth, Progress: p,
+					Modes: []string{bench.ModeTCP, bench.ModeShunt}, Placements: []string{bench.SameCPU, bench.CrossCPU}},
+				Count: count, Warmup: count / 10,
 			})
 			clearProgress(e, p)
 			if err != nil {
@@ -49,9 +49,9 @@ Ctrl-C or failure. For the full method see 'shunt bench --help'.`,
 			printLatency(e.stdout, lat)
 
 			thr, err := bench.RunThroughput(c.Context(), l, bench.ThroughputConfig{
-				WriteSize: 64 << 10, Duration: duration, Rounds: rounds,
-				Modes: []string{bench.ModeTCP, bench.ModeShunt}, Placements: []string{bench.CrossCPU},
-				Progress: p,
+				Matrix: bench.Matrix{Rounds: rounds, Sizes: []int{64 << 10}, Topology: bench.Veth, Progress: p,
+					Modes: []string{bench.ModeTCP, bench.ModeShunt}, Placements: []string{bench.CrossCPU}},
+				Duration: duration,
 			})
 			clearProgress(e, p)
 			if err != nil {

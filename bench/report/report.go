@@ -1,0 +1,151 @@
+// Package report writes benchmark results for people: a markdown table, the
+// raw JSON, and PNG plots, into one directory.
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/shunt-project/shunt/bench"
+)
+
+// Latency writes latency.json, latency.md and one latency-PLACEMENT.png per
+// placement (p50 and p99 against message size, one line per mode).
+func Latency(dir string, res []bench.LatencyResult) error {
+	var md strings.Builder
+	fmt.Fprintf(&md, "| size | placement | mode | p50 us | p99 us | p99.9 us | max us | round trips/s | CPU us/RT | p50 vs tcp | stall |\n")
+	fmt.Fprintf(&md, "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	series := map[string]map[string][]xy{} // placement -> "mode p50" -> points
+	for _, r := range res {
+		fmt.Fprintf(&md, "| %d | %s | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f | %s | %s |\n",
+			r.Size, r.Placement, r.Mode, us(r.MedianP50), us(r.Dist.P99), us(r.Dist.P999), us(r.Dist.Max),
+			r.RoundTripsPS, us(r.CPUPerRT), ratio(r.RatioToTCP), yes(r.Stalled))
+		if series[r.Placement] == nil {
+			series[r.Placement] = map[string][]xy{}
+		}
+		series[r.Placement][r.Mode+" p50"] = append(series[r.Placement][r.Mode+" p50"], xy{float64(r.Size), us(r.MedianP50)})
+		series[r.Placement][r.Mode+" p99"] = append(series[r.Placement][r.Mode+" p99"], xy{float64(r.Size), us(r.Dist.P99)})
+	}
+	if err := write(dir, "latency", res, md.String()); err != nil {
+		return err
+	}
+	for pl, s := range series {
+		title := fmt.Sprintf("Round-trip latency, %s, %s", pl, res[0].Topology)
+		if err := linePlot(filepath.Join(dir, "latency-"+pl+".png"), title, "message size (bytes)", "microseconds", s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Throughput writes throughput.json, throughput.md and one
+// throughput-PLACEMENT.png per placement.
+func Throughput(dir string, res []bench.ThroughputResult) error {
+	var md strings.Builder
+	fmt.Fprintf(&md, "| write size | placement | mode | Gbit/s median | rounds | CPU s/GB | vs tcp |\n")
+	fmt.Fprintf(&md, "|---:|---|---|---:|---|---:|---:|\n")
+	series := map[string]map[string][]xy{}
+	for _, r := range res {
+		rounds := make([]string, len(r.RoundGbps))
+		for i, g := range r.RoundGbps {
+			rounds[i] = fmt.Sprintf("%.2f", g)
+		}
+		fmt.Fprintf(&md, "| %d | %s | %s | %.2f | %s | %.2f | %s |\n", r.WriteSize, r.Placement, r.Mode, r.MedianGbps,
+			strings.Join(rounds, " "), r.CPUSecPerGB, ratio(r.RatioToTCP))
+		if series[r.Placement] == nil {
+			series[r.Placement] = map[string][]xy{}
+		}
+		series[r.Placement][r.Mode] = append(series[r.Placement][r.Mode], xy{float64(r.WriteSize), r.MedianGbps})
+	}
+	if err := write(dir, "throughput", res, md.String()); err != nil {
+		return err
+	}
+	for pl, s := range series {
+		title := fmt.Sprintf("One-way throughput, %s, %s", pl, res[0].Topology)
+		if err := linePlot(filepath.Join(dir, "throughput-"+pl+".png"), title, "write size (bytes)", "Gbit/s", s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type xy struct{ x, y float64 }
+
+func write(dir, name string, res any, md string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".json"), append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".md"), []byte(md), 0o644); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	return nil
+}
+
+// linePlot draws one line per series on log-log axes (a single size gets a
+// linear x axis: a log axis needs a range).
+func linePlot(path, title, xlabel, ylabel string, series map[string][]xy) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = xlabel
+	p.Y.Label.Text = ylabel
+	p.Legend.Top = true
+	p.Legend.Left = true
+	names := make([]string, 0, len(series))
+	multi := false
+	for n, pts := range series {
+		names = append(names, n)
+		multi = multi || len(pts) > 1
+	}
+	sort.Strings(names)
+	if multi {
+		p.X.Scale = plot.LogScale{}
+		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	}
+	var args []any
+	for _, n := range names {
+		pts := make(plotter.XYs, len(series[n]))
+		for i, v := range series[n] {
+			pts[i].X, pts[i].Y = v.x, v.y
+		}
+		args = append(args, n, pts)
+	}
+	if err := plotutil.AddLinePoints(p, args...); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	if err := p.Save(7*vg.Inch, 4.5*vg.Inch, path); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	return nil
+}
+
+func us(d interface{ Nanoseconds() int64 }) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+func ratio(r float64) string {
+	if r == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", r)
+}
+
+func yes(b bool) string {
+	if b {
+		return "STALL"
+	}
+	return ""
+}
