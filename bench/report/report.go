@@ -78,6 +78,34 @@ func Throughput(dir string, res []bench.ThroughputResult) error {
 	return nil
 }
 
+// Echo writes echo.json, echo.md and one echo-PLACEMENT.png per placement
+// (p50 and p99 against block size, one line per mode).
+func Echo(dir string, res []bench.EchoResult) error {
+	var md strings.Builder
+	fmt.Fprintf(&md, "| block | placement | mode | echoes | p50 us | p99 us | p99.9 us | max us | >10 ms | CPU us/echo | stall |\n")
+	fmt.Fprintf(&md, "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	series := map[string]map[string][]xy{}
+	for _, r := range res {
+		fmt.Fprintf(&md, "| %d | %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %d | %.1f | %s |\n", r.Block, r.Placement, r.Mode,
+			r.Dist.Count, us(r.MedianP50), us(r.Dist.P99), us(r.Dist.P999), us(r.Dist.Max), r.Over10ms, us(r.CPUPerEcho), yes(r.Stalled))
+		if series[r.Placement] == nil {
+			series[r.Placement] = map[string][]xy{}
+		}
+		series[r.Placement][r.Mode+" p50"] = append(series[r.Placement][r.Mode+" p50"], xy{float64(r.Block), us(r.MedianP50)})
+		series[r.Placement][r.Mode+" p99"] = append(series[r.Placement][r.Mode+" p99"], xy{float64(r.Block), us(r.Dist.P99)})
+	}
+	if err := write(dir, "echo", res, md.String()); err != nil {
+		return err
+	}
+	for pl, s := range series {
+		title := fmt.Sprintf("Echo latency, %s, %s", pl, res[0].Topology)
+		if err := linePlot(filepath.Join(dir, "echo-"+pl+".png"), title, "block size (bytes)", "microseconds", s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 type xy struct{ x, y float64 }
 
 func write(dir, name string, res any, md string) error {

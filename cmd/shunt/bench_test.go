@@ -96,3 +96,29 @@ func TestDemoTiny(t *testing.T) {
 		}
 	}
 }
+
+func TestBenchEchoTiny(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	out, stderr, code := runShunt(t, nil, "bench", "echo", "--json", "--rounds", "1", "--count", "20", "--blocks", "16K,256K",
+		"--modes", strings.Join(bench.EchoModes, ","), "--placement", "same-cpu,cross-cpu", "--out", dir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res []bench.EchoResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if want := 2 * 2 * len(bench.EchoModes); len(res) != want {
+		t.Fatalf("want %d results, got %d", want, len(res))
+	}
+	for _, r := range res {
+		if r.Dist.Count != 20 || r.Dist.P50 <= 0 {
+			t.Errorf("%d %s %s: implausible %+v", r.Block, r.Placement, r.Mode, r.Dist)
+		}
+		if (r.Mode == bench.EchoSockmap) != (r.SndBuf > 0) {
+			t.Errorf("%s: server sndbuf %d; auto sizes it for sockmap only", r.Mode, r.SndBuf)
+		}
+	}
+	requireFiles(t, dir, "echo.json", "echo.md", "echo-same-cpu.png", "echo-cross-cpu.png")
+}
