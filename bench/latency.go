@@ -45,6 +45,7 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 	}
 	type acc struct {
 		samples []time.Duration
+		dists   []Dist // per round, from tools that report only percentiles
 		p50s    []time.Duration
 		cpu     time.Duration
 		wall    time.Duration
@@ -52,14 +53,23 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 	}
 	accs := map[Cell]*acc{}
 	err := cfg.run(ctx, func(c Cell) error {
-		r, err := latencyRun(l, c, cfg)
-		if err != nil {
-			return err
-		}
 		a := accs[c]
 		if a == nil {
 			a = &acc{}
 			accs[c] = a
+		}
+		if _, _, ext := ExternalMode(c.Mode); ext {
+			d, err := sockperfRun(l, c, cfg)
+			if err != nil {
+				return err
+			}
+			a.dists = append(a.dists, d)
+			a.p50s = append(a.p50s, d.P50)
+			return nil
+		}
+		r, err := latencyRun(l, c, cfg)
+		if err != nil {
+			return err
 		}
 		a.samples = append(a.samples, r.samples...)
 		a.p50s = append(a.p50s, distOf(r.samples).P50)
@@ -74,25 +84,29 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 	var out []LatencyResult
 	for _, c := range cfg.cells() {
 		a := accs[c]
-		d := distOf(a.samples)
-		out = append(out, LatencyResult{
-			Topology: cfg.Topology, Placement: c.Placement, Mode: c.Mode, Size: c.Size, Dist: d,
-			RoundP50: a.p50s, MedianP50: median(a.p50s),
-			RoundTripsPS:   float64(d.Count) / a.wall.Seconds(),
-			CPUPerRT:       a.cpu / time.Duration(max(1, d.Count)),
-			Stalled:        stalled(d),
+		r := LatencyResult{
+			Topology: cfg.Topology, Placement: c.Placement, Mode: c.Mode, Size: c.Size,
+			Dist: distOf(a.samples), RoundP50: a.p50s, MedianP50: median(a.p50s),
 			SpuriousEAGAIN: a.eagain,
-		})
-	}
-	// Ratios against tcp in the same size and placement.
-	tcp := map[[2]any]time.Duration{}
-	for _, r := range out {
-		if r.Mode == ModeTCP {
-			tcp[[2]any{r.Size, r.Placement}] = r.MedianP50
 		}
+		if len(a.dists) > 0 {
+			// A tool's own summary: its rate and CPU are not comparable
+			// (its run includes start-up and warm-up), so they stay 0.
+			r.Dist = combine(a.dists)
+		} else {
+			r.RoundTripsPS = float64(r.Dist.Count) / a.wall.Seconds()
+			r.CPUPerRT = a.cpu / time.Duration(max(1, r.Dist.Count))
+		}
+		r.Stalled = stalled(r.Dist)
+		out = append(out, r)
+	}
+	// Ratios against plain TCP of the same size, placement and tool.
+	base := map[Cell]time.Duration{}
+	for _, r := range out {
+		base[Cell{r.Size, r.Placement, r.Mode}] = r.MedianP50
 	}
 	for i := range out {
-		if t := tcp[[2]any{out[i].Size, out[i].Placement}]; t > 0 {
+		if t := base[Cell{out[i].Size, out[i].Placement, baseline(out[i].Mode)}]; t > 0 {
 			out[i].RatioToTCP = float64(out[i].MedianP50) / float64(t)
 		}
 	}

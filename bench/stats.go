@@ -41,3 +41,24 @@ const StallLimit = 10 * time.Millisecond
 func stalled(d Dist) bool {
 	return d.Max > StallLimit || (d.P50 > 0 && d.Max > 100*d.P50)
 }
+
+// combine merges per-round distributions known only by their percentiles:
+// the median of each percentile, the largest max, the total count.
+func combine(ds []Dist) Dist {
+	var out Dist
+	pick := func(f func(Dist) time.Duration) time.Duration {
+		v := make([]time.Duration, len(ds))
+		for i, d := range ds {
+			v[i] = f(d)
+		}
+		return median(v)
+	}
+	out.P50 = pick(func(d Dist) time.Duration { return d.P50 })
+	out.P99 = pick(func(d Dist) time.Duration { return d.P99 })
+	out.P999 = pick(func(d Dist) time.Duration { return d.P999 })
+	for _, d := range ds {
+		out.Count += d.Count
+		out.Max = max(out.Max, d.Max)
+	}
+	return out
+}

@@ -41,7 +41,11 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 	}
 	accs := map[Cell]*acc{}
 	err := cfg.run(ctx, func(c Cell) error {
-		n, wall, cpu, err := throughputRun(l, c, cfg)
+		run := throughputRun
+		if _, _, ext := ExternalMode(c.Mode); ext {
+			run = iperfRun
+		}
+		n, wall, cpu, err := run(l, c, cfg)
 		if err != nil {
 			return err
 		}
@@ -57,7 +61,7 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		return nil, err
 	}
 	var out []ThroughputResult
-	tcp := map[[2]any]float64{}
+	base := map[Cell]float64{}
 	for _, c := range cfg.cells() {
 		a := accs[c]
 		r := ThroughputResult{
@@ -65,13 +69,11 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 			RoundGbps: a.gbps, MedianGbps: medianF(a.gbps),
 			CPUSecPerGB: a.cpu.Seconds() / (float64(a.bytes) / 1e9),
 		}
-		if c.Mode == ModeTCP {
-			tcp[[2]any{c.Size, c.Placement}] = r.MedianGbps
-		}
+		base[c] = r.MedianGbps
 		out = append(out, r)
 	}
 	for i := range out {
-		if t := tcp[[2]any{out[i].WriteSize, out[i].Placement}]; t > 0 {
+		if t := base[Cell{out[i].WriteSize, out[i].Placement, baseline(out[i].Mode)}]; t > 0 {
 			out[i].RatioToTCP = out[i].MedianGbps / t
 		}
 	}

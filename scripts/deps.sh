@@ -7,6 +7,10 @@ command -v clang >/dev/null || need+=(clang llvm)
 [ -f /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
+# Benchmark cross-checks (shunt bench --with-sockperf, --with-iperf3).
+command -v sockperf >/dev/null || need+=(sockperf)
+command -v iperf3 >/dev/null || need+=(iperf3)
+command -v taskset >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null

@@ -15,8 +15,9 @@ import (
 
 func newBenchLatencyCmd(e *env) *cobra.Command {
 	var (
-		m   matrixFlags
-		cfg bench.LatencyConfig
+		m            matrixFlags
+		cfg          bench.LatencyConfig
+		withSockperf bool
 	)
 	c := &cobra.Command{
 		Use:   "latency",
@@ -29,7 +30,10 @@ trip over 10 ms, or max over 100x p50) is marked STALL.`,
 		Example: `  shunt bench latency --sizes 14,1K,16K,64K --rounds 5 --out /tmp/lat`,
 		Args:    noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			mx, err := m.matrix("--sizes", bench.ModeTCP, bench.ModeShunt, bench.ModeUnix, bench.ModeBare)
+			if withSockperf {
+				m.modes += "," + bench.ModeSockperfTCP + "," + bench.ModeSockperfShunt
+			}
+			mx, err := m.matrix("--sizes", bench.ModeTCP, bench.ModeShunt, bench.ModeUnix, bench.ModeBare, bench.ModeSockperfTCP, bench.ModeSockperfShunt)
 			if err != nil {
 				return err
 			}
@@ -42,10 +46,11 @@ trip over 10 ms, or max over 100x p50) is marked STALL.`,
 			}, printLatency, report.Latency)
 		},
 	}
-	m.register(c.Flags(), "sizes", "14", "tcp,shunt,unix", "same-cpu,cross-cpu", "tcp, shunt, unix, shunt-bare (shunt's pairing, redirect without checks)")
+	m.register(c.Flags(), "sizes", "14", "tcp,shunt,unix", "same-cpu,cross-cpu", "tcp, shunt, unix, shunt-bare (shunt's pairing, redirect without checks), sockperf-tcp, sockperf-shunt")
 	c.Flags().IntVar(&cfg.Count, "count", 20000, "round trips measured per run")
 	c.Flags().DurationVar(&cfg.MaxTime, "duration", 2*time.Second, "a run stops early after this long")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 1000, "round trips before measuring")
+	c.Flags().BoolVar(&withSockperf, "with-sockperf", false, "also measure with sockperf ping-pong (modes sockperf-tcp, sockperf-shunt; sockperf reports RTT/2)")
 	return c
 }
 
@@ -66,13 +71,23 @@ func printLatency(w io.Writer, res []bench.LatencyResult) {
 			mark = " STALL"
 			stalls++
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s%s\t%.0f\t%s\t%s\t\n", r.Size, r.Placement, r.Mode, us(r.MedianP50), us(r.Dist.P99),
-			us(r.Dist.P999), us(r.Dist.Max), mark, r.RoundTripsPS, us(r.CPUPerRT), ratio)
+		rate, cpu := "-", "-"
+		if r.RoundTripsPS > 0 {
+			rate, cpu = fmt.Sprintf("%.0f", r.RoundTripsPS), us(r.CPUPerRT)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s%s\t%s\t%s\t%s\t\n", r.Size, r.Placement, r.Mode, us(r.MedianP50), us(r.Dist.P99),
+			us(r.Dist.P999), us(r.Dist.Max), mark, rate, cpu, ratio)
 	}
 	tw.Flush()
 	if len(res) > 0 {
 		fmt.Fprintf(w, "\n%s topology; p50 is the median of the rounds' p50s, other percentiles pool all rounds (%d round trips in the first row).\n",
 			res[0].Topology, res[0].Dist.Count)
+	}
+	for _, r := range res {
+		if _, _, ext := bench.ExternalMode(r.Mode); ext {
+			fmt.Fprintln(w, "sockperf rows are sockperf's own figures: half round trips (RTT/2), ratio against sockperf-tcp.")
+			break
+		}
 	}
 	if eagain > 0 {
 		fmt.Fprintf(w, "EAGAIN: %d blocking read(s) of bypassed sockets failed with EAGAIN after a signal (a kernel difference from TCP, docs/ARCHITECTURE.md); retried\n", eagain)

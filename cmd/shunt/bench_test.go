@@ -122,3 +122,19 @@ func TestBenchEchoTiny(t *testing.T) {
 	}
 	requireFiles(t, dir, "echo.json", "echo.md", "echo-same-cpu.png", "echo-cross-cpu.png")
 }
+
+// The cross-checks with real tools run in the lab too, bypass verified.
+func TestBenchWithToolsTiny(t *testing.T) {
+	testenv.RequireRoot(t)
+	out, stderr, code := runShunt(t, nil, "bench", "latency", "--json", "--rounds", "1", "--duration", "1s",
+		"--placement", "cross-cpu", "--modes", "sockperf-tcp,sockperf-shunt")
+	var lat []bench.LatencyResult
+	if code != 0 || json.Unmarshal([]byte(out), &lat) != nil || len(lat) != 2 || lat[1].Dist.P50 <= 0 || lat[1].RatioToTCP <= 0 {
+		t.Fatalf("sockperf: exit %d: %s %s", code, stderr, out)
+	}
+	out, stderr, code = runShunt(t, nil, "bench", "throughput", "--json", "--rounds", "1", "--duration", "1s", "--modes", "iperf3-tcp,iperf3-shunt")
+	var thr []bench.ThroughputResult
+	if code != 0 || json.Unmarshal([]byte(out), &thr) != nil || len(thr) != 2 || thr[1].MedianGbps <= 0 {
+		t.Fatalf("iperf3: exit %d: %s %s", code, stderr, out)
+	}
+}

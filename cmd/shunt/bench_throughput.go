@@ -15,8 +15,9 @@ import (
 
 func newBenchThroughputCmd(e *env) *cobra.Command {
 	var (
-		m   matrixFlags
-		cfg bench.ThroughputConfig
+		m         matrixFlags
+		cfg       bench.ThroughputConfig
+		withIperf bool
 	)
 	c := &cobra.Command{
 		Use:   "throughput",
@@ -27,7 +28,10 @@ AF_UNIX socketpair. CPU is the whole machine's, from /proc/stat, per GB.`,
 		Example: `  shunt bench throughput --write-sizes 64,1K,16K,256K --duration 1s --out /tmp/thr`,
 		Args:    noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			mx, err := m.matrix("--write-sizes", bench.ModeTCP, bench.ModeShunt, bench.ModeUnix)
+			if withIperf {
+				m.modes += "," + bench.ModeIperfTCP + "," + bench.ModeIperfShunt
+			}
+			mx, err := m.matrix("--write-sizes", bench.ModeTCP, bench.ModeShunt, bench.ModeUnix, bench.ModeIperfTCP, bench.ModeIperfShunt)
 			if err != nil {
 				return err
 			}
@@ -40,7 +44,8 @@ AF_UNIX socketpair. CPU is the whole machine's, from /proc/stat, per GB.`,
 			}, printThroughput, report.Throughput)
 		},
 	}
-	m.register(c.Flags(), "write-sizes", "64K", "tcp,shunt,unix", "cross-cpu", "tcp, shunt, unix")
+	m.register(c.Flags(), "write-sizes", "64K", "tcp,shunt,unix", "cross-cpu", "tcp, shunt, unix, iperf3-tcp, iperf3-shunt")
+	c.Flags().BoolVar(&withIperf, "with-iperf3", false, "also measure with iperf3 (modes iperf3-tcp, iperf3-shunt; whole seconds)")
 	c.Flags().DurationVar(&cfg.Duration, "duration", time.Second, "how long the sender writes, per run")
 	return c
 }

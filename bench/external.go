@@ -1,0 +1,241 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shunt-project/shunt/internal/lab"
+)
+
+// Modes run by real tools instead of shunt's own loops. The suffix says
+// whether bypass is on for the tool's connections.
+const (
+	ModeSockperfTCP   = "sockperf-tcp"
+	ModeSockperfShunt = "sockperf-shunt"
+	ModeIperfTCP      = "iperf3-tcp"
+	ModeIperfShunt    = "iperf3-shunt"
+)
+
+// baseline names the mode a mode's ratio is taken against: a tool's own
+// plain-TCP run, or shunt's tcp mode.
+func baseline(mode string) string {
+	if tool, _, ok := ExternalMode(mode); ok {
+		return tool + "-" + ModeTCP
+	}
+	return ModeTCP
+}
+
+// ExternalMode splits "sockperf-shunt" into the tool and whether bypass is on.
+func ExternalMode(mode string) (tool string, bypass bool, ok bool) {
+	for _, t := range []string{"sockperf", "iperf3"} {
+		if rest, found := strings.CutPrefix(mode, t+"-"); found {
+			return t, rest == ModeShunt, true
+		}
+	}
+	return "", false, false
+}
+
+// toolCmd runs a tool inside a namespace and the lab's cgroup, pinned to cpu.
+func (l *Lab) toolCmd(ctx context.Context, ns *lab.NetNS, cpu int, tool string, args ...string) *exec.Cmd {
+	script := `echo $$ > "$1/cgroup.procs" && shift && exec "$@"`
+	full := append([]string{"-c", script, "sh", l.Cgroup.Path, "ip", "netns", "exec", ns.Name,
+		"taskset", "-c", strconv.Itoa(cpu), tool}, args...)
+	return exec.CommandContext(ctx, "sh", full...)
+}
+
+// serve starts a tool's server in the server namespace and waits until its
+// port accepts connections.
+func (l *Lab) serve(ctx context.Context, cpu int, tool, ip string, port int, args ...string) (*exec.Cmd, error) {
+	if _, err := exec.LookPath(tool); err != nil {
+		return nil, fmt.Errorf("%s is not installed (apt-get install %s)", tool, tool)
+	}
+	srv := l.toolCmd(ctx, l.Server, cpu, tool, args...)
+	if err := srv.Start(); err != nil {
+		return nil, fmt.Errorf("start %s server: %w", tool, err)
+	}
+	addr := net.JoinHostPort(ip, strconv.Itoa(port))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var c net.Conn
+		err := l.Server.Do(func() error {
+			var err error
+			c, err = net.DialTimeout("tcp", addr, 200*time.Millisecond)
+			return err
+		})
+		if err == nil {
+			c.Close()
+			return srv, nil
+		}
+		if time.Now().After(deadline) {
+			srv.Process.Kill()
+			srv.Wait()
+			return nil, fmt.Errorf("%s server did not start listening on %s", tool, addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (l *Lab) serverIP(topology string) (ip string, clientNS *lab.NetNS) {
+	if topology == Loopback {
+		return "127.0.0.1", l.Server
+	}
+	return lab.VethIPv4B, l.Client
+}
+
+func freePort() int { return 20000 + rand.IntN(30000) }
+
+// paired returns how many connections the lab's install has bypassed.
+func (l *Lab) paired() (uint64, error) {
+	st, err := l.install.Stats()
+	return st.Counters.Paired, err
+}
+
+// withTool runs one client run of a tool with bypass set for its mode and
+// checks afterwards that a shunt run really was bypassed.
+func (l *Lab) withTool(mode string, run func() error) error {
+	_, bypass, _ := ExternalMode(mode)
+	if err := l.Bypass(bypass); err != nil {
+		return err
+	}
+	if err := l.install.UseBareRedirect(false); err != nil {
+		return err
+	}
+	before, err := l.paired()
+	if err != nil {
+		return err
+	}
+	if err := run(); err != nil {
+		return err
+	}
+	after, err := l.paired()
+	if err != nil {
+		return err
+	}
+	if bypass && after == before {
+		return fmt.Errorf("the tool's connection was not bypassed")
+	}
+	if !bypass && after != before {
+		return fmt.Errorf("a plain-TCP run was bypassed")
+	}
+	return nil
+}
+
+var sockperfLine = regexp.MustCompile(`---> (?:percentile ([0-9.]+)|<(MAX)> observation) =\s+([0-9.]+)`)
+
+// sockperfRun runs sockperf ping-pong and returns its distribution. sockperf
+// reports half round trips (latency = RTT/2); they are kept as reported.
+func sockperfRun(l *Lab, c Cell, cfg LatencyConfig) (Dist, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.MaxTime+30*time.Second)
+	defer cancel()
+	ccpu, scpu := cpusFor(c.Placement)
+	ip, clientNS := l.serverIP(cfg.Topology)
+	port := freePort()
+	var d Dist
+	err := l.withTool(c.Mode, func() error {
+		srv, err := l.serve(ctx, scpu, "sockperf", ip, port, "sr", "--tcp", "-i", ip, "-p", strconv.Itoa(port))
+		if err != nil {
+			return err
+		}
+		defer func() { srv.Process.Kill(); srv.Wait() }()
+		secs := max(1, int((cfg.MaxTime+time.Second-1)/time.Second))
+		cli := l.toolCmd(ctx, clientNS, ccpu, "sockperf", "pp", "--tcp", "-i", ip, "-p", strconv.Itoa(port),
+			"-m", strconv.Itoa(c.Size), "-t", strconv.Itoa(secs))
+		out, err := cli.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("sockperf client: %v: %s", err, lastLine(out))
+		}
+		d, err = parseSockperf(out)
+		return err
+	})
+	return d, err
+}
+
+func parseSockperf(out []byte) (Dist, error) {
+	var d Dist
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		if i := strings.Index(line, "Total "); i >= 0 && strings.Contains(line, "observations") {
+			fmt.Sscanf(line[i:], "Total %d observations", &d.Count)
+		}
+		m := sockperfLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		v, _ := strconv.ParseFloat(m[3], 64)
+		us := time.Duration(v * float64(time.Microsecond))
+		switch {
+		case m[2] == "MAX":
+			d.Max = us
+		case m[1] == "50.000":
+			d.P50 = us
+		case m[1] == "99.000":
+			d.P99 = us
+		case m[1] == "99.900":
+			d.P999 = us
+		}
+	}
+	if d.P50 == 0 || d.Count == 0 {
+		return d, fmt.Errorf("could not read sockperf's percentiles: %s", lastLine(out))
+	}
+	return d, nil
+}
+
+// iperfRun runs an iperf3 client for cfg.Duration and returns bytes received
+// and the receiver's duration.
+func iperfRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+30*time.Second)
+	defer cancel()
+	ccpu, scpu := cpusFor(c.Placement)
+	ip, clientNS := l.serverIP(cfg.Topology)
+	port := freePort()
+	var n int64
+	var wall, cpu time.Duration
+	err := l.withTool(c.Mode, func() error {
+		// Not one-off (-1): serve's readiness probe would use up the session.
+		srv, err := l.serve(ctx, scpu, "iperf3", ip, port, "-s", "-B", ip, "-p", strconv.Itoa(port))
+		if err != nil {
+			return err
+		}
+		defer func() { srv.Process.Kill(); srv.Wait() }()
+		secs := max(1, int((cfg.Duration+time.Second-1)/time.Second))
+		cli := l.toolCmd(ctx, clientNS, ccpu, "iperf3", "-c", ip, "-p", strconv.Itoa(port), "-t", strconv.Itoa(secs),
+			"-l", strconv.Itoa(c.Size), "-J")
+		cpu0 := machineCPU()
+		out, err := cli.Output()
+		cpu = machineCPU() - cpu0
+		if err != nil {
+			return fmt.Errorf("iperf3 client: %v: %s", err, lastLine(out))
+		}
+		var r struct {
+			End struct {
+				SumReceived struct {
+					Bytes   int64   `json:"bytes"`
+					Seconds float64 `json:"seconds"`
+				} `json:"sum_received"`
+			} `json:"end"`
+			Error string `json:"error"`
+		}
+		if err := json.Unmarshal(out, &r); err != nil || r.Error != "" {
+			return fmt.Errorf("iperf3 result: %v %s", err, r.Error)
+		}
+		n, wall = r.End.SumReceived.Bytes, time.Duration(r.End.SumReceived.Seconds*float64(time.Second))
+		return nil
+	})
+	return n, wall, cpu, err
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
