@@ -92,6 +92,23 @@ func (l *Lab) serverIP(topology string) (ip string, clientNS *lab.NetNS) {
 	return lab.VethIPv4B, l.Client
 }
 
+// SockperfMaxMsg is the largest message sockperf sends (its payload limit).
+const SockperfMaxMsg = 65506
+
+// checkTools rejects sizes a tool mode cannot run, before anything runs.
+func (cfg LatencyConfig) checkTools() error {
+	for _, m := range cfg.Modes {
+		if tool, _, ok := ExternalMode(m); ok && tool == "sockperf" {
+			for _, s := range cfg.Sizes {
+				if s > SockperfMaxMsg {
+					return fmt.Errorf("sockperf sends messages of at most %d bytes, not %d: leave it out for larger sizes", SockperfMaxMsg, s)
+				}
+			}
+		}
+	}
+	return nil
+}
+
 func freePort() int { return 20000 + rand.IntN(30000) }
 
 // paired returns how many connections the lab's install has bypassed.

@@ -43,6 +43,9 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 	if runtime.NumCPU() < 2 {
 		return nil, fmt.Errorf("latency benchmark needs 2 CPUs, this machine has %d", runtime.NumCPU())
 	}
+	if err := cfg.checkTools(); err != nil {
+		return nil, err
+	}
 	type acc struct {
 		samples []time.Duration
 		dists   []Dist // per round, from tools that report only percentiles

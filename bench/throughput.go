@@ -25,7 +25,10 @@ type ThroughputResult struct {
 	RoundGbps   []float64 `json:"round_gbit_per_s"`
 	MedianGbps  float64   `json:"median_gbit_per_s"`
 	CPUSecPerGB float64   `json:"machine_cpu_s_per_gb"`
-	RatioToTCP  float64   `json:"ratio_to_tcp,omitempty"`
+	// PeakTCPMemMiB is the most memory TCP held above its level at the
+	// start of a run (max over rounds): bytes sent but not yet read.
+	PeakTCPMemMiB float64 `json:"peak_tcp_mem_mib"`
+	RatioToTCP    float64 `json:"ratio_to_tcp,omitempty"`
 }
 
 // RunThroughput streams one way for cfg.Duration per run; throughput counts
@@ -38,6 +41,7 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		gbps  []float64
 		cpu   time.Duration
 		bytes int64
+		peak  int64
 	}
 	accs := map[Cell]*acc{}
 	err := cfg.run(ctx, func(c Cell) error {
@@ -45,7 +49,9 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		if _, _, ext := ExternalMode(c.Mode); ext {
 			run = iperfRun
 		}
+		mem := watchTCPMem()
 		n, wall, cpu, err := run(l, c, cfg)
+		peak := mem.Stop()
 		if err != nil {
 			return err
 		}
@@ -55,6 +61,7 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		accs[c].gbps = append(accs[c].gbps, float64(n)*8/wall.Seconds()/1e9)
 		accs[c].cpu += cpu
 		accs[c].bytes += n
+		accs[c].peak = max(accs[c].peak, peak)
 		return nil
 	})
 	if err != nil {
@@ -67,7 +74,8 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		r := ThroughputResult{
 			Topology: cfg.Topology, Placement: c.Placement, Mode: c.Mode, WriteSize: c.Size,
 			RoundGbps: a.gbps, MedianGbps: medianF(a.gbps),
-			CPUSecPerGB: a.cpu.Seconds() / (float64(a.bytes) / 1e9),
+			CPUSecPerGB:   a.cpu.Seconds() / (float64(a.bytes) / 1e9),
+			PeakTCPMemMiB: float64(a.peak) / (1 << 20),
 		}
 		base[c] = r.MedianGbps
 		out = append(out, r)

@@ -5,6 +5,7 @@ package report
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -51,16 +52,16 @@ func Latency(dir string, res []bench.LatencyResult) error {
 // throughput-PLACEMENT.png per placement.
 func Throughput(dir string, res []bench.ThroughputResult) error {
 	var md strings.Builder
-	fmt.Fprintf(&md, "| write size | placement | mode | Gbit/s median | rounds | CPU s/GB | vs tcp |\n")
-	fmt.Fprintf(&md, "|---:|---|---|---:|---|---:|---:|\n")
+	fmt.Fprintf(&md, "| write size | placement | mode | Gbit/s median | rounds | CPU s/GB | peak TCP mem MiB | vs tcp |\n")
+	fmt.Fprintf(&md, "|---:|---|---|---:|---|---:|---:|---:|\n")
 	series := map[string]map[string][]xy{}
 	for _, r := range res {
 		rounds := make([]string, len(r.RoundGbps))
 		for i, g := range r.RoundGbps {
 			rounds[i] = fmt.Sprintf("%.2f", g)
 		}
-		fmt.Fprintf(&md, "| %d | %s | %s | %.2f | %s | %.2f | %s |\n", r.WriteSize, r.Placement, r.Mode, r.MedianGbps,
-			strings.Join(rounds, " "), r.CPUSecPerGB, ratio(r.RatioToTCP))
+		fmt.Fprintf(&md, "| %d | %s | %s | %.2f | %s | %.2f | %.1f | %s |\n", r.WriteSize, r.Placement, r.Mode, r.MedianGbps,
+			strings.Join(rounds, " "), r.CPUSecPerGB, r.PeakTCPMemMiB, ratio(r.RatioToTCP))
 		if series[r.Placement] == nil {
 			series[r.Placement] = map[string][]xy{}
 		}
@@ -136,14 +137,24 @@ func linePlot(path, title, xlabel, ylabel string, series map[string][]xy) error 
 	p.Legend.Left = true
 	names := make([]string, 0, len(series))
 	multi := false
+	lo, hi := math.Inf(1), 0.0
 	for n, pts := range series {
 		names = append(names, n)
 		multi = multi || len(pts) > 1
+		for _, v := range pts {
+			lo, hi = math.Min(lo, v.y), math.Max(hi, v.y)
+		}
 	}
 	sort.Strings(names)
 	if multi {
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	}
+	// Values spanning orders of magnitude (16 KiB echoes beside 2 MiB ones)
+	// would flatten into the axis on a linear scale.
+	if lo > 0 && hi/lo > 20 {
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	}
 	var args []any
 	for _, n := range names {
