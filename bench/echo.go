@@ -95,23 +95,13 @@ func RunEcho(ctx context.Context, l *Lab, cfg EchoConfig) ([]EchoResult, error) 
 			defer ke.Close()
 		}
 	}
-	type acc struct {
-		samples []time.Duration
-		p50s    []time.Duration
-		cpu     time.Duration
-	}
-	accs := map[Cell]*acc{}
+	accs := map[Cell]*pooled{}
 	err := cfg.run(ctx, func(c Cell) error {
 		s, cpu, err := echoRun(l, ke, c, cfg)
 		if err != nil {
 			return err
 		}
-		if accs[c] == nil {
-			accs[c] = &acc{}
-		}
-		accs[c].samples = append(accs[c].samples, s...)
-		accs[c].p50s = append(accs[c].p50s, distOf(s).P50)
-		accs[c].cpu += cpu
+		pool(accs, c).add(s, cpu, 0)
 		return nil
 	})
 	if err != nil {

@@ -47,20 +47,13 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 		return nil, err
 	}
 	type acc struct {
-		samples []time.Duration
-		dists   []Dist // per round, from tools that report only percentiles
-		p50s    []time.Duration
-		cpu     time.Duration
-		wall    time.Duration
-		eagain  int
+		pooled
+		dists  []Dist // per round, from tools that report only percentiles
+		eagain int
 	}
 	accs := map[Cell]*acc{}
 	err := cfg.run(ctx, func(c Cell) error {
-		a := accs[c]
-		if a == nil {
-			a = &acc{}
-			accs[c] = a
-		}
+		a := pool(accs, c)
 		if _, _, ext := ExternalMode(c.Mode); ext {
 			d, err := sockperfRun(l, c, cfg)
 			if err != nil {
@@ -74,10 +67,7 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 		if err != nil {
 			return err
 		}
-		a.samples = append(a.samples, r.samples...)
-		a.p50s = append(a.p50s, distOf(r.samples).P50)
-		a.cpu += r.cpu
-		a.wall += r.wall
+		a.add(r.samples, r.cpu, r.wall)
 		a.eagain += r.eagain
 		return nil
 	})

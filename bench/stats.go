@@ -62,3 +62,26 @@ func combine(ds []Dist) Dist {
 	}
 	return out
 }
+
+// pooled gathers one cell's runs across rounds.
+type pooled struct {
+	samples []time.Duration
+	p50s    []time.Duration // one per round
+	cpu     time.Duration
+	wall    time.Duration
+}
+
+func (p *pooled) add(samples []time.Duration, cpu, wall time.Duration) {
+	p.samples = append(p.samples, samples...)
+	p.p50s = append(p.p50s, distOf(samples).P50)
+	p.cpu += cpu
+	p.wall += wall
+}
+
+// pool returns the accumulator of a cell, making it on first use.
+func pool[T any](m map[Cell]*T, c Cell) *T {
+	if m[c] == nil {
+		m[c] = new(T)
+	}
+	return m[c]
+}

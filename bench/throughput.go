@@ -55,13 +55,11 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		if err != nil {
 			return err
 		}
-		if accs[c] == nil {
-			accs[c] = &acc{}
-		}
-		accs[c].gbps = append(accs[c].gbps, float64(n)*8/wall.Seconds()/1e9)
-		accs[c].cpu += cpu
-		accs[c].bytes += n
-		accs[c].peak = max(accs[c].peak, peak)
+		a := pool(accs, c)
+		a.gbps = append(a.gbps, float64(n)*8/wall.Seconds()/1e9)
+		a.cpu += cpu
+		a.bytes += n
+		a.peak = max(a.peak, peak)
 		return nil
 	})
 	if err != nil {
