@@ -103,3 +103,52 @@ func TestHelpAndVersion(t *testing.T) {
 		t.Errorf("version: exit %d, %q", code, out)
 	}
 }
+
+// disable --all must not drop bytes a reader has not read: it gives up after
+// --timeout, says so, exits 1 and leaves shunt installed (no cgroup, all
+// sends on TCP); once the reader has read, a second disable removes it.
+func TestDisableWaitsForUnreadBytes(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.WatchKernelLog(t)
+	pin := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
+		t.Fatal(stderr)
+	}
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	first := testenv.Stream{Seed: 7, Size: 1 << 20, MaxChunk: 64 << 10}
+	if err := first.Write(c); err != nil { // redirected; the server does not read yet
+		t.Fatal(err)
+	}
+
+	_, stderr, code := runShunt(t, nil, "bypass", "disable", "--all", "--timeout", "300ms", "--pin-dir", pin)
+	if code != 1 {
+		t.Fatalf("disable with unread bytes: exit %d, want 1 (%s)", code, stderr)
+	}
+	oneLine(t, stderr, "still hold unread data; nothing was lost")
+	out, _, _ := runShunt(t, nil, "status", "--json", "--pin-dir", pin)
+	var st statusReport
+	if err := json.Unmarshal([]byte(out), &st); err != nil || !st.Installed || !st.Stats.Draining || len(st.Cgroups) != 0 {
+		t.Fatalf("after a refused disable want installed, draining, no cgroups: %s", out)
+	}
+
+	// Sends now take TCP; the reader gets the redirected bytes first, then these.
+	second := testenv.Stream{Seed: 8, Size: 256 << 10, MaxChunk: 16 << 10}
+	if err := second.Write(c); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Check(s, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Check(s, false); err != nil {
+		t.Fatal(err)
+	}
+	if out, stderr, code := runShunt(t, nil, "bypass", "disable", "--all", "--pin-dir", pin); code != 0 || !strings.Contains(out, "shunt removed") {
+		t.Fatalf("second disable: exit %d, %q %q", code, out, stderr)
+	}
+	if _, err := os.Stat(pin); !os.IsNotExist(err) {
+		t.Fatalf("pin dir still there after disable")
+	}
+}
