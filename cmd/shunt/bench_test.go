@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shunt-project/shunt/bench"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -136,5 +137,39 @@ func TestBenchWithToolsTiny(t *testing.T) {
 	var thr []bench.ThroughputResult
 	if code != 0 || json.Unmarshal([]byte(out), &thr) != nil || len(thr) != 2 || thr[1].MedianGbps <= 0 {
 		t.Fatalf("iperf3: exit %d: %s %s", code, stderr, out)
+	}
+}
+
+// Ctrl-C in the middle of the demo removes every namespace, cgroup and pin
+// it made.
+func TestDemoInterruptCleansUp(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := shuntBinary(t)
+	cmd := subprocess(bin, "demo", "--rounds", "100", "--count", "2000")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("demo did not stop within 20 s of Ctrl-C")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 130 || !strings.Contains(stderr.String(), "interrupted") {
+		t.Errorf("exit %d, stderr %q; want 130 and a line saying it was interrupted", code, stderr.String())
+	}
+	root := mustCgroup2Root(t)
+	for _, pattern := range []string{"/run/netns/shunt-demo-*", "/sys/fs/bpf/shunt-demo-*", root + "/shunt-demo-*"} {
+		if left, _ := filepath.Glob(pattern); len(left) > 0 {
+			t.Errorf("left behind after Ctrl-C: %v", left)
+		}
 	}
 }

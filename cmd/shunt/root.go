@@ -42,6 +42,10 @@ func run(args []string, e *env) int {
 	if err == nil {
 		return 0
 	}
+	if errors.Is(err, context.Canceled) {
+		fmt.Fprintln(e.stderr, "shunt: interrupted; what this command had made is removed")
+		return 130
+	}
 	msg := err.Error()
 	// Cobra's own flag and argument errors are usage errors too.
 	var ue usageError
