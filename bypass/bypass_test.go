@@ -80,6 +80,10 @@ func TestConnectionsAreBypassed(t *testing.T) {
 			if sameNS != (tc.topo == loopback) {
 				t.Errorf("client netns %d, server netns %d: wrong for %s", f.Client.Netns, f.Server.Netns, tc.name)
 			}
+			// Guards the map counting that the no-stale-state tests rely on.
+			if n := mapEntries(t, in, "sock_hash"); n != 2 {
+				t.Errorf("sock_hash holds %d sockets with one connection open, want 2", n)
+			}
 			if f.Client.Cgroup != cg.Path || f.Server.Cgroup != cg.Path {
 				t.Errorf("cgroups %q / %q, want %q", f.Client.Cgroup, f.Server.Cgroup, cg.Path)
 			}

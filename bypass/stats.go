@@ -3,6 +3,7 @@ package bypass
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -95,14 +96,16 @@ func maxEntries(m *ebpf.Map) uint32 {
 // countKeys counts the entries of a map with ordinary keys.
 func countKeys(m *ebpf.Map) int {
 	n := 0
-	var key []byte
+	// The first call must pass an untyped nil: a nil []byte is a zero-length
+	// key, which the kernel rejects, and the count would silently be 0.
+	var key any
 	next := make([]byte, m.KeySize())
 	for {
 		if err := m.NextKey(key, &next); err != nil {
 			return n
 		}
 		n++
-		key = append(key[:0], next...)
+		key = slices.Clone(next)
 	}
 }
 

@@ -1,0 +1,23 @@
+package bypass
+
+import (
+	"net/netip"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// InjectHandshake registers a server-side handshake for client -> server as
+// if a server in serverNetns had seen the SYN age ago.
+func (in *Install) InjectHandshake(client, server netip.AddrPort, serverNetns uint64, age time.Duration) error {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return err
+	}
+	k := bypassTuple{ClientIp: client.Addr().As16(), ServerIp: server.Addr().As16(), ClientPort: client.Port(), ServerPort: server.Port()}
+	v := bypassPending{ServerNetns: serverNetns, CreatedNs: uint64(ts.Nano()) - uint64(age), State: 0, Registrants: 1}
+	return in.maps["handshakes"].Put(k, v)
+}
+
+// HandshakeEntries counts the registrations in the registry.
+func (in *Install) HandshakeEntries() int { return countKeys(in.maps["handshakes"]) }
