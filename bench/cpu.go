@@ -12,15 +12,28 @@ import (
 )
 
 // pinThread locks the calling goroutine to its OS thread and that thread to
-// one CPU. The caller must unlock (runtime.UnlockOSThread) when done.
-func pinThread(cpu int) error {
+// one CPU. The returned unpin restores the thread's CPUs before unlocking it:
+// a thread handed back to Go still pinned would run unrelated goroutines on
+// that CPU, and pass the one-CPU mask on to any process forked from it.
+func pinThread(cpu int) (unpin func(), err error) {
 	runtime.LockOSThread()
-	var set unix.CPUSet
+	var old, set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("read CPU affinity: %w", err)
+	}
 	set.Set(cpu)
 	if err := unix.SchedSetaffinity(0, &set); err != nil {
-		return fmt.Errorf("pin to CPU %d: %w", cpu, err)
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("pin to CPU %d: %w", cpu, err)
 	}
-	return nil
+	return func() {
+		// If the mask cannot be restored, stay locked: Go then ends the
+		// thread with its goroutine instead of reusing it.
+		if unix.SchedSetaffinity(0, &old) == nil {
+			runtime.UnlockOSThread()
+		}
+	}, nil
 }
 
 // machineCPU reads the whole machine's busy time from /proc/stat: redirect

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 	"time"
 
@@ -164,11 +163,12 @@ func echoRun(l *Lab, ke *kecho.Echo, c Cell, cfg EchoConfig) ([]time.Duration, t
 	} else {
 		go func() {
 			defer unix.Close(sfd)
-			if err := pinThread(scpu); err != nil {
+			unpin, err := pinThread(scpu)
+			if err != nil {
 				srvDone <- err
 				return
 			}
-			defer runtime.UnlockOSThread()
+			defer unpin()
 			srvDone <- echoServe(kind, sfd)
 		}()
 	}
@@ -261,10 +261,11 @@ const soloBlock = 64 << 10
 // blocks need a writer beside the reader, or both ends would block in write;
 // both run on the client CPU.
 func echoClient(fd, cpu, size int, cfg EchoConfig) ([]time.Duration, time.Duration, error) {
-	if err := pinThread(cpu); err != nil {
+	unpin, err := pinThread(cpu)
+	if err != nil {
 		return nil, 0, err
 	}
-	defer runtime.UnlockOSThread()
+	defer unpin()
 	out := make([]byte, size)
 	in := make([]byte, size)
 	var eagain int
@@ -281,11 +282,12 @@ func echoClient(fd, cpu, size int, cfg EchoConfig) ([]time.Duration, time.Durati
 	wrote := make(chan error, 1)
 	defer close(start)
 	go func() {
-		if err := pinThread(cpu); err != nil {
+		unpin, err := pinThread(cpu)
+		if err != nil {
 			wrote <- err
 			return
 		}
-		defer runtime.UnlockOSThread()
+		defer unpin()
 		for range start {
 			wrote <- writeFull(fd, out)
 		}

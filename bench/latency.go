@@ -126,11 +126,12 @@ func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 	var srvEagain int
 	go func() {
 		defer unix.Close(sfd)
-		if err := pinThread(scpu); err != nil {
+		unpin, err := pinThread(scpu)
+		if err != nil {
 			srvErr <- err
 			return
 		}
-		defer runtime.UnlockOSThread()
+		defer unpin()
 		buf := make([]byte, c.Size)
 		for {
 			if err := readFull(sfd, buf, &srvEagain); err != nil {
@@ -149,10 +150,11 @@ func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 
 	res.samples = make([]time.Duration, 0, cfg.Count)
 	cliErr := func() error {
-		if err := pinThread(ccpu); err != nil {
+		unpin, err := pinThread(ccpu)
+		if err != nil {
 			return err
 		}
-		defer runtime.UnlockOSThread()
+		defer unpin()
 		buf := make([]byte, c.Size)
 		rt := func() error {
 			if err := writeFull(cfd, buf); err != nil {

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
 	"time"
 
@@ -101,11 +100,12 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 	}
 	got := make(chan result, 1)
 	go func() {
-		if err := pinThread(scpu); err != nil {
+		unpin, err := pinThread(scpu)
+		if err != nil {
 			got <- result{err: err}
 			return
 		}
-		defer runtime.UnlockOSThread()
+		defer unpin()
 		buf := make([]byte, 256<<10)
 		var n int64
 		for {
@@ -128,10 +128,11 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 	cpu0, start := machineCPU(), time.Now()
 	werr := func() error {
 		defer unix.Close(cfd)
-		if err := pinThread(ccpu); err != nil {
+		unpin, err := pinThread(ccpu)
+		if err != nil {
 			return err
 		}
-		defer runtime.UnlockOSThread()
+		defer unpin()
 		buf := make([]byte, c.Size)
 		for time.Since(start) < cfg.Duration {
 			if err := writeFull(cfd, buf); err != nil {
