@@ -41,7 +41,7 @@ func Latency(dir string, res []bench.LatencyResult) error {
 	}
 	for pl, s := range series {
 		title := fmt.Sprintf("Round-trip latency, %s, %s", pl, res[0].Topology)
-		if err := linePlot(filepath.Join(dir, "latency-"+pl+".png"), title, "message size (bytes)", "microseconds", s); err != nil {
+		if err := linePlot(filepath.Join(dir, "latency-"+pl+".png"), title, "message size (bytes)", "microseconds", s, true); err != nil {
 			return err
 		}
 	}
@@ -72,7 +72,7 @@ func Throughput(dir string, res []bench.ThroughputResult) error {
 	}
 	for pl, s := range series {
 		title := fmt.Sprintf("One-way throughput, %s, %s", pl, res[0].Topology)
-		if err := linePlot(filepath.Join(dir, "throughput-"+pl+".png"), title, "write size (bytes)", "Gbit/s", s); err != nil {
+		if err := linePlot(filepath.Join(dir, "throughput-"+pl+".png"), title, "write size (bytes)", "Gbit/s", s, true); err != nil {
 			return err
 		}
 	}
@@ -100,12 +100,41 @@ func Echo(dir string, res []bench.EchoResult) error {
 	}
 	for pl, s := range series {
 		title := fmt.Sprintf("Echo latency, %s, %s", pl, res[0].Topology)
-		if err := linePlot(filepath.Join(dir, "echo-"+pl+".png"), title, "block size (bytes)", "microseconds", s); err != nil {
+		if err := linePlot(filepath.Join(dir, "echo-"+pl+".png"), title, "block size (bytes)", "microseconds", s, true); err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// Backpressure writes backpressure.json, backpressure.md and
+// backpressure.png: bytes in flight over time, one line per mode and round.
+func Backpressure(dir string, res []bench.BackpressureResult) error {
+	var md strings.Builder
+	fmt.Fprintf(&md, "| mode | round | peak in flight MiB | final in flight MiB | final queued MiB | produced KB/s | consumed KB/s |\n")
+	fmt.Fprintf(&md, "|---|---:|---:|---:|---:|---|---:|\n")
+	series := map[string][]xy{}
+	for _, r := range res {
+		last := r.Samples[len(r.Samples)-1]
+		prod := make([]string, len(r.ProducedKBps))
+		for i, p := range r.ProducedKBps {
+			prod[i] = fmt.Sprintf("%.0f", p)
+		}
+		fmt.Fprintf(&md, "| %s | %d | %.1f | %.1f | %.1f | %s | %.0f |\n", r.Mode, r.Round, mb(r.PeakInFlight), mb(last.InFlight),
+			mb(last.Queued), strings.Join(prod, " + "), r.ConsumedKBps)
+		name := fmt.Sprintf("%s round %d", r.Mode, r.Round)
+		for _, s := range r.Samples {
+			series[name] = append(series[name], xy{float64(s.AtMs) / 1000, mb(s.InFlight)})
+		}
+	}
+	if err := write(dir, "backpressure", res, md.String()); err != nil {
+		return err
+	}
+	return linePlot(filepath.Join(dir, "backpressure.png"), "Bytes written and not yet read, over time",
+		"seconds", "MiB in flight", series, false)
+}
+
+func mb(b int64) float64 { return float64(b) / (1 << 20) }
 
 type xy struct{ x, y float64 }
 
@@ -128,7 +157,7 @@ func write(dir, name string, res any, md string) error {
 
 // linePlot draws one line per series on log-log axes (a single size gets a
 // linear x axis: a log axis needs a range).
-func linePlot(path, title, xlabel, ylabel string, series map[string][]xy) error {
+func linePlot(path, title, xlabel, ylabel string, series map[string][]xy, logAxes bool) error {
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = xlabel
@@ -146,13 +175,13 @@ func linePlot(path, title, xlabel, ylabel string, series map[string][]xy) error 
 		}
 	}
 	sort.Strings(names)
-	if multi {
+	if multi && logAxes {
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	}
 	// Values spanning orders of magnitude (16 KiB echoes beside 2 MiB ones)
 	// would flatten into the axis on a linear scale.
-	if lo > 0 && hi/lo > 20 {
+	if logAxes && lo > 0 && hi/lo > 20 {
 		p.Y.Scale = plot.LogScale{}
 		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	}

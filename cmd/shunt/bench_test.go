@@ -173,3 +173,28 @@ func TestDemoInterruptCleansUp(t *testing.T) {
 		}
 	}
 }
+
+func TestBenchBackpressureTiny(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	out, stderr, code := runShunt(t, nil, "bench", "backpressure", "--json", "--duration", "600ms", "--out", dir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res []bench.BackpressureResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(res) != 2 || res[0].Mode != "tcp" || res[1].Mode != "shunt" {
+		t.Fatalf("want tcp and shunt runs, got %s", out)
+	}
+	for _, r := range res {
+		if len(r.Samples) < 4 || len(r.ProducedKBps) != 2 || r.ProducedKBps[0] <= 0 || r.ConsumedKBps <= 0 {
+			t.Errorf("%s: implausible run %+v", r.Mode, r)
+		}
+	}
+	requireFiles(t, dir, "backpressure.json", "backpressure.md", "backpressure.png")
+	if _, stderr, code := runShunt(t, nil, "bench", "backpressure", "--producers", "fast"); code != 2 || !strings.Contains(stderr, "not a rate") {
+		t.Errorf("bad --producers: exit %d, %q", code, stderr)
+	}
+}
