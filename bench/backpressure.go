@@ -13,7 +13,7 @@ import (
 // BackpressureConfig is the LSF/MM/BPF 2026 talk's test: producers at
 // different rates into one consumer that reads slower than they write.
 type BackpressureConfig struct {
-	Modes        []string      // ModeTCP, ModeShunt
+	Modes        []string      // ModeTCP, ModeBare, ModeShunt
 	Topology     string        // Veth or Loopback
 	Rounds       int           // interleaved rounds
 	Duration     time.Duration // how long producers produce

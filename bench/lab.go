@@ -62,7 +62,7 @@ func NewLab(prefix string) (l *Lab, err error) {
 	if err = host.EnsureBPFFS(pin); err != nil {
 		return nil, err
 	}
-	if l.install, err = bypass.Create(pin); err != nil {
+	if l.install, err = bypass.Create(pin, bypass.Options{}); err != nil {
 		return nil, err
 	}
 	l.cleanup = append(l.cleanup, func() error {

@@ -12,10 +12,12 @@
  * Each side's sockhash key carries its own netns, so a key names one live
  * socket on the host. Sockets whose peer is elsewhere are never inserted.
  *
- * Ordering: a direction redirects only while nothing of it has ever gone the
- * TCP way (write_seq unchanged since ESTABLISHED). The receiver reads its
- * redirect queue before its TCP queue, so redirect-then-TCP keeps order and
- * TCP-then-redirect never happens.
+ * Ordering: the receiver reads its redirect queue before its TCP queue. So a
+ * send may be redirected only when the peer's reader has read every byte this
+ * socket ever sent over TCP (peer copied_seq == own write_seq): then nothing
+ * older can be left behind it. Sends between a TCP send and that moment take
+ * TCP too. Each socket publishes a pointer to itself (peer_refs) at pairing
+ * so its peer can check this, and the peer's backlog (flow control).
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -34,8 +36,11 @@ const struct flow_record *unused_flow_record __attribute__((unused));
 /* Set from Go before load. */
 volatile const struct config {
 	__u64 pending_ttl_ns; /* a registration older than this is a dead handshake */
+	__u32 max_backlog;    /* unread redirected bytes a receiver may hold, unless it set SO_RCVBUF */
+	__u32 _pad;
 } cfg = {
 	.pending_ttl_ns = 300ULL * 1000 * 1000 * 1000,
+	.max_backlog = 8 << 20,
 };
 
 static __always_inline void register_handshake(struct bpf_sock_ops *skops)
@@ -85,9 +90,6 @@ static __always_inline void register_handshake(struct bpf_sock_ops *skops)
 static __always_inline struct sock_state *new_state(struct bpf_sock *sk, struct sock_key *self,
 						     struct sock_key *peer)
 {
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
-	if (!tp)
-		return 0;
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!st)
 		return 0;
@@ -97,9 +99,35 @@ static __always_inline struct sock_state *new_state(struct bpf_sock *sk, struct 
 	st->tx_bytes = 0;
 	st->tx_msgs = 0;
 	st->pass_msgs = 0;
-	st->seq0 = tp->write_seq;
 	st->flags = 0;
 	return st;
+}
+
+/* Make this socket visible to its peer's flow control, and ask for the
+ * state change that will withdraw it when the socket closes. */
+static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock *sk, struct sock_key *self)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return;
+	struct peer_ref empty = {};
+	if (bpf_map_update_elem(&peer_refs, self, &empty, BPF_ANY))
+		return;
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, self);
+	if (!ref)
+		return;
+	ref->sk = tp;
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+}
+
+static __always_inline void withdraw(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (st)
+		bpf_map_delete_elem(&peer_refs, &st->self);
 }
 
 static __always_inline void client_established(struct bpf_sock_ops *skops)
@@ -138,7 +166,9 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 		bpf_sk_storage_delete(&sock_states, sk);
 		__sync_fetch_and_or(&p->state, PENDING_AMBIGUOUS);
 		count(CNT_INSERT_FAILED);
+		return;
 	}
+	publish(skops, sk, &self);
 }
 
 static __always_inline void server_established(struct bpf_sock_ops *skops)
@@ -171,6 +201,7 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 		count(CNT_INSERT_FAILED);
 		return;
 	}
+	publish(skops, sk, &self);
 	count(CNT_PAIRED);
 }
 
@@ -190,8 +221,51 @@ int shunt_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
 		server_established(skops);
 		break;
+	case BPF_SOCK_OPS_STATE_CB:
+		if (skops->args[1] == BPF_TCP_CLOSE)
+			withdraw(skops);
+		break;
 	}
 	return 1;
+}
+
+/* Decides, for one send, whether the peer can take it by redirect:
+ * REDIRECT_OK, or why not. The peer's socket is reached through the pointer
+ * it published; it may be closing, in which case the answer may be wrong
+ * only towards TCP or towards a redirect that then finds no peer and takes
+ * TCP after all. */
+enum redirect_check {
+	REDIRECT_OK,
+	REDIRECT_NO_PEER,    /* not paired yet, or gone */
+	REDIRECT_TCP_UNREAD, /* bytes we sent over TCP are not all read */
+	REDIRECT_BACKLOG,    /* flow control: the reader is too far behind */
+};
+
+static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *self)
+{
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->peer);
+	if (!ref)
+		return REDIRECT_NO_PEER;
+	struct tcp_sock *peer_tp = ref->sk;
+	if (!peer_tp)
+		return REDIRECT_NO_PEER;
+	if (BPF_CORE_READ(peer_tp, copied_seq) != self->write_seq)
+		return REDIRECT_TCP_UNREAD;
+
+	/* Redirected bytes are bounded only by tcp_mem, not the receiver's
+	 * buffer: without this a slow reader lets a fast writer fill memory.
+	 * Over TCP the writer blocks or gets EAGAIN as TCP decides. */
+	struct sock *peer = (struct sock *)peer_tp;
+	unsigned long ud = (unsigned long)BPF_CORE_READ(peer, sk_user_data);
+	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
+	if (!psock)
+		return REDIRECT_NO_PEER;
+	__u32 limit = cfg.max_backlog;
+	if (BPF_CORE_READ(peer, sk_userlocks) & SOCK_RCVBUF_LOCK)
+		limit = (__u32)BPF_CORE_READ(peer, sk_rcvbuf);
+	if (BPF_CORE_READ(psock, msg_tot_len) > limit)
+		return REDIRECT_BACKLOG;
+	return REDIRECT_OK;
 }
 
 static __always_inline int fall_back(struct sock_state *st)
@@ -230,14 +304,30 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 		return fall_back(st);
 
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
-	if (!tp || tp->write_seq != st->seq0)
+	if (!tp)
 		return fall_back(st);
 
-	/* A missing peer (not yet paired, or closed) leaves the send on the
-	 * TCP path, where a closed peer answers as TCP would. */
-	if (bpf_msg_redirect_hash(msg, &sock_hash, &st->peer, BPF_F_INGRESS) != SK_PASS)
-		return fall_back(st);
+	switch (check_peer(st, tp)) {
+	case REDIRECT_OK:
+		break;
+	case REDIRECT_BACKLOG:
+		if (!(st->flags & STATE_THROTTLED)) {
+			st->flags |= STATE_THROTTLED;
+			count(CNT_THROTTLED);
+		}
+		/* fall through */
+	default:
+		st->pass_msgs++;
+		return SK_PASS;
+	}
 
+	/* A missing peer (closed a moment ago) leaves the send on the TCP
+	 * path, where a closed peer answers as TCP would. */
+	if (bpf_msg_redirect_hash(msg, &sock_hash, &st->peer, BPF_F_INGRESS) != SK_PASS) {
+		st->pass_msgs++;
+		return SK_PASS;
+	}
+	st->flags &= ~STATE_THROTTLED;
 	st->tx_bytes += msg->size;
 	st->tx_msgs++;
 	return SK_PASS;

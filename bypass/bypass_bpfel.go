@@ -16,6 +16,8 @@ import (
 type bypassConfig struct {
 	_            structs.HostLayout
 	PendingTtlNs uint64
+	MaxBacklog   uint32
+	Pad          uint32
 }
 
 type bypassControlWord struct {
@@ -57,8 +59,8 @@ type bypassSockState struct {
 	TxBytes   uint64
 	TxMsgs    uint64
 	PassMsgs  uint64
-	Seq0      uint32
 	Flags     uint32
+	Pad       uint32
 }
 
 type bypassTuple struct {
@@ -76,6 +78,7 @@ const (
 	bypassMapControl          = "control"
 	bypassMapCounters         = "counters"
 	bypassMapHandshakes       = "handshakes"
+	bypassMapPeerRefs         = "peer_refs"
 	bypassMapSockHash         = "sock_hash"
 	bypassMapSockStates       = "sock_states"
 	bypassProgShuntIterDrain  = "shunt_iter_drain"
@@ -143,6 +146,7 @@ type bypassMapSpecs struct {
 	Control    *ebpf.MapSpec `ebpf:"control"`
 	Counters   *ebpf.MapSpec `ebpf:"counters"`
 	Handshakes *ebpf.MapSpec `ebpf:"handshakes"`
+	PeerRefs   *ebpf.MapSpec `ebpf:"peer_refs"`
 	SockHash   *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates *ebpf.MapSpec `ebpf:"sock_states"`
 }
@@ -178,6 +182,7 @@ type bypassMaps struct {
 	Control    *ebpf.Map `ebpf:"control"`
 	Counters   *ebpf.Map `ebpf:"counters"`
 	Handshakes *ebpf.Map `ebpf:"handshakes"`
+	PeerRefs   *ebpf.Map `ebpf:"peer_refs"`
 	SockHash   *ebpf.Map `ebpf:"sock_hash"`
 	SockStates *ebpf.Map `ebpf:"sock_states"`
 }
@@ -187,6 +192,7 @@ func (m *bypassMaps) Close() error {
 		m.Control,
 		m.Counters,
 		m.Handshakes,
+		m.PeerRefs,
 		m.SockHash,
 		m.SockStates,
 	)

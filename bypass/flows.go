@@ -24,6 +24,7 @@ type Endpoint struct {
 	TxMsgs      uint64         `json:"tx_msgs"`     // sendmsg calls redirected
 	TCPMsgs     uint64         `json:"tcp_msgs"`    // sendmsg calls that took the TCP path
 	Redirecting bool           `json:"redirecting"` // false once this direction fell back to TCP
+	Throttled   bool           `json:"throttled"`   // fell back because the peer's reader fell behind
 }
 
 // Flow is a bypassed connection. Client is the side that called connect().
@@ -143,10 +144,15 @@ func endpoint(r *bypassFlowRecord, cgPaths map[uint64]string) *Endpoint {
 		TxMsgs:      r.State.TxMsgs,
 		TCPMsgs:     r.State.PassMsgs,
 		Redirecting: r.State.Flags&stateFallback == 0,
+		Throttled:   r.State.Flags&stateThrottled != 0,
 	}
 }
 
-const stateFallback = 1
+// enum state_flags in bpf/include/shunt_keys.h
+const (
+	stateFallback  = 1
+	stateThrottled = 2
+)
 
 var tcpStates = []string{"", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2",
 	"TIME_WAIT", "CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV"}

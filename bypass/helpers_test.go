@@ -18,7 +18,7 @@ func mustInstall(t *testing.T) (*bypass.Install, host.Cgroup) {
 	testenv.WatchKernelLog(t)
 	pin := testenv.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
-	in, err := bypass.Create(pin)
+	in, err := bypass.Create(pin, bypass.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,19 @@ const (
 	skMsgLink  = "sk_msg"
 )
 
-var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters"}
+var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs"}
+
+// DefaultMaxBacklog is how many redirected bytes a receiver may hold unread
+// before its writer is moved to TCP, unless the receiver set SO_RCVBUF:
+// twice tcp_wmem's default ceiling, the order of what TCP itself buffers.
+const DefaultMaxBacklog = 8 << 20
+
+// Options shape a new install.
+type Options struct {
+	// MaxBacklog bounds the unread redirected bytes per receiving socket
+	// (flow control); 0 means DefaultMaxBacklog.
+	MaxBacklog uint32
+}
 
 // Install is a bypass installation pinned in bpffs.
 type Install struct {
@@ -50,10 +62,10 @@ type Install struct {
 // Dir returns the pin directory.
 func (in *Install) Dir() string { return in.dir }
 
-// Create installs bypass at dir, or opens the install already there. The
-// install is built in a temporary directory beside dir and renamed into place,
-// so a crash never leaves half an install at dir.
-func Create(dir string) (*Install, error) {
+// Create installs bypass at dir, or opens the install already there (whose
+// options stay as they were). The install is built in a temporary directory
+// beside dir and renamed into place, so a crash never leaves half an install.
+func Create(dir string, opts Options) (*Install, error) {
 	if in, err := Open(dir); err == nil {
 		return in, nil
 	} else if !errors.Is(err, ErrNotInstalled) {
@@ -65,7 +77,7 @@ func Create(dir string) (*Install, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create pin directory: %w", err)
 	}
-	if err := build(tmp); err != nil {
+	if err := build(tmp, opts); err != nil {
 		os.RemoveAll(tmp)
 		return nil, err
 	}
@@ -79,12 +91,15 @@ func Create(dir string) (*Install, error) {
 	return Open(dir)
 }
 
-func build(dir string) error {
+func build(dir string, opts Options) error {
 	spec, err := loadBypass()
 	if err != nil {
 		return fmt.Errorf("load BPF spec: %w", err)
 	}
-	if err := spec.Variables["cfg"].Set(bypassConfig{PendingTtlNs: uint64(HandshakeTTL)}); err != nil {
+	if opts.MaxBacklog == 0 {
+		opts.MaxBacklog = DefaultMaxBacklog
+	}
+	if err := spec.Variables["cfg"].Set(bypassConfig{PendingTtlNs: uint64(HandshakeTTL), MaxBacklog: opts.MaxBacklog}); err != nil {
 		return fmt.Errorf("configure BPF: %w", err)
 	}
 	var objs struct {
@@ -134,6 +149,7 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		"handshakes":  m.Handshakes,
 		"control":     m.Control,
 		"counters":    m.Counters,
+		"peer_refs":   m.PeerRefs,
 	}
 }
 
@@ -177,7 +193,7 @@ func (in *Install) Close() error {
 // Attach enables bypass for sockets of a cgroup and its descendants. It
 // returns false if the cgroup was enabled already.
 func (in *Install) Attach(cg host.Cgroup) (bool, error) {
-	in.SweepHandshakes()
+	in.sweep()
 	if err := in.setDraining(false); err != nil {
 		return false, err
 	}

@@ -82,7 +82,7 @@ func TestEnableDisableUnderTraffic(t *testing.T) {
 	for i := 0; i < n/2; i++ { // before enable: these stay on TCP
 		open(uint64(2*i), opened)
 	}
-	in, err := bypass.Create(pin)
+	in, err := bypass.Create(pin, bypass.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

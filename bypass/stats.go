@@ -27,6 +27,7 @@ type Counters struct {
 	Unpaired     uint64 `json:"connections_unpaired"`   // local peers that could not be paired
 	InsertFailed uint64 `json:"insert_failed"`          // socket storage or sockhash insert failed
 	FallenBack   uint64 `json:"directions_fallen_back"` // directions that left the redirect path
+	Throttled    uint64 `json:"directions_throttled"`   // ... of which because their reader fell behind
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -47,14 +48,14 @@ type Stats struct {
 
 // Stats reads map fill and counters.
 func (in *Install) Stats() (Stats, error) {
-	in.SweepHandshakes()
+	in.sweep()
 	s := Stats{Draining: in.Draining()}
 	progs, err := in.programs()
 	if err != nil {
 		return s, err
 	}
 	s.Programs = progs
-	for _, name := range []string{"sock_hash", "sock_states", "handshakes"} {
+	for _, name := range []string{"sock_hash", "sock_states", "handshakes", "peer_refs"} {
 		m := in.maps[name]
 		s.Maps = append(s.Maps, MapFill{Name: name, Entries: countKeys(m), Max: maxEntries(m)})
 	}
@@ -79,12 +80,12 @@ func (in *Install) Stats() (Stats, error) {
 	}
 	s.Counters = Counters{
 		Registered: sum(0), Ambiguous: sum(1), RegistryFull: sum(2), Paired: sum(3),
-		Unpaired: sum(4), InsertFailed: sum(5), FallenBack: sum(6),
+		Unpaired: sum(4), InsertFailed: sum(5), FallenBack: sum(6), Throttled: sum(7),
 	}
 	return s, nil
 }
 
-const cntMax = 7 // enum counter in bpf/include/shunt_keys.h
+const cntMax = 8 // enum counter in bpf/include/shunt_keys.h
 
 func maxEntries(m *ebpf.Map) uint32 {
 	if m.Type() == ebpf.SkStorage {
@@ -106,6 +107,26 @@ func countKeys(m *ebpf.Map) int {
 		}
 		n++
 		key = slices.Clone(next)
+	}
+}
+
+// sweep removes state the BPF programs could not: registrations of dead
+// handshakes, and published refs of sockets that closed after their cgroup
+// was detached (the close callback runs only while attached).
+func (in *Install) sweep() {
+	in.SweepHandshakes()
+	var key bypassSockKey
+	var gone []bypassSockKey
+	it := in.maps["peer_refs"].Iterate()
+	var val [8]byte
+	for it.Next(&key, &val) {
+		var cookie uint64
+		if in.maps["sock_hash"].Lookup(key, &cookie) != nil {
+			gone = append(gone, key)
+		}
+	}
+	for _, k := range gone {
+		_ = in.maps["peer_refs"].Delete(k)
 	}
 }
 

@@ -39,16 +39,20 @@ struct sock {
 	struct sock_common __sk_common;
 	struct sock_cgroup_data sk_cgrp_data;
 	void *sk_user_data;
+	__u8 sk_userlocks;
+	int sk_rcvbuf;
 };
 
 struct tcp_sock {
-	__u32 write_seq;
+	__u32 write_seq;  /* end of what this socket's sends queued for TCP */
+	__u32 copied_seq; /* end of what its reader has read from TCP */
 };
 
 /* The psock hangs off sk_user_data; only its receive queues matter to us. */
 struct sk_psock {
 	struct list_head ingress_msg;
 	struct sk_buff_head ingress_skb;
+	__u32 msg_tot_len; /* bytes queued on ingress_msg */
 };
 
 struct seq_file;
@@ -79,3 +83,10 @@ struct bpf_iter__bpf_sk_storage_map {
 
 /* Low bits of sk_user_data are flags (include/net/sock.h). */
 #define SK_USER_DATA_PTRMASK (~7UL)
+
+/* sk_userlocks: the application set SO_RCVBUF (include/net/sock.h). */
+#define SOCK_RCVBUF_LOCK 2
+
+/* A pointer the verifier lets BPF keep in a map without holding a reference:
+ * reads through it are fault-safe but may see a socket that is going away. */
+#define __kptr_untrusted __attribute__((btf_type_tag("kptr_untrusted")))

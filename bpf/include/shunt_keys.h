@@ -58,12 +58,13 @@ struct sock_state {
 	__u64 tx_bytes;    /* bytes this socket sent by redirect */
 	__u64 tx_msgs;     /* sendmsg calls redirected */
 	__u64 pass_msgs;   /* sends left on the TCP path */
-	__u32 seq0;        /* write_seq at ESTABLISHED */
 	__u32 flags;       /* enum state_flags */
+	__u32 _pad;
 };
 
 enum state_flags {
-	STATE_FALLBACK = 1, /* this direction left the redirect path for good */
+	STATE_FALLBACK = 1,  /* this direction left the redirect path for good (shunt is being removed) */
+	STATE_THROTTLED = 2, /* the peer's reader is behind: sends take TCP until it catches up */
 };
 
 /* Record written by the flows iterator. */
@@ -89,6 +90,7 @@ enum counter {
 	CNT_PAIRED,
 	CNT_UNPAIRED,
 	CNT_INSERT_FAILED,
-	CNT_FALLBACK,
+	CNT_FALLBACK,   /* directions moved to TCP for good */
+	CNT_THROTTLED,  /* times a direction was throttled */
 	CNT_MAX,
 };

@@ -4,6 +4,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include "shunt_keys.h"
+#include "kernel.h"
 
 #define MAX_SOCKETS 65536
 #define MAX_PENDING 16384
@@ -42,3 +43,16 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } counters SEC(".maps");
+
+/* Each paired socket publishes itself here, so its peer's sk_msg can see how
+ * much redirected data it has not read yet (flow control). */
+struct peer_ref {
+	struct tcp_sock __kptr_untrusted *sk;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SOCKETS);
+	__type(key, struct sock_key);
+	__type(value, struct peer_ref);
+} peer_refs SEC(".maps");

@@ -28,13 +28,14 @@ backpressure: producers at 200 KB/s and 2000 KB/s write (blocking, as an
 application would) to a consumer that reads 100 KB/s from each. It samples
 what the producers' write() accepted and the consumer has not read, the
 consumer's FIONREAD and the host's TCP memory. Over TCP the senders are slowed
-and the backlog stays at the socket buffers; without flow control a redirect
-lets it grow for as long as the producers run.`,
+and the backlog stays at the socket buffers; a redirect without flow control
+(shunt-bare) lets it grow for as long as the producers run; shunt holds it at
+its backlog limit plus what TCP buffers.`,
 		Example: `  shunt bench backpressure --duration 10s --out /tmp/bp`,
 		Args:    noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
-			if cfg.Modes, err = oneOf("--modes", modes, bench.ModeTCP, bench.ModeShunt); err != nil {
+			if cfg.Modes, err = oneOf("--modes", modes, bench.ModeTCP, bench.ModeBare, bench.ModeShunt); err != nil {
 				return err
 			}
 			for _, r := range strings.Split(rates, ",") {
@@ -75,7 +76,7 @@ lets it grow for as long as the producers run.`,
 			return nil
 		},
 	}
-	c.Flags().StringVar(&modes, "modes", "tcp,shunt", "modes to compare: tcp, shunt (bypass; no flow control yet)")
+	c.Flags().StringVar(&modes, "modes", "tcp,shunt-bare,shunt", "modes to compare: tcp, shunt-bare (redirect without flow control), shunt (bypass with flow control)")
 	c.Flags().StringVar(&rates, "producers", "200,2000", "producer rates in KB/s, one producer each")
 	c.Flags().IntVar(&cfg.ConsumerKBps, "consumer", 100, "KB/s the consumer reads from each producer")
 	c.Flags().DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long producers produce, per run")

@@ -185,8 +185,8 @@ func TestBenchBackpressureTiny(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	if len(res) != 2 || res[0].Mode != "tcp" || res[1].Mode != "shunt" {
-		t.Fatalf("want tcp and shunt runs, got %s", out)
+	if len(res) != 3 || res[0].Mode != "tcp" || res[1].Mode != "shunt-bare" || res[2].Mode != "shunt" {
+		t.Fatalf("want tcp, shunt-bare and shunt runs, got %s", out)
 	}
 	for _, r := range res {
 		if len(r.Samples) < 4 || len(r.ProducedKBps) != 2 || r.ProducedKBps[0] <= 0 || r.ConsumedKBps <= 0 {

@@ -31,7 +31,7 @@ AF_UNIX socketpair. CPU is the whole machine's, from /proc/stat, per GB.`,
 			if withIperf {
 				m.modes += "," + bench.ModeIperfTCP + "," + bench.ModeIperfShunt
 			}
-			mx, err := m.matrix("--write-sizes", bench.ModeTCP, bench.ModeShunt, bench.ModeUnix, bench.ModeIperfTCP, bench.ModeIperfShunt)
+			mx, err := m.matrix("--write-sizes", bench.ModeTCP, bench.ModeShunt, bench.ModeUnix, bench.ModeBare, bench.ModeIperfTCP, bench.ModeIperfShunt)
 			if err != nil {
 				return err
 			}
@@ -44,7 +44,7 @@ AF_UNIX socketpair. CPU is the whole machine's, from /proc/stat, per GB.`,
 			}, printThroughput, report.Throughput)
 		},
 	}
-	m.register(c.Flags(), "write-sizes", "64K", "tcp,shunt,unix", "cross-cpu", "tcp, shunt, unix, iperf3-tcp, iperf3-shunt")
+	m.register(c.Flags(), "write-sizes", "64K", "tcp,shunt,unix", "cross-cpu", "tcp, shunt, unix, shunt-bare (redirect without checks or flow control), iperf3-tcp, iperf3-shunt")
 	c.Flags().BoolVar(&withIperf, "with-iperf3", false, "also measure with iperf3 (modes iperf3-tcp, iperf3-shunt; whole seconds)")
 	c.Flags().DurationVar(&cfg.Duration, "duration", time.Second, "how long the sender writes, per run")
 	return c

@@ -11,7 +11,10 @@ import (
 )
 
 func newBypassEnableCmd(e *env, g *globals) *cobra.Command {
-	var cgroupPath string
+	var (
+		cgroupPath string
+		maxBacklog string
+	)
 	c := &cobra.Command{
 		Use:   "enable [--cgroup PATH]",
 		Short: "Bypass new connections of a cgroup (default: every cgroup)",
@@ -19,19 +22,29 @@ func newBypassEnableCmd(e *env, g *globals) *cobra.Command {
 connections whose two sockets both belong to enabled cgroups (or their
 descendants) are bypassed from then on; connections already open are not
 touched. State is pinned under --pin-dir, so bypass keeps working after
-this command exits. Enabling a cgroup twice is harmless.`,
+this command exits. Enabling a cgroup twice is harmless.
+
+Flow control: a receiving socket may hold at most --max-backlog redirected
+bytes its reader has not read (or its SO_RCVBUF, if the application set
+one); past that its writer's sends take the TCP path for good, where TCP
+slows the writer as usual. No byte is lost or reordered by the switch.`,
 		Example: `  shunt bypass enable --cgroup /sys/fs/cgroup/unified/myapp
   shunt bypass enable            # the root of the cgroup v2 hierarchy`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return bypassEnable(c.Context(), e, g, cgroupPath)
+			sizes, err := parseSizes("--max-backlog", maxBacklog)
+			if err != nil || len(sizes) != 1 || sizes[0] > 1<<31 {
+				return usageError{fmt.Errorf("--max-backlog: want one size up to 2G, like 8M, got %q", maxBacklog)}
+			}
+			return bypassEnable(c.Context(), e, g, cgroupPath, bypass.Options{MaxBacklog: uint32(sizes[0])})
 		},
 	}
 	c.Flags().StringVar(&cgroupPath, "cgroup", "", "cgroup v2 directory to enable (default: the root of the cgroup v2 hierarchy)")
+	c.Flags().StringVar(&maxBacklog, "max-backlog", "8M", "unread redirected bytes a receiver may hold before its writer moves to TCP (applies when shunt is first installed)")
 	return c
 }
 
-func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string) error {
+func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, opts bypass.Options) error {
 	if err := host.CheckPrivileges(); err != nil {
 		return err
 	}
@@ -47,7 +60,7 @@ func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string) er
 	}
 	_, openErr := bypass.Open(g.pinDir)
 	fresh := openErr != nil
-	in, err := bypass.Create(g.pinDir)
+	in, err := bypass.Create(g.pinDir, opts)
 	if err != nil {
 		return err
 	}

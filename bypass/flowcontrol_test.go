@@ -1,0 +1,76 @@
+package bypass_test
+
+import (
+	"io"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// counting counts what a writer's Write calls accepted.
+type counting struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c counting) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// Flow control: a reader that stops reading bounds what its writer can hand
+// over, the writer blocks as over TCP, no byte is lost or reordered, and the
+// flow returns to the redirect path once the reader has caught up.
+func TestFlowControlBoundsBacklog(t *testing.T) {
+	in, cg := mustInstall(t)
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+
+	for _, conn := range []interface{ SetDeadline(time.Time) error }{c, s} {
+		_ = conn.SetDeadline(time.Now().Add(60 * time.Second))
+	}
+	stream := testenv.Stream{Seed: 42, Size: 64 << 20, MaxChunk: 64 << 10}
+	var accepted atomic.Int64
+	wrote := make(chan error, 1)
+	go func() { wrote <- stream.Write(counting{c, &accepted}) }()
+
+	time.Sleep(time.Second) // the reader reads nothing yet
+	held := accepted.Load()
+	time.Sleep(300 * time.Millisecond)
+	// The bound: the redirect backlog limit, one send more, and what TCP
+	// itself buffers once sends take it (send queue and receive queue).
+	const bound = bypass.DefaultMaxBacklog + 8<<20
+	if now := accepted.Load(); now > bound || now != held {
+		t.Fatalf("writer handed over %d MiB then %d MiB with the reader stopped; want at most %d MiB and a blocked writer",
+			held>>20, now>>20, bound>>20)
+	}
+	f := flowOf(t, in, testenv.Cookie(t, c))
+	if f == nil || f.Client == nil || !f.Client.Throttled || f.Client.TxBytes == 0 {
+		t.Fatalf("flow not shown throttled after a redirected start: %+v", f.Client)
+	}
+	t.Logf("held %.1f MiB with the reader stopped (%d MiB by redirect)", float64(held)/(1<<20), f.Client.TxBytes>>20)
+
+	if err := stream.Check(s, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	// Caught up: sends go by redirect again.
+	f = flowOf(t, in, testenv.Cookie(t, c))
+	before := f.Client.TxMsgs
+	exchange(t, c, s, "caught up")
+	f = flowOf(t, in, testenv.Cookie(t, c))
+	if f.Client.TxMsgs != before+1 || f.Client.Throttled {
+		t.Errorf("after the reader caught up the send took TCP (redirected sends %d -> %d, throttled %v)",
+			before, f.Client.TxMsgs, f.Client.Throttled)
+	}
+	if st, _ := in.Stats(); st.Counters.Throttled == 0 {
+		t.Error("throttling not counted")
+	}
+}
