@@ -96,8 +96,14 @@ func traffic(p *bypass.Endpoint) string {
 		return "-"
 	}
 	s := fmt.Sprintf("%d/%d", p.TxBytes, p.TxMsgs)
-	if !p.Redirecting {
-		s += fmt.Sprintf(" (+%d sends via TCP)", p.TCPMsgs)
+	if p.TCPMsgs > 0 {
+		s += fmt.Sprintf(" +%d sends via TCP", p.TCPMsgs)
+	}
+	switch {
+	case !p.Redirecting:
+		s += " (TCP only)"
+	case p.Throttled:
+		s += " (throttled)"
 	}
 	return s
 }
