@@ -84,6 +84,9 @@ func TestConnectionsAreBypassed(t *testing.T) {
 			if n := mapEntries(t, in, "sock_hash"); n != 2 {
 				t.Errorf("sock_hash holds %d sockets with one connection open, want 2", n)
 			}
+			if f.Client.NetnsName != a.Name || f.Server.NetnsName != b.Name {
+				t.Errorf("namespace names %q / %q, want %q / %q", f.Client.NetnsName, f.Server.NetnsName, a.Name, b.Name)
+			}
 			if f.Client.Cgroup != cg.Path || f.Server.Cgroup != cg.Path {
 				t.Errorf("cgroups %q / %q, want %q", f.Client.Cgroup, f.Server.Cgroup, cg.Path)
 			}

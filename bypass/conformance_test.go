@@ -27,7 +27,9 @@ import (
 // transcript records what an application observed, in order.
 type transcript struct{ lines []string }
 
-func (tr *transcript) add(format string, args ...any) { tr.lines = append(tr.lines, fmt.Sprintf(format, args...)) }
+func (tr *transcript) add(format string, args ...any) {
+	tr.lines = append(tr.lines, fmt.Sprintf(format, args...))
+}
 
 // readAll reads until EOF or error and records both.
 func (tr *transcript) readAll(c net.Conn) {
@@ -284,7 +286,6 @@ func TestConformance(t *testing.T) {
 		})
 	}
 }
-
 
 // TestConformanceConcurrent: 1,000 connections at once, each echoing its own
 // bytes, all through shunt.

@@ -15,16 +15,17 @@ import (
 
 // Endpoint is one socket of a bypassed connection.
 type Endpoint struct {
-	Addr        netip.AddrPort `json:"addr"`        // this socket's own address and port
-	Netns       uint64         `json:"netns"`       // network namespace cookie (SO_NETNS_COOKIE)
-	Cgroup      string         `json:"cgroup"`      // cgroup v2 path of the socket ("" if removed)
-	Cookie      uint64         `json:"cookie"`      // socket cookie (SO_COOKIE)
-	TCPState    string         `json:"tcp_state"`   // e.g. ESTABLISHED, CLOSE_WAIT
-	TxBytes     uint64         `json:"tx_bytes"`    // bytes this socket sent by redirect
-	TxMsgs      uint64         `json:"tx_msgs"`     // sendmsg calls redirected
-	TCPMsgs     uint64         `json:"tcp_msgs"`    // sendmsg calls that took the TCP path
-	Redirecting bool           `json:"redirecting"` // false once this direction fell back to TCP
-	Throttled   bool           `json:"throttled"`   // fell back because the peer's reader fell behind
+	Addr        netip.AddrPort `json:"addr"` // this socket's own address and port
+	Netns       uint64         `json:"netns"`
+	NetnsName   string         `json:"netns_name,omitempty"` // network namespace cookie (SO_NETNS_COOKIE)
+	Cgroup      string         `json:"cgroup"`               // cgroup v2 path of the socket ("" if removed)
+	Cookie      uint64         `json:"cookie"`               // socket cookie (SO_COOKIE)
+	TCPState    string         `json:"tcp_state"`            // e.g. ESTABLISHED, CLOSE_WAIT
+	TxBytes     uint64         `json:"tx_bytes"`             // bytes this socket sent by redirect
+	TxMsgs      uint64         `json:"tx_msgs"`              // sendmsg calls redirected
+	TCPMsgs     uint64         `json:"tcp_msgs"`             // sendmsg calls that took the TCP path
+	Redirecting bool           `json:"redirecting"`          // false once this direction fell back to TCP
+	Throttled   bool           `json:"throttled"`            // fell back because the peer's reader fell behind
 }
 
 // Flow is a bypassed connection. Client is the side that called connect().
@@ -41,7 +42,7 @@ func (in *Install) Flows() ([]Flow, error) {
 	if err != nil {
 		return nil, err
 	}
-	return groupFlows(recs, bootOffset()), nil
+	return groupFlows(recs, bootOffset(), host.NetnsNames()), nil
 }
 
 // records reads the state of every socket shunt holds.
@@ -79,7 +80,7 @@ func bootOffset() func(uint64) time.Time {
 	return func(ns uint64) time.Time { return now.Add(-time.Duration(mono - ns)) }
 }
 
-func groupFlows(recs []bypassFlowRecord, wall func(uint64) time.Time) []Flow {
+func groupFlows(recs []bypassFlowRecord, wall func(uint64) time.Time, netns map[uint64]string) []Flow {
 	cgPaths := map[uint64]string{}
 	bySelf := map[bypassSockKey]*bypassFlowRecord{}
 	for i := range recs {
@@ -105,6 +106,7 @@ func groupFlows(recs []bypassFlowRecord, wall func(uint64) time.Time) []Flow {
 				continue
 			}
 			ep := endpoint(x, cgPaths)
+			ep.NetnsName = netns[ep.Netns]
 			if x.State.Self.Role == roleClient {
 				f.Client = ep
 			} else {

@@ -63,7 +63,12 @@ func printFlows(e *env, flows []bypass.Flow, notInstalled bool) {
 	for _, f := range flows {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			addr(f.Client), addr(f.Server),
-			side(f.Client, f.Server, func(p *bypass.Endpoint) string { return fmt.Sprint(p.Netns) }),
+			side(f.Client, f.Server, func(p *bypass.Endpoint) string {
+				if p.NetnsName != "" {
+					return p.NetnsName
+				}
+				return fmt.Sprint(p.Netns)
+			}),
 			side(f.Client, f.Server, func(p *bypass.Endpoint) string { return p.Cgroup }),
 			traffic(f.Client), traffic(f.Server),
 			time.Since(f.Since).Round(time.Second))
