@@ -9,12 +9,18 @@ import (
 )
 
 // NetnsNames maps network namespace cookies to names people know: "host"
-// for the namespace of PID 1, and the names `ip netns` gives under /run/netns.
+// for the namespace of PID 1, "shunt" for the one shunt runs in if that is
+// another (a container), and the names `ip netns` gives under /run/netns.
 // Namespaces it cannot enter are left out.
 func NetnsNames() map[uint64]string {
 	names := map[uint64]string{}
 	if c, ok := netnsCookie("/proc/1/ns/net"); ok {
 		names[c] = "host"
+	}
+	if c, ok := netnsCookie("/proc/self/ns/net"); ok {
+		if _, taken := names[c]; !taken {
+			names[c] = "shunt"
+		}
 	}
 	ents, _ := os.ReadDir("/run/netns")
 	for _, e := range ents {
