@@ -119,6 +119,17 @@ func epollEvents(t *testing.T, c *net.TCPConn) string {
 	return out
 }
 
+// halfClose: a says something and shuts down writing; b reads to EOF and
+// answers on the half still open; a reads the answer to EOF.
+func halfClose(tr *transcript, a, b *net.TCPConn) {
+	a.Write([]byte("before my FIN"))
+	a.CloseWrite()
+	tr.readAll(b)
+	b.Write([]byte("answer after your FIN"))
+	b.Close()
+	tr.readAll(a)
+}
+
 var conformance = []struct {
 	name string
 	run  func(t *testing.T, tr *transcript, c, s *net.TCPConn)
@@ -136,20 +147,10 @@ var conformance = []struct {
 		tr.readAll(s)
 	}},
 	{"half-close client to server", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
-		c.Write([]byte("request"))
-		c.CloseWrite()
-		tr.readAll(s)
-		s.Write([]byte("response after EOF"))
-		s.Close()
-		tr.readAll(c)
+		halfClose(tr, c, s)
 	}},
 	{"half-close server to client", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
-		s.Write([]byte("greeting"))
-		s.CloseWrite()
-		tr.readAll(c)
-		c.Write([]byte("still talking"))
-		c.Close()
-		tr.readAll(s)
+		halfClose(tr, s, c)
 	}},
 	{"reset (SO_LINGER 0)", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
 		c.SetLinger(0)
