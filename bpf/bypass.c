@@ -3,7 +3,7 @@
  *
  * Pairing (see docs/ARCHITECTURE.md):
  *  1. server side, request socket (TIMEOUT_INIT): register the tuple with the
- *     server's netns in `pending`. A second registration of the same tuple from
+ *     server's netns in `handshakes`. A second registration of the same tuple from
  *     another netns marks it ambiguous: those connections are never paired.
  *  2. client side, ACTIVE_ESTABLISHED: a registered tuple means the peer is on
  *     this host and enabled. Claim it, record our netns, insert ourselves.
