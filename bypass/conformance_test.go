@@ -130,6 +130,19 @@ func halfClose(tr *transcript, a, b *net.TCPConn) {
 	tr.readAll(a)
 }
 
+// readiness records what probe reports on s: idle, with data from c, and
+// after c shut down writing.
+func readiness(t *testing.T, tr *transcript, c, s *net.TCPConn, probe func(*testing.T, *net.TCPConn) string) {
+	tr.add("idle: %s", probe(t, s))
+	c.Write([]byte("x"))
+	waitQueued(t, s, 1)
+	tr.add("data: %s", probe(t, s))
+	io.ReadFull(s, make([]byte, 1))
+	c.CloseWrite()
+	time.Sleep(20 * time.Millisecond)
+	tr.add("peer shut down writing: %s", probe(t, s))
+}
+
 var conformance = []struct {
 	name string
 	run  func(t *testing.T, tr *transcript, c, s *net.TCPConn)
@@ -184,24 +197,10 @@ var conformance = []struct {
 		})
 	}},
 	{"poll readiness", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
-		tr.add("idle: %s", pollEvents(t, s))
-		c.Write([]byte("x"))
-		waitQueued(t, s, 1)
-		tr.add("data: %s", pollEvents(t, s))
-		io.ReadFull(s, make([]byte, 1))
-		c.CloseWrite()
-		time.Sleep(20 * time.Millisecond)
-		tr.add("peer shut down writing: %s", pollEvents(t, s))
+		readiness(t, tr, c, s, pollEvents)
 	}},
 	{"epoll readiness", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
-		tr.add("idle: %s", epollEvents(t, s))
-		c.Write([]byte("x"))
-		waitQueued(t, s, 1)
-		tr.add("data: %s", epollEvents(t, s))
-		io.ReadFull(s, make([]byte, 1))
-		c.CloseWrite()
-		time.Sleep(20 * time.Millisecond)
-		tr.add("peer shut down writing: %s", epollEvents(t, s))
+		readiness(t, tr, c, s, epollEvents)
 	}},
 	{"TCP_NODELAY and TCP_CORK", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
 		rawFD(t, c, func(fd int) {
