@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -24,12 +25,35 @@ func (c counting) Write(b []byte) (int, error) {
 
 // Flow control: a reader that stops reading bounds what its writer can hand
 // over, the writer blocks as over TCP, no byte is lost or reordered, and the
-// flow returns to the redirect path once the reader has caught up.
+// flow returns to the redirect path once the reader has caught up. A reader
+// that set SO_RCVBUF is held to that instead of the install's limit.
 func TestFlowControlBoundsBacklog(t *testing.T) {
 	in, cg := mustInstall(t)
+	for _, tc := range []struct {
+		name   string
+		rcvbuf int // 0: leave the receiver's buffer to the kernel
+		bound  int64
+	}{
+		// The install's limit, one send more, and what TCP itself buffers
+		// once sends take it (send queue and receive queue).
+		{"install limit", 0, bypass.DefaultMaxBacklog + 8<<20},
+		// Below the install's limit alone: only the receiver's own
+		// SO_RCVBUF can have stopped the redirect this early.
+		{"receiver SO_RCVBUF", 256 << 10, bypass.DefaultMaxBacklog},
+	} {
+		t.Run(tc.name, func(t *testing.T) { boundedBacklog(t, in, cg, tc.rcvbuf, tc.bound) })
+	}
+}
+
+func boundedBacklog(t *testing.T, in *bypass.Install, cg host.Cgroup, rcvbuf int, bound int64) {
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
 	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	if rcvbuf > 0 {
+		if err := s.SetReadBuffer(rcvbuf); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	for _, conn := range []interface{ SetDeadline(time.Time) error }{c, s} {
 		_ = conn.SetDeadline(time.Now().Add(60 * time.Second))
@@ -42,9 +66,6 @@ func TestFlowControlBoundsBacklog(t *testing.T) {
 	time.Sleep(time.Second) // the reader reads nothing yet
 	held := accepted.Load()
 	time.Sleep(300 * time.Millisecond)
-	// The bound: the redirect backlog limit, one send more, and what TCP
-	// itself buffers once sends take it (send queue and receive queue).
-	const bound = bypass.DefaultMaxBacklog + 8<<20
 	if now := accepted.Load(); now > bound || now != held {
 		t.Fatalf("writer handed over %d MiB then %d MiB with the reader stopped; want at most %d MiB and a blocked writer",
 			held>>20, now>>20, bound>>20)
@@ -73,4 +94,6 @@ func TestFlowControlBoundsBacklog(t *testing.T) {
 	if st, _ := in.Stats(); st.Counters.Throttled == 0 {
 		t.Error("throttling not counted")
 	}
+	c.Close()
+	s.Close()
 }

@@ -130,6 +130,7 @@ mount -o remount,ro /sys/fs && exec "$0" bypass enable --cgroup %[2]s --pin-dir 
 		{"stray-argument", []string{"bypass", "enable", "extra"}, "takes no arguments"},
 		{"cgroup-and-all", []string{"bypass", "disable", "--all", "--cgroup", "/x"}, "either --cgroup or --all"},
 		{"unknown-command", []string{"frobnicate"}, "unknown command"},
+		{"bad-max-backlog", []string{"bypass", "enable", "--max-backlog", "lots"}, "--max-backlog: want one size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, stderr, code := runShunt(t, nil, append(tc.args, "--pin-dir", pin)...)
