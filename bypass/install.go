@@ -14,9 +14,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/pin"
 )
 
 // DefaultPinDir is where the install lives in bpffs.
@@ -72,21 +72,8 @@ func Create(dir string, opts Options) (*Install, error) {
 		return nil, err
 	}
 
-	// bpffs refuses names with a dot, so temporaries are marked by suffix.
-	tmp, err := os.MkdirTemp(filepath.Dir(dir), filepath.Base(dir)+"-new-")
-	if err != nil {
-		return nil, fmt.Errorf("create pin directory: %w", err)
-	}
-	if err := build(tmp, opts); err != nil {
-		os.RemoveAll(tmp)
+	if err := pin.Install(dir, func(tmp string) error { return build(tmp, opts) }); err != nil {
 		return nil, err
-	}
-	if err := renameNoReplace(tmp, dir); err != nil {
-		// Someone else installed concurrently: theirs wins, ours goes.
-		os.RemoveAll(tmp)
-		if _, serr := os.Stat(dir); serr != nil {
-			return nil, fmt.Errorf("install %s: %w", dir, err)
-		}
 	}
 	return Open(dir)
 }
@@ -197,8 +184,8 @@ func (in *Install) Attach(cg host.Cgroup) (bool, error) {
 	if err := in.setDraining(false); err != nil {
 		return false, err
 	}
-	pin := in.cgroupPin(cg.ID)
-	if _, err := os.Stat(pin); err == nil {
+	where := in.cgroupPin(cg.ID)
+	if _, err := os.Stat(where); err == nil {
 		return false, nil
 	}
 	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: ebpf.AttachCGroupSockOps, Program: in.sockops})
@@ -208,11 +195,11 @@ func (in *Install) Attach(cg host.Cgroup) (bool, error) {
 	defer l.Close()
 	// Pin under a temporary name, then rename: a racing enable of the same
 	// cgroup loses the rename and its link detaches when closed.
-	tmp := pin + "-new-" + strconv.Itoa(os.Getpid())
+	tmp := where + "-new-" + strconv.Itoa(os.Getpid())
 	if err := l.Pin(tmp); err != nil {
 		return false, fmt.Errorf("pin cgroup link: %w", err)
 	}
-	if err := renameNoReplace(tmp, pin); err != nil {
+	if err := pin.RenameNoReplace(tmp, where); err != nil {
 		os.Remove(tmp)
 		if errors.Is(err, os.ErrExist) {
 			return false, nil
@@ -286,10 +273,4 @@ func (in *Install) Draining() bool {
 		return false
 	}
 	return v.Draining != 0
-}
-
-// renameNoReplace renames atomically and fails with EEXIST rather than
-// replacing what is already there.
-func renameNoReplace(from, to string) error {
-	return unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE)
 }

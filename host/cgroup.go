@@ -146,3 +146,17 @@ func CgroupPathByID(id uint64) string {
 	})
 	return found
 }
+
+// Level is the cgroup's depth below the root of the hierarchy (0 for the
+// root), as the kernel counts it in struct cgroup.
+func (c Cgroup) Level() int {
+	root, err := Cgroup2Root()
+	if err != nil {
+		return 0
+	}
+	rel, err := filepath.Rel(root, c.Path)
+	if err != nil || rel == "." {
+		return 0
+	}
+	return len(strings.Split(rel, string(filepath.Separator)))
+}

@@ -25,20 +25,53 @@ struct kernfs_node {
 
 struct cgroup {
 	struct kernfs_node *kn;
+	int level;
+	struct cgroup *ancestors[];
 };
 
 struct sock_cgroup_data {
 	struct cgroup *cgroup;
 };
 
-struct sock_common {
-	unsigned char skc_state;
+struct ns_common {
+	unsigned int inum;
 };
+
+struct net {
+	struct ns_common ns;
+	__u64 net_cookie;
+};
+
+typedef struct {
+	struct net *net;
+} possible_net_t;
+
+struct in6_addr {
+	union {
+		__u8 u6_addr8[16];
+	} in6_u;
+};
+
+struct sock_common {
+	__u32 skc_daddr;
+	__u32 skc_rcv_saddr;
+	__u16 skc_dport;
+	__u16 skc_num;
+	unsigned short skc_family;
+	unsigned char skc_state;
+	possible_net_t skc_net;
+	struct in6_addr skc_v6_daddr;
+	struct in6_addr skc_v6_rcv_saddr;
+};
+
+struct socket;
 
 struct sock {
 	struct sock_common __sk_common;
 	struct sock_cgroup_data sk_cgrp_data;
 	void *sk_user_data;
+	struct socket *sk_socket;
+	__u16 sk_protocol;
 	__u8 sk_userlocks;
 	int sk_rcvbuf;
 };
@@ -79,7 +112,41 @@ struct bpf_iter__bpf_sk_storage_map {
 	void *value;
 };
 
+struct udp_sock;
+
+struct bpf_iter__tcp {
+	struct bpf_iter_meta *meta;
+	struct sock_common *sk_common;
+	__u32 uid;
+};
+
+struct bpf_iter__udp {
+	struct bpf_iter_meta *meta;
+	struct udp_sock *udp_sk;
+	__u32 uid;
+	int bucket;
+};
+
 #pragma clang attribute pop
+
+/* include/net/tcp_states.h; a connected UDP socket is "ESTABLISHED" too. */
+enum {
+	TCP_ESTABLISHED = 1,
+	TCP_SYN_SENT,
+	TCP_SYN_RECV,
+	TCP_FIN_WAIT1,
+	TCP_FIN_WAIT2,
+	TCP_TIME_WAIT,
+	TCP_CLOSE,
+	TCP_CLOSE_WAIT,
+	TCP_LAST_ACK,
+	TCP_LISTEN,
+	TCP_CLOSING,
+};
+
+#define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+#define SOCK_DGRAM 2
 
 /* Low bits of sk_user_data are flags (include/net/sock.h). */
 #define SK_USER_DATA_PTRMASK (~7UL)

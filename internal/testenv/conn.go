@@ -3,6 +3,7 @@ package testenv
 import (
 	"net"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,7 +82,7 @@ func ConnPair(t testing.TB, network string, server Side, listenAddr string, clie
 
 // onFD runs fn on the connection's file descriptor and fails the test on
 // any error.
-func onFD(t testing.TB, c *net.TCPConn, what string, fn func(fd int) error) {
+func onFD(t testing.TB, c syscall.Conn, what string, fn func(fd int) error) {
 	t.Helper()
 	raw, err := c.SyscallConn()
 	if err != nil {
@@ -93,8 +94,8 @@ func onFD(t testing.TB, c *net.TCPConn, what string, fn func(fd int) error) {
 	}
 }
 
-// Cookie returns the socket cookie (SO_COOKIE) of a connection.
-func Cookie(t testing.TB, c *net.TCPConn) (v uint64) {
+// Cookie returns the socket cookie (SO_COOKIE) of a TCP or UDP socket.
+func Cookie(t testing.TB, c syscall.Conn) (v uint64) {
 	t.Helper()
 	onFD(t, c, "SO_COOKIE", func(fd int) (err error) {
 		v, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)

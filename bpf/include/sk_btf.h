@@ -1,0 +1,24 @@
+/* Addresses of a kernel struct sock, read through BTF (iterators). */
+#pragma once
+
+#include <bpf/bpf_core_read.h>
+#include "kernel.h"
+#include "shunt_addr.h"
+
+/* Local and remote address of a socket in shunt's 16-byte form. */
+static __always_inline void sk_addrs(struct sock *sk, __u8 local[16], __u16 *lport, __u8 remote[16],
+				     __u16 *rport)
+{
+	struct sock_common *c = &sk->__sk_common;
+
+	if (c->skc_family == AF_INET) {
+		ip4_mapped(local, c->skc_rcv_saddr);
+		ip4_mapped(remote, c->skc_daddr);
+	} else {
+		/* Explicit sizes: local and remote are pointers here. */
+		bpf_core_read(local, 16, &c->skc_v6_rcv_saddr);
+		bpf_core_read(remote, 16, &c->skc_v6_daddr);
+	}
+	*lport = c->skc_num;
+	*rport = bpf_ntohs(c->skc_dport);
+}

@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: GPL-2.0
+/* shunt reap, iterator method: visit every TCP or UDP socket of the netns
+ * the iterator was created in and destroy those connected to the backend.
+ * It is the fallback when no index is enabled, and the baseline the index
+ * is measured against: its cost grows with every socket of the host. */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+
+#include "include/kernel.h"
+#include "include/sk_btf.h"
+#include "include/index_keys.h"
+
+char __license[] SEC("license") = "GPL";
+
+extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
+
+/* Set from Go before load. */
+volatile const struct reap_config {
+	__u8 addr[16];
+	__u16 port;   /* 0: any port */
+	__u8 dry_run; /* report, do not destroy */
+	__u8 _pad;
+} reap_cfg;
+
+/* What the iterator reports for each socket it matched. */
+struct reaped {
+	__u64 cookie;
+	__u64 netns_cookie;
+	__u8 local[16];
+	__u8 remote[16];
+	__u16 local_port;
+	__u16 remote_port;
+	__u8 family;
+	__u8 proto;
+	__u8 _pad[2];
+	__s32 err; /* bpf_sock_destroy's result */
+	__u32 _pad2;
+};
+
+/* skc is the iterator's own pointer: the kfunc accepts only that. */
+/* Keeps struct reaped in BTF so bpf2go generates its Go twin. */
+const struct reaped *unused_reaped __attribute__((unused));
+
+static __always_inline void reap(struct bpf_iter_meta *meta, struct sock_common *skc, struct sock *sk, __u8 proto)
+{
+	struct reaped r = { .proto = proto };
+	sk_addrs(sk, r.local, &r.local_port, r.remote, &r.remote_port);
+	if (!r.remote_port || (reap_cfg.port && r.remote_port != reap_cfg.port))
+		return;
+	for (int i = 0; i < 16; i++)
+		if (r.remote[i] != reap_cfg.addr[i])
+			return;
+	r.cookie = bpf_get_socket_cookie(sk);
+	r.netns_cookie = BPF_CORE_READ(sk, __sk_common.skc_net.net, net_cookie);
+	r.family = sk->__sk_common.skc_family;
+	if (!reap_cfg.dry_run)
+		r.err = bpf_sock_destroy(skc);
+	bpf_seq_write(meta->seq, &r, sizeof(r));
+}
+
+SEC("iter/tcp")
+int shunt_reap_tcp(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc)
+		return 0;
+	/* Full sockets only: request and timewait sockets have no owner to
+	 * tell, and the kfunc wants a full socket. */
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp)
+		return 0;
+	struct sock *sk = (struct sock *)tp;
+	__u8 st = sk->__sk_common.skc_state;
+	if (st == TCP_LISTEN || st == TCP_CLOSE)
+		return 0;
+	reap(ctx->meta, skc, sk, IPPROTO_TCP);
+	return 0;
+}
+
+SEC("iter/udp")
+int shunt_reap_udp(struct bpf_iter__udp *ctx)
+{
+	struct udp_sock *udp = ctx->udp_sk;
+	if (!udp)
+		return 0;
+	struct sock *sk = (struct sock *)udp;
+	if (sk->__sk_common.skc_state != TCP_ESTABLISHED /* connected */)
+		return 0;
+	reap(ctx->meta, (struct sock_common *)udp, sk, IPPROTO_UDP);
+	return 0;
+}

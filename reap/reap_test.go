@@ -1,0 +1,209 @@
+package reap_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/testenv"
+	"github.com/shunt-project/shunt/reap"
+	"github.com/shunt-project/shunt/sockindex"
+)
+
+// mustIndex enables the index for a fresh cgroup at a fresh pin dir.
+func mustIndex(t *testing.T) (*sockindex.Index, host.Cgroup, string) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	testenv.WatchKernelLog(t)
+	dir := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	ix, _, err := sockindex.Create(dir, cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ix.Close() })
+	return ix, cg, dir
+}
+
+// conn is a client socket of either protocol with its far end.
+type conn struct {
+	c      net.Conn
+	far    net.Conn // TCP: the accepted socket; UDP: the server socket
+	cookie uint64
+}
+
+// server listens on addr (TCP or UDP) inside side.
+type server struct {
+	proto string
+	ln    *net.TCPListener
+	pc    *net.UDPConn
+}
+
+func mustServer(t *testing.T, side testenv.Side, proto, addr string) *server {
+	t.Helper()
+	s := &server{proto: proto}
+	if proto == "tcp" {
+		s.ln = testenv.Listen(t, side, "tcp", addr)
+		return s
+	}
+	var err error
+	side.Make(t, func() {
+		var ua *net.UDPAddr
+		if ua, err = net.ResolveUDPAddr("udp", addr); err == nil {
+			s.pc, err = net.ListenUDP("udp", ua)
+		}
+	})
+	if err != nil {
+		t.Fatalf("listen udp %s: %v", addr, err)
+	}
+	t.Cleanup(func() { s.pc.Close() })
+	return s
+}
+
+// dial connects a client in side to host:port and checks one message gets
+// through (for UDP that first send also lets the index learn the local port).
+func (s *server) dial(t *testing.T, side testenv.Side, hostport string) conn {
+	t.Helper()
+	if s.proto == "tcp" {
+		c := testenv.Dial(t, side, "tcp", hostport, nil)
+		far := testenv.Accept(t, s.ln)
+		return conn{c: c, far: far, cookie: testenv.Cookie(t, c)}
+	}
+	var c *net.UDPConn
+	var err error
+	side.Make(t, func() {
+		var ua *net.UDPAddr
+		if ua, err = net.ResolveUDPAddr("udp", hostport); err == nil {
+			c, err = net.DialUDP("udp", nil, ua)
+		}
+	})
+	if err != nil {
+		t.Fatalf("dial udp %s: %v", hostport, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	return conn{c: c, far: s.pc, cookie: testenv.Cookie(t, c)}
+}
+
+// alive checks that the client can still exchange a message.
+func alive(t *testing.T, k conn) {
+	t.Helper()
+	if _, ok := k.c.(*net.TCPConn); ok {
+		if _, err := k.c.Write([]byte("ping")); err != nil {
+			t.Fatalf("write on a socket that should live: %v", err)
+		}
+		buf := make([]byte, 4)
+		k.far.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := k.far.Read(buf); err != nil {
+			t.Fatalf("read on a socket that should live: %v", err)
+		}
+		return
+	}
+	// UDP: the server answers the client's address.
+	pc := k.far.(*net.UDPConn)
+	if _, err := pc.WriteTo([]byte("pong"), k.c.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	k.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 16)
+	if _, err := k.c.Read(buf); err != nil {
+		t.Fatalf("read on a UDP socket that should live: %v", err)
+	}
+}
+
+// dead checks the application sees ECONNABORTED.
+func dead(t *testing.T, k conn) {
+	t.Helper()
+	k.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := k.c.Read(make([]byte, 16))
+	if !errors.Is(err, syscall.ECONNABORTED) {
+		t.Fatalf("read on a reaped socket: got %v, want ECONNABORTED", err)
+	}
+}
+
+func TestReapExactlyTheBackendsSockets(t *testing.T) {
+	for _, method := range []reap.Method{reap.Index, reap.Iter} {
+		for _, tc := range []struct{ proto, ip, other string }{
+			{"tcp", "127.0.0.1", "127.0.0.2"},
+			{"tcp", "::1", "127.0.0.1"},
+			{"udp", "127.0.0.1", "127.0.0.2"},
+			{"udp", "::1", "127.0.0.1"},
+		} {
+			t.Run(fmt.Sprintf("%s/%s/%s", method, tc.proto, tc.ip), func(t *testing.T) {
+				testReapExact(t, method, tc.proto, tc.ip, tc.other)
+			})
+		}
+	}
+}
+
+// Two namespaces hold identical addresses. In each: sockets to the backend,
+// to the same address on another port, and to another address on the same
+// port. Only the first kind dies, in both namespaces.
+func testReapExact(t *testing.T, method reap.Method, proto, ip, other string) {
+	_, cg, dir := mustIndex(t)
+	const port, otherPort = 7001, 7002
+	hp := func(h string, p int) string { return net.JoinHostPort(h, fmt.Sprint(p)) }
+
+	var victims, bystanders []conn
+	for range 2 {
+		side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+		target := mustServer(t, side, proto, hp(ip, port))
+		sameAddr := mustServer(t, side, proto, hp(ip, otherPort))
+		otherAddr := mustServer(t, side, proto, hp(other, port))
+		for range 3 {
+			victims = append(victims, target.dial(t, side, hp(ip, port)))
+		}
+		for range 2 {
+			bystanders = append(bystanders, sameAddr.dial(t, side, hp(ip, otherPort)))
+			bystanders = append(bystanders, otherAddr.dial(t, side, hp(other, port)))
+		}
+	}
+
+	pr := sockindex.TCP
+	if proto == "udp" {
+		pr = sockindex.UDP
+	}
+	target := reap.Target{Addr: netip.MustParseAddr(ip), Port: port, Protos: []sockindex.Proto{pr}}
+	res, err := reap.Reap(context.Background(), target, reap.Options{IndexDir: dir, Method: method})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint64]bool{}
+	for _, v := range victims {
+		want[v.cookie] = true
+	}
+	got := map[uint64]bool{}
+	for _, s := range res.Sockets {
+		if !s.Destroyed {
+			t.Errorf("not destroyed: %+v", s)
+		}
+		got[s.Cookie] = true
+	}
+	for c := range want {
+		if !got[c] {
+			t.Errorf("socket %d connected to the backend was not destroyed", c)
+		}
+	}
+	for c := range got {
+		if !want[c] {
+			t.Errorf("socket %d was destroyed but is not connected to the backend", c)
+		}
+	}
+	if method == reap.Index && res.Namespaces != 2 {
+		t.Errorf("reaped in %d namespaces, want 2", res.Namespaces)
+	}
+	for _, v := range victims {
+		dead(t, v)
+	}
+	for _, b := range bystanders {
+		alive(t, b)
+	}
+}

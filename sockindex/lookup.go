@@ -1,0 +1,184 @@
+package sockindex
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	flagLocalUnknown = 1 // ENTRY_LOCAL_UNKNOWN
+	flagSeeded       = 2 // ENTRY_SEEDED
+)
+
+// Lookup returns the sockets connected to one backend. It visits that
+// backend's slots only.
+func (ix *Index) Lookup(b Backend) ([]Socket, error) {
+	var st indexBackendState
+	k := b.key()
+	if err := ix.maps.Backends.Lookup(&k, &st); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("look up backend: %w", err)
+	}
+	boot := bootTime()
+	var out []Socket
+	var e indexEntry
+	for slot := uint32(0); slot < st.High; slot++ {
+		sk := indexSlotKey{Backend: k, Slot: slot}
+		if err := ix.maps.SockIndex.Lookup(&sk, &e); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			return nil, fmt.Errorf("look up index slot: %w", err)
+		}
+		out = append(out, socketOf(&sk.Backend, &e, boot))
+	}
+	return out, nil
+}
+
+// Find returns the sockets connected to addr on port (any port if 0) for
+// the given protocols. With a port it costs a lookup per protocol; without
+// one it also walks the list of backends (not of sockets).
+func (ix *Index) Find(addr netip.Addr, port uint16, protos ...Proto) ([]Socket, error) {
+	var backends []Backend
+	if port != 0 {
+		for _, p := range protos {
+			backends = append(backends, Backend{Addr: addr, Port: port, Proto: p})
+		}
+	} else {
+		all, err := ix.Backends()
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range all {
+			if b.Addr == addr.Unmap() && contains(protos, b.Proto) {
+				backends = append(backends, b.Backend)
+			}
+		}
+	}
+	var out []Socket
+	for _, b := range backends {
+		s, err := ix.Lookup(b)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s...)
+	}
+	return out, nil
+}
+
+func contains(ps []Proto, p Proto) bool {
+	for _, q := range ps {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// BackendStats is a backend with its number of live sockets.
+type BackendStats struct {
+	Backend
+	Live  uint64
+	Slots uint32 // the high-water mark a lookup visits
+}
+
+// Backends lists every backend the index has seen.
+func (ix *Index) Backends() ([]BackendStats, error) {
+	var out []BackendStats
+	var k indexBackend
+	var st indexBackendState
+	it := ix.maps.Backends.Iterate()
+	for it.Next(&k, &st) {
+		out = append(out, BackendStats{Backend: backendOf(&k), Live: st.Live, Slots: st.High})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list backends: %w", err)
+	}
+	return out, nil
+}
+
+// List returns every indexed socket (it walks the whole index).
+func (ix *Index) List() ([]Socket, error) {
+	boot := bootTime()
+	var out []Socket
+	var k indexSlotKey
+	var e indexEntry
+	it := ix.maps.SockIndex.Iterate()
+	for it.Next(&k, &e) {
+		out = append(out, socketOf(&k.Backend, &e, boot))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list index: %w", err)
+	}
+	return out, nil
+}
+
+// NetnsOwner returns a process last seen connecting a socket in the network
+// namespace with this cookie.
+func (ix *Index) NetnsOwner(netnsCookie uint64) (int, bool) {
+	var tgid uint32
+	if err := ix.maps.NetnsOwners.Lookup(&netnsCookie, &tgid); err != nil {
+		return 0, false
+	}
+	return int(tgid), true
+}
+
+// Counters are the index programs' event counts since enable.
+type Counters struct {
+	Added   uint64 `json:"added"`
+	Removed uint64 `json:"removed"`
+	Full    uint64 `json:"not_indexed_map_full"`
+	Filled  uint64 `json:"udp_local_learnt"`
+}
+
+// Counters sums the per-CPU counters.
+func (ix *Index) Counters() (Counters, error) {
+	var c Counters
+	for i, dst := range []*uint64{&c.Added, &c.Removed, &c.Full, &c.Filled} {
+		var per []uint64
+		if err := ix.maps.IndexCounters.Lookup(uint32(i), &per); err != nil {
+			return c, fmt.Errorf("read counters: %w", err)
+		}
+		for _, v := range per {
+			*dst += v
+		}
+	}
+	return c, nil
+}
+
+func backendOf(k *indexBackend) Backend {
+	return Backend{Addr: netip.AddrFrom16(k.Addr).Unmap(), Port: k.Port, Proto: Proto(k.Proto)}
+}
+
+func socketOf(k *indexBackend, e *indexEntry, boot time.Time) Socket {
+	b := backendOf(k)
+	s := Socket{
+		Proto:       b.Proto,
+		Family:      int(e.Family),
+		Remote:      netip.AddrPortFrom(b.Addr, b.Port),
+		Cookie:      e.Cookie,
+		NetnsCookie: e.NetnsCookie,
+		Owner:       int(e.OwnerTgid),
+		Since:       boot.Add(time.Duration(e.SinceNs)),
+		LocalKnown:  e.Flags&flagLocalUnknown == 0,
+		Seeded:      e.Flags&flagSeeded != 0,
+	}
+	if s.LocalKnown {
+		s.Local = netip.AddrPortFrom(netip.AddrFrom16(e.Local).Unmap(), e.LocalPort)
+	}
+	return s
+}
+
+// bootTime is when CLOCK_BOOTTIME was zero, in wall-clock time.
+func bootTime() time.Time {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
+	return time.Now().Add(-time.Duration(ts.Nano()))
+}
