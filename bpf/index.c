@@ -7,7 +7,8 @@
  * occupy slots below that backend's high-water mark, so user space finds them
  * by looking at those slots only (see index_keys.h).
  *
- *  TCP: sockops indexes at ACTIVE/PASSIVE_ESTABLISHED, removes at TCP_CLOSE.
+ *  TCP: sockops indexes sockets that connected (ACTIVE_ESTABLISHED),
+ *       removes them at TCP_CLOSE.
  *  UDP: connect4/6 indexes (the local port is not chosen yet), the first
  *       send fills in the local address (cgroup_skb egress).
  *  Both: sock_release removes when the application closes the socket.
@@ -173,7 +174,8 @@ int shunt_index_sockops(struct bpf_sock_ops *skops)
 		}
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
-	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		/* Only sockets that connected: an accepted socket's "backend"
+		 * would be a client's ephemeral port. */
 		tcp_established(skops);
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
@@ -320,6 +322,23 @@ static __always_inline void seed(struct bpf_iter_meta *meta, struct sock *sk, __
 		bpf_seq_write(meta->seq, &proto, 1);
 }
 
+/* The sweep cannot ask a socket whether it connected or was accepted. The
+ * TCP iterator visits listeners before connected sockets, so it notes their
+ * ports and takes a connected socket on a listening port as accepted. */
+struct listen_key {
+	__u64 netns;
+	__u16 port;
+	__u16 _pad[3];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1 << 18);
+	__type(key, struct listen_key);
+	__type(value, __u8);
+} sweep_listeners SEC(".maps");
+
 SEC("iter/tcp")
 int shunt_index_seed_tcp(struct bpf_iter__tcp *ctx)
 {
@@ -330,6 +349,17 @@ int shunt_index_seed_tcp(struct bpf_iter__tcp *ctx)
 	if (!tp)
 		return 0;
 	struct sock *sk = (struct sock *)tp;
+	struct listen_key lk = {
+		.netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, net_cookie),
+		.port = sk->__sk_common.skc_num,
+	};
+	__u8 one = 1;
+	if (sk->__sk_common.skc_state == TCP_LISTEN) {
+		bpf_map_update_elem(&sweep_listeners, &lk, &one, BPF_ANY);
+		return 0;
+	}
+	if (bpf_map_lookup_elem(&sweep_listeners, &lk))
+		return 0;
 	switch (sk->__sk_common.skc_state) {
 	case TCP_ESTABLISHED:
 	case TCP_FIN_WAIT1:

@@ -69,6 +69,7 @@ const (
 	indexMapNetnsOwners         = "netns_owners"
 	indexMapSockIndex           = "sock_index"
 	indexMapSockSlots           = "sock_slots"
+	indexMapSweepListeners      = "sweep_listeners"
 	indexProgShuntIndexConnect4 = "shunt_index_connect4"
 	indexProgShuntIndexConnect6 = "shunt_index_connect6"
 	indexProgShuntIndexEgress   = "shunt_index_egress"
@@ -134,11 +135,12 @@ type indexProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type indexMapSpecs struct {
-	Backends      *ebpf.MapSpec `ebpf:"backends"`
-	IndexCounters *ebpf.MapSpec `ebpf:"index_counters"`
-	NetnsOwners   *ebpf.MapSpec `ebpf:"netns_owners"`
-	SockIndex     *ebpf.MapSpec `ebpf:"sock_index"`
-	SockSlots     *ebpf.MapSpec `ebpf:"sock_slots"`
+	Backends       *ebpf.MapSpec `ebpf:"backends"`
+	IndexCounters  *ebpf.MapSpec `ebpf:"index_counters"`
+	NetnsOwners    *ebpf.MapSpec `ebpf:"netns_owners"`
+	SockIndex      *ebpf.MapSpec `ebpf:"sock_index"`
+	SockSlots      *ebpf.MapSpec `ebpf:"sock_slots"`
+	SweepListeners *ebpf.MapSpec `ebpf:"sweep_listeners"`
 }
 
 // indexVariableSpecs contains global variables before they are loaded into the kernel.
@@ -168,11 +170,12 @@ func (o *indexObjects) Close() error {
 //
 // It can be passed to loadIndexObjects or ebpf.CollectionSpec.LoadAndAssign.
 type indexMaps struct {
-	Backends      *ebpf.Map `ebpf:"backends"`
-	IndexCounters *ebpf.Map `ebpf:"index_counters"`
-	NetnsOwners   *ebpf.Map `ebpf:"netns_owners"`
-	SockIndex     *ebpf.Map `ebpf:"sock_index"`
-	SockSlots     *ebpf.Map `ebpf:"sock_slots"`
+	Backends       *ebpf.Map `ebpf:"backends"`
+	IndexCounters  *ebpf.Map `ebpf:"index_counters"`
+	NetnsOwners    *ebpf.Map `ebpf:"netns_owners"`
+	SockIndex      *ebpf.Map `ebpf:"sock_index"`
+	SockSlots      *ebpf.Map `ebpf:"sock_slots"`
+	SweepListeners *ebpf.Map `ebpf:"sweep_listeners"`
 }
 
 func (m *indexMaps) Close() error {
@@ -182,6 +185,7 @@ func (m *indexMaps) Close() error {
 		m.NetnsOwners,
 		m.SockIndex,
 		m.SockSlots,
+		m.SweepListeners,
 	)
 }
 
