@@ -209,6 +209,16 @@ func (p Proto) String() string {
 	return fmt.Sprintf("proto-%d", uint8(p))
 }
 
+// In reports whether p is one of ps.
+func (p Proto) In(ps []Proto) bool {
+	for _, q := range ps {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
 // Backend is what sockets are connected to.
 type Backend struct {
 	Addr  netip.Addr

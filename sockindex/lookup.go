@@ -57,7 +57,7 @@ func (ix *Index) Find(addr netip.Addr, port uint16, protos ...Proto) ([]Socket, 
 			return nil, err
 		}
 		for _, b := range all {
-			if b.Addr == addr.Unmap() && contains(protos, b.Proto) {
+			if b.Addr == addr.Unmap() && b.Proto.In(protos) {
 				backends = append(backends, b.Backend)
 			}
 		}
@@ -71,15 +71,6 @@ func (ix *Index) Find(addr netip.Addr, port uint16, protos ...Proto) ([]Socket, 
 		out = append(out, s...)
 	}
 	return out, nil
-}
-
-func contains(ps []Proto, p Proto) bool {
-	for _, q := range ps {
-		if q == p {
-			return true
-		}
-	}
-	return false
 }
 
 // BackendStats is a backend with its number of live sockets.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/sockindex"
 )
 
 // env is what a command needs from the outside world; tests replace parts.
@@ -65,7 +66,8 @@ func firstLine(s string) string {
 }
 
 type globals struct {
-	pinDir string
+	pinDir   string
+	indexDir string
 }
 
 func newRoot(e *env) *cobra.Command {
@@ -77,7 +79,9 @@ func newRoot(e *env) *cobra.Command {
 
   shunt bypass enable     host-local TCP between enabled cgroups skips the TCP/IP stack
   shunt status            what is installed
-  shunt flows             the connections bypassed now`,
+  shunt flows             the connections bypassed now
+  shunt index enable      index connected sockets by backend
+  shunt reap              destroy every socket connected to a backend`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
@@ -86,10 +90,15 @@ func newRoot(e *env) *cobra.Command {
 		defPin = bypass.DefaultPinDir
 	}
 	root.PersistentFlags().StringVar(&g.pinDir, "pin-dir", defPin, "bpffs directory holding shunt's pinned state (env SHUNT_PIN_DIR)")
+	defIndex := os.Getenv("SHUNT_INDEX_DIR")
+	if defIndex == "" {
+		defIndex = sockindex.DefaultPinDir
+	}
+	root.PersistentFlags().StringVar(&g.indexDir, "index-dir", defIndex, "bpffs directory holding the socket index (env SHUNT_INDEX_DIR)")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
 	})
-	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
+	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newReapCmd(e, g), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
 	return root
 }
 
