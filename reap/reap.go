@@ -111,15 +111,52 @@ func Reap(ctx context.Context, t Target, opts Options) (*Result, error) {
 			return nil, err
 		}
 		defer ix.Close()
+		rp := NewReaper(ix)
+		defer rp.Close()
 		res.Method = Index
-		return res, reapIndex(ctx, ix, t, opts, res)
+		return res, rp.reap(ctx, t, opts, res)
 	}
 	return nil, fmt.Errorf("unknown method %q", opts.Method)
 }
 
-func reapIndex(ctx context.Context, ix *sockindex.Index, t Target, opts Options, res *Result) error {
+// Reaper reaps through an index the caller holds open, as a control plane
+// that reaps often would. It keeps one sock_diag socket per namespace it has
+// reached, so later reaps in the same namespaces skip entering them.
+type Reaper struct {
+	ix    *sockindex.Index
+	conns map[uint64]*diagConn
+	scan  *netnsScan
+}
+
+// NewReaper returns a Reaper over ix. Close it to release its sockets.
+func NewReaper(ix *sockindex.Index) *Reaper {
+	return &Reaper{ix: ix, conns: map[uint64]*diagConn{}}
+}
+
+// Close releases the per-namespace sockets (and so the namespaces).
+func (rp *Reaper) Close() error {
+	for c, d := range rp.conns {
+		d.Close()
+		delete(rp.conns, c)
+	}
+	return nil
+}
+
+// Reap destroys every indexed socket connected to the target.
+func (rp *Reaper) Reap(ctx context.Context, t Target, opts Options) (*Result, error) {
+	if len(t.Protos) == 0 {
+		t.Protos = []sockindex.Proto{sockindex.TCP, sockindex.UDP}
+	}
+	res := &Result{Target: t.String(), Method: Index, DryRun: opts.DryRun, Sockets: []Socket{}}
+	start := time.Now()
+	err := rp.reap(ctx, t, opts, res)
+	res.Took = time.Since(start)
+	return res, err
+}
+
+func (rp *Reaper) reap(ctx context.Context, t Target, opts Options, res *Result) error {
 	t0 := time.Now()
-	found, err := ix.Find(t.Addr, t.Port, t.Protos...)
+	found, err := rp.ix.Find(t.Addr, t.Port, t.Protos...)
 	if err != nil {
 		return err
 	}
@@ -135,14 +172,13 @@ func reapIndex(ctx context.Context, ix *sockindex.Index, t Target, opts Options,
 	}
 	sort.Slice(cookies, func(i, j int) bool { return cookies[i] < cookies[j] })
 
-	var scan *netnsScan
 	for _, c := range cookies {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		socks := byNetns[c]
 		t1 := time.Now()
-		d, err := reach(ix, c, socks, &scan)
+		d, err := rp.conn(c, socks)
 		res.Resolve += time.Since(t1)
 		if err != nil {
 			// The namespace is gone, and its sockets with it.
@@ -152,13 +188,28 @@ func reapIndex(ctx context.Context, ix *sockindex.Index, t Target, opts Options,
 		res.Namespaces++
 		t2 := time.Now()
 		err = destroyIn(d, socks, opts.DryRun, res)
-		d.Close()
 		res.Destroy += time.Since(t2)
 		if err != nil {
+			// Perhaps the namespace died under the socket: reach it
+			// afresh next time.
+			d.Close()
+			delete(rp.conns, c)
 			return err
 		}
 	}
 	return nil
+}
+
+func (rp *Reaper) conn(cookie uint64, socks []sockindex.Socket) (*diagConn, error) {
+	if d, ok := rp.conns[cookie]; ok {
+		return d, nil
+	}
+	d, err := reach(rp.ix, cookie, socks, &rp.scan)
+	if err != nil {
+		return nil, err
+	}
+	rp.conns[cookie] = d
+	return d, nil
 }
 
 // destroyIn checks each socket by exact tuple and cookie, then destroys
@@ -180,9 +231,18 @@ func destroyIn(d *diagConn, socks []sockindex.Socket, dryRun bool, res *Result) 
 			ids = append(ids, idOf(s))
 			which = append(which, s)
 		}
-		got, err := d.get(proto, ids)
-		if err != nil {
-			return err
+		// A TCP destroy is already exact (tuple and cookie). A UDP one
+		// matches an unconnected socket too, so check it is still
+		// connected to the target first.
+		got := make([]reply, len(ids))
+		for i := range got {
+			got[i].id.remote = which[i].Remote
+		}
+		if proto == sockindex.UDP || dryRun {
+			var err error
+			if got, err = d.get(proto, ids); err != nil {
+				return err
+			}
 		}
 		var live []diagID
 		var liveSocks []sockindex.Socket

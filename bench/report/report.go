@@ -217,3 +217,23 @@ func yes(b bool) string {
 	}
 	return ""
 }
+
+// Reap writes the reap table (the RFC's layout) and a plot of time against
+// sockets on the host for each method and protocol.
+func Reap(dir string, res []bench.ReapResult) error {
+	var md strings.Builder
+	fmt.Fprintf(&md, "| proto | sockets on host | method | destroyed | median us | min us | max us | lookup us | netns us | destroy us |\n")
+	fmt.Fprintf(&md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	series := map[string][]xy{}
+	for _, r := range res {
+		fmt.Fprintf(&md, "| %s | %d | %s | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", r.Proto, r.Sockets, r.Method, r.Destroyed,
+			us(r.Took), us(r.Min), us(r.Max), us(r.Lookup), us(r.Resolve), us(r.Destroy))
+		name := r.Proto + " " + r.Method
+		series[name] = append(series[name], xy{float64(r.Sockets), us(r.Took)})
+	}
+	if err := write(dir, "reap", res, md.String()); err != nil {
+		return err
+	}
+	return linePlot(filepath.Join(dir, "reap.png"), "Time to destroy the sockets of one backend",
+		"sockets on the host", "microseconds (median)", series, true)
+}
