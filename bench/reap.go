@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -56,12 +55,6 @@ func RunReap(ctx context.Context, cfg ReapConfig, progress io.Writer) ([]ReapRes
 	for _, n := range cfg.Sizes {
 		maxN = max(maxN, n)
 	}
-	restore, err := raiseFileLimit(uint64(maxN + cfg.Victims + 4096))
-	if err != nil {
-		return nil, err
-	}
-	defer restore()
-
 	cg, rmCgroup, err := lab.NewCgroup(lab.Name("shunt-test-reap-"))
 	if err != nil {
 		return nil, err
@@ -121,7 +114,8 @@ type reapWorld struct {
 	proto     string
 	nss       []*lab.NetNS
 	cg        host.Cgroup
-	fds       []int // background client sockets
+	count     int       // background client sockets
+	holders   []*holder // the processes holding them
 	serverFDs []int
 }
 
@@ -195,30 +189,38 @@ func (w *reapWorld) dial(ns *lab.NetNS, port, count int, send bool) ([]int, erro
 	return fds, nil
 }
 
-// grow adds background sockets until there are n, spread evenly.
+// grow adds background sockets until there are n, spread evenly over the
+// namespaces, in helper processes of up to holderChunk sockets each.
 func (w *reapWorld) grow(n int) error {
-	add := n - len(w.fds)
-	for i, ns := range w.nss {
-		count := add / len(w.nss)
-		if i < add%len(w.nss) {
-			count++
+	for w.count < n {
+		chunk := min(n-w.count, holderChunk)
+		var parts []string
+		for i, ns := range w.nss {
+			c := chunk / len(w.nss)
+			if i < chunk%len(w.nss) {
+				c++
+			}
+			if c > 0 {
+				parts = append(parts, fmt.Sprintf("/run/netns/%s=%d", ns.Name, c))
+			}
 		}
-		if count <= 0 {
-			continue
-		}
-		fds, err := w.dial(ns, reapOtherPorts, count, false)
+		spec := fmt.Sprintf("%s;%d;%s;%s", w.proto, reapOtherPorts, w.cg.Path, strings.Join(parts, ","))
+		h, err := startHolder(spec)
 		if err != nil {
 			return fmt.Errorf("reap bench: %d sockets: %w", n, err)
 		}
-		w.fds = append(w.fds, fds...)
+		w.holders = append(w.holders, h)
+		w.count += chunk
 	}
 	return nil
 }
 
 func (w *reapWorld) close() {
-	closeAll(w.fds)
+	for _, h := range w.holders {
+		h.stop()
+	}
 	closeAll(w.serverFDs)
-	w.fds, w.serverFDs = nil, nil
+	w.holders, w.serverFDs, w.count = nil, nil, 0
 }
 
 func closeAll(fds []int) {
@@ -293,37 +295,4 @@ func summarizeReap(proto string, n int, method string, rs []*reap.Result) ReapRe
 		res.Min, res.Max = min(res.Min, r.Took), max(res.Max, r.Took)
 	}
 	return res
-}
-
-// raiseFileLimit lets this process hold want descriptors, raising the
-// kernel's per-process ceiling (fs.nr_open) if it must; restore undoes both.
-func raiseFileLimit(want uint64) (func(), error) {
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		return nil, err
-	}
-	if old.Cur >= want {
-		return func() {}, nil
-	}
-	const nrOpen = "/proc/sys/fs/nr_open"
-	oldNrOpen := ""
-	if b, err := os.ReadFile(nrOpen); err == nil {
-		cur, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-		if cur < want {
-			oldNrOpen = strings.TrimSpace(string(b))
-			if err := os.WriteFile(nrOpen, []byte(strconv.FormatUint(want, 10)), 0); err != nil {
-				return nil, fmt.Errorf("raise fs.nr_open to %d: %w", want, err)
-			}
-		}
-	}
-	lim := unix.Rlimit{Cur: want, Max: max(want, old.Max)}
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		return nil, fmt.Errorf("raise the open-file limit to %d: %w", want, err)
-	}
-	return func() {
-		unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
-		if oldNrOpen != "" {
-			os.WriteFile(nrOpen, []byte(oldNrOpen), 0)
-		}
-	}, nil
 }

@@ -2,8 +2,13 @@
 // can simply turn on. See README.md.
 package main
 
-import "os"
+import (
+	"os"
+
+	"github.com/shunt-project/shunt/bench"
+)
 
 func main() {
+	bench.MaybeRunReapHolder()
 	os.Exit(run(os.Args[1:], defaultEnv()))
 }
