@@ -198,3 +198,29 @@ func TestBenchBackpressureTiny(t *testing.T) {
 		t.Errorf("bad --producers: exit %d, %q", code, stderr)
 	}
 }
+
+func TestBenchReapTiny(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	out, stderr, code := runShunt(t, nil, "bench", "reap", "--json", "--sizes", "20,60", "--netns", "3", "--victims", "4", "--rounds", "1", "--out", dir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res []bench.ReapResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	// udp and tcp, two sizes, index and iter.
+	if len(res) != 8 {
+		t.Fatalf("want 8 results, got %s", out)
+	}
+	for _, r := range res {
+		if r.Destroyed != 4 || r.Took <= 0 {
+			t.Errorf("implausible result %+v", r)
+		}
+	}
+	requireFiles(t, dir, "reap.json", "reap.md", "reap.png")
+	if _, stderr, code := runShunt(t, nil, "bench", "reap", "--sizes", "5"); code != 2 || !strings.Contains(stderr, "above --victims") {
+		t.Errorf("bad --sizes: exit %d, %q", code, stderr)
+	}
+}

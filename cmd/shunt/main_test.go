@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/shunt-project/shunt/bench"
+
 	"bytes"
 	"io"
 	"os"
@@ -15,6 +17,7 @@ import (
 // The test binary doubles as the shunt binary when SHUNT_TEST_MAIN=1, so
 // tests can run shunt as another user or in another mount namespace.
 func TestMain(m *testing.M) {
+	bench.MaybeRunReapHolder()
 	if os.Getenv("SHUNT_TEST_MAIN") == "1" {
 		os.Exit(run(os.Args[1:], defaultEnv()))
 	}
