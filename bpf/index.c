@@ -212,6 +212,11 @@ static __always_inline int udp_connect(struct bpf_sock_addr *ctx, struct backend
 	e.since_ns = bpf_ktime_get_boot_ns();
 	e.family = ctx->user_family;
 	e.flags = ENTRY_LOCAL_UNKNOWN;
+	/* A socket that picked its port at connect loses it again on
+	 * disconnect (AF_UNSPEC, no hook); one that had it keeps it, and
+	 * SOCK_DESTROY's lookup would then still find it. */
+	if (sk->src_port)
+		e.flags |= ENTRY_BOUND;
 	e.owner_tgid = current_tgid();
 	ss->owner_tgid = e.owner_tgid;
 	note_netns_owner(e.netns_cookie, e.owner_tgid);
@@ -318,6 +323,8 @@ static __always_inline void seed(struct bpf_iter_meta *meta, struct sock *sk, __
 	e.since_ns = bpf_ktime_get_boot_ns();
 	e.family = BPF_CORE_READ(sk, __sk_common.skc_family);
 	e.flags = ENTRY_SEEDED;
+	if (proto == IPPROTO_UDP)
+		e.flags |= ENTRY_BOUND; /* cannot tell: check before destroying */
 	if (!index_add(ss, &b, &e))
 		bpf_seq_write(meta->seq, &proto, 1);
 }

@@ -54,14 +54,16 @@ func reapIter(ctx context.Context, t Target, opts Options, res *Result) error {
 			return err
 		}
 		var out []byte
+		var iterErr error
 		// The iterators see the namespace the reading thread is in.
 		err := host.InNetns(ns.Path, func() error {
 			for _, it := range iters {
 				b, err := bpfiter.Read(it)
-				if err != nil {
-					return err
-				}
 				out = append(out, b...)
+				if err != nil {
+					iterErr = err
+					return nil
+				}
 			}
 			return nil
 		})
@@ -70,6 +72,9 @@ func reapIter(ctx context.Context, t Target, opts Options, res *Result) error {
 		}
 		res.Namespaces++
 		appendReaped(res, out, !opts.DryRun)
+		if iterErr != nil {
+			return fmt.Errorf("socket iterator in %s: %w", ns.Path, iterErr)
+		}
 	}
 	return nil
 }

@@ -231,17 +231,30 @@ func destroyIn(d *diagConn, socks []sockindex.Socket, dryRun bool, res *Result) 
 			ids = append(ids, idOf(s))
 			which = append(which, s)
 		}
-		// A TCP destroy is already exact (tuple and cookie). A UDP one
-		// matches an unconnected socket too, so check it is still
-		// connected to the target first.
+		// A destroy names tuple and cookie, and the socket with that
+		// cookie still holding that tuple is connected to the target, with
+		// one exception: a UDP socket that disconnected keeps matching if it
+		// keeps its port. Only those are checked first (and all in a dry
+		// run, which reports only what exists).
 		got := make([]reply, len(ids))
+		var check []int
 		for i := range got {
 			got[i].id.remote = which[i].Remote
+			if dryRun || which[i].KeepsPort {
+				check = append(check, i)
+			}
 		}
-		if proto == sockindex.UDP || dryRun {
-			var err error
-			if got, err = d.get(proto, ids); err != nil {
+		if len(check) > 0 {
+			checkIDs := make([]diagID, len(check))
+			for j, i := range check {
+				checkIDs[j] = ids[i]
+			}
+			replies, err := d.get(proto, checkIDs)
+			if err != nil {
 				return err
+			}
+			for j, i := range check {
+				got[i] = replies[j]
 			}
 		}
 		var live []diagID

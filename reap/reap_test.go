@@ -9,6 +9,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -205,5 +208,57 @@ func testReapExact(t *testing.T, method reap.Method, proto, ip, other string) {
 	}
 	for _, b := range bystanders {
 		alive(t, b)
+	}
+}
+
+// A UDP socket that disconnects (connect AF_UNSPEC, which no hook sees) is
+// no longer connected to the backend and must survive the reap, whether it
+// keeps its port (bound before connect) or loses it (bound by connect).
+func TestReapSparesDisconnectedUDP(t *testing.T) {
+	_, cg, dir := mustIndex(t)
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	srv := mustServer(t, side, "udp", "127.0.0.1:7001")
+	var fds []int
+	side.Make(t, func() {
+		for _, bind := range []bool{true, false} {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Close(fd) })
+			if bind {
+				if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := unix.Connect(fd, &unix.SockaddrInet4{Port: 7001, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+				t.Fatal(err)
+			}
+			unix.Write(fd, []byte("x"))
+			disconnect(t, fd)
+			fds = append(fds, fd)
+		}
+	})
+	_ = srv // the backend exists, so the sends above are not refused
+	res, err := reap.Reap(context.Background(), reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: 7001}, reap.Options{IndexDir: dir, Method: reap.Index})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Destroyed() != 0 {
+		t.Errorf("destroyed %d disconnected sockets: %+v", res.Destroyed(), res.Sockets)
+	}
+	for _, fd := range fds {
+		if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || v != 0 {
+			t.Errorf("socket error %d (%v) on a socket that was not reaped", v, err)
+		}
+	}
+}
+
+// disconnect dissolves a UDP socket's association: connect(AF_UNSPEC).
+func disconnect(t *testing.T, fd int) {
+	t.Helper()
+	var sa [16]byte // sa_family AF_UNSPEC (0)
+	if _, _, e := unix.Syscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa[0])), uintptr(len(sa))); e != 0 {
+		t.Fatalf("disconnect: %v", e)
 	}
 }

@@ -242,4 +242,7 @@ type Socket struct {
 	Since       time.Time // when it was indexed
 	LocalKnown  bool      // false for a connected UDP socket that never sent
 	Seeded      bool      // found by the start-up sweep
+	// KeepsPort: a UDP socket that would keep its local port if it
+	// disconnected, so a SOCK_DESTROY by its old tuple could still find it.
+	KeepsPort bool
 }

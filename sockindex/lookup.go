@@ -13,6 +13,7 @@ import (
 const (
 	flagLocalUnknown = 1 // ENTRY_LOCAL_UNKNOWN
 	flagSeeded       = 2 // ENTRY_SEEDED
+	flagBound        = 4 // ENTRY_BOUND
 )
 
 // Lookup returns the sockets connected to one backend. It visits that
@@ -160,6 +161,7 @@ func socketOf(k *indexBackend, e *indexEntry, boot time.Time) Socket {
 		Since:       boot.Add(time.Duration(e.SinceNs)),
 		LocalKnown:  e.Flags&flagLocalUnknown == 0,
 		Seeded:      e.Flags&flagSeeded != 0,
+		KeepsPort:   e.Flags&flagBound != 0,
 	}
 	if s.LocalKnown {
 		s.Local = netip.AddrPortFrom(netip.AddrFrom16(e.Local).Unmap(), e.LocalPort)

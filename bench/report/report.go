@@ -222,12 +222,15 @@ func yes(b bool) string {
 // sockets on the host for each method and protocol.
 func Reap(dir string, res []bench.ReapResult) error {
 	var md strings.Builder
-	fmt.Fprintf(&md, "| proto | sockets on host | method | destroyed | median us | min us | max us | lookup us | netns us | destroy us |\n")
-	fmt.Fprintf(&md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&md, "| proto | sockets on host | method | rounds | destroyed (worst round) | missed (all rounds) | median us | min us | max us | lookup us | netns us | destroy us |\n")
+	fmt.Fprintf(&md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	series := map[string][]xy{}
 	for _, r := range res {
-		fmt.Fprintf(&md, "| %s | %d | %s | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", r.Proto, r.Sockets, r.Method, r.Destroyed,
-			us(r.Took), us(r.Min), us(r.Max), us(r.Lookup), us(r.Resolve), us(r.Destroy))
+		fmt.Fprintf(&md, "| %s | %d | %s | %d | %d | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", r.Proto, r.Sockets, r.Method, r.Rounds,
+			r.Destroyed, r.Missed, us(r.Took), us(r.Min), us(r.Max), us(r.Lookup), us(r.Resolve), us(r.Destroy))
+		for _, f := range r.Failed {
+			fmt.Fprintf(&md, "\n%s %s at %d sockets failed: %s\n\n", r.Proto, r.Method, r.Sockets, f)
+		}
 		name := r.Proto + " " + r.Method
 		series[name] = append(series[name], xy{float64(r.Sockets), us(r.Took)})
 	}

@@ -28,6 +28,7 @@ struct backend_state {
 enum entry_flags {
 	ENTRY_LOCAL_UNKNOWN = 1, /* connected UDP that has not sent yet: no local port */
 	ENTRY_SEEDED = 2,        /* found by the start-up sweep, not by a hook */
+	ENTRY_BOUND = 4,         /* UDP: had its port before connect, keeps it on disconnect */
 };
 
 /* One indexed socket: what a SOCK_DESTROY request needs. */

@@ -70,11 +70,17 @@ UDP first, then TCP. A million TCP sockets take a few GiB of kernel memory.`,
 				return writeJSON(e.stdout, res)
 			}
 			w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(w, "proto\tsockets\tmethod\tdestroyed\tmedian\tmin\tmax\t")
+			fmt.Fprintln(w, "proto\tsockets\tmethod\tdestroyed\tmissed\tmedian\tmin\tmax\t")
 			for _, r := range res {
-				fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%v\t%v\t%v\t\n", r.Proto, r.Sockets, r.Method, r.Destroyed, r.Took, r.Min, r.Max)
+				fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%d\t%v\t%v\t%v\t\n", r.Proto, r.Sockets, r.Method, r.Destroyed, r.Missed, r.Took, r.Min, r.Max)
 			}
-			return w.Flush()
+			w.Flush()
+			for _, r := range res {
+				for _, f := range r.Failed {
+					fmt.Fprintf(e.stdout, "%s %s at %d sockets failed: %s\n", r.Proto, r.Method, r.Sockets, f)
+				}
+			}
+			return nil
 		},
 	}
 	c.Flags().StringVar(&sizes, "sizes", "100,1000,10000,100000", "sockets on the host at each step (1000000 works; give it memory)")
