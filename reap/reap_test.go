@@ -227,7 +227,9 @@ func TestReapSparesDisconnectedUDP(t *testing.T) {
 			}
 			t.Cleanup(func() { unix.Close(fd) })
 			if bind {
-				if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+				// An explicit port survives the disconnect, and the
+				// wildcard address then matches any tuple with it.
+				if err := unix.Bind(fd, &unix.SockaddrInet4{Port: 7555}); err != nil {
 					t.Fatal(err)
 				}
 			}
