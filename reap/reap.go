@@ -60,12 +60,15 @@ type Socket struct {
 
 // Result says what a reap did and how long each part took.
 type Result struct {
-	Target     string        `json:"target"`
-	Method     Method        `json:"method"`
-	Fallback   string        `json:"fallback,omitempty"` // why the iterators ran
-	DryRun     bool          `json:"dry_run"`
-	Sockets    []Socket      `json:"sockets"`
-	Gone       int           `json:"gone"` // indexed but closed or reconnected by the time of the reap
+	Target   string   `json:"target"`
+	Method   Method   `json:"method"`
+	Fallback string   `json:"fallback,omitempty"` // why the iterators ran
+	DryRun   bool     `json:"dry_run"`
+	Sockets  []Socket `json:"sockets"`
+	Gone     int      `json:"gone"` // indexed but closed or reconnected by the time of the reap
+	// NotIndexed counts sockets the index could not take since it was
+	// enabled (a map was full): a reap by index may miss some of them.
+	NotIndexed uint64        `json:"not_indexed,omitempty"`
 	Namespaces int           `json:"namespaces"`
 	Took       time.Duration `json:"took_ns"`
 	Lookup     time.Duration `json:"lookup_ns"`  // finding the sockets
@@ -161,6 +164,12 @@ func (rp *Reaper) reap(ctx context.Context, t Target, opts Options, res *Result)
 		return err
 	}
 	res.Lookup = time.Since(t0)
+	// Read after the destroys: it does not hold them up.
+	defer func() {
+		if c, err := rp.ix.Counters(); err == nil {
+			res.NotIndexed = c.Full
+		}
+	}()
 
 	byNetns := map[uint64][]sockindex.Socket{}
 	for _, s := range found {

@@ -5,11 +5,13 @@
 #include <bpf/bpf_helpers.h>
 #include "index_keys.h"
 
-#define MAX_INDEXED (4 << 20)
-#define MAX_BACKENDS (1 << 20)
+/* Hash maps cost 16 bytes per bucket up front (one per max entry, rounded
+ * up to a power of two) and about 128 bytes per entry in use. */
+#define MAX_INDEXED (2 << 20)
+#define MAX_BACKENDS (1 << 18)
 #define MAX_NETNS 65536
 
-/* Entries are allocated on demand: a preallocated 4M-entry map would pin
+/* Entries are allocated on demand: a preallocated 2M-entry map would pin
  * hundreds of MiB whether or not it is used. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

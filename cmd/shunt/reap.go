@@ -80,6 +80,9 @@ func printReap(e *env, res *reap.Result) error {
 	if res.Fallback != "" {
 		fmt.Fprintf(e.stderr, "shunt: %s: searching every socket of every namespace instead\n", res.Fallback)
 	}
+	if res.NotIndexed > 0 {
+		fmt.Fprintf(e.stderr, "shunt: warning: %d sockets could not be indexed (index full) and may be missed: --method iter searches them all\n", res.NotIndexed)
+	}
 	verb := "destroyed"
 	if res.DryRun {
 		verb = "would destroy"

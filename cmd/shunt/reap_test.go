@@ -131,4 +131,3 @@ func TestReapErrors(t *testing.T) {
 		oneLine(t, out, "run shunt as root")
 	})
 }
-
