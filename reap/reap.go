@@ -117,7 +117,9 @@ func Reap(ctx context.Context, t Target, opts Options) (*Result, error) {
 		rp := NewReaper(ix)
 		defer rp.Close()
 		res.Method = Index
-		return res, rp.reap(ctx, t, opts, res)
+		err = rp.reap(ctx, t, opts, res)
+		rp.noteFull(res)
+		return res, err
 	}
 	return nil, fmt.Errorf("unknown method %q", opts.Method)
 }
@@ -154,7 +156,16 @@ func (rp *Reaper) Reap(ctx context.Context, t Target, opts Options) (*Result, er
 	start := time.Now()
 	err := rp.reap(ctx, t, opts, res)
 	res.Took = time.Since(start)
+	rp.noteFull(res)
 	return res, err
+}
+
+// noteFull reports sockets the index could not take; read after the clock
+// stopped, as it does not hold up the destroys.
+func (rp *Reaper) noteFull(res *Result) {
+	if c, err := rp.ix.Counters(); err == nil {
+		res.NotIndexed = c.Full
+	}
 }
 
 func (rp *Reaper) reap(ctx context.Context, t Target, opts Options, res *Result) error {
@@ -164,12 +175,6 @@ func (rp *Reaper) reap(ctx context.Context, t Target, opts Options, res *Result)
 		return err
 	}
 	res.Lookup = time.Since(t0)
-	// Read after the destroys: it does not hold them up.
-	defer func() {
-		if c, err := rp.ix.Counters(); err == nil {
-			res.NotIndexed = c.Full
-		}
-	}()
 
 	byNetns := map[uint64][]sockindex.Socket{}
 	for _, s := range found {
