@@ -390,3 +390,38 @@ int shunt_index_seed_udp(struct bpf_iter__udp *ctx)
 		seed(ctx->meta, sk, IPPROTO_UDP);
 	return 0;
 }
+
+/* Reads FIND_SLOTS slots of a backend in one BPF_PROG_RUN. Each output has
+ * a fixed place in the context (variable context offsets are not allowed). */
+SEC("syscall")
+int shunt_index_find(struct find_ctx *ctx)
+{
+	struct backend b;
+	__builtin_memcpy(&b, &ctx->backend, sizeof(b));
+	ctx->present = 0;
+	struct backend_state *bs = bpf_map_lookup_elem(&backends, &b);
+	if (!bs) {
+		ctx->high = 0;
+		return 0;
+	}
+	__u32 high = bs->high;
+	ctx->high = high;
+
+	struct slot_key k = {};
+	k.backend = b;
+	__u32 start = ctx->start;
+	__u32 present = 0;
+#pragma unroll
+	for (int i = 0; i < FIND_SLOTS; i++) {
+		k.slot = start + i;
+		if (k.slot >= high)
+			break;
+		struct entry *e = bpf_map_lookup_elem(&sock_index, &k);
+		if (e) {
+			__builtin_memcpy(&ctx->out[i], e, sizeof(*e));
+			present |= 1u << i;
+		}
+	}
+	ctx->present = present;
+	return 0;
+}

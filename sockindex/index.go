@@ -33,9 +33,7 @@ const (
 	progsDir = "progs"
 )
 
-// The iterators of the start-up sweep are pinned too: a later `index enable`
-// of an existing index does not need them, but tests and `reap` can check
-// that the install is whole by their presence.
+// The hooks that keep the index, each pinned as a cgroup link.
 var hooks = []struct {
 	name   string
 	attach ebpf.AttachType
@@ -52,6 +50,7 @@ var hooks = []struct {
 type Index struct {
 	dir  string
 	maps indexMaps
+	find *ebpf.Program // reads a backend's slots in one run
 }
 
 // Dir returns the pin directory.
@@ -92,7 +91,7 @@ func build(dir string, cg host.Cgroup) (int, error) {
 	}
 	defer objs.Close()
 
-	for _, d := range []string{mapsDir, linksDir} {
+	for _, d := range []string{mapsDir, linksDir, progsDir} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			return 0, err
 		}
@@ -101,6 +100,9 @@ func build(dir string, cg host.Cgroup) (int, error) {
 		if err := m.Pin(filepath.Join(dir, mapsDir, name)); err != nil {
 			return 0, fmt.Errorf("pin map %s: %w", name, err)
 		}
+	}
+	if err := objs.ShuntIndexFind.Pin(filepath.Join(dir, progsDir, "find")); err != nil {
+		return 0, fmt.Errorf("pin find program: %w", err)
 	}
 	for _, h := range hooks {
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: h.attach, Program: h.prog(&objs.indexPrograms)})
@@ -174,11 +176,20 @@ func Open(dir string) (*Index, error) {
 		}
 		*dst = m
 	}
+	p, err := ebpf.LoadPinnedProgram(filepath.Join(dir, progsDir, "find"), nil)
+	if err != nil {
+		ix.Close()
+		return nil, fmt.Errorf("open pinned find program: %w", err)
+	}
+	ix.find = p
 	return ix, nil
 }
 
 // Close releases this process's handles; the pinned index stays.
 func (ix *Index) Close() error {
+	if ix.find != nil {
+		ix.find.Close()
+	}
 	return ix.maps.Close()
 }
 

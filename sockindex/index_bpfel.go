@@ -40,6 +40,15 @@ type indexEntry struct {
 	OwnerTgid   uint32
 }
 
+type indexFindCtx struct {
+	_       structs.HostLayout
+	Backend indexBackend
+	Start   uint32
+	High    uint32
+	Present uint32
+	Out     [32]indexEntry
+}
+
 type indexIndexConfig struct {
 	_           structs.HostLayout
 	CgroupId    uint64
@@ -73,6 +82,7 @@ const (
 	indexProgShuntIndexConnect4 = "shunt_index_connect4"
 	indexProgShuntIndexConnect6 = "shunt_index_connect6"
 	indexProgShuntIndexEgress   = "shunt_index_egress"
+	indexProgShuntIndexFind     = "shunt_index_find"
 	indexProgShuntIndexRelease  = "shunt_index_release"
 	indexProgShuntIndexSeedTcp  = "shunt_index_seed_tcp"
 	indexProgShuntIndexSeedUdp  = "shunt_index_seed_udp"
@@ -125,6 +135,7 @@ type indexProgramSpecs struct {
 	ShuntIndexConnect4 *ebpf.ProgramSpec `ebpf:"shunt_index_connect4"`
 	ShuntIndexConnect6 *ebpf.ProgramSpec `ebpf:"shunt_index_connect6"`
 	ShuntIndexEgress   *ebpf.ProgramSpec `ebpf:"shunt_index_egress"`
+	ShuntIndexFind     *ebpf.ProgramSpec `ebpf:"shunt_index_find"`
 	ShuntIndexRelease  *ebpf.ProgramSpec `ebpf:"shunt_index_release"`
 	ShuntIndexSeedTcp  *ebpf.ProgramSpec `ebpf:"shunt_index_seed_tcp"`
 	ShuntIndexSeedUdp  *ebpf.ProgramSpec `ebpf:"shunt_index_seed_udp"`
@@ -203,6 +214,7 @@ type indexPrograms struct {
 	ShuntIndexConnect4 *ebpf.Program `ebpf:"shunt_index_connect4"`
 	ShuntIndexConnect6 *ebpf.Program `ebpf:"shunt_index_connect6"`
 	ShuntIndexEgress   *ebpf.Program `ebpf:"shunt_index_egress"`
+	ShuntIndexFind     *ebpf.Program `ebpf:"shunt_index_find"`
 	ShuntIndexRelease  *ebpf.Program `ebpf:"shunt_index_release"`
 	ShuntIndexSeedTcp  *ebpf.Program `ebpf:"shunt_index_seed_tcp"`
 	ShuntIndexSeedUdp  *ebpf.Program `ebpf:"shunt_index_seed_udp"`
@@ -214,6 +226,7 @@ func (p *indexPrograms) Close() error {
 		p.ShuntIndexConnect4,
 		p.ShuntIndexConnect6,
 		p.ShuntIndexEgress,
+		p.ShuntIndexFind,
 		p.ShuntIndexRelease,
 		p.ShuntIndexSeedTcp,
 		p.ShuntIndexSeedUdp,

@@ -223,3 +223,29 @@ func TestNoEntriesLeftAfterCycles(t *testing.T) {
 		}
 	}
 }
+
+// A lookup reads a backend's slots in runs of 32: a backend with more
+// sockets than that is read whole, and each socket once.
+func TestLookupManySockets(t *testing.T) {
+	testenv.RequireRoot(t)
+	cg := testenv.MustCgroup(t)
+	ix := mustIndex(t, cg)
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	want := map[uint64]bool{}
+	for range 75 {
+		want[testenv.Cookie(t, udpDial(t, side, "127.0.0.1:9"))] = true
+	}
+	got, err := ix.Lookup(sockindex.Backend{Addr: netip.MustParseAddr("127.0.0.1"), Port: 9, Proto: sockindex.UDP})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Errorf("lookup found %d sockets, want %d", len(got), len(want))
+	}
+	for _, s := range got {
+		if !want[s.Cookie] {
+			t.Errorf("unexpected or repeated socket %+v", s)
+		}
+		delete(want, s.Cookie)
+	}
+}

@@ -1,7 +1,6 @@
 package sockindex
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -17,30 +16,32 @@ const (
 )
 
 // Lookup returns the sockets connected to one backend. It visits that
-// backend's slots only.
+// backend's slots only, FIND_SLOTS of them per BPF_PROG_RUN.
 func (ix *Index) Lookup(b Backend) ([]Socket, error) {
-	var st indexBackendState
-	k := b.key()
-	if err := ix.maps.Backends.Lookup(&k, &st); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("look up backend: %w", err)
-	}
-	boot := bootTime()
+	var boot time.Time
 	var out []Socket
-	var e indexEntry
-	for slot := uint32(0); slot < st.High; slot++ {
-		sk := indexSlotKey{Backend: k, Slot: slot}
-		if err := ix.maps.SockIndex.Lookup(&sk, &e); err != nil {
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
+	key := b.key()
+	fc := newFindCtx(&key)
+	for start := uint32(0); ; start += findSlots {
+		fc.setStart(start)
+		if _, err := ix.find.Run(&ebpf.RunOptions{Context: fc.buf, ContextOut: fc.buf}); err != nil {
+			return nil, fmt.Errorf("look up backend: %w", err)
+		}
+		present := fc.present()
+		for i := 0; present != 0 && i < int(findSlots); i++ {
+			if present&(1<<i) == 0 {
 				continue
 			}
-			return nil, fmt.Errorf("look up index slot: %w", err)
+			if boot.IsZero() {
+				boot = bootTime()
+			}
+			e := fc.entry(i)
+			out = append(out, socketOf(&key, &e, boot))
 		}
-		out = append(out, socketOf(&sk.Backend, &e, boot))
+		if start+findSlots >= fc.high() {
+			return out, nil
+		}
 	}
-	return out, nil
 }
 
 // Find returns the sockets connected to addr on port (any port if 0) for

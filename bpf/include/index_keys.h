@@ -43,6 +43,18 @@ struct entry {
 	__u32 owner_tgid;  /* process that connected, 0 if unknown */
 };
 
+/* In and out of shunt_index_find (BPF_PROG_RUN): one run reads FIND_SLOTS
+ * slots of a backend, where one map lookup per slot would be one syscall. */
+#define FIND_SLOTS 32
+
+struct find_ctx {
+	struct backend backend; /* in */
+	__u32 start;            /* in: first slot */
+	__u32 high;             /* out: the backend's high-water mark (0: unknown backend) */
+	__u32 present;          /* out: bit i set if slot start+i holds out[i] */
+	struct entry out[FIND_SLOTS];
+};
+
 /* Per socket (sk_storage): where its entry is, so close can remove it. */
 struct sock_slot {
 	struct slot_key key;
