@@ -24,6 +24,9 @@ type ReapConfig struct {
 	Sizes   []int    // total sockets on the host (background + victims)
 	Netns   int      // namespaces the sockets are spread over
 	Victims int      // sockets connected to the reaped backend
+	// VictimNetns is how many namespaces the victims are spread over (one
+	// request batch per namespace); 0 means one victim per namespace.
+	VictimNetns int
 	Protos  []string // "udp", "tcp"
 	Rounds  int
 }
@@ -237,6 +240,10 @@ func (w *reapWorld) measure(ctx context.Context, ix *sockindex.Index, n int, cfg
 		proto = sockindex.UDP
 	}
 	target := reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: reapBackendPort, Protos: []sockindex.Proto{proto}}
+	spread := len(w.nss)
+	if cfg.VictimNetns > 0 {
+		spread = min(spread, cfg.VictimNetns)
+	}
 	rp := reap.NewReaper(ix)
 	defer rp.Close()
 	samples := map[reap.Method][]*reap.Result{}
@@ -245,7 +252,7 @@ func (w *reapWorld) measure(ctx context.Context, ix *sockindex.Index, n int, cfg
 		for _, m := range []reap.Method{reap.Index, reap.Iter} {
 			var victims []int
 			for i := 0; i < cfg.Victims; i++ {
-				fds, err := w.dial(w.nss[i%len(w.nss)], reapBackendPort, 1, true)
+				fds, err := w.dial(w.nss[i%spread], reapBackendPort, 1, true)
 				if err != nil {
 					closeAll(victims)
 					return nil, err

@@ -130,6 +130,18 @@ static __always_inline void withdraw(struct bpf_sock_ops *skops)
 		bpf_map_delete_elem(&peer_refs, &st->self);
 }
 
+/* MSG_ZEROCOPY completions are never queued for a socket whose sends go
+ * through sk_msg, so a socket that may send that way (SO_ZEROCOPY, set before
+ * connect or on the listener) keeps its connection on TCP. */
+static __always_inline int uses_zerocopy(struct bpf_sock *sk)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return 0;
+	unsigned long flags = BPF_CORE_READ((struct sock *)tp, __sk_common.skc_flags);
+	return (flags >> bpf_core_enum_value(enum sock_flags, SOCK_ZEROCOPY)) & 1;
+}
+
 static __always_inline void client_established(struct bpf_sock_ops *skops)
 {
 	struct tuple t = {};
@@ -145,6 +157,12 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 	struct bpf_sock *sk = skops->sk;
 	if (!sk)
 		return;
+	if (uses_zerocopy(sk)) {
+		/* Unclaimed, the registration pairs nobody: the server's
+		 * PASSIVE_ESTABLISHED finds it unclaimed and drops it. */
+		count(CNT_ZEROCOPY);
+		return;
+	}
 
 	__u64 netns = bpf_get_netns_cookie(skops);
 	struct sock_key self = { .netns = netns, .tuple = t, .role = ROLE_CLIENT };
@@ -171,6 +189,15 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 	publish(skops, sk, &self);
 }
 
+/* The server declines a connection its client already joined: take the
+ * client out of the sockhash again, so it runs as plain TCP. Safe: only this
+ * server could have redirected bytes to it, and it never did. */
+static __always_inline void release_client(struct sock_key *client)
+{
+	bpf_map_delete_elem(&sock_hash, client);
+	bpf_map_delete_elem(&peer_refs, client);
+}
+
 static __always_inline void server_established(struct bpf_sock_ops *skops)
 {
 	struct tuple t = {};
@@ -192,12 +219,19 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 		count(CNT_UNPAIRED);
 		return;
 	}
+	if (uses_zerocopy(sk)) {
+		release_client(&peer);
+		count(CNT_ZEROCOPY);
+		return;
+	}
 	if (!new_state(sk, &self, &peer)) {
+		release_client(&peer);
 		count(CNT_INSERT_FAILED);
 		return;
 	}
 	if (bpf_sock_hash_update(skops, &sock_hash, &self, BPF_NOEXIST)) {
 		bpf_sk_storage_delete(&sock_states, sk);
+		release_client(&peer);
 		count(CNT_INSERT_FAILED);
 		return;
 	}
@@ -352,6 +386,11 @@ int shunt_iter_flows(struct bpf_iter__bpf_sk_storage_map *ctx)
 	struct sock *sk = ctx->sk;
 	struct sock_state *st = ctx->value;
 	if (!sk || !st)
+		return 0;
+
+	/* A client whose server declined (release_client) keeps its storage
+	 * until it closes but is no longer in the sockhash: not a flow. */
+	if (!BPF_CORE_READ(sk, sk_user_data))
 		return 0;
 
 	struct flow_record r = {};

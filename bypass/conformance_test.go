@@ -27,6 +27,8 @@ import (
 // transcript records what an application observed, in order.
 type transcript struct{ lines []string }
 
+func (tr *transcript) String() string { return strings.Join(tr.lines, "\n") }
+
 func (tr *transcript) add(format string, args ...any) {
 	tr.lines = append(tr.lines, fmt.Sprintf(format, args...))
 }
@@ -280,7 +282,7 @@ func TestConformance(t *testing.T) {
 					t.Fatalf("the shunt run was not bypassed: it compared TCP with TCP")
 				}
 			}
-			if p, b := strings.Join(got[0].lines, "\n"), strings.Join(got[1].lines, "\n"); p != b {
+			if p, b := got[0].String(), got[1].String(); p != b {
 				t.Errorf("application saw something else through shunt\n--- plain TCP:\n%s\n--- shunt:\n%s", p, b)
 			}
 		})

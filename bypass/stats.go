@@ -28,6 +28,7 @@ type Counters struct {
 	InsertFailed uint64 `json:"insert_failed"`          // socket storage or sockhash insert failed
 	FallenBack   uint64 `json:"directions_fallen_back"` // directions that left the redirect path
 	Throttled    uint64 `json:"directions_throttled"`   // ... of which because their reader fell behind
+	Zerocopy     uint64 `json:"connections_zerocopy"`   // left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -81,11 +82,12 @@ func (in *Install) Stats() (Stats, error) {
 	s.Counters = Counters{
 		Registered: sum(0), Ambiguous: sum(1), RegistryFull: sum(2), Paired: sum(3),
 		Unpaired: sum(4), InsertFailed: sum(5), FallenBack: sum(6), Throttled: sum(7),
+		Zerocopy: sum(8),
 	}
 	return s, nil
 }
 
-const cntMax = 8 // enum counter in bpf/include/shunt_keys.h
+const cntMax = 9 // enum counter in bpf/include/shunt_keys.h
 
 func maxEntries(m *ebpf.Map) uint32 {
 	if m.Type() == ebpf.SkStorage {

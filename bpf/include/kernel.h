@@ -62,6 +62,7 @@ struct sock_common {
 	possible_net_t skc_net;
 	struct in6_addr skc_v6_daddr;
 	struct in6_addr skc_v6_rcv_saddr;
+	unsigned long skc_flags; /* sk_flags */
 };
 
 struct socket;
@@ -128,6 +129,11 @@ struct bpf_iter__udp {
 };
 
 #pragma clang attribute pop
+
+/* include/net/sock.h; the value is relocated against the running kernel. */
+enum sock_flags {
+	SOCK_ZEROCOPY = 18,
+};
 
 /* include/net/tcp_states.h; a connected UDP socket is "ESTABLISHED" too. */
 enum {

@@ -92,5 +92,6 @@ enum counter {
 	CNT_INSERT_FAILED,
 	CNT_FALLBACK,   /* directions moved to TCP for good */
 	CNT_THROTTLED,  /* times a direction was throttled */
+	CNT_ZEROCOPY,   /* connections left on TCP: an end set SO_ZEROCOPY */
 	CNT_MAX,
 };

@@ -47,8 +47,8 @@ UDP first, then TCP. A million TCP sockets take a few GiB of kernel memory.`,
 				}
 				cfg.Protos = append(cfg.Protos, p)
 			}
-			if cfg.Netns < 1 || cfg.Victims < 1 || cfg.Rounds < 1 {
-				return usageError{fmt.Errorf("--netns, --victims and --rounds must be positive")}
+			if cfg.Netns < 1 || cfg.Victims < 1 || cfg.Rounds < 1 || cfg.VictimNetns < 0 {
+				return usageError{fmt.Errorf("--netns, --victims and --rounds must be positive, --victim-netns not negative")}
 			}
 			if err := host.CheckPrivileges(); err != nil {
 				return err
@@ -86,6 +86,7 @@ UDP first, then TCP. A million TCP sockets take a few GiB of kernel memory.`,
 	c.Flags().StringVar(&sizes, "sizes", "100,1000,10000,100000", "sockets on the host at each step (1000000 works; give it memory)")
 	c.Flags().IntVar(&cfg.Netns, "netns", 100, "namespaces the sockets are spread over")
 	c.Flags().IntVar(&cfg.Victims, "victims", 10, "sockets connected to the backend that is reaped")
+	c.Flags().IntVar(&cfg.VictimNetns, "victim-netns", 0, "namespaces the victims are spread over (default: one victim per namespace)")
 	c.Flags().StringVar(&proto, "proto", "udp,tcp", "protocols, in order")
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 5, "reaps per method and size (interleaved)")
 	c.Flags().StringVar(&out, "out", "", "write reap.md, reap.json and reap.png to this directory")

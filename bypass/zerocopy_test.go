@@ -1,0 +1,155 @@
+package bypass_test
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// MSG_ZEROCOPY completions never come for a socket whose sends go through
+// sk_msg, so a connection with an SO_ZEROCOPY end must stay on TCP: set on
+// the client before connect, or on the listener (accepted sockets inherit
+// it). The application must see the same data and the same completions as
+// over plain TCP.
+func TestZerocopyStaysOnTCP(t *testing.T) {
+	in, enabled := mustInstall(t)
+	plain := testenv.MustCgroup(t)
+	for _, who := range []string{"client", "server"} {
+		t.Run(who+" sets SO_ZEROCOPY", func(t *testing.T) {
+			var got [2]transcript
+			for i, cg := range []host.Cgroup{plain, enabled} {
+				side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+				before := counters(t, in)
+				c, s := zerocopyPair(t, side, who)
+				sender, receiver := c, s
+				if who == "server" {
+					sender, receiver = s, c
+				}
+				zerocopyExchange(t, &got[i], sender, receiver)
+				if i == 1 {
+					after := counters(t, in)
+					if after.Paired != before.Paired || after.Zerocopy != before.Zerocopy+1 {
+						t.Errorf("counters before %+v after %+v: want the connection left on TCP and counted", before, after)
+					}
+					if f := flowOf(t, in, testenv.Cookie(t, c)); f != nil {
+						t.Errorf("the client is still listed as bypassed: %+v", f)
+					}
+				}
+			}
+			if p, b := got[0].String(), got[1].String(); p != b {
+				t.Errorf("application saw something else through shunt\n--- plain TCP:\n%s\n--- shunt:\n%s", p, b)
+			}
+		})
+	}
+}
+
+func counters(t *testing.T, in *bypass.Install) bypass.Counters {
+	t.Helper()
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Counters
+}
+
+func setZerocopy(_, _ string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ZEROCOPY, 1) })
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+// zerocopyPair connects a client and a server in side, with SO_ZEROCOPY set
+// before connect on the client or before listen on the server.
+func zerocopyPair(t *testing.T, side testenv.Side, who string) (c, s *net.TCPConn) {
+	t.Helper()
+	lc := net.ListenConfig{}
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if who == "server" {
+		lc.Control = setZerocopy
+	} else {
+		d.Control = setZerocopy
+	}
+	var ln net.Listener
+	var conn net.Conn
+	var err error
+	side.Make(t, func() {
+		if ln, err = lc.Listen(context.Background(), "tcp4", "127.0.0.1:0"); err != nil {
+			return
+		}
+		conn, err = d.Dial("tcp4", ln.Addr().String())
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	t.Cleanup(func() { conn.Close() })
+	s = testenv.Accept(t, ln.(*net.TCPListener))
+	return conn.(*net.TCPConn), s
+}
+
+// zerocopyExchange sends three messages with MSG_ZEROCOPY and records what
+// arrived and which completions the error queue reported.
+func zerocopyExchange(t *testing.T, tr *transcript, sender, receiver *net.TCPConn) {
+	msgs := []string{"zero ", "copy ", "please"}
+	rawFD(t, sender, func(fd int) {
+		for _, m := range msgs {
+			_, err := unix.SendmsgN(fd, []byte(m), nil, nil, unix.MSG_ZEROCOPY)
+			tr.add("send %q err=%v", m, errName(err))
+		}
+	})
+	receiver.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, len("zero copy please"))
+	n, err := io.ReadFull(receiver, buf)
+	tr.add("received %q err=%v", buf[:n], errName(err))
+
+	// Completions name ranges of send calls, 0-based.
+	var done uint32
+	deadline := time.Now().Add(2 * time.Second)
+	rawFD(t, sender, func(fd int) {
+		for done < uint32(len(msgs)) && time.Now().Before(deadline) {
+			lo, hi, ok := readCompletion(fd)
+			if !ok {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			if lo == done {
+				done = hi + 1
+			}
+		}
+	})
+	tr.add("completions cover %d of %d sends", done, len(msgs))
+}
+
+// readCompletion reads one MSG_ZEROCOPY notification from the error queue.
+func readCompletion(fd int) (lo, hi uint32, ok bool) {
+	oob := make([]byte, 128)
+	_, oobn, _, _, err := unix.Recvmsg(fd, nil, oob, unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT)
+	if err != nil {
+		return 0, 0, false
+	}
+	cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		return 0, 0, false
+	}
+	for _, m := range cmsgs {
+		// struct sock_extended_err: errno u32, origin u8, type u8, code u8,
+		// pad u8, info u32 (first send), data u32 (last send).
+		if len(m.Data) >= 16 && m.Data[4] == unix.SO_EE_ORIGIN_ZEROCOPY {
+			return binary.NativeEndian.Uint32(m.Data[8:]), binary.NativeEndian.Uint32(m.Data[12:]), true
+		}
+	}
+	return 0, 0, false
+}
