@@ -21,14 +21,14 @@ import (
 // ReapConfig is the RFC "bpf: Efficient socket destruction" table: sockets
 // spread over namespaces, destroy a few, by the index and by iterators.
 type ReapConfig struct {
-	Sizes   []int    // total sockets on the host (background + victims)
-	Netns   int      // namespaces the sockets are spread over
-	Victims int      // sockets connected to the reaped backend
+	Sizes   []int // total sockets on the host (background + victims)
+	Netns   int   // namespaces the sockets are spread over
+	Victims int   // sockets connected to the reaped backend
 	// VictimNetns is how many namespaces the victims are spread over (one
 	// request batch per namespace); 0 means one victim per namespace.
 	VictimNetns int
-	Protos  []string // "udp", "tcp"
-	Rounds  int
+	Protos      []string // "udp", "tcp"
+	Rounds      int
 }
 
 // ReapResult is one method at one size: medians over rounds.

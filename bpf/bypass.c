@@ -48,6 +48,12 @@ static __always_inline void register_handshake(struct bpf_sock_ops *skops)
 	struct tuple t = {};
 	if (tuple_from_skops(skops, &t, 0))
 		return;
+	/* Unregistered, the connection is never paired: its client finds
+	 * nothing to claim and both ends stay plain TCP. */
+	if (bpf_map_lookup_elem(&excluded_ports, &t.server_port)) {
+		count(CNT_EXCLUDED);
+		return;
+	}
 
 	__u64 netns = bpf_get_netns_cookie(skops);
 	__u64 now = bpf_ktime_get_ns();

@@ -77,6 +77,7 @@ type bypassTuple struct {
 const (
 	bypassMapControl          = "control"
 	bypassMapCounters         = "counters"
+	bypassMapExcludedPorts    = "excluded_ports"
 	bypassMapHandshakes       = "handshakes"
 	bypassMapPeerRefs         = "peer_refs"
 	bypassMapSockHash         = "sock_hash"
@@ -143,12 +144,13 @@ type bypassProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassMapSpecs struct {
-	Control    *ebpf.MapSpec `ebpf:"control"`
-	Counters   *ebpf.MapSpec `ebpf:"counters"`
-	Handshakes *ebpf.MapSpec `ebpf:"handshakes"`
-	PeerRefs   *ebpf.MapSpec `ebpf:"peer_refs"`
-	SockHash   *ebpf.MapSpec `ebpf:"sock_hash"`
-	SockStates *ebpf.MapSpec `ebpf:"sock_states"`
+	Control       *ebpf.MapSpec `ebpf:"control"`
+	Counters      *ebpf.MapSpec `ebpf:"counters"`
+	ExcludedPorts *ebpf.MapSpec `ebpf:"excluded_ports"`
+	Handshakes    *ebpf.MapSpec `ebpf:"handshakes"`
+	PeerRefs      *ebpf.MapSpec `ebpf:"peer_refs"`
+	SockHash      *ebpf.MapSpec `ebpf:"sock_hash"`
+	SockStates    *ebpf.MapSpec `ebpf:"sock_states"`
 }
 
 // bypassVariableSpecs contains global variables before they are loaded into the kernel.
@@ -179,18 +181,20 @@ func (o *bypassObjects) Close() error {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassMaps struct {
-	Control    *ebpf.Map `ebpf:"control"`
-	Counters   *ebpf.Map `ebpf:"counters"`
-	Handshakes *ebpf.Map `ebpf:"handshakes"`
-	PeerRefs   *ebpf.Map `ebpf:"peer_refs"`
-	SockHash   *ebpf.Map `ebpf:"sock_hash"`
-	SockStates *ebpf.Map `ebpf:"sock_states"`
+	Control       *ebpf.Map `ebpf:"control"`
+	Counters      *ebpf.Map `ebpf:"counters"`
+	ExcludedPorts *ebpf.Map `ebpf:"excluded_ports"`
+	Handshakes    *ebpf.Map `ebpf:"handshakes"`
+	PeerRefs      *ebpf.Map `ebpf:"peer_refs"`
+	SockHash      *ebpf.Map `ebpf:"sock_hash"`
+	SockStates    *ebpf.Map `ebpf:"sock_states"`
 }
 
 func (m *bypassMaps) Close() error {
 	return _BypassClose(
 		m.Control,
 		m.Counters,
+		m.ExcludedPorts,
 		m.Handshakes,
 		m.PeerRefs,
 		m.SockHash,

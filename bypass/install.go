@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -38,7 +39,7 @@ const (
 	skMsgLink  = "sk_msg"
 )
 
-var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs"}
+var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs", "excluded_ports"}
 
 // DefaultMaxBacklog is how many redirected bytes a receiver may hold unread
 // before its writer is moved to TCP, unless the receiver set SO_RCVBUF:
@@ -131,12 +132,13 @@ func build(dir string, opts Options) error {
 
 func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
-		"sock_hash":   m.SockHash,
-		"sock_states": m.SockStates,
-		"handshakes":  m.Handshakes,
-		"control":     m.Control,
-		"counters":    m.Counters,
-		"peer_refs":   m.PeerRefs,
+		"sock_hash":      m.SockHash,
+		"sock_states":    m.SockStates,
+		"handshakes":     m.Handshakes,
+		"control":        m.Control,
+		"counters":       m.Counters,
+		"peer_refs":      m.PeerRefs,
+		"excluded_ports": m.ExcludedPorts,
 	}
 }
 
@@ -273,4 +275,45 @@ func (in *Install) Draining() bool {
 		return false
 	}
 	return v.Draining != 0
+}
+
+// SetExcludedPorts replaces the set of server ports whose new connections
+// stay on TCP. Connections already bypassed are not affected.
+func (in *Install) SetExcludedPorts(ports []uint16) error {
+	m := in.maps["excluded_ports"]
+	old, err := in.ExcludedPorts()
+	if err != nil {
+		return err
+	}
+	keep := map[uint16]bool{}
+	for _, p := range ports {
+		keep[p] = true
+		if err := m.Put(p, uint8(1)); err != nil {
+			return fmt.Errorf("exclude port %d: %w", p, err)
+		}
+	}
+	for _, p := range old {
+		if !keep[p] {
+			if err := m.Delete(p); err != nil {
+				return fmt.Errorf("include port %d again: %w", p, err)
+			}
+		}
+	}
+	return nil
+}
+
+// ExcludedPorts lists the server ports whose connections stay on TCP.
+func (in *Install) ExcludedPorts() ([]uint16, error) {
+	var out []uint16
+	var port uint16
+	var v uint8
+	it := in.maps["excluded_ports"].Iterate()
+	for it.Next(&port, &v) {
+		out = append(out, port)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read excluded ports: %w", err)
+	}
+	slices.Sort(out)
+	return out, nil
 }

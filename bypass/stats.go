@@ -29,6 +29,7 @@ type Counters struct {
 	FallenBack   uint64 `json:"directions_fallen_back"` // directions that left the redirect path
 	Throttled    uint64 `json:"directions_throttled"`   // ... of which because their reader fell behind
 	Zerocopy     uint64 `json:"connections_zerocopy"`   // left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)
+	Excluded     uint64 `json:"connections_excluded"`   // left on TCP: the server port is excluded
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -45,6 +46,8 @@ type Stats struct {
 	Maps     []MapFill `json:"maps"`
 	Counters Counters  `json:"counters"`
 	Draining bool      `json:"draining"`
+	// ExcludedPorts are server ports whose connections stay on TCP.
+	ExcludedPorts []uint16 `json:"excluded_ports"`
 }
 
 // Stats reads map fill and counters.
@@ -79,15 +82,21 @@ func (in *Install) Stats() (Stats, error) {
 		}
 		return t
 	}
+	if s.ExcludedPorts, err = in.ExcludedPorts(); err != nil {
+		return s, err
+	}
+	if s.ExcludedPorts == nil {
+		s.ExcludedPorts = []uint16{}
+	}
 	s.Counters = Counters{
 		Registered: sum(0), Ambiguous: sum(1), RegistryFull: sum(2), Paired: sum(3),
 		Unpaired: sum(4), InsertFailed: sum(5), FallenBack: sum(6), Throttled: sum(7),
-		Zerocopy: sum(8),
+		Zerocopy: sum(8), Excluded: sum(9),
 	}
 	return s, nil
 }
 
-const cntMax = 9 // enum counter in bpf/include/shunt_keys.h
+const cntMax = 10 // enum counter in bpf/include/shunt_keys.h
 
 func maxEntries(m *ebpf.Map) uint32 {
 	if m.Type() == ebpf.SkStorage {

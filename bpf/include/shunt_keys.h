@@ -93,5 +93,6 @@ enum counter {
 	CNT_FALLBACK,   /* directions moved to TCP for good */
 	CNT_THROTTLED,  /* times a direction was throttled */
 	CNT_ZEROCOPY,   /* connections left on TCP: an end set SO_ZEROCOPY */
+	CNT_EXCLUDED,   /* connections left on TCP: server port excluded */
 	CNT_MAX,
 };

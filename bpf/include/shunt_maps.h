@@ -56,3 +56,15 @@ struct {
 	__type(key, struct sock_key);
 	__type(value, struct peer_ref);
 } peer_refs SEC(".maps");
+
+/* Server ports whose connections stay on TCP, set by the user for
+ * applications that read in ways a redirected flow cannot serve (splice(2),
+ * MSG_WAITALL; see docs/TRANSPARENCY.md). */
+#define MAX_EXCLUDED_PORTS 256
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_EXCLUDED_PORTS);
+	__type(key, __u16);
+	__type(value, __u8);
+} excluded_ports SEC(".maps");

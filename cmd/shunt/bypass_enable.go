@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -12,8 +14,9 @@ import (
 
 func newBypassEnableCmd(e *env, g *globals) *cobra.Command {
 	var (
-		cgroupPath string
-		maxBacklog string
+		cgroupPath   string
+		maxBacklog   string
+		excludePorts string
 	)
 	c := &cobra.Command{
 		Use:   "enable [--cgroup PATH]",
@@ -27,24 +30,54 @@ this command exits. Enabling a cgroup twice is harmless.
 Flow control: a receiving socket may hold at most --max-backlog redirected
 bytes its reader has not read (or its SO_RCVBUF, if the application set
 one); past that its writer's sends take the TCP path for good, where TCP
-slows the writer as usual. No byte is lost or reordered by the switch.`,
+slows the writer as usual. No byte is lost or reordered by the switch.
+
+--exclude-ports keeps new connections to those server ports on TCP, for
+applications that read in ways a redirected flow cannot serve on this kernel:
+splice(2) (HAProxy, Go's io.Copy between two TCP connections), MSG_WAITALL
+(see docs/TRANSPARENCY.md). It replaces the list set before; "none" clears it.`,
 		Example: `  shunt bypass enable --cgroup /sys/fs/cgroup/unified/myapp
-  shunt bypass enable            # the root of the cgroup v2 hierarchy`,
+  shunt bypass enable            # the root of the cgroup v2 hierarchy
+  shunt bypass enable --exclude-ports 8080,9000`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			sizes, err := parseSizes("--max-backlog", maxBacklog)
 			if err != nil || len(sizes) != 1 || sizes[0] > 1<<31 {
 				return usageError{fmt.Errorf("--max-backlog: want one size up to 2G, like 8M, got %q", maxBacklog)}
 			}
-			return bypassEnable(c.Context(), e, g, cgroupPath, bypass.Options{MaxBacklog: uint32(sizes[0])})
+			var exclude []uint16
+			if c.Flags().Changed("exclude-ports") {
+				if exclude, err = parsePorts(excludePorts); err != nil {
+					return err
+				}
+			}
+			return bypassEnable(c.Context(), e, g, cgroupPath, bypass.Options{MaxBacklog: uint32(sizes[0])}, exclude)
 		},
 	}
 	c.Flags().StringVar(&cgroupPath, "cgroup", "", "cgroup v2 directory to enable (default: the root of the cgroup v2 hierarchy)")
+	c.Flags().StringVar(&excludePorts, "exclude-ports", "", "server ports whose new connections stay on TCP, comma-separated, or none (replaces the list)")
 	c.Flags().StringVar(&maxBacklog, "max-backlog", "8M", "unread redirected bytes a receiver may hold before its writer moves to TCP (applies when shunt is first installed)")
 	return c
 }
 
-func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, opts bypass.Options) error {
+// parsePorts reads "80,8080" or "none".
+func parsePorts(s string) ([]uint16, error) {
+	ports := []uint16{}
+	if s == "none" {
+		return ports, nil
+	}
+	for _, f := range strings.Split(s, ",") {
+		p, err := strconv.ParseUint(strings.TrimSpace(f), 10, 16)
+		if err != nil || p == 0 {
+			return nil, usageError{fmt.Errorf("--exclude-ports: %q is not a port (1-65535); give a comma-separated list or none", f)}
+		}
+		ports = append(ports, uint16(p))
+	}
+	return ports, nil
+}
+
+// exclude is nil when the list is to stay as it is.
+func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, opts bypass.Options, exclude []uint16) error {
 	if err := host.CheckPrivileges(); err != nil {
 		return err
 	}
@@ -65,6 +98,15 @@ func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, op
 		return err
 	}
 	defer in.Close()
+	// Before attaching: no connection may pair in between.
+	if exclude != nil {
+		if err := in.SetExcludedPorts(exclude); err != nil {
+			if fresh {
+				_ = in.Remove(ctx)
+			}
+			return err
+		}
+	}
 	added, err := in.Attach(cg)
 	if err != nil {
 		if fresh {
@@ -74,6 +116,9 @@ func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, op
 			}
 		}
 		return err
+	}
+	if exclude != nil {
+		fmt.Fprintf(e.stdout, "new connections to server ports %v stay on TCP\n", exclude)
 	}
 	if added {
 		fmt.Fprintf(e.stdout, "bypass enabled for cgroup %s\n", cg.Path)

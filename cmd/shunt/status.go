@@ -90,7 +90,11 @@ func printStatus(e *env, r statusReport) {
 		c := r.Stats.Counters
 		fmt.Fprintf(w, "connections:\t%d paired, %d local peers not paired, %d ambiguous handshakes, %d registry full, %d insert failures\n",
 			c.Paired, c.Unpaired, c.Ambiguous, c.RegistryFull, c.InsertFailed)
-		fmt.Fprintf(w, "fallbacks:\t%d directions moved to the TCP path\n", c.FallenBack)
+		fmt.Fprintf(w, "fallbacks:\t%d directions moved to the TCP path, %d throttled by flow control\n", c.FallenBack, c.Throttled)
+		fmt.Fprintf(w, "kept on TCP:\t%d connections with an SO_ZEROCOPY end, %d to excluded ports\n", c.Zerocopy, c.Excluded)
+		if len(r.Stats.ExcludedPorts) > 0 {
+			fmt.Fprintf(w, "excluded ports:\t%v\n", r.Stats.ExcludedPorts)
+		}
 	}
 	f := r.Features
 	fmt.Fprintf(w, "kernel:\t%s\n", f.Kernel)
