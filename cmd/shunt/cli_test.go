@@ -152,3 +152,41 @@ func TestDisableWaitsForUnreadBytes(t *testing.T) {
 		t.Fatalf("pin dir still there after disable")
 	}
 }
+
+func TestExcludePortsFlag(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	status := func() []uint16 {
+		t.Helper()
+		out, _, code := runShunt(t, nil, "status", "--json", "--pin-dir", pin)
+		var st statusReport
+		if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Stats == nil {
+			t.Fatalf("status --json: exit %d, %q", code, out)
+		}
+		return st.Stats.ExcludedPorts
+	}
+	for _, bad := range []string{"0", "http", "80,,81", "65536"} {
+		_, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin, "--exclude-ports", bad)
+		if code != 2 {
+			t.Errorf("--exclude-ports %q: exit %d, want 2", bad, code)
+		}
+		oneLine(t, stderr, "is not a port")
+	}
+	out, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin, "--exclude-ports", "9000,8080")
+	if code != 0 || !strings.Contains(out, "server ports [9000 8080] stay on TCP") {
+		t.Fatalf("enable: exit %d, %q %q", code, out, stderr)
+	}
+	if got := status(); len(got) != 2 || got[0] != 8080 || got[1] != 9000 {
+		t.Errorf("excluded ports %v, want [8080 9000]", got)
+	}
+	// Enabling again without the flag keeps the list; "none" clears it.
+	runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin)
+	if got := status(); len(got) != 2 {
+		t.Errorf("excluded ports %v after an enable without the flag, want them kept", got)
+	}
+	runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin, "--exclude-ports", "none")
+	if got := status(); len(got) != 0 {
+		t.Errorf("excluded ports %v after none, want none", got)
+	}
+}
