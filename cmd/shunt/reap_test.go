@@ -20,14 +20,23 @@ func TestIndexAndReapEndToEnd(t *testing.T) {
 		return runShunt(t, nil, append(args, "--index-dir", dir)...)
 	}
 
+	// The backend: a port of our own, so that the reaps below (which
+	// search every namespace of the host) touch no other test's sockets.
+	srv, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	backend := srv.LocalAddr().String()
+
 	// No index: list fails with the fix, reap falls back and says so.
 	_, stderr, code := ix("index", "list")
 	if code != 1 {
 		t.Errorf("index list without an index: exit %d, want 1", code)
 	}
 	oneLine(t, stderr, "shunt index enable")
-	stdout, stderr, code := ix("reap", "--backend", "127.0.0.1:9")
-	if code != 0 || !strings.Contains(stderr, "not enabled") || !strings.Contains(stdout, "no socket connected to 127.0.0.1:9 (iter") {
+	stdout, stderr, code := ix("reap", "--backend", backend)
+	if code != 0 || !strings.Contains(stderr, "not enabled") || !strings.Contains(stdout, "no socket connected to "+backend+" (iter") {
 		t.Errorf("reap without an index: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 
@@ -38,12 +47,6 @@ func TestIndexAndReapEndToEnd(t *testing.T) {
 		t.Errorf("index enable said %q", stdout)
 	}
 
-	srv, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	backend := srv.LocalAddr().String()
 	var c *net.UDPConn
 	testenv.InCgroup(t, cg, func() { c, err = net.DialUDP("udp", nil, srv.LocalAddr().(*net.UDPAddr)) })
 	if err != nil {
