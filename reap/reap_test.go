@@ -156,11 +156,15 @@ func testReapExact(t *testing.T, method reap.Method, proto, ip, other string) {
 	hp := func(h string, p int) string { return net.JoinHostPort(h, fmt.Sprint(p)) }
 
 	var victims, bystanders []conn
+	var sides []testenv.Side
+	var targets []*server
 	for range 2 {
 		side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+		sides = append(sides, side)
 		target := mustServer(t, side, proto, hp(ip, port))
 		sameAddr := mustServer(t, side, proto, hp(ip, otherPort))
 		otherAddr := mustServer(t, side, proto, hp(other, port))
+		targets = append(targets, target)
 		for range 3 {
 			victims = append(victims, target.dial(t, side, hp(ip, port)))
 		}
@@ -208,6 +212,29 @@ func testReapExact(t *testing.T, method reap.Method, proto, ip, other string) {
 	}
 	for _, b := range bystanders {
 		alive(t, b)
+	}
+
+	// Sockets connected after the reap are untouched, and the next reap
+	// (a dry run) finds exactly them: nothing of the reaped ones is left.
+	later := map[uint64]conn{}
+	for i, side := range sides {
+		k := targets[i].dial(t, side, hp(ip, port))
+		later[k.cookie] = k
+	}
+	again, err := reap.Reap(context.Background(), target, reap.Options{IndexDir: dir, Method: method, DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Sockets) != len(later) {
+		t.Errorf("dry run after the reap found %d sockets, want the %d made since: %+v", len(again.Sockets), len(later), again.Sockets)
+	}
+	for _, s := range again.Sockets {
+		if _, ok := later[s.Cookie]; !ok || s.Destroyed {
+			t.Errorf("dry run after the reap: unexpected %+v", s)
+		}
+	}
+	for _, k := range later {
+		alive(t, k)
 	}
 }
 
