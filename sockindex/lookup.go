@@ -3,10 +3,14 @@ package sockindex
 import (
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/host"
 )
 
 const (
@@ -175,4 +179,43 @@ func bootTime() time.Time {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts)
 	return time.Now().Add(-time.Duration(ts.Nano()))
+}
+
+// Status is what `shunt status` shows of the index.
+type Status struct {
+	Dir      string   `json:"dir"`
+	CgroupID uint64   `json:"cgroup_id"` // the cgroup whose sockets are indexed
+	Cgroup   string   `json:"cgroup"`    // its path, "" if it was removed
+	Sockets  uint64   `json:"sockets"`   // indexed now
+	Backends int      `json:"backends"`  // backends seen since enable
+	Counters Counters `json:"counters"`
+}
+
+// Status reports the index's cgroup, size and counters.
+func (ix *Index) Status() (Status, error) {
+	st := Status{Dir: ix.dir}
+	var err error
+	if st.Counters, err = ix.Counters(); err != nil {
+		return st, err
+	}
+	st.Sockets = st.Counters.Added - st.Counters.Removed
+	bs, err := ix.Backends()
+	if err != nil {
+		return st, err
+	}
+	st.Backends = len(bs)
+	l, err := link.LoadPinnedLink(filepath.Join(ix.dir, linksDir, "release"), nil)
+	if err != nil {
+		return st, fmt.Errorf("open index link: %w", err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return st, fmt.Errorf("read index link: %w", err)
+	}
+	if cg := info.Cgroup(); cg != nil {
+		st.CgroupID = cg.CgroupId
+		st.Cgroup = host.CgroupPathByID(cg.CgroupId)
+	}
+	return st, nil
 }

@@ -46,6 +46,11 @@ func TestIndexAndReapEndToEnd(t *testing.T) {
 	if !strings.Contains(stdout, "index enabled for cgroup "+cg.Path) {
 		t.Errorf("index enable said %q", stdout)
 	}
+	stdout, _, _ = ix("status", "--json")
+	var st statusReport
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil || st.Index == nil || st.Index.Cgroup != cg.Path || st.Index.Dir != dir {
+		t.Errorf("status --json does not show the index: %v %q", err, stdout)
+	}
 
 	var c *net.UDPConn
 	testenv.InCgroup(t, cg, func() { c, err = net.DialUDP("udp", nil, srv.LocalAddr().(*net.UDPAddr)) })

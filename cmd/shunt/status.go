@@ -9,6 +9,7 @@ import (
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/sockindex"
 )
 
 // statusReport is the JSON shape of `shunt status --json` (docs/CLI.md).
@@ -17,6 +18,7 @@ type statusReport struct {
 	Installed bool                   `json:"installed"`
 	Cgroups   []bypass.EnabledCgroup `json:"cgroups"`
 	Stats     *bypass.Stats          `json:"bypass,omitempty"`
+	Index     *sockindex.Status      `json:"index,omitempty"` // absent when not enabled
 	Features  host.Features          `json:"kernel"`
 }
 
@@ -47,6 +49,19 @@ func newStatusCmd(e *env, g *globals) *cobra.Command {
 					return err
 				}
 				rep.Stats = &st
+			}
+			ix, err := sockindex.Open(g.indexDir)
+			switch {
+			case errors.Is(err, sockindex.ErrNotEnabled):
+			case err != nil:
+				return err
+			default:
+				defer ix.Close()
+				st, err := ix.Status()
+				if err != nil {
+					return err
+				}
+				rep.Index = &st
 			}
 			if asJSON {
 				return writeJSON(e.stdout, rep)
@@ -95,6 +110,17 @@ func printStatus(e *env, r statusReport) {
 		if len(r.Stats.ExcludedPorts) > 0 {
 			fmt.Fprintf(w, "excluded ports:\t%v\n", r.Stats.ExcludedPorts)
 		}
+	}
+	if ix := r.Index; ix == nil {
+		fmt.Fprintf(w, "index:\tnot enabled\n")
+	} else {
+		cg := ix.Cgroup
+		if cg == "" {
+			cg = fmt.Sprintf("(cgroup %d, removed)", ix.CgroupID)
+		}
+		fmt.Fprintf(w, "index:\tenabled for %s, pinned at %s\n", cg, ix.Dir)
+		fmt.Fprintf(w, "indexed:\t%d sockets, %d backends seen; %d added, %d removed, %d not indexed (full)\n",
+			ix.Sockets, ix.Backends, ix.Counters.Added, ix.Counters.Removed, ix.Counters.Full)
 	}
 	f := r.Features
 	fmt.Fprintf(w, "kernel:\t%s\n", f.Kernel)
