@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/reap"
@@ -289,5 +291,51 @@ func disconnect(t *testing.T, fd int) {
 	var sa [16]byte // sa_family AF_UNSPEC (0)
 	if _, _, e := unix.Syscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&sa[0])), uintptr(len(sa))); e != 0 {
 		t.Fatalf("disconnect: %v", e)
+	}
+}
+
+// Bypass and the index share the sockops hook of a cgroup: a bypassed
+// connection is indexed, and reaping it aborts both ends as over plain TCP
+// and leaves nothing behind in either install.
+func TestReapBypassedConnection(t *testing.T) {
+	ix, cg, dir := mustIndex(t)
+	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	if _, err := in.Attach(cg); err != nil {
+		t.Fatal(err)
+	}
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:7003", side, "127.0.0.1:7003")
+	c.Write([]byte("hello"))
+	if _, err := io.ReadFull(s, make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := in.Stats(); st.Counters.Paired != 1 {
+		t.Fatalf("connection not bypassed: %+v", st.Counters)
+	}
+
+	res, err := reap.Reap(context.Background(), reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: 7003}, reap.Options{IndexDir: dir, Method: reap.Index})
+	if err != nil || res.Destroyed() != 1 {
+		t.Fatalf("reap: %v %+v", err, res)
+	}
+	dead(t, conn{c: c})
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := s.Read(make([]byte, 8)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("server read after its client was reaped: %v, want ECONNRESET", err)
+	}
+	// Both ends stay listed, closed, while the application holds them.
+	if flows, err := in.Flows(); err != nil || len(flows) != 1 || flows[0].Client.TCPState != "CLOSE" || flows[0].Server.TCPState != "CLOSE" {
+		t.Errorf("flows after the reap: %+v %v, want the connection closed at both ends", flows, err)
+	}
+	c.Close()
+	s.Close()
+	if flows, err := in.Flows(); err != nil || len(flows) != 0 {
+		t.Errorf("bypass still lists %d flows after close (%v)", len(flows), err)
+	}
+	if left, err := ix.List(); err != nil || len(left) != 0 {
+		t.Errorf("index still holds %+v (%v)", left, err)
 	}
 }

@@ -29,7 +29,9 @@ Without a port, every port of the address.
 
 With the index enabled ('shunt index enable') reap sends one exact
 SOCK_DESTROY per socket (tuple and cookie) in each namespace concerned, so its
-time grows with the sockets destroyed, not with the sockets of the host.
+time grows with the sockets destroyed, not with the sockets of the host. The
+index covers the cgroup it was enabled for (by default the root: every
+socket of the host); 'shunt status' shows which.
 Without it, reap runs a socket iterator in every namespace and says so.`,
 		Example: `  shunt reap --backend 10.0.0.5:8080
   shunt reap --backend [fd00::5]:53 --proto udp --dry-run`,
