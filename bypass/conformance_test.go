@@ -230,6 +230,33 @@ var conformance = []struct {
 		b, err := io.ReadAll(s)
 		tr.add("read %d bytes, intact=%v err=%v", len(b), string(b) == strings.Repeat("file bytes ", 1000), errName(err))
 	}},
+	{"splice(2) from a pipe to the socket", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(p[0])
+		payload := strings.Repeat("piped bytes ", 500)
+		go func() {
+			unix.Write(p[1], []byte(payload))
+			unix.Close(p[1])
+		}()
+		total := 0
+		rawFD(t, c, func(fd int) {
+			for {
+				n, err := unix.Splice(p[0], nil, fd, nil, 1<<16, 0)
+				if n <= 0 || err != nil {
+					tr.add("splice end err=%v", errName(err))
+					return
+				}
+				total += int(n)
+			}
+		})
+		tr.add("spliced %d", total)
+		c.CloseWrite()
+		b, err := io.ReadAll(s)
+		tr.add("read %d bytes, intact=%v err=%v", len(b), string(b) == payload, errName(err))
+	}},
 	{"writer process killed mid-stream", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
 		c.Write([]byte("partial"))
 		// Hand the socket to a process that then dies by SIGKILL holding

@@ -33,9 +33,22 @@ func TestExcludedPortsStayOnTCP(t *testing.T) {
 		c.CloseWrite()
 		n := spliceAll(t, s, len(msg))
 		got[i].add("spliced %d of %d bytes", n, len(msg))
+
+		// A second connection to the port: MSG_WAITALL waits for all of it.
+		c2 := testenv.Dial(t, side, "tcp4", ln.Addr().String(), nil)
+		s2 := testenv.Accept(t, ln)
+		for _, m := range []string{"one ", "two ", "three"} {
+			c2.Write([]byte(m))
+			time.Sleep(5 * time.Millisecond)
+		}
+		rawFD(t, s2, func(fd int) {
+			b := make([]byte, 13)
+			n, _, err := unix.Recvfrom(fd, b, unix.MSG_WAITALL)
+			got[i].add("MSG_WAITALL read %q err=%v", b[:max(n, 0)], errName(err))
+		})
 		if i == 1 {
 			after := counters(t, in)
-			if after.Paired != before.Paired || after.Excluded != before.Excluded+1 {
+			if after.Paired != before.Paired || after.Excluded != before.Excluded+2 {
 				t.Errorf("counters before %+v after %+v: want the connection left on TCP and counted", before, after)
 			}
 		}
