@@ -81,7 +81,8 @@ func newRoot(e *env) *cobra.Command {
   shunt status            what is installed
   shunt flows             the connections bypassed now
   shunt index enable      index connected sockets by backend
-  shunt reap              destroy every socket connected to a backend`,
+  shunt reap              destroy every socket connected to a backend
+  shunt fanout            relay a UDP feed to many TCP subscribers`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
@@ -98,7 +99,7 @@ func newRoot(e *env) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
 	})
-	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newReapCmd(e, g), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
+	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newReapCmd(e, g), newFanoutCmd(e), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
 	return root
 }
 

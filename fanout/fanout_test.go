@@ -1,0 +1,438 @@
+package fanout_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/fanout"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// lab is a forwarder running in a namespace of its own.
+type lab struct {
+	t    *testing.T
+	ns   *testenv.NetNS
+	f    *fanout.Forwarder
+	ctl  string
+	stop func()
+}
+
+func mustForwarder(t *testing.T, cfg fanout.Config) *lab {
+	t.Helper()
+	testenv.RequireRoot(t)
+	return mustForwarderIn(t, testenv.MustNetNS(t), cfg)
+}
+
+func mustForwarderIn(t *testing.T, ns *testenv.NetNS, cfg fanout.Config) *lab {
+	t.Helper()
+	l := &lab{t: t, ns: ns, ctl: filepath.Join(t.TempDir(), "fanout.sock")}
+	cfg.Source = netip.MustParseAddrPort("127.0.0.1:0")
+	cfg.Listen = netip.MustParseAddrPort("127.0.0.1:0")
+	cfg.Control = l.ctl
+	var err error
+	l.ns.Do(t, func() { l.f, err = fanout.New(cfg) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.f.Run(ctx) }()
+	l.stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		l.f.Close()
+	}
+	t.Cleanup(func() {
+		if l.stop != nil {
+			l.stop()
+		}
+	})
+	return l
+}
+
+// subscribe connects a subscriber; the caller reads it.
+func (l *lab) subscribe() *net.TCPConn {
+	l.t.Helper()
+	var c net.Conn
+	var err error
+	l.ns.Do(l.t, func() { c, err = net.Dial("tcp", l.f.ListenAddr().String()) })
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	l.t.Cleanup(func() { c.Close() })
+	return c.(*net.TCPConn)
+}
+
+func (l *lab) sender() *net.UDPConn {
+	l.t.Helper()
+	var c net.Conn
+	var err error
+	l.ns.Do(l.t, func() { c, err = net.Dial("udp", l.f.SourceAddr().String()) })
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	l.t.Cleanup(func() { c.Close() })
+	return c.(*net.UDPConn)
+}
+
+func (l *lab) stats() fanout.Stats {
+	l.t.Helper()
+	st, err := fanout.Query(l.ctl)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return st
+}
+
+// waitSubscribers waits until the forwarder has accepted n subscribers.
+func (l *lab) waitSubscribers(n int) {
+	l.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for l.stats().Totals.Subscribers != n {
+		if time.Now().After(deadline) {
+			l.t.Fatalf("forwarder has %d subscribers, want %d", l.stats().Totals.Subscribers, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// message i: its sequence number, then bytes derived from it, 16..200 long.
+func message(i uint64, size int) []byte {
+	if size == 0 {
+		size = 16 + int(i*7919%185)
+	}
+	b := make([]byte, size)
+	binary.BigEndian.PutUint64(b, i)
+	for j := 8; j < size; j++ {
+		b[j] = byte(i + uint64(j))
+	}
+	return b
+}
+
+// send sends messages [from, to) and keeps at most ahead of them unread by
+// the forwarder, so that the source socket never overflows.
+func (l *lab) send(u *net.UDPConn, from, to uint64, size int) {
+	l.t.Helper()
+	base := l.stats().Totals.Received
+	for i := from; i < to; i++ {
+		if _, err := u.Write(message(i, size)); err != nil {
+			l.t.Fatal(err)
+		}
+		if (i-from)%500 == 499 {
+			for l.stats().Totals.Received+2000 < base+(i-from) {
+				time.Sleep(200 * time.Microsecond)
+			}
+		}
+	}
+}
+
+// reader checks a u32-framed stream: consecutive messages from the first
+// it sees, each intact. It returns how many it read, counting gap markers
+// as the messages they stand for.
+type result struct {
+	first, n, lost uint64
+	err            error
+}
+
+// readUntilLost reads until messages and losses add up to total.
+func readUntilLost(r io.Reader, size int, total uint64) result {
+	return readFramedUntil(r, size, func(res result) bool { return res.n+res.lost >= total })
+}
+
+func readFramed(r io.Reader, size int, until uint64) result {
+	return readFramedUntil(r, size, func(res result) bool { return res.first+res.n+res.lost >= until && res.n > 0 })
+}
+
+func readFramedUntil(r io.Reader, size int, done func(result) bool) result {
+	br := bufio.NewReaderSize(r, 1<<16)
+	var res result
+	next := uint64(0)
+	started := false
+	hdr := make([]byte, 4)
+	for {
+		if _, err := io.ReadFull(br, hdr); err != nil {
+			res.err = err
+			return res
+		}
+		n := binary.BigEndian.Uint32(hdr)
+		if n == 0xffffffff {
+			if _, err := io.ReadFull(br, hdr); err != nil {
+				res.err = err
+				return res
+			}
+			lost := uint64(binary.BigEndian.Uint32(hdr))
+			res.lost += lost
+			next += lost
+			if done(res) {
+				return res
+			}
+			continue
+		}
+		b := make([]byte, n)
+		if _, err := io.ReadFull(br, b); err != nil {
+			res.err = err
+			return res
+		}
+		seq := binary.BigEndian.Uint64(b)
+		if !started {
+			started, res.first, next = true, seq, seq
+		}
+		if seq != next || string(b) != string(message(seq, size)) {
+			res.err = fmt.Errorf("got message %d (%d bytes), want %d intact", seq, n, next)
+			return res
+		}
+		next++
+		res.n++
+		if done(res) {
+			return res
+		}
+	}
+}
+
+// Every subscriber gets every message from when it joined, in order and
+// intact, while others join and leave; those present throughout get all.
+func TestEveryMessageToEverySubscriber(t *testing.T) {
+	subs, msgs := 1000, uint64(100_000)
+	if testing.Short() {
+		subs, msgs = 50, 5_000
+	}
+	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: 8 << 20})
+	u := l.sender()
+
+	type sub struct {
+		c     *net.TCPConn
+		late  bool
+		leave bool
+		res   result
+	}
+	all := make([]*sub, 0, subs)
+	var wg sync.WaitGroup
+	start := func(s *sub) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.c.SetReadDeadline(time.Now().Add(3 * time.Minute))
+			if s.leave {
+				s.res = readFramed(io.LimitReader(s.c, 50_000), 0, msgs)
+				s.c.Close()
+				return
+			}
+			s.res = readFramed(s.c, 0, msgs)
+		}()
+	}
+	for i := 0; i < subs*9/10; i++ {
+		s := &sub{c: l.subscribe(), leave: i%9 == 0}
+		all = append(all, s)
+		start(s)
+	}
+	l.waitSubscribers(len(all))
+	l.send(u, 0, msgs/2, 0)
+	for i := len(all); i < subs; i++ {
+		s := &sub{c: l.subscribe(), late: true}
+		all = append(all, s)
+		start(s)
+	}
+	l.send(u, msgs/2, msgs, 0)
+	wg.Wait()
+
+	full := 0
+	for i, s := range all {
+		switch {
+		case s.leave:
+			if s.res.err != nil && s.res.err != io.ErrUnexpectedEOF && s.res.err != io.EOF {
+				t.Errorf("subscriber %d (left early): %v", i, s.res.err)
+			}
+		case s.late:
+			if s.res.err != nil || s.res.first+s.res.n != msgs || s.res.first > msgs/2+1000 {
+				t.Errorf("late subscriber %d: first %d, %d messages, %v", i, s.res.first, s.res.n, s.res.err)
+			}
+		default:
+			if s.res.err != nil || s.res.first != 0 || s.res.n != msgs || s.res.lost != 0 {
+				t.Errorf("subscriber %d: first %d, %d messages, %d lost, %v", i, s.res.first, s.res.n, s.res.lost, s.res.err)
+			} else {
+				full++
+			}
+		}
+	}
+	st := l.stats()
+	if st.Totals.Received != msgs || st.Totals.Connected != uint64(subs) {
+		t.Errorf("totals %+v: want %d received, %d connected", st.Totals, msgs, subs)
+	}
+	t.Logf("%d subscribers got all %d messages; %+v", full, msgs, st.Totals)
+}
+
+// A subscriber that stops reading loses messages past its queue bound,
+// counted exactly (gap markers add up to the stats), and the others get
+// everything.
+func TestSlowSubscriberDropsAndOthersDoNot(t *testing.T) {
+	const msgs, size = 20_000, 1000
+	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: 256 << 10})
+	u := l.sender()
+	slow := l.subscribe()
+	slow.SetReadBuffer(64 << 10)
+	var wg sync.WaitGroup
+	fast := make([]result, 3)
+	for i := range fast {
+		c := l.subscribe()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(time.Now().Add(time.Minute))
+			fast[i] = readFramed(c, size, msgs)
+		}()
+	}
+	l.waitSubscribers(4)
+	l.send(u, 0, msgs, size)
+	wg.Wait()
+	for i, r := range fast {
+		if r.err != nil || r.n != msgs || r.lost != 0 {
+			t.Errorf("fast subscriber %d: %d messages, %d lost, %v", i, r.n, r.lost, r.err)
+		}
+	}
+	var dropped uint64
+	for _, s := range l.stats().Subscribers {
+		if s.Peer == slow.LocalAddr().String() {
+			dropped = s.Dropped
+		}
+	}
+	if dropped == 0 {
+		t.Fatalf("the slow subscriber lost nothing: the test did not fill its queue")
+	}
+	// Now read what the slow one was given: with its gap markers (the last
+	// one sent as soon as its queue drained) it must account for every
+	// message.
+	slow.SetReadDeadline(time.Now().Add(time.Minute))
+	r := readUntilLost(slow, size, msgs)
+	if r.err != nil || r.first != 0 || r.n+r.lost != msgs || r.lost != dropped {
+		t.Errorf("slow subscriber: %d read + %d in gap markers, stats say %d dropped, %v; want %d in all", r.n, r.lost, dropped, r.err, msgs)
+	}
+}
+
+// With --slow disconnect the slow subscriber is cut off and counted; the
+// others are not disturbed.
+func TestSlowSubscriberDisconnected(t *testing.T) {
+	const msgs, size = 20_000, 1000
+	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: 256 << 10, Slow: fanout.SlowDisconnect})
+	u := l.sender()
+	slow := l.subscribe()
+	slow.SetReadBuffer(64 << 10)
+	c := l.subscribe()
+	var r result
+	done := make(chan struct{})
+	go func() {
+		c.SetReadDeadline(time.Now().Add(time.Minute))
+		r = readFramed(c, size, msgs)
+		close(done)
+	}()
+	l.waitSubscribers(2)
+	l.send(u, 0, msgs, size)
+	<-done
+	if r.err != nil || r.n != msgs {
+		t.Errorf("other subscriber: %d messages, %v", r.n, r.err)
+	}
+	st := l.stats()
+	if st.Totals.SlowDropped != 1 || st.Totals.Subscribers != 1 {
+		t.Errorf("totals %+v: want the slow subscriber disconnected", st.Totals)
+	}
+	slow.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, slow); err != nil && !isReset(err) {
+		t.Errorf("slow subscriber's stream ended with %v, want EOF or reset", err)
+	}
+}
+
+func isReset(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && errors.Is(oe.Err, syscall.ECONNRESET)
+}
+
+// Subscribers that reset or half-close, a source that stops and restarts,
+// and datagrams of the largest size: nothing breaks, nothing leaks.
+func TestUnrulyPeers(t *testing.T) {
+	testenv.RequireRoot(t)
+	ns := testenv.MustNetNS(t)
+	fdsBefore := openFDs(t)
+	l := mustForwarderIn(t, ns, fanout.Config{Framing: fanout.FramingU16})
+	reset := l.subscribe()
+	half := l.subscribe()
+	l.waitSubscribers(2)
+	reset.SetLinger(0)
+	reset.Close()
+	half.CloseWrite()
+	l.waitSubscribers(1)
+
+	// The largest UDP datagram over IPv4, from one source, then another.
+	big := make([]byte, 65507)
+	for i := range big {
+		big[i] = byte(i)
+	}
+	u := l.sender()
+	u.SetWriteBuffer(1 << 20)
+	if _, err := u.Write(big); err != nil {
+		t.Fatal(err)
+	}
+	u.Close()
+	u2 := l.sender()
+	if _, err := u2.Write([]byte("again")); err != nil {
+		t.Fatal(err)
+	}
+	half.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for _, want := range [][]byte{big, []byte("again")} {
+		var hdr [2]byte
+		if _, err := io.ReadFull(half, hdr[:]); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, binary.BigEndian.Uint16(hdr[:]))
+		if _, err := io.ReadFull(half, got); err != nil || string(got) != string(want) {
+			t.Fatalf("half-closed subscriber got %d bytes (%v), want %d intact", len(got), err, len(want))
+		}
+	}
+	half.Close()
+	u2.Close()
+	l.stop()
+	l.stop = nil
+	if after := openFDs(t); after != fdsBefore {
+		t.Errorf("%d descriptors open after the forwarder closed, %d before", after, fdsBefore)
+	}
+}
+
+func openFDs(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+func TestBadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  fanout.Config
+		want string
+	}{
+		{fanout.Config{Source: netip.MustParseAddrPort("127.0.0.1:0"), Listen: netip.MustParseAddrPort("127.0.0.1:0"), Queue: 1000}, "below one datagram"},
+		{fanout.Config{Source: netip.MustParseAddrPort("192.0.2.1:5000"), Listen: netip.MustParseAddrPort("127.0.0.1:0")}, "source udp://192.0.2.1:5000"},
+	} {
+		if _, err := fanout.New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v): %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+	for _, s := range []string{"127.0.0.1:5000", "tcp://127.0.0.1:5000", "udp://localhost:5000", "udp://127.0.0.1"} {
+		if _, err := fanout.ParseEndpoint("udp", s); err == nil {
+			t.Errorf("ParseEndpoint(udp, %q) accepted it", s)
+		}
+	}
+}

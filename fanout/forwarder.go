@@ -1,0 +1,324 @@
+package fanout
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"runtime"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Forwarder is a running relay. All of its state belongs to one event loop
+// on one OS thread: no locks, and stats are answered by the loop itself.
+type Forwarder struct {
+	cfg  Config
+	log  io.Writer
+	src  int // UDP socket of the feed
+	ln   int // TCP listener
+	ctl  int // unix listener for stats, -1 if none
+	ep   int
+	stop int // eventfd: Run returns when it is written
+
+	subs    map[int]*subscriber
+	buf     []byte   // one datagram
+	batch   [][]byte // datagrams of one wake-up
+	pending []byte   // their bytes, back to back
+	totals  Totals
+}
+
+// Totals are the forwarder's counts since start.
+type Totals struct {
+	Received     uint64 `json:"messages_received"`
+	Bytes        uint64 `json:"bytes_received"`
+	Oversized    uint64 `json:"messages_oversized"` // too long for the framing: delivered to nobody
+	Subscribers  int    `json:"subscribers"`
+	Connected    uint64 `json:"subscribers_connected"`    // since start
+	Disconnected uint64 `json:"subscribers_disconnected"` // by the subscriber or for being slow
+	SlowDropped  uint64 `json:"subscribers_disconnected_slow"`
+}
+
+const batchMax = 64
+
+// New binds the source, the listener and the control socket. Run relays.
+func New(cfg Config) (*Forwarder, error) {
+	if cfg.Queue == 0 {
+		cfg.Queue = DefaultQueue
+	}
+	if cfg.Queue < 0 {
+		return nil, fmt.Errorf("queue bound %d: want a positive number of bytes", cfg.Queue)
+	}
+	if cfg.Queue < frameLen(cfg.Framing, 65507)+gapLen(cfg.Framing) {
+		return nil, fmt.Errorf("queue bound %d bytes is below one datagram (%d with framing): raise --queue", cfg.Queue, frameLen(cfg.Framing, 65507)+gapLen(cfg.Framing))
+	}
+	f := &Forwarder{cfg: cfg, log: cfg.Log, src: -1, ln: -1, ctl: -1, ep: -1, stop: -1, subs: map[int]*subscriber{}}
+	if f.log == nil {
+		f.log = io.Discard
+	}
+	var err error
+	defer func() {
+		if err != nil {
+			f.Close()
+		}
+	}()
+	if f.src, err = bindSocket(unix.SOCK_DGRAM, cfg.Source); err != nil {
+		return nil, fmt.Errorf("source udp://%s: %w", cfg.Source, err)
+	}
+	// A burst must wait in the kernel, not be dropped, while the loop
+	// writes to subscribers.
+	_ = unix.SetsockoptInt(f.src, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20)
+	if f.ln, err = bindSocket(unix.SOCK_STREAM, cfg.Listen); err != nil {
+		return nil, fmt.Errorf("listen tcp://%s: %w", cfg.Listen, err)
+	}
+	if err = unix.Listen(f.ln, 4096); err != nil {
+		return nil, fmt.Errorf("listen tcp://%s: %w", cfg.Listen, err)
+	}
+	if cfg.Control != "" {
+		if f.ctl, err = listenControl(cfg.Control); err != nil {
+			return nil, err
+		}
+	}
+	if f.ep, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		return nil, err
+	}
+	if f.stop, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		return nil, err
+	}
+	for _, fd := range []int{f.src, f.ln, f.ctl, f.stop} {
+		if fd < 0 {
+			continue
+		}
+		if err = unix.EpollCtl(f.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}); err != nil {
+			return nil, err
+		}
+	}
+	f.buf = make([]byte, 1<<16)
+	return f, nil
+}
+
+func bindSocket(typ int, ap netip.AddrPort) (int, error) {
+	fam := unix.AF_INET6
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	if ap.Addr().Is4() {
+		fam = unix.AF_INET
+		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	}
+	fd, err := unix.Socket(fam, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+func localAddr(fd int) netip.AddrPort {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return netip.AddrPort{}
+	}
+	return addrOf(sa)
+}
+
+func addrOf(sa unix.Sockaddr) netip.AddrPort {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port))
+	}
+	return netip.AddrPort{}
+}
+
+// SourceAddr and ListenAddr are the bound addresses (port 0 resolved).
+func (f *Forwarder) SourceAddr() netip.AddrPort { return localAddr(f.src) }
+func (f *Forwarder) ListenAddr() netip.AddrPort { return localAddr(f.ln) }
+
+// Close releases every socket. Call it after Run returned.
+func (f *Forwarder) Close() error {
+	for fd := range f.subs {
+		unix.Close(fd)
+	}
+	for _, fd := range []int{f.src, f.ln, f.ctl, f.ep, f.stop} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+	if f.ctl >= 0 && f.cfg.Control != "" {
+		os.Remove(f.cfg.Control)
+	}
+	return nil
+}
+
+// Run relays until ctx is done.
+func (f *Forwarder) Run(ctx context.Context) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	go func() {
+		<-ctx.Done()
+		unix.Write(f.stop, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+	}()
+	events := make([]unix.EpollEvent, 256)
+	for {
+		n, err := unix.EpollWait(f.ep, events, -1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("epoll: %w", err)
+		}
+		for _, ev := range events[:n] {
+			switch fd := int(ev.Fd); fd {
+			case f.stop:
+				return nil
+			case f.src:
+				f.readSource()
+			case f.ln:
+				f.accept()
+			case f.ctl:
+				f.serveControl()
+			default:
+				if s := f.subs[fd]; s != nil {
+					f.subscriberEvent(s, ev.Events)
+				}
+			}
+		}
+	}
+}
+
+// readSource takes up to batchMax datagrams and hands each to every
+// subscriber, then writes once per subscriber.
+func (f *Forwarder) readSource() {
+	f.batch, f.pending = f.batch[:0], f.pending[:0]
+	var lens [batchMax]int
+	k := 0
+	for k < batchMax {
+		n, _, err := unix.Recvfrom(f.src, f.buf, unix.MSG_DONTWAIT|unix.MSG_TRUNC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			break
+		}
+		f.totals.Received++
+		if n > len(f.buf) || n > f.cfg.Framing.maxMessage() {
+			f.totals.Oversized++
+			fmt.Fprintf(f.log, "fanout: dropped a %d-byte datagram: framing %s carries at most %d bytes\n", n, f.cfg.Framing, min(f.cfg.Framing.maxMessage(), len(f.buf)))
+			continue
+		}
+		f.totals.Bytes += uint64(n)
+		f.pending = append(f.pending, f.buf[:n]...)
+		lens[k] = n
+		k++
+	}
+	off := 0
+	for i := 0; i < k; i++ {
+		f.batch = append(f.batch, f.pending[off:off+lens[i]])
+		off += lens[i]
+	}
+	if k == 0 {
+		return
+	}
+	for _, s := range f.subs {
+		f.deliver(s)
+	}
+}
+
+func (f *Forwarder) deliver(s *subscriber) {
+	for _, msg := range f.batch {
+		if s.enqueue(f.cfg.Framing, msg, f.cfg.Queue) {
+			continue
+		}
+		if f.cfg.Slow == SlowDisconnect {
+			f.totals.SlowDropped++
+			f.drop(s, fmt.Sprintf("slow: more than %d bytes waiting", f.cfg.Queue))
+			return
+		}
+		s.dropped++
+		s.gap++
+	}
+	if !s.writable {
+		return // EPOLLOUT will flush
+	}
+	if err := s.flush(); err != nil {
+		f.drop(s, "connection closed")
+		return
+	}
+	if !s.writable {
+		f.watch(s)
+	}
+}
+
+// watch sets the epoll interest for a subscriber: always readable (to see
+// it leave), writable while bytes wait.
+func (f *Forwarder) watch(s *subscriber) {
+	// After the subscriber's FIN, input and RDHUP would stay ready for
+	// good: only errors (always reported) and writability matter then.
+	var ev uint32
+	if !s.eof {
+		ev |= unix.EPOLLIN | unix.EPOLLRDHUP
+	}
+	if !s.writable {
+		ev |= unix.EPOLLOUT
+	}
+	unix.EpollCtl(f.ep, unix.EPOLL_CTL_MOD, s.fd, &unix.EpollEvent{Events: ev, Fd: int32(s.fd)})
+}
+
+func (f *Forwarder) accept() {
+	for {
+		fd, sa, err := unix.Accept4(f.ln, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		if err != nil {
+			return
+		}
+		s := &subscriber{fd: fd, framing: f.cfg.Framing, peer: addrOf(sa), since: time.Now(), writable: true}
+		if err := unix.EpollCtl(f.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(fd)}); err != nil {
+			unix.Close(fd)
+			continue
+		}
+		f.subs[fd] = s
+		f.totals.Connected++
+		fmt.Fprintf(f.log, "fanout: subscriber %s connected (%d now)\n", s.peer, len(f.subs))
+	}
+}
+
+func (f *Forwarder) subscriberEvent(s *subscriber, ev uint32) {
+	if ev&unix.EPOLLOUT != 0 {
+		s.writable = true
+		if err := s.flush(); err != nil {
+			f.drop(s, "connection closed")
+			return
+		}
+		f.watch(s)
+	}
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP) != 0 && !s.eof {
+		// Subscribers have nothing to say; what they send is discarded.
+		var b [512]byte
+		n, _, err := unix.Recvfrom(s.fd, b[:], unix.MSG_DONTWAIT)
+		switch {
+		case n == 0 && err == nil:
+			// Half-closed: it may still read. Stop watching input.
+			s.eof = true
+			f.watch(s)
+		case err != nil && err != unix.EAGAIN && err != unix.EINTR:
+			f.drop(s, "connection reset")
+			return
+		}
+	}
+	if ev&(unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+		f.drop(s, "connection closed")
+	}
+}
+
+func (f *Forwarder) drop(s *subscriber, why string) {
+	unix.EpollCtl(f.ep, unix.EPOLL_CTL_DEL, s.fd, nil)
+	unix.Close(s.fd)
+	delete(f.subs, s.fd)
+	f.totals.Disconnected++
+	fmt.Fprintf(f.log, "fanout: subscriber %s disconnected (%s) after %d messages, %d dropped\n", s.peer, why, s.msgs, s.dropped)
+}
