@@ -52,6 +52,31 @@ func ParseSlowPolicy(s string) (SlowPolicy, error) {
 	return 0, fmt.Errorf("slow policy %q: want drop or disconnect", s)
 }
 
+// Path is how messages reach the subscribers' sockets.
+type Path int
+
+const (
+	// PathBatch writes each subscriber everything a wake-up brought (up to
+	// 64 datagrams) in one send: one syscall per subscriber per batch.
+	PathBatch Path = iota
+	// PathPerMessage writes each message to each subscriber with its own
+	// send, as a plain relay loop does: the baseline.
+	PathPerMessage
+)
+
+func (p Path) String() string { return [...]string{"batch", "per-message"}[p] }
+
+// ParsePath reads batch or per-message.
+func ParsePath(s string) (Path, error) {
+	switch s {
+	case "batch":
+		return PathBatch, nil
+	case "per-message":
+		return PathPerMessage, nil
+	}
+	return 0, fmt.Errorf("path %q: want batch or per-message", s)
+}
+
 // DefaultQueue is how many bytes may wait for one subscriber.
 const DefaultQueue = 1 << 20
 
@@ -64,6 +89,11 @@ type Config struct {
 	Queue   int       // bytes waiting per subscriber before Slow applies; 0: DefaultQueue
 	Control string    // unix socket for stats; "" for none
 	Log     io.Writer // one line per event; nil: discard
+	Path    Path
+	// CPU pins the relay loop's thread to one CPU (benchmarks); -1 or
+	// unset with PinCPU false leaves it to the scheduler.
+	CPU    int
+	PinCPU bool
 }
 
 // ParseEndpoint reads scheme://ADDR:PORT, e.g. udp://0.0.0.0:5000 or

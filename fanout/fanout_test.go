@@ -207,11 +207,25 @@ func readFramedUntil(r io.Reader, size int, done func(result) bool) result {
 // Every subscriber gets every message from when it joined, in order and
 // intact, while others join and leave; those present throughout get all.
 func TestEveryMessageToEverySubscriber(t *testing.T) {
-	subs, msgs := 1000, uint64(100_000)
-	if testing.Short() {
-		subs, msgs = 50, 5_000
+	for _, tc := range []struct {
+		path fanout.Path
+		subs int
+		msgs uint64
+	}{
+		{fanout.PathBatch, 1000, 100_000},
+		{fanout.PathPerMessage, 200, 20_000},
+	} {
+		t.Run(tc.path.String(), func(t *testing.T) {
+			if testing.Short() {
+				tc.subs, tc.msgs = 50, 5_000
+			}
+			testEveryMessage(t, tc.path, tc.subs, tc.msgs)
+		})
 	}
-	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: 8 << 20})
+}
+
+func testEveryMessage(t *testing.T, path fanout.Path, subs int, msgs uint64) {
+	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: 8 << 20, Path: path})
 	u := l.sender()
 
 	type sub struct {

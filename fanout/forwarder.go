@@ -159,7 +159,25 @@ func (f *Forwarder) Close() error {
 // Run relays until ctx is done.
 func (f *Forwarder) Run(ctx context.Context) error {
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	if f.cfg.PinCPU {
+		var old, set unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &old); err != nil {
+			return err
+		}
+		set.Set(f.cfg.CPU)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			return fmt.Errorf("pin to CPU %d: %w", f.cfg.CPU, err)
+		}
+		// A thread that cannot be unpinned stays locked and dies with
+		// this goroutine rather than carry the mask elsewhere.
+		defer func() {
+			if unix.SchedSetaffinity(0, &old) == nil {
+				runtime.UnlockOSThread()
+			}
+		}()
+	} else {
+		defer runtime.UnlockOSThread()
+	}
 	go func() {
 		<-ctx.Done()
 		unix.Write(f.stop, []byte{1, 0, 0, 0, 0, 0, 0, 0})
@@ -233,6 +251,11 @@ func (f *Forwarder) readSource() {
 func (f *Forwarder) deliver(s *subscriber) {
 	for _, msg := range f.batch {
 		if s.enqueue(f.cfg.Framing, msg, f.cfg.Queue) {
+			if f.cfg.Path == PathPerMessage && s.writable {
+				if !f.flush(s) {
+					return
+				}
+			}
 			continue
 		}
 		if f.cfg.Slow == SlowDisconnect {
@@ -243,16 +266,23 @@ func (f *Forwarder) deliver(s *subscriber) {
 		s.dropped++
 		s.gap++
 	}
-	if !s.writable {
-		return // EPOLLOUT will flush
+	if s.writable {
+		f.flush(s)
 	}
+	// Not writable: EPOLLOUT will flush.
+}
+
+// flush writes what it can and watches for writability if some is left.
+// It returns false if the subscriber is gone.
+func (f *Forwarder) flush(s *subscriber) bool {
 	if err := s.flush(); err != nil {
 		f.drop(s, "connection closed")
-		return
+		return false
 	}
 	if !s.writable {
 		f.watch(s)
 	}
+	return true
 }
 
 // watch sets the epoll interest for a subscriber: always readable (to see

@@ -14,7 +14,7 @@ const defaultFanoutControl = "/run/shunt/fanout.sock"
 
 func newFanoutCmd(e *env) *cobra.Command {
 	var (
-		source, listen, framing, slow, queue, control string
+		source, listen, framing, slow, queue, control, path string
 	)
 	c := &cobra.Command{
 		Use:   "fanout --source udp://ADDR:PORT --listen tcp://ADDR:PORT",
@@ -30,8 +30,9 @@ it in shunt (its kernel send buffer holds more). Past that it loses messages
 followed by the 4-byte count of lost messages) or is disconnected
 (--slow disconnect). 'shunt fanout stats' reads per-subscriber counters from
 the running forwarder through --control. It runs until interrupted (Ctrl-C,
-SIGTERM). The data path is a user-space loop: one write per subscriber per
-batch of datagrams.`,
+SIGTERM). --path batch (default) writes each subscriber once per batch of
+datagrams; --path per-message writes once per message, as a plain relay loop
+does (see docs/BENCHMARKS.md for both).`,
 		Example: `  shunt fanout --source udp://0.0.0.0:5000 --listen tcp://0.0.0.0:6000 --framing u32
   shunt fanout stats`,
 		Args: noArgs,
@@ -58,6 +59,9 @@ batch of datagrams.`,
 				return usageError{fmt.Errorf("--queue: want one size up to 1G, like 1M, got %q", queue)}
 			}
 			cfg.Queue = int(sizes[0])
+			if cfg.Path, err = fanout.ParsePath(path); err != nil {
+				return usageError{fmt.Errorf("--path: %w", err)}
+			}
 			cfg.Control = control
 			cfg.Log = e.stderr
 			f, err := fanout.New(cfg)
@@ -80,6 +84,7 @@ batch of datagrams.`,
 	c.Flags().StringVar(&framing, "framing", "none", "none, u16 or u32: a length before each message")
 	c.Flags().StringVar(&slow, "slow", "drop", "drop (lose messages, counted) or disconnect a subscriber whose queue is full")
 	c.Flags().StringVar(&queue, "queue", "1M", "bytes that may wait in shunt for one subscriber")
+	c.Flags().StringVar(&path, "path", "batch", "batch (one write per subscriber per batch) or per-message (one write per message)")
 	c.Flags().StringVar(&control, "control", defaultFanoutControl, `unix socket for 'shunt fanout stats' ("" for none)`)
 	c.AddCommand(newFanoutStatsCmd(e))
 	return c
