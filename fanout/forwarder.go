@@ -306,6 +306,9 @@ func (f *Forwarder) accept() {
 		if err != nil {
 			return
 		}
+		// The loop batches by itself; Nagle would hold the next batch for
+		// an ACK that the subscriber may delay by 40 ms.
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 		s := &subscriber{fd: fd, framing: f.cfg.Framing, peer: addrOf(sa), since: time.Now(), writable: true}
 		if err := unix.EpollCtl(f.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(fd)}); err != nil {
 			unix.Close(fd)

@@ -240,3 +240,23 @@ func Reap(dir string, res []bench.ReapResult) error {
 	return linePlot(filepath.Join(dir, "reap.png"), "Time to destroy the sockets of one backend",
 		"sockets on the host", "microseconds (median)", series, true)
 }
+
+// Fanout writes the fan-out table and a plot of p99 latency against
+// subscribers for each path, size and rate.
+func Fanout(dir string, res []bench.FanoutResult) error {
+	var md strings.Builder
+	fmt.Fprintf(&md, "| path | size B | rate/s | subscribers | sent | delivered | undelivered | p50 us | p99 us | max us | CPU s/GB | stall |\n")
+	fmt.Fprintf(&md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	series := map[string][]xy{}
+	for _, r := range res {
+		fmt.Fprintf(&md, "| %s | %d | %d | %d | %d | %d | %d | %.0f | %.0f | %.0f | %.2f | %s |\n", r.Path, r.Size, r.Rate, r.Subscribers,
+			r.Sent, r.Delivered, r.Undelivered, us(r.Latency.P50), us(r.Latency.P99), us(r.Latency.Max), r.CPUPerGB, yes(r.Stalled))
+		name := fmt.Sprintf("%s %dB %dk/s", r.Path, r.Size, r.Rate/1000)
+		series[name] = append(series[name], xy{float64(r.Subscribers), us(r.Latency.P99)})
+	}
+	if err := write(dir, "fanout", res, md.String()); err != nil {
+		return err
+	}
+	return linePlot(filepath.Join(dir, "fanout.png"), "Fan-out: p99 delivery latency",
+		"subscribers", "p99 us", series, true)
+}

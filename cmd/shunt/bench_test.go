@@ -224,3 +224,29 @@ func TestBenchReapTiny(t *testing.T) {
 		t.Errorf("bad --sizes: exit %d, %q", code, stderr)
 	}
 }
+
+func TestBenchFanoutTiny(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	out, stderr, code := runShunt(t, nil, "bench", "fanout", "--json", "--sizes", "100", "--rates", "2000", "--subscribers", "1,5",
+		"--duration", "200ms", "--rounds", "1", "--out", dir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res []bench.FanoutResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(res) != 4 {
+		t.Fatalf("want 2 paths x 2 subscriber counts, got %s", out)
+	}
+	for _, r := range res {
+		if r.Sent == 0 || r.Delivered != r.Sent*uint64(r.Subscribers) || r.Latency.P50 <= 0 {
+			t.Errorf("implausible run %+v", r)
+		}
+	}
+	requireFiles(t, dir, "fanout.json", "fanout.md", "fanout.png")
+	if _, stderr, code := runShunt(t, nil, "bench", "fanout", "--sizes", "8"); code != 2 || !strings.Contains(stderr, "at least 16") {
+		t.Errorf("bad --sizes: exit %d, %q", code, stderr)
+	}
+}
