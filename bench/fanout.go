@@ -338,7 +338,7 @@ func (h *histogram) quantile(q float64) time.Duration {
 	for i, c := range h.buckets {
 		seen += c
 		if seen >= target && c > 0 {
-			return time.Duration((histLow(i) + histLow(i+1)) / 2)
+			return min(time.Duration((histLow(i)+histLow(i+1))/2), time.Duration(h.max))
 		}
 	}
 	return time.Duration(h.max)
