@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"github.com/shunt-project/shunt/internal/uring"
+
 	"context"
 	"fmt"
 	"strings"
@@ -225,13 +227,13 @@ func echoServe(kind string, fd int) error {
 			}
 		}
 	case EchoIOURing:
-		r, err := newRing(4)
+		r, err := uring.New(4)
 		if err != nil {
 			return err
 		}
-		defer r.close()
+		defer r.Close()
 		for {
-			n, err := r.do(ioringOpRecv, fd, buf)
+			n, err := r.Do(uring.OpRecv, fd, buf)
 			if err == unix.EINTR || err == unix.EAGAIN {
 				continue
 			}
@@ -239,7 +241,7 @@ func echoServe(kind string, fd int) error {
 				return err
 			}
 			for off := 0; off < n; {
-				m, err := r.do(ioringOpSend, fd, buf[off:n])
+				m, err := r.Do(uring.OpSend, fd, buf[off:n])
 				if err == unix.EINTR || err == unix.EAGAIN {
 					continue
 				}

@@ -62,19 +62,23 @@ const (
 	// PathPerMessage writes each message to each subscriber with its own
 	// send, as a plain relay loop does: the baseline.
 	PathPerMessage
+	// PathURing queues one send per subscriber per batch, like PathBatch,
+	// and submits them all with one io_uring_enter.
+	PathURing
 )
 
-func (p Path) String() string { return [...]string{"batch", "per-message"}[p] }
+var pathNames = [...]string{"batch", "per-message", "uring"}
 
-// ParsePath reads batch or per-message.
+func (p Path) String() string { return pathNames[p] }
+
+// ParsePath reads batch, per-message or uring.
 func ParsePath(s string) (Path, error) {
-	switch s {
-	case "batch":
-		return PathBatch, nil
-	case "per-message":
-		return PathPerMessage, nil
+	for i, n := range pathNames {
+		if s == n {
+			return Path(i), nil
+		}
 	}
-	return 0, fmt.Errorf("path %q: want batch or per-message", s)
+	return 0, fmt.Errorf("path %q: want batch, per-message or uring", s)
 }
 
 // DefaultQueue is how many bytes may wait for one subscriber.

@@ -214,6 +214,7 @@ func TestEveryMessageToEverySubscriber(t *testing.T) {
 	}{
 		{fanout.PathBatch, 1000, 100_000},
 		{fanout.PathPerMessage, 200, 20_000},
+		{fanout.PathURing, 500, 50_000},
 	} {
 		t.Run(tc.path.String(), func(t *testing.T) {
 			if testing.Short() {
@@ -294,8 +295,14 @@ func testEveryMessage(t *testing.T, path fanout.Path, subs int, msgs uint64) {
 // counted exactly (gap markers add up to the stats), and the others get
 // everything.
 func TestSlowSubscriberDropsAndOthersDoNot(t *testing.T) {
+	for _, p := range []fanout.Path{fanout.PathBatch, fanout.PathPerMessage, fanout.PathURing} {
+		t.Run(p.String(), func(t *testing.T) { testSlowSubscriberDrops(t, p) })
+	}
+}
+
+func testSlowSubscriberDrops(t *testing.T, path fanout.Path) {
 	const msgs, size = 20_000, 1000
-	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: 256 << 10})
+	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: 256 << 10, Path: path})
 	u := l.sender()
 	slow := l.subscribe()
 	slow.SetReadBuffer(64 << 10)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/internal/uring"
 )
 
 // Forwarder is a running relay. All of its state belongs to one event loop
@@ -23,6 +25,7 @@ type Forwarder struct {
 	ep   int
 	stop int // eventfd: Run returns when it is written
 
+	ring    *uring.Ring // PathURing only
 	subs    map[int]*subscriber
 	buf     []byte   // one datagram
 	batch   [][]byte // datagrams of one wake-up
@@ -95,6 +98,11 @@ func New(cfg Config) (*Forwarder, error) {
 			return nil, err
 		}
 	}
+	if cfg.Path == PathURing {
+		if f.ring, err = uring.New(uringEntries); err != nil {
+			return nil, fmt.Errorf("io_uring: %w", err)
+		}
+	}
 	f.buf = make([]byte, 1<<16)
 	return f, nil
 }
@@ -142,6 +150,9 @@ func (f *Forwarder) ListenAddr() netip.AddrPort { return localAddr(f.ln) }
 
 // Close releases every socket. Call it after Run returned.
 func (f *Forwarder) Close() error {
+	if f.ring != nil {
+		f.ring.Close()
+	}
 	for fd := range f.subs {
 		unix.Close(fd)
 	}
@@ -246,6 +257,58 @@ func (f *Forwarder) readSource() {
 	for _, s := range f.subs {
 		f.deliver(s)
 	}
+	if f.ring != nil {
+		f.sendAll()
+	}
+}
+
+// uringEntries bounds the sends in one submission; more subscribers take
+// more submissions.
+const uringEntries = 1024
+
+// sendAll submits one send for every subscriber with bytes waiting, in as
+// few io_uring_enter calls as the ring allows, and settles the results as
+// flush would.
+func (f *Forwarder) sendAll() {
+	var batch []*subscriber
+	settle := func() {
+		if len(batch) == 0 {
+			return
+		}
+		if err := f.ring.SubmitAndWait(len(batch)); err != nil {
+			fmt.Fprintf(f.log, "fanout: %v\n", err)
+		}
+		f.ring.Reap(func(ud uint64, res int32) {
+			s := batch[ud]
+			switch {
+			case res >= 0:
+				s.head += int(res)
+				s.account(int(res))
+				if s.queued() > 0 || s.gapDue() {
+					f.flush(s) // the rest, or a pending gap marker
+				} else {
+					s.queue, s.head = s.queue[:0], 0
+				}
+			case res == -int32(unix.EAGAIN) || res == -int32(unix.EINTR):
+				s.writable = false
+				f.watch(s)
+			default:
+				f.drop(s, "connection closed")
+			}
+		})
+		batch = batch[:0]
+	}
+	for _, s := range f.subs {
+		if !s.writable || s.queued() == 0 {
+			continue
+		}
+		if !f.ring.Prep(uring.OpSend, s.fd, s.queue[s.head:], unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, uint64(len(batch))) {
+			settle()
+			f.ring.Prep(uring.OpSend, s.fd, s.queue[s.head:], unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, uint64(len(batch)))
+		}
+		batch = append(batch, s)
+	}
+	settle()
 }
 
 func (f *Forwarder) deliver(s *subscriber) {
@@ -266,10 +329,10 @@ func (f *Forwarder) deliver(s *subscriber) {
 		s.dropped++
 		s.gap++
 	}
-	if s.writable {
+	if s.writable && f.ring == nil {
 		f.flush(s)
 	}
-	// Not writable: EPOLLOUT will flush.
+	// Not writable: EPOLLOUT will flush. With the ring, sendAll does.
 }
 
 // flush writes what it can and watches for writability if some is left.

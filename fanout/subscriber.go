@@ -12,8 +12,8 @@ import (
 type subscriber struct {
 	fd      int
 	framing Framing
-	peer  netip.AddrPort
-	since time.Time
+	peer    netip.AddrPort
+	since   time.Time
 
 	queue  []byte // bytes not yet accepted by the socket, from head
 	head   int

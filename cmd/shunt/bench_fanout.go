@@ -95,7 +95,7 @@ delivered to subscribers.`,
 	c.Flags().StringVar(&sizes, "sizes", "100,1400", "message sizes in bytes (at least 16)")
 	c.Flags().StringVar(&rates, "rates", "10000,100000", "messages per second from the source")
 	c.Flags().StringVar(&subs, "subscribers", "1,10,100,1000", "subscriber counts")
-	c.Flags().StringVar(&paths, "paths", "batch,per-message", "data paths: batch, per-message")
+	c.Flags().StringVar(&paths, "paths", "batch,uring,per-message", "data paths: batch, uring, per-message")
 	c.Flags().DurationVar(&cfg.Duration, "duration", 1e9, "sending time per run")
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")
 	c.Flags().StringVar(&out, "out", "", "write fanout.md, fanout.json and fanout.png to this directory")

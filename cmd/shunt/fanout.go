@@ -31,8 +31,9 @@ followed by the 4-byte count of lost messages) or is disconnected
 (--slow disconnect). 'shunt fanout stats' reads per-subscriber counters from
 the running forwarder through --control. It runs until interrupted (Ctrl-C,
 SIGTERM). --path batch (default) writes each subscriber once per batch of
-datagrams; --path per-message writes once per message, as a plain relay loop
-does (see docs/BENCHMARKS.md for both).`,
+datagrams; --path uring does the same with one io_uring submission for all
+subscribers; --path per-message writes once per message, as a plain relay
+loop does (docs/BENCHMARKS.md compares them).`,
 		Example: `  shunt fanout --source udp://0.0.0.0:5000 --listen tcp://0.0.0.0:6000 --framing u32
   shunt fanout stats`,
 		Args: noArgs,
@@ -84,7 +85,7 @@ does (see docs/BENCHMARKS.md for both).`,
 	c.Flags().StringVar(&framing, "framing", "none", "none, u16 or u32: a length before each message")
 	c.Flags().StringVar(&slow, "slow", "drop", "drop (lose messages, counted) or disconnect a subscriber whose queue is full")
 	c.Flags().StringVar(&queue, "queue", "1M", "bytes that may wait in shunt for one subscriber")
-	c.Flags().StringVar(&path, "path", "batch", "batch (one write per subscriber per batch) or per-message (one write per message)")
+	c.Flags().StringVar(&path, "path", "batch", "batch (one write per subscriber per batch), uring (the same in one io_uring submission) or per-message (one write per message)")
 	c.Flags().StringVar(&control, "control", defaultFanoutControl, `unix socket for 'shunt fanout stats' ("" for none)`)
 	c.AddCommand(newFanoutStatsCmd(e))
 	return c

@@ -1,4 +1,7 @@
-package bench
+// Package uring is the smallest io_uring shunt needs: SEND and RECV, many in
+// one submission. Written against the kernel ABI
+// (include/uapi/linux/io_uring.h); no Go io_uring module is available here.
+package uring
 
 import (
 	"fmt"
@@ -9,25 +12,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ring is the smallest io_uring the echo benchmark needs: one request in
-// flight at a time, RECV and SEND only. Written against the kernel ABI
-// (include/uapi/linux/io_uring.h); no Go io_uring library is available here.
-type ring struct {
-	fd      int
-	sq, cq  []byte // mmapped rings (the same mapping with IORING_FEAT_SINGLE_MMAP)
-	sqes    []byte
-	sqTail  *uint32
-	sqMask  uint32
-	sqArray unsafe.Pointer
-	cqHead  *uint32
-	cqTail  *uint32
-	cqMask  uint32
-	cqes    unsafe.Pointer
+// Ring is one io_uring. Not safe for concurrent use.
+type Ring struct {
+	fd        int
+	sq, cq    []byte // mmapped rings (the same mapping with IORING_FEAT_SINGLE_MMAP)
+	sqes      []byte
+	sqTail    *uint32
+	sqMask    uint32
+	sqEntries uint32
+	sqArray   unsafe.Pointer
+	cqHead    *uint32
+	cqTail    *uint32
+	cqMask    uint32
+	cqes      unsafe.Pointer
+	pending   uint32   // SQEs queued and not yet submitted
+	keep      [][]byte // buffers in flight, kept reachable until reaped
 }
 
 const (
-	ioringOpSend         = 26
-	ioringOpRecv         = 27
+	OpSend               = 26
+	OpRecv               = 27
 	ioringEnterGetevents = 1
 	ioringFeatSingleMmap = 1
 	ioringOffSQRing      = 0
@@ -76,13 +80,14 @@ type ioCQE struct {
 	Flags    uint32
 }
 
-func newRing(entries uint32) (*ring, error) {
+// New sets up a ring with room for entries requests at a time.
+func New(entries uint32) (*Ring, error) {
 	var p ioUringParams
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
 	if errno != 0 {
 		return nil, fmt.Errorf("io_uring_setup: %w", errno)
 	}
-	r := &ring{fd: int(fd)}
+	r := &Ring{fd: int(fd), sqEntries: p.SqEntries}
 	sqSize := int(p.SqOff.Array + p.SqEntries*4)
 	cqSize := int(p.CqOff.Cqes + p.CqEntries*cqeSize)
 	single := p.Features&ioringFeatSingleMmap != 0
@@ -92,18 +97,18 @@ func newRing(entries uint32) (*ring, error) {
 	var err error
 	prot, flags := unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE
 	if r.sq, err = unix.Mmap(r.fd, ioringOffSQRing, sqSize, prot, flags); err != nil {
-		r.close()
+		r.Close()
 		return nil, fmt.Errorf("mmap sq ring: %w", err)
 	}
 	r.cq = r.sq
 	if !single {
 		if r.cq, err = unix.Mmap(r.fd, ioringOffCQRing, cqSize, prot, flags); err != nil {
-			r.close()
+			r.Close()
 			return nil, fmt.Errorf("mmap cq ring: %w", err)
 		}
 	}
 	if r.sqes, err = unix.Mmap(r.fd, ioringOffSQEs, int(p.SqEntries)*sqeSize, prot, flags); err != nil {
-		r.close()
+		r.Close()
 		return nil, fmt.Errorf("mmap sqes: %w", err)
 	}
 	sq, cq := unsafe.Pointer(&r.sq[0]), unsafe.Pointer(&r.cq[0])
@@ -117,39 +122,82 @@ func newRing(entries uint32) (*ring, error) {
 	return r, nil
 }
 
-// do submits one RECV or SEND on fd and waits for its result.
-func (r *ring) do(op uint8, fd int, buf []byte) (int, error) {
+// Prep queues one request; it returns false when the submission queue is
+// full (Submit first). buf must not change until its completion is reaped.
+func (r *Ring) Prep(op uint8, fd int, buf []byte, msgFlags uint32, userData uint64) bool {
+	if r.pending == r.sqEntries {
+		return false
+	}
 	tail := atomic.LoadUint32(r.sqTail)
 	idx := tail & r.sqMask
 	sqe := (*ioSQE)(unsafe.Pointer(&r.sqes[idx*sqeSize]))
-	*sqe = ioSQE{Opcode: op, Fd: int32(fd), Addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), Len: uint32(len(buf))}
+	*sqe = ioSQE{Opcode: op, Fd: int32(fd), Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))), Len: uint32(len(buf)), OpFlags: msgFlags, UserData: userData}
 	*(*uint32)(unsafe.Add(r.sqArray, idx*4)) = idx
 	atomic.StoreUint32(r.sqTail, tail+1)
+	r.pending++
+	r.keep = append(r.keep, buf)
+	return true
+}
 
-	submit := uintptr(1)
+// SubmitAndWait submits what Prep queued and waits until at least wait
+// completions are ready.
+func (r *Ring) SubmitAndWait(wait int) error {
+	submit := r.pending
 	for {
-		head := atomic.LoadUint32(r.cqHead)
-		if head != atomic.LoadUint32(r.cqTail) {
-			cqe := (*ioCQE)(unsafe.Add(r.cqes, (head&r.cqMask)*cqeSize))
-			res := cqe.Res
-			atomic.StoreUint32(r.cqHead, head+1)
-			runtime.KeepAlive(buf)
-			if res < 0 {
-				return 0, unix.Errno(-res)
-			}
-			return int(res), nil
+		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(submit), uintptr(wait), ioringEnterGetevents, 0, 0)
+		if errno == unix.EINTR {
+			continue
 		}
-		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), submit, 1, ioringEnterGetevents, 0, 0)
-		if errno != 0 && errno != unix.EINTR {
-			return 0, fmt.Errorf("io_uring_enter: %w", errno)
+		if errno != 0 {
+			return fmt.Errorf("io_uring_enter: %w", errno)
 		}
-		if errno == 0 {
-			submit = 0
-		}
+		r.pending = 0
+		return nil
 	}
 }
 
-func (r *ring) close() {
+// Reap hands each ready completion to fn: its user data and its result (a
+// byte count, or a negated errno).
+func (r *Ring) Reap(fn func(userData uint64, res int32)) int {
+	n := 0
+	for {
+		head := atomic.LoadUint32(r.cqHead)
+		if head == atomic.LoadUint32(r.cqTail) {
+			break
+		}
+		cqe := (*ioCQE)(unsafe.Add(r.cqes, (head&r.cqMask)*cqeSize))
+		ud, res := cqe.UserData, cqe.Res
+		atomic.StoreUint32(r.cqHead, head+1)
+		fn(ud, res)
+		n++
+	}
+	if atomic.LoadUint32(r.cqHead) == atomic.LoadUint32(r.cqTail) && r.pending == 0 {
+		runtime.KeepAlive(r.keep)
+		r.keep = r.keep[:0]
+	}
+	return n
+}
+
+// Do runs one request and waits for its result.
+func (r *Ring) Do(op uint8, fd int, buf []byte) (int, error) {
+	r.Prep(op, fd, buf, 0, 0)
+	if err := r.SubmitAndWait(1); err != nil {
+		return 0, err
+	}
+	var res int32
+	for r.Reap(func(_ uint64, v int32) { res = v }) == 0 {
+		if err := r.SubmitAndWait(1); err != nil {
+			return 0, err
+		}
+	}
+	if res < 0 {
+		return 0, unix.Errno(-res)
+	}
+	return int(res), nil
+}
+
+// Close releases the ring. Nothing may be in flight.
+func (r *Ring) Close() {
 	if r.sqes != nil {
 		unix.Munmap(r.sqes)
 	}
