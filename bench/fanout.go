@@ -23,9 +23,12 @@ type FanoutConfig struct {
 	Rates       []int // messages per second
 	Subscribers []int
 	Paths       []fanout.Path
-	Duration    time.Duration // sending time per run
-	Rounds      int
-	Progress    io.Writer
+	// Slow lists how many extra subscribers connect and never read (one
+	// run per value, interleaved): what they cost the others.
+	Slow     []int
+	Duration time.Duration // sending time per run
+	Rounds   int
+	Progress io.Writer
 }
 
 // FanoutResult is one path at one size, rate and subscriber count, over
@@ -34,7 +37,8 @@ type FanoutResult struct {
 	Path        string `json:"path"`
 	Size        int    `json:"size"`
 	Rate        int    `json:"rate"`
-	Subscribers int    `json:"subscribers"`
+	Subscribers int    `json:"subscribers"` // reading ones
+	Slow        int    `json:"slow"`        // extra ones that never read
 	Sent        uint64 `json:"sent"`
 	Delivered   uint64 `json:"delivered"` // messages read by subscribers
 	// Undelivered: sent times subscribers, minus what was read by the end
@@ -61,8 +65,12 @@ func RunFanout(ctx context.Context, cfg FanoutConfig) ([]FanoutResult, error) {
 	}
 	defer ns.Close()
 	type key struct {
-		path             fanout.Path
-		size, rate, subs int
+		path                   fanout.Path
+		size, rate, subs, slow int
+	}
+	slows := cfg.Slow
+	if len(slows) == 0 {
+		slows = []int{0}
 	}
 	acc := map[key]*fanoutAcc{}
 	var order []key
@@ -70,20 +78,22 @@ func RunFanout(ctx context.Context, cfg FanoutConfig) ([]FanoutResult, error) {
 		for _, size := range cfg.Sizes {
 			for _, rate := range cfg.Rates {
 				for _, n := range cfg.Subscribers {
-					for _, p := range cfg.Paths {
-						if err := ctx.Err(); err != nil {
-							return nil, err
-						}
-						k := key{p, size, rate, n}
-						if acc[k] == nil {
-							acc[k] = &fanoutAcc{}
-							order = append(order, k)
-						}
-						if cfg.Progress != nil {
-							fmt.Fprintf(cfg.Progress, "fanout round %d: %s, %d B at %d/s to %d subscribers\n", round+1, p, size, rate, n)
-						}
-						if err := fanoutRun(ctx, ns, cfg.Duration, p, size, rate, n, acc[k]); err != nil {
-							return nil, err
+					for _, slow := range slows {
+						for _, p := range cfg.Paths {
+							if err := ctx.Err(); err != nil {
+								return nil, err
+							}
+							k := key{p, size, rate, n, slow}
+							if acc[k] == nil {
+								acc[k] = &fanoutAcc{}
+								order = append(order, k)
+							}
+							if cfg.Progress != nil {
+								fmt.Fprintf(cfg.Progress, "fanout round %d: %s, %d B at %d/s to %d subscribers (+%d not reading)\n", round+1, p, size, rate, n, slow)
+							}
+							if err := fanoutRun(ctx, ns, cfg.Duration, p, size, rate, n, slow, acc[k]); err != nil {
+								return nil, err
+							}
 						}
 					}
 				}
@@ -93,7 +103,7 @@ func RunFanout(ctx context.Context, cfg FanoutConfig) ([]FanoutResult, error) {
 	var out []FanoutResult
 	for _, k := range order {
 		a := acc[k]
-		r := FanoutResult{Path: k.path.String(), Size: k.size, Rate: k.rate, Subscribers: k.subs,
+		r := FanoutResult{Path: k.path.String(), Size: k.size, Rate: k.rate, Subscribers: k.subs, Slow: k.slow,
 			Sent: a.sent, Delivered: a.delivered, Undelivered: a.undelivered, Latency: a.hist.dist()}
 		if a.bytes > 0 {
 			r.CPUPerGB = a.cpu.Seconds() / (float64(a.bytes) / 1e9)
@@ -111,7 +121,7 @@ type fanoutAcc struct {
 }
 
 // fanoutRun is one forwarder, n subscribers, one sending period.
-func fanoutRun(ctx context.Context, ns *lab.NetNS, dur time.Duration, path fanout.Path, size, rate, n int, acc *fanoutAcc) error {
+func fanoutRun(ctx context.Context, ns *lab.NetNS, dur time.Duration, path fanout.Path, size, rate, n, slow int, acc *fanoutAcc) error {
 	var f *fanout.Forwarder
 	cfg := fanout.Config{
 		Source: netip.MustParseAddrPort("127.0.0.1:0"), Listen: netip.MustParseAddrPort("127.0.0.1:0"),
@@ -126,8 +136,8 @@ func fanoutRun(ctx context.Context, ns *lab.NetNS, dur time.Duration, path fanou
 	go func() { done <- f.Run(runCtx) }()
 	defer func() { stop(); <-done }()
 
-	var subs []int
-	defer func() { closeAll(subs) }()
+	var subs, stalled []int
+	defer func() { closeAll(subs); closeAll(stalled) }()
 	var src int
 	err := ns.Do(func() error {
 		for i := 0; i < n; i++ {
@@ -136,6 +146,16 @@ func fanoutRun(ctx context.Context, ns *lab.NetNS, dur time.Duration, path fanou
 				return err
 			}
 			subs = append(subs, fd)
+		}
+		for i := 0; i < slow; i++ {
+			fd, err := dialTCP(f.ListenAddr())
+			if err != nil {
+				return err
+			}
+			// A small buffer fills at once: from then on the forwarder
+			// queues and drops for it.
+			unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096)
+			stalled = append(stalled, fd)
 		}
 		var err error
 		src, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
@@ -150,7 +170,7 @@ func fanoutRun(ctx context.Context, ns *lab.NetNS, dur time.Duration, path fanou
 	}
 	defer unix.Close(src)
 	// Let the forwarder accept them all before the clock starts.
-	time.Sleep(20*time.Millisecond + time.Duration(n)*20*time.Microsecond)
+	time.Sleep(20*time.Millisecond + time.Duration(n+slow)*20*time.Microsecond)
 
 	unpin, err := pinThread(fanoutClientCPU)
 	if err != nil {

@@ -245,13 +245,16 @@ func Reap(dir string, res []bench.ReapResult) error {
 // subscribers for each path, size and rate.
 func Fanout(dir string, res []bench.FanoutResult) error {
 	var md strings.Builder
-	fmt.Fprintf(&md, "| path | size B | rate/s | subscribers | sent | delivered | undelivered | p50 us | p99 us | max us | CPU s/GB | stall |\n")
-	fmt.Fprintf(&md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	fmt.Fprintf(&md, "| path | size B | rate/s | subscribers | not reading | sent | delivered | undelivered | p50 us | p99 us | max us | CPU s/GB | stall |\n")
+	fmt.Fprintf(&md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	series := map[string][]xy{}
 	for _, r := range res {
-		fmt.Fprintf(&md, "| %s | %d | %d | %d | %d | %d | %d | %.0f | %.0f | %.0f | %.2f | %s |\n", r.Path, r.Size, r.Rate, r.Subscribers,
+		fmt.Fprintf(&md, "| %s | %d | %d | %d | %d | %d | %d | %d | %.0f | %.0f | %.0f | %.2f | %s |\n", r.Path, r.Size, r.Rate, r.Subscribers, r.Slow,
 			r.Sent, r.Delivered, r.Undelivered, us(r.Latency.P50), us(r.Latency.P99), us(r.Latency.Max), r.CPUPerGB, yes(r.Stalled))
 		name := fmt.Sprintf("%s %dB %dk/s", r.Path, r.Size, r.Rate/1000)
+		if r.Slow > 0 {
+			name += fmt.Sprintf(" +%d stalled", r.Slow)
+		}
 		series[name] = append(series[name], xy{float64(r.Subscribers), us(r.Latency.P99)})
 	}
 	if err := write(dir, "fanout", res, md.String()); err != nil {

@@ -16,10 +16,10 @@ import (
 
 func newBenchFanoutCmd(e *env) *cobra.Command {
 	var (
-		cfg                       bench.FanoutConfig
-		sizes, rates, subs, paths string
-		out                       string
-		asJSON                    bool
+		cfg                             bench.FanoutConfig
+		sizes, rates, subs, paths, slow string
+		out                             string
+		asJSON                          bool
 	)
 	c := &cobra.Command{
 		Use:   "fanout",
@@ -55,6 +55,9 @@ delivered to subscribers.`,
 			if cfg.Subscribers, err = ints("--subscribers", subs, 1); err != nil {
 				return err
 			}
+			if cfg.Slow, err = ints("--slow", slow, 0); err != nil {
+				return err
+			}
 			for _, p := range strings.Split(paths, ",") {
 				path, err := fanout.ParsePath(strings.TrimSpace(p))
 				if err != nil {
@@ -84,9 +87,9 @@ delivered to subscribers.`,
 				return writeJSON(e.stdout, res)
 			}
 			w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(w, "path\tsize\trate\tsubs\tdelivered\tundelivered\tp50\tp99\tmax\tCPU s/GB\t")
+			fmt.Fprintln(w, "path\tsize\trate\tsubs\tslow\tdelivered\tundelivered\tp50\tp99\tmax\tCPU s/GB\t")
 			for _, r := range res {
-				fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t%.2f\t\n", r.Path, r.Size, r.Rate, r.Subscribers, r.Delivered, r.Undelivered,
+				fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t%.2f\t\n", r.Path, r.Size, r.Rate, r.Subscribers, r.Slow, r.Delivered, r.Undelivered,
 					r.Latency.P50, r.Latency.P99, r.Latency.Max, r.CPUPerGB)
 			}
 			return w.Flush()
@@ -96,6 +99,7 @@ delivered to subscribers.`,
 	c.Flags().StringVar(&rates, "rates", "10000,100000", "messages per second from the source")
 	c.Flags().StringVar(&subs, "subscribers", "1,10,100,1000", "subscriber counts")
 	c.Flags().StringVar(&paths, "paths", "batch,uring,per-message", "data paths: batch, uring, per-message")
+	c.Flags().StringVar(&slow, "slow", "0", "extra subscribers that never read, one run per value (e.g. 0,1): what a stalled subscriber costs the others")
 	c.Flags().DurationVar(&cfg.Duration, "duration", 1e9, "sending time per run")
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")
 	c.Flags().StringVar(&out, "out", "", "write fanout.md, fanout.json and fanout.png to this directory")

@@ -246,6 +246,13 @@ func TestBenchFanoutTiny(t *testing.T) {
 		}
 	}
 	requireFiles(t, dir, "fanout.json", "fanout.md", "fanout.png")
+	// A subscriber that never reads costs the readers nothing they can count.
+	out, stderr, code = runShunt(t, nil, "bench", "fanout", "--json", "--sizes", "100", "--rates", "2000", "--subscribers", "3",
+		"--slow", "1", "--paths", "batch", "--duration", "200ms", "--rounds", "1")
+	res = nil
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || len(res) != 1 || res[0].Slow != 1 || res[0].Delivered != res[0].Sent*3 {
+		t.Errorf("--slow 1: exit %d, %s %s", code, out, stderr)
+	}
 	if _, stderr, code := runShunt(t, nil, "bench", "fanout", "--sizes", "8"); code != 2 || !strings.Contains(stderr, "at least 16") {
 		t.Errorf("bad --sizes: exit %d, %q", code, stderr)
 	}

@@ -131,4 +131,3 @@ func newFanoutStatsCmd(e *env) *cobra.Command {
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }
-
