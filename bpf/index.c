@@ -349,13 +349,9 @@ struct {
 SEC("iter/tcp")
 int shunt_index_seed_tcp(struct bpf_iter__tcp *ctx)
 {
-	struct sock_common *skc = ctx->sk_common;
-	if (!skc)
+	struct sock *sk = iter_tcp_sock(ctx->sk_common);
+	if (!sk)
 		return 0;
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
-	if (!tp)
-		return 0;
-	struct sock *sk = (struct sock *)tp;
 	struct listen_key lk = {
 		.netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, net_cookie),
 		.port = sk->__sk_common.skc_num,

@@ -63,14 +63,9 @@ SEC("iter/tcp")
 int shunt_reap_tcp(struct bpf_iter__tcp *ctx)
 {
 	struct sock_common *skc = ctx->sk_common;
-	if (!skc)
+	struct sock *sk = iter_tcp_sock(skc);
+	if (!sk)
 		return 0;
-	/* Full sockets only: request and timewait sockets have no owner to
-	 * tell, and the kfunc wants a full socket. */
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
-	if (!tp)
-		return 0;
-	struct sock *sk = (struct sock *)tp;
 	__u8 st = sk->__sk_common.skc_state;
 	if (st == TCP_LISTEN || st == TCP_CLOSE)
 		return 0;

@@ -130,13 +130,9 @@ func (d *diagConn) roundTrip(typ uint16, flags uint16, proto sockindex.Proto, id
 	left := len(ids)
 	rb := make([]byte, 1<<16)
 	for left > 0 {
-		n, _, err := unix.Recvfrom(d.fd, rb, 0)
+		msgs, err := d.receive(rb)
 		if err != nil {
-			return nil, fmt.Errorf("sock_diag receive: %w", err)
-		}
-		msgs, err := syscall.ParseNetlinkMessage(rb[:n])
-		if err != nil {
-			return nil, fmt.Errorf("sock_diag reply: %w", err)
+			return nil, err
 		}
 		for _, m := range msgs {
 			i := int(m.Header.Seq - first)
@@ -162,6 +158,19 @@ func (d *diagConn) roundTrip(typ uint16, flags uint16, proto sockindex.Proto, id
 		}
 	}
 	return out, nil
+}
+
+// receive reads one datagram of replies into rb and splits it.
+func (d *diagConn) receive(rb []byte) ([]syscall.NetlinkMessage, error) {
+	n, _, err := unix.Recvfrom(d.fd, rb, 0)
+	if err != nil {
+		return nil, fmt.Errorf("sock_diag receive: %w", err)
+	}
+	msgs, err := syscall.ParseNetlinkMessage(rb[:n])
+	if err != nil {
+		return nil, fmt.Errorf("sock_diag reply: %w", err)
+	}
+	return msgs, nil
 }
 
 func appendMsg(buf []byte, typ, flags uint16, seq uint32, payload []byte) []byte {
@@ -207,13 +216,9 @@ func (d *diagConn) dump(proto sockindex.Proto, family int) ([]diagID, error) {
 	var out []diagID
 	rb := make([]byte, 1<<16)
 	for {
-		n, _, err := unix.Recvfrom(d.fd, rb, 0)
+		msgs, err := d.receive(rb)
 		if err != nil {
-			return nil, fmt.Errorf("sock_diag dump: %w", err)
-		}
-		msgs, err := syscall.ParseNetlinkMessage(rb[:n])
-		if err != nil {
-			return nil, fmt.Errorf("sock_diag dump: %w", err)
+			return nil, err
 		}
 		for _, m := range msgs {
 			if m.Header.Seq != seq {

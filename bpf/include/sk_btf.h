@@ -1,6 +1,7 @@
 /* Addresses of a kernel struct sock, read through BTF (iterators). */
 #pragma once
 
+#include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include "kernel.h"
 #include "shunt_addr.h"
@@ -21,4 +22,13 @@ static __always_inline void sk_addrs(struct sock *sk, __u8 local[16], __u16 *lpo
 	}
 	*lport = c->skc_num;
 	*rport = bpf_ntohs(c->skc_dport);
+}
+
+/* The full TCP socket an iter/tcp program is at, or NULL for request and
+ * timewait sockets (no owner, and kfuncs want full sockets). */
+static __always_inline struct sock *iter_tcp_sock(struct sock_common *skc)
+{
+	if (!skc)
+		return NULL;
+	return (struct sock *)bpf_skc_to_tcp_sock(skc);
 }

@@ -121,12 +121,18 @@ func runBench[T any](ctx context.Context, e *env, m *matrixFlags, mx *bench.Matr
 	if err != nil {
 		return err
 	}
-	if m.out != "" {
-		if err := report(m.out, res); err != nil {
+	return emitBench(e, res, m.out, m.asJSON, table, report)
+}
+
+// emitBench writes a benchmark's report to out (if given) and prints its
+// result as JSON or as a table.
+func emitBench[T any](e *env, res T, out string, asJSON bool, table func(io.Writer, T), report func(dir string, res T) error) error {
+	if out != "" {
+		if err := report(out, res); err != nil {
 			return err
 		}
 	}
-	if m.asJSON {
+	if asJSON {
 		return writeJSON(e.stdout, res)
 	}
 	table(e.stdout, res)

@@ -64,16 +64,7 @@ its backlog limit plus what TCP buffers.`,
 			if err != nil {
 				return err
 			}
-			if out != "" {
-				if err := report.Backpressure(out, res); err != nil {
-					return err
-				}
-			}
-			if asJSON {
-				return writeJSON(e.stdout, res)
-			}
-			printBackpressure(e.stdout, res)
-			return nil
+			return emitBench(e, res, out, asJSON, printBackpressure, report.Backpressure)
 		},
 	}
 	c.Flags().StringVar(&modes, "modes", "tcp,shunt-bare,shunt", "modes to compare: tcp, shunt-bare (redirect without flow control), shunt (bypass with flow control)")

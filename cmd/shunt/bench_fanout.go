@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -78,21 +79,7 @@ delivered to subscribers.`,
 			if err != nil {
 				return err
 			}
-			if out != "" {
-				if err := report.Fanout(out, res); err != nil {
-					return err
-				}
-			}
-			if asJSON {
-				return writeJSON(e.stdout, res)
-			}
-			w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(w, "path\tsize\trate\tsubs\tslow\tdelivered\tundelivered\tp50\tp99\tmax\tCPU s/GB\t")
-			for _, r := range res {
-				fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t%.2f\t\n", r.Path, r.Size, r.Rate, r.Subscribers, r.Slow, r.Delivered, r.Undelivered,
-					r.Latency.P50, r.Latency.P99, r.Latency.Max, r.CPUPerGB)
-			}
-			return w.Flush()
+			return emitBench(e, res, out, asJSON, printFanout, report.Fanout)
 		},
 	}
 	c.Flags().StringVar(&sizes, "sizes", "100,1400", "message sizes in bytes (at least 16)")
@@ -105,4 +92,14 @@ delivered to subscribers.`,
 	c.Flags().StringVar(&out, "out", "", "write fanout.md, fanout.json and fanout.png to this directory")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+func printFanout(out io.Writer, res []bench.FanoutResult) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "path\tsize\trate\tsubs\tslow\tdelivered\tundelivered\tp50\tp99\tmax\tCPU s/GB\t")
+	for _, r := range res {
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t%.2f\t\n", r.Path, r.Size, r.Rate, r.Subscribers, r.Slow, r.Delivered, r.Undelivered,
+			r.Latency.P50, r.Latency.P99, r.Latency.Max, r.CPUPerGB)
+	}
+	w.Flush()
 }

@@ -61,26 +61,7 @@ UDP first, then TCP. A million TCP sockets take a few GiB of kernel memory.`,
 			if err != nil {
 				return err
 			}
-			if out != "" {
-				if err := report.Reap(out, res); err != nil {
-					return err
-				}
-			}
-			if asJSON {
-				return writeJSON(e.stdout, res)
-			}
-			w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(w, "proto\tsockets\tmethod\tdestroyed\tmissed\tmedian\tmin\tmax\t")
-			for _, r := range res {
-				fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%d\t%v\t%v\t%v\t\n", r.Proto, r.Sockets, r.Method, r.Destroyed, r.Missed, r.Took, r.Min, r.Max)
-			}
-			w.Flush()
-			for _, r := range res {
-				for _, f := range r.Failed {
-					fmt.Fprintf(e.stdout, "%s %s at %d sockets failed: %s\n", r.Proto, r.Method, r.Sockets, f)
-				}
-			}
-			return nil
+			return emitBench(e, res, out, asJSON, printReapBench, report.Reap)
 		},
 	}
 	c.Flags().StringVar(&sizes, "sizes", "100,1000,10000,100000", "sockets on the host at each step (1000000 works; give it memory)")
@@ -92,4 +73,18 @@ UDP first, then TCP. A million TCP sockets take a few GiB of kernel memory.`,
 	c.Flags().StringVar(&out, "out", "", "write reap.md, reap.json and reap.png to this directory")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+func printReapBench(out io.Writer, res []bench.ReapResult) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "proto\tsockets\tmethod\tdestroyed\tmissed\tmedian\tmin\tmax\t")
+	for _, r := range res {
+		fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%d\t%v\t%v\t%v\t\n", r.Proto, r.Sockets, r.Method, r.Destroyed, r.Missed, r.Took, r.Min, r.Max)
+	}
+	w.Flush()
+	for _, r := range res {
+		for _, f := range r.Failed {
+			fmt.Fprintf(out, "%s %s at %d sockets failed: %s\n", r.Proto, r.Method, r.Sockets, f)
+		}
+	}
 }
