@@ -32,13 +32,21 @@ func reach(ix *sockindex.Index, cookie uint64, socks []sockindex.Socket, scan **
 			return d, nil
 		}
 	}
-	if *scan == nil {
-		*scan = newNetnsScan()
+	// A scan kept from an earlier reap may predate this namespace, or name
+	// a path that now leads elsewhere: look again before giving up.
+	for fresh := *scan == nil; ; fresh = true {
+		if fresh {
+			*scan = newNetnsScan()
+		}
+		if path, ok := (*scan).find(cookie); ok {
+			if d, err := openIn(path, cookie); err == nil {
+				return d, nil
+			}
+		}
+		if fresh {
+			return nil, fmt.Errorf("network namespace %d not found", cookie)
+		}
 	}
-	if path, ok := (*scan).find(cookie); ok {
-		return openIn(path, cookie)
-	}
-	return nil, fmt.Errorf("network namespace %d not found", cookie)
 }
 
 // openIn opens a sock_diag socket in the namespace at path if its cookie is

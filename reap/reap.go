@@ -130,21 +130,35 @@ func Reap(ctx context.Context, t Target, opts Options) (*Result, error) {
 type Reaper struct {
 	ix    *sockindex.Index
 	conns map[uint64]*diagConn
+	used  map[uint64]uint64 // reap number that last used each socket
+	reaps uint64
 	scan  *netnsScan
 }
 
+// idleReaps is how many reaps a namespace's socket is kept without use: the
+// socket holds its namespace alive, and a namespace whose sockets are gone
+// is not reaped in again.
+const idleReaps = 16
+
 // NewReaper returns a Reaper over ix. Close it to release its sockets.
 func NewReaper(ix *sockindex.Index) *Reaper {
-	return &Reaper{ix: ix, conns: map[uint64]*diagConn{}}
+	return &Reaper{ix: ix, conns: map[uint64]*diagConn{}, used: map[uint64]uint64{}}
 }
 
 // Close releases the per-namespace sockets (and so the namespaces).
 func (rp *Reaper) Close() error {
-	for c, d := range rp.conns {
-		d.Close()
-		delete(rp.conns, c)
+	for c := range rp.conns {
+		rp.forget(c)
 	}
 	return nil
+}
+
+func (rp *Reaper) forget(cookie uint64) {
+	if d, ok := rp.conns[cookie]; ok {
+		d.Close()
+	}
+	delete(rp.conns, cookie)
+	delete(rp.used, cookie)
 }
 
 // Reap destroys every indexed socket connected to the target.
@@ -157,6 +171,12 @@ func (rp *Reaper) Reap(ctx context.Context, t Target, opts Options) (*Result, er
 	err := rp.reap(ctx, t, opts, res)
 	res.Took = time.Since(start)
 	rp.noteFull(res)
+	rp.reaps++
+	for c, last := range rp.used {
+		if rp.reaps-last > idleReaps {
+			rp.forget(c)
+		}
+	}
 	return res, err
 }
 
@@ -206,8 +226,7 @@ func (rp *Reaper) reap(ctx context.Context, t Target, opts Options, res *Result)
 		if err != nil {
 			// Perhaps the namespace died under the socket: reach it
 			// afresh next time.
-			d.Close()
-			delete(rp.conns, c)
+			rp.forget(c)
 			return err
 		}
 	}
@@ -215,11 +234,13 @@ func (rp *Reaper) reap(ctx context.Context, t Target, opts Options, res *Result)
 }
 
 func (rp *Reaper) conn(cookie uint64, socks []sockindex.Socket) (*diagConn, error) {
+	rp.used[cookie] = rp.reaps
 	if d, ok := rp.conns[cookie]; ok {
 		return d, nil
 	}
 	d, err := reach(rp.ix, cookie, socks, &rp.scan)
 	if err != nil {
+		delete(rp.used, cookie)
 		return nil, err
 	}
 	rp.conns[cookie] = d

@@ -339,3 +339,37 @@ func TestReapBypassedConnection(t *testing.T) {
 		t.Errorf("index still holds %+v (%v)", left, err)
 	}
 }
+
+// A Reaper kept by a control plane reaches namespaces made after its first
+// reap, and lets go of namespaces it no longer reaps in (its socket would
+// keep a dead namespace alive).
+func TestReaperOverTime(t *testing.T) {
+	ix, cg, _ := mustIndex(t)
+	rp := reap.NewReaper(ix)
+	defer rp.Close()
+	target := reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: 7004, Protos: []sockindex.Proto{sockindex.TCP}}
+	reapOne := func() {
+		t.Helper()
+		side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+		srv := mustServer(t, side, "tcp", "127.0.0.1:7004")
+		k := srv.dial(t, side, "127.0.0.1:7004")
+		res, err := rp.Reap(context.Background(), target, reap.Options{})
+		if err != nil || res.Destroyed() != 1 {
+			t.Fatalf("reap in a new namespace: %v %+v", err, res)
+		}
+		dead(t, k)
+	}
+	reapOne()
+	reapOne() // a namespace the first reap's scan did not see
+	if rp.Cached() != 2 {
+		t.Errorf("reaper holds %d namespaces, want 2", rp.Cached())
+	}
+	for i := 0; i < 17; i++ {
+		if _, err := rp.Reap(context.Background(), target, reap.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rp.Cached() != 0 {
+		t.Errorf("reaper still holds %d namespaces after 17 reaps without them", rp.Cached())
+	}
+}
