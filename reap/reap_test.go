@@ -373,3 +373,40 @@ func TestReaperOverTime(t *testing.T) {
 		t.Errorf("reaper still holds %d namespaces after 17 reaps without them", rp.Cached())
 	}
 }
+
+// A dual-stack socket (AF_INET6) connected to an IPv4 backend through its
+// mapped address is connected to that backend: reaping the IPv4 address
+// destroys it, by either method.
+func TestReapDualStackSockets(t *testing.T) {
+	for _, method := range []reap.Method{reap.Index, reap.Iter} {
+		for _, proto := range []int{unix.SOCK_STREAM, unix.SOCK_DGRAM} {
+			name := map[int]string{unix.SOCK_STREAM: "tcp", unix.SOCK_DGRAM: "udp"}[proto]
+			t.Run(fmt.Sprintf("%s/%s", method, name), func(t *testing.T) {
+				_, cg, dir := mustIndex(t)
+				side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+				mustServer(t, side, name, "127.0.0.1:7005")
+				var fd int
+				side.Make(t, func() {
+					var err error
+					if fd, err = unix.Socket(unix.AF_INET6, proto|unix.SOCK_CLOEXEC, 0); err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { unix.Close(fd) })
+					mapped := netip.MustParseAddr("::ffff:127.0.0.1").As16()
+					if err := unix.Connect(fd, &unix.SockaddrInet6{Port: 7005, Addr: mapped}); err != nil {
+						t.Fatal(err)
+					}
+					unix.Write(fd, []byte("x"))
+				})
+				cookie, _ := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
+				res, err := reap.Reap(context.Background(), reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: 7005}, reap.Options{IndexDir: dir, Method: method})
+				if err != nil || res.Destroyed() != 1 || res.Sockets[0].Cookie != cookie {
+					t.Fatalf("reap: %v %+v, want socket %d destroyed", err, res, cookie)
+				}
+				if v, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); v != int(unix.ECONNABORTED) {
+					t.Errorf("SO_ERROR %d after the reap, want ECONNABORTED", v)
+				}
+			})
+		}
+	}
+}
