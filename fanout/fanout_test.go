@@ -39,8 +39,10 @@ func mustForwarder(t *testing.T, cfg fanout.Config) *lab {
 func mustForwarderIn(t *testing.T, ns *testenv.NetNS, cfg fanout.Config) *lab {
 	t.Helper()
 	l := &lab{t: t, ns: ns, ctl: filepath.Join(t.TempDir(), "fanout.sock")}
-	cfg.Source = netip.MustParseAddrPort("127.0.0.1:0")
-	cfg.Listen = netip.MustParseAddrPort("127.0.0.1:0")
+	if !cfg.Source.IsValid() {
+		cfg.Source = netip.MustParseAddrPort("127.0.0.1:0")
+		cfg.Listen = netip.MustParseAddrPort("127.0.0.1:0")
+	}
 	cfg.Control = l.ctl
 	var err error
 	l.ns.Do(t, func() { l.f, err = fanout.New(cfg) })
@@ -455,5 +457,31 @@ func TestBadConfig(t *testing.T) {
 		if _, err := fanout.ParseEndpoint("udp", s); err == nil {
 			t.Errorf("ParseEndpoint(udp, %q) accepted it", s)
 		}
+	}
+}
+
+// IPv6 source and listener, u16 framing, every path.
+func TestIPv6(t *testing.T) {
+	for _, p := range []fanout.Path{fanout.PathBatch, fanout.PathPerMessage, fanout.PathURing} {
+		t.Run(p.String(), func(t *testing.T) {
+			testenv.RequireRoot(t)
+			l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU16, Path: p,
+				Source: netip.MustParseAddrPort("[::1]:0"), Listen: netip.MustParseAddrPort("[::1]:0")})
+			subs := []*net.TCPConn{l.subscribe(), l.subscribe()}
+			l.waitSubscribers(2)
+			u := l.sender()
+			for _, m := range []string{"first", "second"} {
+				if _, err := u.Write([]byte(m)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, c := range subs {
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				got := make([]byte, 2+5+2+6)
+				if _, err := io.ReadFull(c, got); err != nil || string(got) != "\x00\x05first\x00\x06second" {
+					t.Errorf("subscriber %s read %q, %v", c.LocalAddr(), got, err)
+				}
+			}
+		})
 	}
 }
