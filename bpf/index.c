@@ -219,6 +219,7 @@ static __always_inline int udp_connect(struct bpf_sock_addr *ctx, struct backend
 		e.flags |= ENTRY_BOUND;
 	e.owner_tgid = current_tgid();
 	ss->owner_tgid = e.owner_tgid;
+	ss->local_known = 0;
 	note_netns_owner(e.netns_cookie, e.owner_tgid);
 	index_add(ss, b, &e);
 	return 1;
@@ -245,7 +246,9 @@ int shunt_index_connect6(struct bpf_sock_addr *ctx)
 }
 
 /* First send of a connected UDP socket: now its local address is known. A
- * send from a socket that was disconnected (AF_UNSPEC, no hook) drops it. */
+ * send from a socket that was disconnected (AF_UNSPEC, no hook) drops it.
+ * Runs for every packet of the cgroup: after the first send of a socket it
+ * stops at its own socket storage, without a lookup in the index. */
 SEC("cgroup_skb/egress")
 int shunt_index_egress(struct __sk_buff *skb)
 {
@@ -262,6 +265,9 @@ int shunt_index_egress(struct __sk_buff *skb)
 		index_remove(ss);
 		return 1;
 	}
+	if (ss->local_known)
+		return 1;
+	ss->local_known = 1;
 	struct entry *e = bpf_map_lookup_elem(&sock_index, &ss->key);
 	if (!e || !(e->flags & ENTRY_LOCAL_UNKNOWN))
 		return 1;
@@ -290,10 +296,8 @@ int shunt_index_release(struct bpf_sock *sk)
 	return 1;
 }
 
-/* Start-up sweep: index a socket found by an iterator. Only sockets an
- * application still holds (sk_socket set) are taken: their close runs
- * sock_release, which removes them again. Writes one byte per socket added,
- * so user space can count them. */
+/* The sweep takes the sockets the hooks would: those of the indexed cgroup
+ * and its descendants. */
 static __always_inline int in_our_cgroup(struct sock *sk)
 {
 	struct cgroup *cg = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
@@ -305,6 +309,10 @@ static __always_inline int in_our_cgroup(struct sock *sk)
 	return anc && BPF_CORE_READ(anc, kn, id) == icfg.cgroup_id;
 }
 
+/* Start-up sweep: index a socket found by an iterator. Only sockets an
+ * application still holds (sk_socket set) are taken: their close runs
+ * sock_release, which removes them again. Writes one byte per socket added,
+ * so user space can count them. */
 static __always_inline void seed(struct bpf_iter_meta *meta, struct sock *sk, __u8 proto)
 {
 	if (!BPF_CORE_READ(sk, sk_socket) || !in_our_cgroup(sk))
@@ -325,6 +333,7 @@ static __always_inline void seed(struct bpf_iter_meta *meta, struct sock *sk, __
 	e.flags = ENTRY_SEEDED;
 	if (proto == IPPROTO_UDP)
 		e.flags |= ENTRY_BOUND; /* cannot tell: check before destroying */
+	ss->local_known = 1;
 	if (!index_add(ss, &b, &e))
 		bpf_seq_write(meta->seq, &proto, 1);
 }

@@ -63,10 +63,12 @@ type indexSlotKey struct {
 }
 
 type indexSockSlot struct {
-	_         structs.HostLayout
-	Key       indexSlotKey
-	OwnerTgid uint32
-	Indexed   uint32
+	_          structs.HostLayout
+	Key        indexSlotKey
+	OwnerTgid  uint32
+	Indexed    uint32
+	LocalKnown uint32
+	Pad        uint32
 }
 
 // Names of all BPF objects in the ELF.

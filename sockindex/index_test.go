@@ -135,6 +135,19 @@ func TestUDPLifecycle(t *testing.T) {
 	if got, _ := ix.Lookup(b10); len(got) != 1 {
 		t.Errorf("new backend holds %d entries, want 1", len(got))
 	}
+	// Its first send to the new backend tells the index the local address
+	// again (the port stays, a reconnect keeps it).
+	raw.Control(func(fd uintptr) {
+		// The port-9 send drew a port-unreachable: clear that error, or
+		// this send would report it instead of sending.
+		unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+		if _, err := unix.Write(int(fd), []byte("y")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if got, _ := ix.Lookup(b10); len(got) != 1 || !got[0].LocalKnown || got[0].Local != u.LocalAddr().(*net.UDPAddr).AddrPort() {
+		t.Errorf("after reconnect and send: %+v, want local %v", got, u.LocalAddr())
+	}
 	u.Close()
 	waitEmpty(t, ix)
 }

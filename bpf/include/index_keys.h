@@ -59,7 +59,9 @@ struct find_ctx {
 struct sock_slot {
 	struct slot_key key;
 	__u32 owner_tgid;
-	__u32 indexed; /* 1 while the entry exists; whoever clears it removes it */
+	__u32 indexed;     /* none, inserting or indexed; whoever clears it removes the entry */
+	__u32 local_known; /* UDP: the entry has the local address (egress has no more to do) */
+	__u32 _pad;
 };
 
 enum index_counter {
