@@ -36,6 +36,9 @@ volatile const struct index_config {
 	__u32 _pad;
 } icfg;
 
+/* Keeps enum entry_flags in BTF so bpf2go generates its Go twin. */
+const enum entry_flags unused_entry_flags __attribute__((unused));
+
 /* sock_slot.indexed */
 enum {
 	SLOT_NONE,

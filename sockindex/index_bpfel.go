@@ -40,6 +40,14 @@ type indexEntry struct {
 	OwnerTgid   uint32
 }
 
+type indexEntryFlags uint32
+
+const (
+	indexEntryFlagsENTRY_LOCAL_UNKNOWN indexEntryFlags = 1
+	indexEntryFlagsENTRY_SEEDED        indexEntryFlags = 2
+	indexEntryFlagsENTRY_BOUND         indexEntryFlags = 4
+)
+
 type indexFindCtx struct {
 	_       structs.HostLayout
 	Backend indexBackend
@@ -90,6 +98,7 @@ const (
 	indexProgShuntIndexSeedUdp  = "shunt_index_seed_udp"
 	indexProgShuntIndexSockops  = "shunt_index_sockops"
 	indexVarIcfg                = "icfg"
+	indexVarUnusedEntryFlags    = "unused_entry_flags"
 )
 
 // loadIndex returns the embedded CollectionSpec for index.
@@ -160,7 +169,8 @@ type indexMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type indexVariableSpecs struct {
-	Icfg *ebpf.VariableSpec `ebpf:"icfg"`
+	Icfg             *ebpf.VariableSpec `ebpf:"icfg"`
+	UnusedEntryFlags *ebpf.VariableSpec `ebpf:"unused_entry_flags"`
 }
 
 // indexObjects contains all objects after they have been loaded into the kernel.
@@ -206,7 +216,8 @@ func (m *indexMaps) Close() error {
 //
 // It can be passed to loadIndexObjects or ebpf.CollectionSpec.LoadAndAssign.
 type indexVariables struct {
-	Icfg *ebpf.Variable `ebpf:"icfg"`
+	Icfg             *ebpf.Variable `ebpf:"icfg"`
+	UnusedEntryFlags *ebpf.Variable `ebpf:"unused_entry_flags"`
 }
 
 // indexPrograms contains all programs after they have been loaded into the kernel.

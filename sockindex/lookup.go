@@ -13,12 +13,6 @@ import (
 	"github.com/shunt-project/shunt/host"
 )
 
-const (
-	flagLocalUnknown = 1 // ENTRY_LOCAL_UNKNOWN
-	flagSeeded       = 2 // ENTRY_SEEDED
-	flagBound        = 4 // ENTRY_BOUND
-)
-
 // Lookup returns the sockets connected to one backend. It visits that
 // backend's slots only, FIND_SLOTS of them per BPF_PROG_RUN.
 func (ix *Index) Lookup(b Backend) ([]Socket, error) {
@@ -156,6 +150,7 @@ func backendOf(k *indexBackend) Backend {
 
 func socketOf(k *indexBackend, e *indexEntry, boot time.Time) Socket {
 	b := backendOf(k)
+	flags := indexEntryFlags(e.Flags)
 	s := Socket{
 		Proto:       b.Proto,
 		Family:      int(e.Family),
@@ -164,9 +159,9 @@ func socketOf(k *indexBackend, e *indexEntry, boot time.Time) Socket {
 		NetnsCookie: e.NetnsCookie,
 		Owner:       int(e.OwnerTgid),
 		Since:       boot.Add(time.Duration(e.SinceNs)),
-		LocalKnown:  e.Flags&flagLocalUnknown == 0,
-		Seeded:      e.Flags&flagSeeded != 0,
-		KeepsPort:   e.Flags&flagBound != 0,
+		LocalKnown:  flags&indexEntryFlagsENTRY_LOCAL_UNKNOWN == 0,
+		Seeded:      flags&indexEntryFlagsENTRY_SEEDED != 0,
+		KeepsPort:   flags&indexEntryFlagsENTRY_BOUND != 0,
 	}
 	if s.LocalKnown {
 		s.Local = netip.AddrPortFrom(netip.AddrFrom16(e.Local).Unmap(), e.LocalPort)
