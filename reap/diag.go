@@ -60,6 +60,9 @@ func idOf(s sockindex.Socket) diagID {
 }
 
 func putAddr(b []byte, family int, a netip.Addr) {
+	if !a.IsValid() {
+		return // a dump request names no socket: all zeros
+	}
 	if family == unix.AF_INET {
 		a4 := a.Unmap().As4()
 		copy(b, a4[:])

@@ -410,3 +410,44 @@ func TestReapDualStackSockets(t *testing.T) {
 		}
 	}
 }
+
+// A connected UDP socket that never sent: the index does not know its local
+// port (the kernel picks it at connect, after the hook), so reap learns it
+// from its namespace's socket list and still destroys exactly it.
+func TestReapUDPThatNeverSent(t *testing.T) {
+	ix, cg, dir := mustIndex(t)
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	mustServer(t, side, "udp", "127.0.0.1:7006")
+	var quiet, other int
+	side.Make(t, func() {
+		for _, fd := range []*int{&quiet, &other} {
+			var err error
+			if *fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Close(*fd) })
+		}
+		if err := unix.Connect(quiet, &unix.SockaddrInet4{Port: 7006, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+			t.Fatal(err)
+		}
+		// Same address, another port: must survive.
+		if err := unix.Connect(other, &unix.SockaddrInet4{Port: 7007, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	got, err := ix.Lookup(sockindex.Backend{Addr: netip.MustParseAddr("127.0.0.1"), Port: 7006, Proto: sockindex.UDP})
+	if err != nil || len(got) != 1 || got[0].LocalKnown {
+		t.Fatalf("index holds %+v (%v), want one entry without a local address", got, err)
+	}
+	res, err := reap.Reap(context.Background(), reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: 7006}, reap.Options{IndexDir: dir, Method: reap.Index})
+	cookie, _ := unix.GetsockoptUint64(quiet, unix.SOL_SOCKET, unix.SO_COOKIE)
+	if err != nil || res.Destroyed() != 1 || res.Sockets[0].Cookie != cookie {
+		t.Fatalf("reap: %v %+v, want socket %d destroyed", err, res, cookie)
+	}
+	if v, _ := unix.GetsockoptInt(quiet, unix.SOL_SOCKET, unix.SO_ERROR); v != int(unix.ECONNABORTED) {
+		t.Errorf("SO_ERROR %d on the reaped socket, want ECONNABORTED", v)
+	}
+	if v, _ := unix.GetsockoptInt(other, unix.SOL_SOCKET, unix.SO_ERROR); v != 0 {
+		t.Errorf("SO_ERROR %d on the socket to another port", v)
+	}
+}
