@@ -27,9 +27,8 @@ type Forwarder struct {
 
 	ring    *uring.Ring // PathURing only
 	subs    map[int]*subscriber
-	buf     []byte   // one datagram
 	batch   [][]byte // datagrams of one wake-up
-	pending []byte   // their bytes, back to back
+	pending []byte   // their bytes, back to back; capacity for a full batch
 	totals  Totals
 }
 
@@ -44,7 +43,10 @@ type Totals struct {
 	SlowDropped  uint64 `json:"subscribers_disconnected_slow"`
 }
 
-const batchMax = 64
+const (
+	batchMax    = 64
+	maxDatagram = 1 << 16 // above the largest UDP payload (65,527 bytes over IPv6)
+)
 
 // New binds the source, the listener and the control socket. Run relays.
 func New(cfg Config) (*Forwarder, error) {
@@ -103,7 +105,7 @@ func New(cfg Config) (*Forwarder, error) {
 			return nil, fmt.Errorf("io_uring: %w", err)
 		}
 	}
-	f.buf = make([]byte, 1<<16)
+	f.pending = make([]byte, 0, batchMax*maxDatagram)
 	return f, nil
 }
 
@@ -222,13 +224,16 @@ func (f *Forwarder) Run(ctx context.Context) error {
 }
 
 // readSource takes up to batchMax datagrams and hands each to every
-// subscriber, then writes once per subscriber.
+// subscriber, then writes once per subscriber. Datagrams are received
+// straight into one buffer with room for a full batch, which the batch's
+// slices point into.
 func (f *Forwarder) readSource() {
 	f.batch, f.pending = f.batch[:0], f.pending[:0]
-	var lens [batchMax]int
 	k := 0
 	for k < batchMax {
-		n, _, err := unix.Recvfrom(f.src, f.buf, unix.MSG_DONTWAIT|unix.MSG_TRUNC)
+		off := len(f.pending)
+		buf := f.pending[off : off+maxDatagram]
+		n, _, err := unix.Recvfrom(f.src, buf, unix.MSG_DONTWAIT|unix.MSG_TRUNC)
 		if err == unix.EINTR {
 			continue
 		}
@@ -236,20 +241,15 @@ func (f *Forwarder) readSource() {
 			break
 		}
 		f.totals.Received++
-		if n > len(f.buf) || n > f.cfg.Framing.maxMessage() {
+		if n > maxDatagram || n > f.cfg.Framing.maxMessage() {
 			f.totals.Oversized++
-			fmt.Fprintf(f.log, "fanout: dropped a %d-byte datagram: framing %s carries at most %d bytes\n", n, f.cfg.Framing, min(f.cfg.Framing.maxMessage(), len(f.buf)))
+			fmt.Fprintf(f.log, "fanout: dropped a %d-byte datagram: framing %s carries at most %d bytes\n", n, f.cfg.Framing, min(f.cfg.Framing.maxMessage(), maxDatagram))
 			continue
 		}
 		f.totals.Bytes += uint64(n)
-		f.pending = append(f.pending, f.buf[:n]...)
-		lens[k] = n
+		f.pending = f.pending[:off+n]
+		f.batch = append(f.batch, f.pending[off:off+n])
 		k++
-	}
-	off := 0
-	for i := 0; i < k; i++ {
-		f.batch = append(f.batch, f.pending[off:off+lens[i]])
-		off += lens[i]
 	}
 	if k == 0 {
 		return
@@ -313,7 +313,7 @@ func (f *Forwarder) sendAll() {
 
 func (f *Forwarder) deliver(s *subscriber) {
 	for _, msg := range f.batch {
-		if s.enqueue(f.cfg.Framing, msg, f.cfg.Queue) {
+		if s.enqueue(msg, f.cfg.Queue) {
 			if f.cfg.Path == PathPerMessage && s.writable {
 				if !f.flush(s) {
 					return

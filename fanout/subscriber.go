@@ -32,7 +32,8 @@ func (s *subscriber) gapDue() bool { return s.gap > 0 && s.framing != FramingNon
 
 // enqueue adds a message (or reports that the queue bound forbids it). A
 // gap marker, if due, goes first.
-func (s *subscriber) enqueue(f Framing, msg []byte, bound int) bool {
+func (s *subscriber) enqueue(msg []byte, bound int) bool {
+	f := s.framing
 	need := frameLen(f, len(msg))
 	if s.gap > 0 {
 		need += gapLen(f)
