@@ -485,3 +485,33 @@ func TestIPv6(t *testing.T) {
 		})
 	}
 }
+
+// A stats client that connects and never reads must not hold up delivery:
+// the snapshot (here larger than a unix socket buffer) is written beside
+// the relay loop.
+func TestStatsReaderDoesNotBlockDelivery(t *testing.T) {
+	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32})
+	reader := l.subscribe()
+	for i := 0; i < 1500; i++ {
+		l.subscribe()
+	}
+	l.waitSubscribers(1501)
+	stuck, err := net.Dial("unix", l.ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close()
+	time.Sleep(50 * time.Millisecond) // let the loop accept it
+	u := l.sender()
+	start := time.Now()
+	if _, err := u.Write(message(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	reader.SetReadDeadline(time.Now().Add(5 * time.Second))
+	r := readFramed(reader, 0, 1)
+	// Generous against the usual ~1 ms; a loop blocked on the stats client
+	// would take its full send timeout.
+	if r.err != nil || r.n != 1 || time.Since(start) > 500*time.Millisecond {
+		t.Errorf("message took %v (%v) with a stats client not reading", time.Since(start), r.err)
+	}
+}

@@ -81,24 +81,29 @@ func listenControl(path string) (int, error) {
 }
 
 // serveControl answers each waiting client with one JSON snapshot. The
-// answer is small; a client that does not read it is cut off.
+// snapshot is taken in the loop (a copy); writing it, which can take as long
+// as the client takes to read, happens beside the loop, so a stats reader
+// never holds up delivery. A client that does not read for 5 s is cut off.
 func (f *Forwarder) serveControl() {
 	for {
 		fd, _, err := unix.Accept4(f.ctl, unix.SOCK_CLOEXEC)
 		if err != nil {
 			return
 		}
-		b, _ := json.Marshal(f.Stats())
-		tv := unix.NsecToTimeval(int64(time.Second))
-		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
-		for len(b) > 0 {
-			n, err := unix.Write(fd, b)
-			if err != nil {
-				break
+		st := f.Stats()
+		go func() {
+			defer unix.Close(fd)
+			b, _ := json.Marshal(st)
+			tv := unix.NsecToTimeval(int64(5 * time.Second))
+			unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+			for len(b) > 0 {
+				n, err := unix.Write(fd, b)
+				if err != nil {
+					return
+				}
+				b = b[n:]
 			}
-			b = b[n:]
-		}
-		unix.Close(fd)
+		}()
 	}
 }
 
