@@ -96,8 +96,8 @@ func build(dir string, cg host.Cgroup) (int, error) {
 			return 0, err
 		}
 	}
-	for name, m := range mapsOf(&objs.indexMaps) {
-		if err := m.Pin(filepath.Join(dir, mapsDir, name)); err != nil {
+	for name, m := range pinnedMaps(&objs.indexMaps) {
+		if err := (*m).Pin(filepath.Join(dir, mapsDir, name)); err != nil {
 			return 0, fmt.Errorf("pin map %s: %w", name, err)
 		}
 	}
@@ -120,13 +120,15 @@ func build(dir string, cg host.Cgroup) (int, error) {
 	return seed(&objs.indexPrograms)
 }
 
-func mapsOf(m *indexMaps) map[string]*ebpf.Map {
-	return map[string]*ebpf.Map{
-		"sock_index":     m.SockIndex,
-		"backends":       m.Backends,
-		"sock_slots":     m.SockSlots,
-		"netns_owners":   m.NetnsOwners,
-		"index_counters": m.IndexCounters,
+// pinnedMaps names the maps that are pinned; build pins them, Open fills
+// them in from the pins.
+func pinnedMaps(m *indexMaps) map[string]**ebpf.Map {
+	return map[string]**ebpf.Map{
+		"sock_index":     &m.SockIndex,
+		"backends":       &m.Backends,
+		"sock_slots":     &m.SockSlots,
+		"netns_owners":   &m.NetnsOwners,
+		"index_counters": &m.IndexCounters,
 	}
 }
 
@@ -161,14 +163,7 @@ func Open(dir string) (*Index, error) {
 		return nil, fmt.Errorf("open %s: %w", dir, err)
 	}
 	ix := &Index{dir: dir}
-	targets := map[string]**ebpf.Map{
-		"sock_index":     &ix.maps.SockIndex,
-		"backends":       &ix.maps.Backends,
-		"sock_slots":     &ix.maps.SockSlots,
-		"netns_owners":   &ix.maps.NetnsOwners,
-		"index_counters": &ix.maps.IndexCounters,
-	}
-	for name, dst := range targets {
+	for name, dst := range pinnedMaps(&ix.maps) {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil)
 		if err != nil {
 			ix.Close()
