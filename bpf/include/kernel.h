@@ -75,11 +75,13 @@ struct sock {
 	__u16 sk_protocol;
 	__u8 sk_userlocks;
 	int sk_rcvbuf;
+	int sk_sndbuf;
 };
 
 struct tcp_sock {
 	__u32 write_seq;  /* end of what this socket's sends queued for TCP */
 	__u32 copied_seq; /* end of what its reader has read from TCP */
+	__u32 snd_una;    /* first byte the far end has not acknowledged */
 };
 
 /* The psock hangs off sk_user_data; only its receive queues matter to us. */

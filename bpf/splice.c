@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: GPL-2.0
+/* shunt splice: two connected sockets joined in the kernel. Bytes arriving on
+ * one leave through the other, with no process woken (sk_skb verdict,
+ * redirect to the peer's send path).
+ *
+ * Flow control. A redirect to a send path is queued on the peer's psock
+ * without bound and without memory accounting, and the receiving socket keeps
+ * its window open, so a fast sender and a slow far reader would grow kernel
+ * memory without limit. So each direction keeps its bytes in flight (handed
+ * to the peer, not yet acknowledged by the far end) under max_inflight; past
+ * it the verdict passes bytes to the receiving socket's own queue instead and
+ * sets DIR_USER. User space then reads and writes them on like any proxy
+ * (its reads are what opens the window again, so the sender is slowed as by
+ * TCP), and hands the direction back with a compare-and-swap once it has read
+ * every byte the verdict passed. Keeping in flight below the peer's send
+ * buffer also keeps the psock worker from meeting a full buffer, where it
+ * would retry only once a jiffy.
+ */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+
+#include "include/kernel.h"
+#include "include/splice_maps.h"
+
+char __license[] SEC("license") = "GPL";
+
+/* Keeps struct splice_dir in BTF for bpf2go. */
+const struct splice_dir *unused_splice_dir __attribute__((unused));
+
+/* How far the peer may be behind: its own send buffer bounds what TCP would
+ * hold there; half of it, because the buffer counts skb overhead too. */
+static __always_inline __u32 inflight_limit(struct splice_dir *d, struct tcp_sock *peer)
+{
+	__u32 half = (__u32)BPF_CORE_READ((struct sock *)peer, sk_sndbuf) / 2;
+
+	return half < d->max_inflight ? half : d->max_inflight;
+}
+
+/* The direction's bytes go to user space from now on. */
+static __always_inline int to_user(struct splice_dir *d)
+{
+	__sync_fetch_and_or(&d->state, DIR_USER);
+	d->to_user++;
+	return SK_PASS;
+}
+
+/* Forward in the kernel if the peer has room; otherwise give the direction to
+ * user space. Returns the verdict. */
+static __always_inline int forward(struct __sk_buff *skb, struct splice_dir *d)
+{
+	__u32 peer_slot = d->peer;
+	/* A peer that left the map was reset or closed: user space finds out
+	 * when it writes these bytes, and resets our side too. */
+	struct bpf_sock *peer = bpf_map_lookup_elem(&socks, &peer_slot);
+	if (!peer)
+		return to_user(d);
+
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(peer);
+	if (!tp) {
+		bpf_sk_release(peer);
+		return to_user(d);
+	}
+	__u32 write_seq = BPF_CORE_READ(tp, write_seq);
+	__u32 snd_una = BPF_CORE_READ(tp, snd_una);
+	__u32 limit = inflight_limit(d, tp);
+	bpf_sk_release(peer);
+
+	if (!d->base_valid) {
+		/* User space handed over with nothing queued in the peer's psock,
+		 * so its write_seq is where our redirects begin. */
+		d->base = write_seq;
+		d->period = 0;
+		d->base_valid = 1;
+	}
+	__s32 inflight = (__s32)(d->base + d->period - snd_una);
+	if (inflight < 0)
+		inflight = 0;
+	if ((__u32)inflight + skb->len > limit)
+		return to_user(d);
+	d->period += skb->len;
+	d->redirected += skb->len;
+	return bpf_sk_redirect_map(skb, &socks, peer_slot, 0);
+}
+
+SEC("sk_skb/verdict")
+int splice_verdict(struct __sk_buff *skb)
+{
+	/* A FIN without data. TCP has already taken note of the FIN (user
+	 * space forwards it); passed on, the empty skb would make the psock
+	 * worker fail with EPIPE and break the pipe. */
+	if (skb->len == 0)
+		return SK_DROP;
+
+	__u64 cookie = bpf_get_socket_cookie(skb);
+	__u32 *slot = bpf_map_lookup_elem(&slots, &cookie);
+	if (!slot)
+		return SK_PASS;
+	struct splice_dir *d = bpf_map_lookup_elem(&dirs, slot);
+	if (!d)
+		return SK_PASS;
+
+	/* Counting first makes the mode we read and the bytes we add one
+	 * atomic step: user space's hand-back fails if any verdict ran since
+	 * it last looked, so passed bytes are never left unread. */
+	__u64 old = __sync_fetch_and_add(&d->state, skb->len);
+	if (old & DIR_USER)
+		return SK_PASS;
+	return forward(skb, d);
+}

@@ -1,0 +1,238 @@
+package splice
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// direction moves the bytes that arrive on src out through dst. While the
+// verdict forwards them the goroutine sleeps in the poller: src becomes
+// readable only when the verdict passed bytes to user space, or at EOF or
+// error.
+type direction struct {
+	p         *Pair
+	name      string // "a->b" or "b->a", for errors
+	src, dst  *net.TCPConn
+	srcRaw    syscall.RawConn
+	srcFD     int
+	dstFD     int
+	slot      uint32
+	cookie    uint64
+	shared    *spliceSpliceDir
+	dstOrigin uint64 // sentSoFar(dst) when joined
+	userRead  atomic.Uint64
+	userWrote atomic.Uint64
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+func newDirection(p *Pair, name string, src, dst *net.TCPConn, slot, peerSlot uint32) (*direction, error) {
+	d := &direction{p: p, name: name, src: src, dst: dst, slot: slot}
+	var err error
+	if d.srcFD, err = socketFD(src); err != nil {
+		return nil, fmt.Errorf("splice: %w", err)
+	}
+	if d.dstFD, err = socketFD(dst); err != nil {
+		return nil, fmt.Errorf("splice: %w", err)
+	}
+	if d.srcRaw, err = src.SyscallConn(); err != nil {
+		return nil, fmt.Errorf("splice: %w", err)
+	}
+	if d.cookie, err = unix.GetsockoptUint64(d.srcFD, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+		return nil, fmt.Errorf("splice: SO_COOKIE: %w", err)
+	}
+	if d.dstOrigin, err = sentSoFar(d.dstFD); err != nil {
+		return nil, fmt.Errorf("splice: socket is not a connected TCP socket: %w", err)
+	}
+	d.shared = p.s.dir(slot)
+	*d.shared = spliceSpliceDir{Peer: peerSlot, MaxInflight: p.s.maxInflight}
+	// Start in user mode: the hand-back below first makes sure no byte
+	// queued before the join is left behind the kernel's.
+	atomic.StoreUint64(&d.shared.State, dirUser)
+	return d, nil
+}
+
+func (d *direction) stats() Stats {
+	k := atomic.LoadUint64(&d.shared.Redirected)
+	return Stats{
+		Bytes:  d.userWrote.Load() + k,
+		Kernel: k,
+		ToUser: atomic.LoadUint32(&d.shared.ToUser),
+	}
+}
+
+func (d *direction) run() error {
+	for {
+		buf, n, err := d.read()
+		if err != nil {
+			return fmt.Errorf("%s: read: %w", d.name, err)
+		}
+		if n == 0 {
+			if err := d.finish(); err != nil {
+				return fmt.Errorf("%s: forward EOF: %w", d.name, err)
+			}
+			return nil
+		}
+		err = d.write((*buf)[:n])
+		bufPool.Put(buf)
+		if err != nil {
+			return fmt.Errorf("%s: write: %w", d.name, err)
+		}
+	}
+}
+
+// read waits for bytes the verdict gave to user space (or EOF). Each time
+// src runs dry it tries to hand the direction back to the kernel.
+func (d *direction) read() (*[]byte, int, error) {
+	var buf *[]byte
+	var n int
+	var rerr error
+	err := d.srcRaw.Read(func(fd uintptr) bool {
+		buf = bufPool.Get().(*[]byte)
+		n, rerr = unix.Read(int(fd), *buf)
+		if rerr == unix.EAGAIN || rerr == unix.EINTR {
+			bufPool.Put(buf)
+			buf = nil
+			d.handBack()
+			return false
+		}
+		return true
+	})
+	if err == nil {
+		err = rerr
+	}
+	if err != nil {
+		if buf != nil {
+			bufPool.Put(buf)
+		}
+		return nil, 0, err
+	}
+	d.userRead.Add(uint64(n))
+	return buf, n, nil
+}
+
+// write sends bytes read in user space, after every byte the kernel
+// forwarded before them.
+func (d *direction) write(b []byte) error {
+	if err := d.waitPeerFlushed(); err != nil {
+		return err
+	}
+	if _, err := d.dst.Write(b); err != nil {
+		return err
+	}
+	d.userWrote.Add(uint64(len(b)))
+	return nil
+}
+
+// flushQueued copies what src holds unread to dst, before the join.
+func (d *direction) flushQueued() error {
+	buf := bufPool.Get().(*[]byte)
+	defer bufPool.Put(buf)
+	for {
+		n, err := unix.Read(d.srcFD, *buf)
+		if err == unix.EAGAIN || n == 0 {
+			// EOF is seen again, and forwarded, once joined.
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("splice: read queued bytes: %w", err)
+		}
+		if _, err := d.dst.Write((*buf)[:n]); err != nil {
+			return fmt.Errorf("splice: write queued bytes: %w", err)
+		}
+		// Written before the join: part of dst's origin, not ours.
+		d.dstOrigin += uint64(n)
+	}
+}
+
+// allSeenRead says whether every byte the verdict has seen was either
+// forwarded by the kernel or read by us; state is a snapshot of the state word.
+func (d *direction) allSeenRead(state uint64) bool {
+	seen := state &^ dirUser
+	return seen == (d.userRead.Load()+atomic.LoadUint64(&d.shared.Redirected))&^dirUser
+}
+
+// peerFlushed says whether dst's psock has sent on everything the kernel
+// redirected to it (nothing of ours waits in its backlog).
+func (d *direction) peerFlushed() (bool, error) {
+	sent, err := sentSoFar(d.dstFD)
+	if err != nil {
+		return false, err
+	}
+	return sent-d.dstOrigin >= d.userWrote.Load()+atomic.LoadUint64(&d.shared.Redirected), nil
+}
+
+// handBack gives the direction to the kernel if we have read every byte the
+// verdict passed to us and dst holds nothing of the kernel's in its backlog.
+// The compare-and-swap fails if a verdict ran since state was read.
+func (d *direction) handBack() {
+	state := atomic.LoadUint64(&d.shared.State)
+	if state&dirUser == 0 || !d.allSeenRead(state) {
+		return
+	}
+	if ok, err := d.peerFlushed(); err != nil || !ok {
+		return
+	}
+	atomic.StoreUint32(&d.shared.BaseValid, 0)
+	atomic.CompareAndSwapUint64(&d.shared.State, state, state&^dirUser)
+}
+
+// waitPeerFlushed waits until the kernel's redirected bytes have left dst's
+// backlog. The psock worker usually takes microseconds; when dst's buffer is
+// full it retries once a jiffy.
+func (d *direction) waitPeerFlushed() error {
+	for i := 0; ; i++ {
+		ok, err := d.peerFlushed()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		if d.p.aborted.Load() {
+			return net.ErrClosed
+		}
+		backoff(i)
+	}
+}
+
+// finish forwards EOF: after every byte of src has left through dst, dst
+// sends FIN.
+func (d *direction) finish() error {
+	for i := 0; ; i++ {
+		if d.allSeenRead(atomic.LoadUint64(&d.shared.State)) {
+			break
+		}
+		if d.p.aborted.Load() {
+			return net.ErrClosed
+		}
+		backoff(i)
+	}
+	if err := d.waitPeerFlushed(); err != nil {
+		return err
+	}
+	if err := d.dst.CloseWrite(); err != nil && !errors.Is(err, unix.ENOTCONN) {
+		return err
+	}
+	return nil
+}
+
+// backoff spins briefly, then sleeps up to a millisecond.
+func backoff(i int) {
+	switch {
+	case i < 16:
+		runtime.Gosched()
+	case i < 32:
+		time.Sleep(20 * time.Microsecond)
+	default:
+		time.Sleep(time.Millisecond)
+	}
+}

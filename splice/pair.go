@@ -1,0 +1,210 @@
+package splice
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+const dirUser = 1 << 63
+
+// Stats counts one direction's bytes.
+type Stats struct {
+	Bytes  uint64 // bytes delivered to the outgoing socket
+	Kernel uint64 // of which the kernel forwarded
+	ToUser uint32 // times flow control moved the direction to user space
+}
+
+// Pair is two sockets joined by a Splicer. It ends when both directions have
+// ended (EOF forwarded each way) or either side failed (then both are reset).
+type Pair struct {
+	s     *Splicer
+	index uint32
+	a, b  *net.TCPConn
+	ab    *direction // bytes arriving on a, leaving through b
+	ba    *direction
+
+	done     chan struct{}
+	once     sync.Once
+	aborted  atomic.Bool
+	errMu    sync.Mutex
+	err      error
+	finished sync.WaitGroup
+}
+
+// Join hands a and b to the kernel: from now on every byte that arrives on
+// one is sent out of the other. The Splicer owns both connections and closes
+// them when the pair ends. Bytes already read from a or b by the caller are
+// the caller's; bytes queued and not yet read are forwarded.
+func (s *Splicer) Join(a, b *net.TCPConn) (*Pair, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errors.New("splice: splicer is closed")
+	}
+	if len(s.free) == 0 {
+		s.mu.Unlock()
+		return nil, ErrFull
+	}
+	index := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	p := &Pair{s: s, index: index, a: a, b: b, done: make(chan struct{})}
+	s.pairs[index] = p
+	s.mu.Unlock()
+
+	if err := p.join(); err != nil {
+		p.unregister()
+		return nil, err
+	}
+	p.finished.Add(2)
+	go p.run(p.ab)
+	go p.run(p.ba)
+	go func() {
+		p.finished.Wait()
+		p.release()
+	}()
+	return p, nil
+}
+
+func (p *Pair) join() error {
+	slotA, slotB := 2*p.index, 2*p.index+1
+	var err error
+	if p.ab, err = newDirection(p, "a->b", p.a, p.b, slotA, slotB); err != nil {
+		return err
+	}
+	if p.ba, err = newDirection(p, "b->a", p.b, p.a, slotB, slotA); err != nil {
+		return err
+	}
+	// The verdict reads whole skbs from the receive queue, including bytes
+	// of one the caller has partly read (it would send them twice). So
+	// whatever is queued now goes on from user space first.
+	for _, d := range []*direction{p.ab, p.ba} {
+		if err := d.flushQueued(); err != nil {
+			return err
+		}
+	}
+	// Cookies first, sockets last: once a socket is in the map the
+	// verdict runs for it, and it must find its direction (in user mode).
+	for _, d := range []*direction{p.ab, p.ba} {
+		if err := p.s.objs.Slots.Update(d.cookie, d.slot, ebpf.UpdateAny); err != nil {
+			p.forget()
+			return fmt.Errorf("splice: register socket: %w", err)
+		}
+	}
+	for i, d := range []*direction{p.ab, p.ba} {
+		if err := p.s.objs.Socks.Update(d.slot, uint64(d.srcFD), ebpf.UpdateAny); err != nil {
+			if i == 1 {
+				p.s.objs.Socks.Delete(p.ab.slot)
+			}
+			p.forget()
+			return fmt.Errorf("splice: add socket to map: %w", err)
+		}
+	}
+	return nil
+}
+
+// forget removes the pair's cookie entries.
+func (p *Pair) forget() {
+	for _, d := range []*direction{p.ab, p.ba} {
+		if d != nil {
+			p.s.objs.Slots.Delete(d.cookie)
+		}
+	}
+}
+
+func (p *Pair) unregister() {
+	p.s.mu.Lock()
+	delete(p.s.pairs, p.index)
+	p.s.free = append(p.s.free, p.index)
+	p.s.mu.Unlock()
+}
+
+// run moves one direction until EOF is forwarded or the pair fails.
+func (p *Pair) run(d *direction) {
+	defer p.finished.Done()
+	if err := d.run(); err != nil && !p.aborted.Load() {
+		p.fail(err)
+	}
+}
+
+// fail records the first error and resets both sockets, as a proxy whose one
+// side broke would.
+func (p *Pair) fail(err error) {
+	p.errMu.Lock()
+	if p.err == nil {
+		p.err = err
+	}
+	p.errMu.Unlock()
+	p.Abort()
+}
+
+// Abort resets both connections (RST to both peers) and ends the pair.
+func (p *Pair) Abort() {
+	p.once.Do(func() {
+		p.aborted.Store(true)
+		for _, c := range []*net.TCPConn{p.a, p.b} {
+			c.SetLinger(0)
+			c.Close()
+		}
+	})
+}
+
+// release runs when both directions have ended: sockets leave the maps
+// and are closed, and the slots are reused.
+func (p *Pair) release() {
+	p.s.objs.Socks.Delete(p.ab.slot)
+	p.s.objs.Socks.Delete(p.ba.slot)
+	p.forget()
+	p.a.Close()
+	p.b.Close()
+	p.unregister()
+	close(p.done)
+}
+
+// Done is closed when the pair has ended and both sockets are closed.
+func (p *Pair) Done() <-chan struct{} { return p.done }
+
+// Err is why the pair ended early; nil after a clean close each way, or
+// before the pair ended.
+func (p *Pair) Err() error {
+	p.errMu.Lock()
+	defer p.errMu.Unlock()
+	return p.err
+}
+
+// Stats returns bytes moved a->b and b->a so far.
+func (p *Pair) Stats() (ab, ba Stats) { return p.ab.stats(), p.ba.stats() }
+
+// socketFD returns the descriptor behind c without taking it from Go's
+// poller.
+func socketFD(c *net.TCPConn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := rc.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
+}
+
+// sentSoFar is how many bytes fd has queued for sending since an arbitrary
+// origin fixed per connection: acknowledged bytes plus bytes in the send
+// queue. Read in this order, it can only lag behind the truth.
+func sentSoFar(fd int) (uint64, error) {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil {
+		return 0, err
+	}
+	outq, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
+	if err != nil {
+		return 0, err
+	}
+	return info.Bytes_acked + uint64(outq), nil
+}

@@ -1,0 +1,146 @@
+// Package splice joins two connected TCP sockets inside the kernel: bytes
+// arriving on one leave through the other with no process woken, while this
+// package keeps what a proxy must keep (ordering, half-close, reset, and a
+// bound on the memory a slow reader can pin). The programs and maps live as
+// long as the Splicer; nothing is pinned.
+package splice
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultMaxInflight caps the bytes one direction may hand to its outgoing
+// socket that the far end has not acknowledged (the verdict also keeps it
+// under half that socket's send buffer). Past it, the direction's bytes go
+// through user space, whose reads pace the sender as TCP would.
+const DefaultMaxInflight = 4 << 20
+
+// DefaultMaxPairs is how many pairs one Splicer can hold at once.
+const DefaultMaxPairs = 1 << 15
+
+// ErrFull means every pair slot is in use.
+var ErrFull = errors.New("splice: too many joined pairs")
+
+// Options shape a Splicer.
+type Options struct {
+	MaxInflight uint32 // 0: DefaultMaxInflight
+	MaxPairs    int    // 0: DefaultMaxPairs
+}
+
+// Splicer owns the verdict program and its maps, and the pairs joined by it.
+type Splicer struct {
+	objs        spliceObjects
+	link        link.Link
+	mem         []byte // dirs, shared with the verdict
+	maxInflight uint32
+
+	mu     sync.Mutex
+	free   []uint32 // pair indices
+	pairs  map[uint32]*Pair
+	closed bool
+}
+
+// New loads the splice program. It needs CAP_BPF and CAP_NET_ADMIN.
+func New(opts Options) (*Splicer, error) {
+	if opts.MaxInflight == 0 {
+		opts.MaxInflight = DefaultMaxInflight
+	}
+	if opts.MaxPairs == 0 {
+		opts.MaxPairs = DefaultMaxPairs
+	}
+	if opts.MaxPairs < 1 || opts.MaxPairs > 1<<20 {
+		return nil, fmt.Errorf("splice: max pairs %d out of range 1..%d", opts.MaxPairs, 1<<20)
+	}
+	spec, err := loadSplice()
+	if err != nil {
+		return nil, err
+	}
+	slots := uint32(2 * opts.MaxPairs)
+	for _, name := range []string{"socks", "dirs", "slots"} {
+		spec.Maps[name].MaxEntries = slots
+	}
+	s := &Splicer{maxInflight: opts.MaxInflight, pairs: map[uint32]*Pair{}}
+	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
+		return nil, fmt.Errorf("load splice program: %w", err)
+	}
+	s.link, err = link.AttachRawLink(link.RawLinkOptions{
+		Target:  s.objs.Socks.FD(),
+		Program: s.objs.SpliceVerdict,
+		Attach:  ebpf.AttachSkSKBVerdict,
+	})
+	if err != nil {
+		s.objs.Close()
+		return nil, fmt.Errorf("attach splice verdict: %w", err)
+	}
+	size := int(slots) * int(unsafe.Sizeof(spliceSpliceDir{}))
+	s.mem, err = unix.Mmap(s.objs.Dirs.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		s.link.Close()
+		s.objs.Close()
+		return nil, fmt.Errorf("map splice state: %w", err)
+	}
+	for i := opts.MaxPairs - 1; i >= 0; i-- {
+		s.free = append(s.free, uint32(i))
+	}
+	return s, nil
+}
+
+// dir returns the shared state of the direction whose bytes arrive on slot.
+func (s *Splicer) dir(slot uint32) *spliceSpliceDir {
+	off := uintptr(slot) * unsafe.Sizeof(spliceSpliceDir{})
+	return (*spliceSpliceDir)(unsafe.Pointer(&s.mem[off]))
+}
+
+// Close aborts every pair still joined (both sockets are reset) and unloads
+// the program.
+func (s *Splicer) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	pairs := make([]*Pair, 0, len(s.pairs))
+	for _, p := range s.pairs {
+		pairs = append(pairs, p)
+	}
+	s.mu.Unlock()
+	for _, p := range pairs {
+		p.Abort()
+		<-p.Done()
+	}
+	err := s.link.Close()
+	unix.Munmap(s.mem)
+	return errors.Join(err, s.objs.Close())
+}
+
+// Active is the number of pairs joined now.
+func (s *Splicer) Active() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pairs)
+}
+
+// MapEntries counts the socket and cookie entries in the kernel maps (what a
+// leak would show).
+func (s *Splicer) MapEntries() (socks, cookies int, err error) {
+	var k uint32
+	var v uint64
+	it := s.objs.Socks.Iterate()
+	for it.Next(&k, &v) {
+		socks++
+	}
+	if err := it.Err(); err != nil {
+		return 0, 0, err
+	}
+	var ck uint64
+	var slot uint32
+	it = s.objs.Slots.Iterate()
+	for it.Next(&ck, &slot) {
+		cookies++
+	}
+	return socks, cookies, it.Err()
+}

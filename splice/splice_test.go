@@ -1,0 +1,222 @@
+package splice_test
+
+import (
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/internal/testenv"
+	"github.com/shunt-project/shunt/splice"
+)
+
+// mustSplicer loads a Splicer for the test and checks at the end that no
+// pair, socket or cookie entry is left in it.
+func mustSplicer(t *testing.T, opts splice.Options) *splice.Splicer {
+	t.Helper()
+	testenv.RequireRoot(t)
+	s, err := splice.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+// proxied is a client and a server with a proxy's two sockets between
+// them: client <-> front ... back <-> server.
+type proxied struct {
+	client, front, back, server *net.TCPConn
+	pair                        *splice.Pair
+}
+
+var families = []struct{ name, network, addr string }{
+	{"ipv4", "tcp4", "127.0.0.1:0"},
+	{"ipv6", "tcp6", "[::1]:0"},
+}
+
+// mustSockets connects client to front and back to server in ns.
+func mustSockets(t *testing.T, ns *testenv.NetNS, network, addr string) *proxied {
+	t.Helper()
+	side := testenv.Side{NS: ns}
+	p := &proxied{}
+	p.client, p.front = testenv.ConnPair(t, network, side, addr, side, addr)
+	p.back, p.server = testenv.ConnPair(t, network, side, addr, side, addr)
+	return p
+}
+
+// join splices front and back.
+func (p *proxied) join(t *testing.T, s *splice.Splicer) *proxied {
+	t.Helper()
+	var err error
+	if p.pair, err = s.Join(p.front, p.back); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// mustProxied is mustSockets, joined.
+func mustProxied(t *testing.T, s *splice.Splicer, ns *testenv.NetNS, network, addr string) *proxied {
+	t.Helper()
+	return mustSockets(t, ns, network, addr).join(t, s)
+}
+
+// waitDone waits for the pair to end.
+func (p *proxied) waitDone(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.pair.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("pair did not end within 10 s")
+	}
+}
+
+// TestStreamBothWays: random-sized writes both ways at once arrive intact,
+// then each side's FIN arrives after its last byte and the pair ends.
+func TestStreamBothWays(t *testing.T) {
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) {
+			s := mustSplicer(t, splice.Options{})
+			p := mustProxied(t, s, testenv.MustNetNS(t), f.network, f.addr)
+			up := testenv.Stream{Seed: 1, Size: 64 << 20, MaxChunk: 200 << 10}
+			down := testenv.Stream{Seed: 2, Size: 64 << 20, MaxChunk: 200 << 10}
+			errs := make(chan error, 4)
+			go func() { errs <- writeThenClose(p.client, up) }()
+			go func() { errs <- writeThenClose(p.server, down) }()
+			go func() { errs <- up.Check(p.server, true) }()
+			go func() { errs <- down.Check(p.client, true) }()
+			for range 4 {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			p.waitDone(t)
+			if err := p.pair.Err(); err != nil {
+				t.Fatal(err)
+			}
+			ab, ba := p.pair.Stats()
+			t.Logf("a->b %+v, b->a %+v", ab, ba)
+			if ab.Bytes != uint64(up.Size) || ba.Bytes != uint64(down.Size) {
+				t.Fatalf("stats count %d and %d bytes, want %d and %d", ab.Bytes, ba.Bytes, up.Size, down.Size)
+			}
+			if ab.Kernel == 0 || ba.Kernel == 0 {
+				t.Fatalf("the kernel forwarded nothing (a->b %d, b->a %d bytes)", ab.Kernel, ba.Kernel)
+			}
+		})
+	}
+}
+
+func writeThenClose(c *net.TCPConn, s testenv.Stream) error {
+	if err := s.Write(c); err != nil {
+		return err
+	}
+	return c.CloseWrite()
+}
+
+// TestHalfCloseEachWay: a FIN from either end reaches the other after every
+// byte, while the other direction keeps working.
+func TestHalfCloseEachWay(t *testing.T) {
+	s := mustSplicer(t, splice.Options{})
+	ns := testenv.MustNetNS(t)
+	for _, clientFirst := range []bool{true, false} {
+		p := mustProxied(t, s, ns, "tcp4", "127.0.0.1:0")
+		first, second := p.client, p.server
+		if !clientFirst {
+			first, second = second, first
+		}
+		a := testenv.Stream{Seed: 3, Size: 1 << 20, MaxChunk: 4096}
+		if err := writeThenClose(first, a); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Check(second, true); err != nil {
+			<-p.pair.Done()
+			t.Fatalf("%v (pair: %v)", err, p.pair.Err())
+		}
+		// The half-closed side still receives.
+		b := testenv.Stream{Seed: 4, Size: 1 << 20, MaxChunk: 4096}
+		if err := writeThenClose(second, b); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Check(first, true); err != nil {
+			t.Fatal(err)
+		}
+		p.waitDone(t)
+		if err := p.pair.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestResetPropagates: an RST from either end resets the other end too.
+func TestResetPropagates(t *testing.T) {
+	s := mustSplicer(t, splice.Options{})
+	ns := testenv.MustNetNS(t)
+	for _, clientResets := range []bool{true, false} {
+		p := mustProxied(t, s, ns, "tcp4", "127.0.0.1:0")
+		resetter, other := p.client, p.server
+		if !clientResets {
+			resetter, other = other, resetter
+		}
+		if _, err := resetter.Write([]byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 5)
+		if _, err := io.ReadFull(other, buf); err != nil {
+			t.Fatal(err)
+		}
+		resetter.SetLinger(0)
+		resetter.Close()
+		other.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := other.Read(buf)
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("the far end read %v, want ECONNRESET", err)
+		}
+		p.waitDone(t)
+		if p.pair.Err() == nil {
+			t.Fatal("pair ended without an error after a reset")
+		}
+	}
+}
+
+// TestHandOffAfterFirstBytes: the proxy reads the first bytes itself, writes
+// its own header and those bytes to the server, then joins while the client
+// keeps sending; the server sees header, then the whole stream in order.
+func TestHandOffAfterFirstBytes(t *testing.T) {
+	s := mustSplicer(t, splice.Options{})
+	ns := testenv.MustNetNS(t)
+	header := []byte("PROXY TCP4 192.0.2.1 192.0.2.2 1000 2000\r\n")
+	for _, first := range []int{1, 1000, 100000} {
+		p := mustSockets(t, ns, "tcp4", "127.0.0.1:0")
+		stream := testenv.Stream{Seed: uint64(first), Size: 16 << 20, MaxChunk: 3000}
+		sent := make(chan error, 1)
+		go func() { sent <- writeThenClose(p.client, stream) }()
+
+		buf := make([]byte, first)
+		if _, err := io.ReadFull(p.front, buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.back.Write(append(append([]byte{}, header...), buf...)); err != nil {
+			t.Fatal(err)
+		}
+		p.join(t, s)
+
+		got := make([]byte, len(header))
+		if _, err := io.ReadFull(p.server, got); err != nil || string(got) != string(header) {
+			t.Fatalf("header: %q, %v", got, err)
+		}
+		if err := stream.Check(p.server, true); err != nil {
+			t.Fatalf("first %d bytes read by the proxy: %v", first, err)
+		}
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
+		p.server.CloseWrite()
+		p.waitDone(t)
+	}
+}
