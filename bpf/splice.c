@@ -25,6 +25,8 @@
 
 char __license[] SEC("license") = "GPL";
 
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
 /* Keeps struct splice_dir in BTF for bpf2go. */
 const struct splice_dir *unused_splice_dir __attribute__((unused));
 
@@ -83,6 +85,49 @@ static __always_inline int forward(struct __sk_buff *skb, struct splice_dir *d)
 	return bpf_sk_redirect_map(skb, &socks, peer_slot, 0);
 }
 
+/* How many bytes at the head of skb were already seen. TCP queues a
+ * retransmission that overlaps what it has received with its old bytes
+ * still in front, for a reader that skips them by sequence number;
+ * tcp_read_skb hands the verdict the whole skb (6.18), and forwarding it
+ * would send those bytes twice. */
+static __always_inline __u32 seen_before(struct __sk_buff *skb, struct splice_dir *d)
+{
+	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
+	__u32 seq = *(__u32 *)kskb->cb; /* TCP_SKB_CB(skb)->seq */
+
+	if (!d->expect_valid) {
+		/* First skb since the join: user space has read up to
+		 * copied_seq, and nothing else reads this socket. */
+		struct bpf_sock *self = skb->sk;
+		struct tcp_sock *tp = self ? bpf_skc_to_tcp_sock(self) : NULL;
+		if (!tp)
+			return 0;
+		d->expect = BPF_CORE_READ(tp, copied_seq);
+		d->expect_valid = 1;
+	}
+	__s32 old = (__s32)(d->expect - seq);
+	__u32 end = seq + skb->len;
+	if ((__s32)(end - d->expect) > 0)
+		d->expect = end;
+	return old > 0 ? (__u32)old : 0;
+}
+
+/* Pass skb to user space, which drops its first `dup` bytes. */
+static __always_inline int pass_with_skip(struct splice_dir *d, __u64 pos, __u32 dup)
+{
+	__u32 head = d->skip_head;
+	if (head - __sync_fetch_and_add(&d->skip_tail, 0) >= SKIP_RING) {
+		d->broken = 1;
+		return to_user(d);
+	}
+	struct skip *sk = &d->skips[head & (SKIP_RING - 1)];
+	sk->pos = pos;
+	sk->len = dup;
+	__sync_fetch_and_add(&d->skip_head, 1);
+	d->overlaps++;
+	return to_user(d);
+}
+
 SEC("sk_skb/verdict")
 int splice_verdict(struct __sk_buff *skb)
 {
@@ -100,10 +145,16 @@ int splice_verdict(struct __sk_buff *skb)
 	if (!d)
 		return SK_PASS;
 
+	__u32 dup = seen_before(skb, d);
+	if (dup >= skb->len)
+		return SK_DROP; /* nothing new in it */
+
 	/* Counting first makes the mode we read and the bytes we add one
 	 * atomic step: user space's hand-back fails if any verdict ran since
 	 * it last looked, so passed bytes are never left unread. */
 	__u64 old = __sync_fetch_and_add(&d->state, skb->len);
+	if (dup)
+		return pass_with_skip(d, old & ~DIR_USER, dup);
 	if (old & DIR_USER)
 		return SK_PASS;
 	return forward(skb, d);

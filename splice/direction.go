@@ -28,6 +28,7 @@ type direction struct {
 	cookie    uint64
 	shared    *spliceSpliceDir
 	dstOrigin uint64 // sentSoFar(dst) when joined
+	pending   []byte // read from src before the join, sent first
 	userRead  atomic.Uint64
 	userWrote atomic.Uint64
 }
@@ -63,13 +64,20 @@ func newDirection(p *Pair, name string, src, dst *net.TCPConn, slot, peerSlot ui
 func (d *direction) stats() Stats {
 	k := atomic.LoadUint64(&d.shared.Redirected)
 	return Stats{
-		Bytes:  d.userWrote.Load() + k,
-		Kernel: k,
-		ToUser: atomic.LoadUint32(&d.shared.ToUser),
+		Bytes:    d.userWrote.Load() + k,
+		Kernel:   k,
+		ToUser:   atomic.LoadUint32(&d.shared.ToUser),
+		Repeated: atomic.LoadUint32(&d.shared.Overlaps),
 	}
 }
 
 func (d *direction) run() error {
+	if len(d.pending) > 0 {
+		if err := d.write(d.pending); err != nil {
+			return fmt.Errorf("%s: write: %w", d.name, err)
+		}
+		d.pending = nil
+	}
 	for {
 		buf, n, err := d.read()
 		if err != nil {
@@ -89,9 +97,28 @@ func (d *direction) run() error {
 	}
 }
 
-// read waits for bytes the verdict gave to user space (or EOF). Each time
-// src runs dry it tries to hand the direction back to the kernel.
+// read waits for bytes the verdict gave to user space, or EOF (0 bytes).
+// Each time src runs dry it tries to hand the direction back to the kernel.
 func (d *direction) read() (*[]byte, int, error) {
+	for {
+		buf, n, err := d.readOnce()
+		if err != nil || n == 0 {
+			return buf, n, err
+		}
+		pos := d.userRead.Load() + atomic.LoadUint64(&d.shared.Redirected)
+		d.userRead.Add(uint64(n))
+		if atomic.LoadUint32(&d.shared.Broken) != 0 {
+			bufPool.Put(buf)
+			return nil, 0, errors.New("more retransmissions overlapping received bytes at once than the verdict can track")
+		}
+		if kept := d.dropRepeated((*buf)[:n], pos); len(kept) > 0 {
+			return buf, len(kept), nil
+		}
+		bufPool.Put(buf) // nothing but repeats: read on
+	}
+}
+
+func (d *direction) readOnce() (*[]byte, int, error) {
 	var buf *[]byte
 	var n int
 	var rerr error
@@ -115,8 +142,40 @@ func (d *direction) read() (*[]byte, int, error) {
 		}
 		return nil, 0, err
 	}
-	d.userRead.Add(uint64(n))
+	if n == 0 {
+		bufPool.Put(buf)
+		return nil, 0, nil
+	}
 	return buf, n, nil
+}
+
+// dropRepeated removes from b the bytes the verdict saw twice (see
+// seen_before in bpf/splice.c). b holds passed bytes whose first byte the
+// verdict counted at pos; the ring lists repeats in stream order.
+func (d *direction) dropRepeated(b []byte, pos uint64) []byte {
+	end := pos + uint64(len(b))
+	out := b[:0]
+	cursor := pos
+	for {
+		tail := atomic.LoadUint32(&d.shared.SkipTail)
+		if tail == atomic.LoadUint32(&d.shared.SkipHead) {
+			break
+		}
+		sk := &d.shared.Skips[tail%uint32(len(d.shared.Skips))]
+		from, to := sk.Pos, sk.Pos+uint64(sk.Len)
+		if from >= end {
+			break
+		}
+		if from > cursor {
+			out = append(out, b[cursor-pos:from-pos]...)
+		}
+		cursor = max(cursor, min(to, end))
+		if to > end {
+			break // the rest of this repeat comes with the next read
+		}
+		atomic.AddUint32(&d.shared.SkipTail, 1)
+	}
+	return append(out, b[cursor-pos:]...)
 }
 
 // write sends bytes read in user space, after every byte the kernel
@@ -132,24 +191,21 @@ func (d *direction) write(b []byte) error {
 	return nil
 }
 
-// flushQueued copies what src holds unread to dst, before the join.
-func (d *direction) flushQueued() error {
-	buf := bufPool.Get().(*[]byte)
-	defer bufPool.Put(buf)
+// takeQueued reads what src holds unread before the join; run sends it
+// first. (The verdict reads whole skbs from the receive queue, including
+// bytes of one the caller has partly read, which would go out twice.)
+func (d *direction) takeQueued() error {
+	buf := make([]byte, 64<<10)
 	for {
-		n, err := unix.Read(d.srcFD, *buf)
-		if err == unix.EAGAIN || n == 0 {
+		n, err := unix.Read(d.srcFD, buf)
+		if err == unix.EAGAIN || err == nil && n == 0 {
 			// EOF is seen again, and forwarded, once joined.
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("splice: read queued bytes: %w", err)
 		}
-		if _, err := d.dst.Write((*buf)[:n]); err != nil {
-			return fmt.Errorf("splice: write queued bytes: %w", err)
-		}
-		// Written before the join: part of dst's origin, not ours.
-		d.dstOrigin += uint64(n)
+		d.pending = append(d.pending, buf[:n]...)
 	}
 }
 
@@ -174,6 +230,9 @@ func (d *direction) peerFlushed() (bool, error) {
 // verdict passed to us and dst holds nothing of the kernel's in its backlog.
 // The compare-and-swap fails if a verdict ran since state was read.
 func (d *direction) handBack() {
+	if d.p.userOnly {
+		return
+	}
 	state := atomic.LoadUint64(&d.shared.State)
 	if state&dirUser == 0 || !d.allSeenRead(state) {
 		return
@@ -189,6 +248,9 @@ func (d *direction) handBack() {
 // backlog. The psock worker usually takes microseconds; when dst's buffer is
 // full it retries once a jiffy.
 func (d *direction) waitPeerFlushed() error {
+	if d.p.userOnly {
+		return nil
+	}
 	for i := 0; ; i++ {
 		ok, err := d.peerFlushed()
 		if err != nil {
@@ -207,7 +269,7 @@ func (d *direction) waitPeerFlushed() error {
 // finish forwards EOF: after every byte of src has left through dst, dst
 // sends FIN.
 func (d *direction) finish() error {
-	for i := 0; ; i++ {
+	for i := 0; !d.p.userOnly; i++ {
 		if d.allSeenRead(atomic.LoadUint64(&d.shared.State)) {
 			break
 		}

@@ -18,6 +18,9 @@ type Stats struct {
 	Bytes  uint64 // bytes delivered to the outgoing socket
 	Kernel uint64 // of which the kernel forwarded
 	ToUser uint32 // times flow control moved the direction to user space
+	// Repeated counts retransmissions that overlapped bytes already
+	// received; their repeated bytes were dropped (see bpf/splice.c).
+	Repeated uint32
 }
 
 // Pair is two sockets joined by a Splicer. It ends when both directions have
@@ -29,6 +32,7 @@ type Pair struct {
 	ab    *direction // bytes arriving on a, leaving through b
 	ba    *direction
 
+	userOnly bool // not in the kernel maps: copied in user space
 	done     chan struct{}
 	once     sync.Once
 	aborted  atomic.Bool
@@ -80,11 +84,8 @@ func (p *Pair) join() error {
 	if p.ba, err = newDirection(p, "b->a", p.b, p.a, slotB, slotA); err != nil {
 		return err
 	}
-	// The verdict reads whole skbs from the receive queue, including bytes
-	// of one the caller has partly read (it would send them twice). So
-	// whatever is queued now goes on from user space first.
 	for _, d := range []*direction{p.ab, p.ba} {
-		if err := d.flushQueued(); err != nil {
+		if err := d.takeQueued(); err != nil {
 			return err
 		}
 	}
@@ -102,6 +103,13 @@ func (p *Pair) join() error {
 				p.s.objs.Socks.Delete(p.ab.slot)
 			}
 			p.forget()
+			if errors.Is(err, unix.EOPNOTSUPP) {
+				// Only established sockets may join a sockmap; one
+				// that already got FIN (or worse) is copied in user
+				// space for the rest of its short life.
+				p.userOnly = true
+				return nil
+			}
 			return fmt.Errorf("splice: add socket to map: %w", err)
 		}
 	}
@@ -157,9 +165,11 @@ func (p *Pair) Abort() {
 // release runs when both directions have ended: sockets leave the maps
 // and are closed, and the slots are reused.
 func (p *Pair) release() {
-	p.s.objs.Socks.Delete(p.ab.slot)
-	p.s.objs.Socks.Delete(p.ba.slot)
-	p.forget()
+	if !p.userOnly {
+		p.s.objs.Socks.Delete(p.ab.slot)
+		p.s.objs.Socks.Delete(p.ba.slot)
+		p.forget()
+	}
 	p.a.Close()
 	p.b.Close()
 	p.unregister()
@@ -176,6 +186,10 @@ func (p *Pair) Err() error {
 	defer p.errMu.Unlock()
 	return p.err
 }
+
+// InKernel says whether the kernel forwards this pair's bytes (false when a
+// socket could not join the map; the pair is then copied in user space).
+func (p *Pair) InKernel() bool { return !p.userOnly }
 
 // Stats returns bytes moved a->b and b->a so far.
 func (p *Pair) Stats() (ab, ba Stats) { return p.ab.stats(), p.ba.stats() }

@@ -127,19 +127,19 @@ func (s *Splicer) Active() int {
 // MapEntries counts the socket and cookie entries in the kernel maps (what a
 // leak would show).
 func (s *Splicer) MapEntries() (socks, cookies int, err error) {
-	var k uint32
-	var v uint64
-	it := s.objs.Socks.Iterate()
-	for it.Next(&k, &v) {
-		socks++
+	var cookie uint64
+	for slot := uint32(0); slot < s.objs.Socks.MaxEntries(); slot++ {
+		err := s.objs.Socks.Lookup(slot, &cookie)
+		switch {
+		case err == nil:
+			socks++
+		case !errors.Is(err, ebpf.ErrKeyNotExist):
+			return 0, 0, err
+		}
 	}
-	if err := it.Err(); err != nil {
-		return 0, 0, err
-	}
-	var ck uint64
 	var slot uint32
-	it = s.objs.Slots.Iterate()
-	for it.Next(&ck, &slot) {
+	it := s.objs.Slots.Iterate()
+	for it.Next(&cookie, &slot) {
 		cookies++
 	}
 	return socks, cookies, it.Err()

@@ -23,7 +23,18 @@ type spliceSpliceDir struct {
 	Period      uint32
 	MaxInflight uint32
 	ToUser      uint32
-	Pad         [3]uint64
+	Expect      uint32
+	ExpectValid uint32
+	Overlaps    uint32
+	Broken      uint32
+	SkipHead    uint32
+	SkipTail    uint32
+	Skips       [8]struct {
+		_   structs.HostLayout
+		Pos uint64
+		Len uint32
+		Pad uint32
+	}
 }
 
 // Names of all BPF objects in the ELF.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -84,8 +85,8 @@ func TestStreamBothWays(t *testing.T) {
 		t.Run(f.name, func(t *testing.T) {
 			s := mustSplicer(t, splice.Options{})
 			p := mustProxied(t, s, testenv.MustNetNS(t), f.network, f.addr)
-			up := testenv.Stream{Seed: 1, Size: 64 << 20, MaxChunk: 200 << 10}
-			down := testenv.Stream{Seed: 2, Size: 64 << 20, MaxChunk: 200 << 10}
+			up := testenv.Stream{Seed: 1, Size: 256 << 20, MaxChunk: 200 << 10}
+			down := testenv.Stream{Seed: 2, Size: 256 << 20, MaxChunk: 200 << 10}
 			errs := make(chan error, 4)
 			go func() { errs <- writeThenClose(p.client, up) }()
 			go func() { errs <- writeThenClose(p.server, down) }()
@@ -218,5 +219,110 @@ func TestHandOffAfterFirstBytes(t *testing.T) {
 		}
 		p.server.CloseWrite()
 		p.waitDone(t)
+	}
+}
+
+// TestSlowReaderHoldsSender: a server that stops reading stops the client,
+// as through a plain proxy: a non-blocking writer gets EAGAIN once the
+// buffers along the way are full, and every byte arrives once the server
+// reads again. Without flow control the kernel would queue without bound.
+func TestSlowReaderHoldsSender(t *testing.T) {
+	s := mustSplicer(t, splice.Options{})
+	p := mustProxied(t, s, testenv.MustNetNS(t), "tcp4", "127.0.0.1:0")
+	const limit = 256 << 20
+	stream := testenv.Stream{Seed: 5, Size: limit, MaxChunk: 64 << 10}
+	w := &stallWriter{c: p.client}
+	err := stream.Write(w)
+	if !errors.Is(err, errStalled) {
+		t.Fatalf("the writer was never held back: %d bytes accepted (%v)", w.n, err)
+	}
+	t.Logf("accepted %d bytes before the writer was held", w.n)
+	if w.n > 64<<20 {
+		t.Fatalf("accepted %d bytes with nobody reading; plain TCP through a proxy holds about 10-20 MiB", w.n)
+	}
+	// Everything accepted arrives, in order.
+	accepted := testenv.Stream{Seed: 5, Size: w.n, MaxChunk: 64 << 10}
+	p.client.CloseWrite()
+	if err := accepted.Check(p.server, true); err != nil {
+		t.Fatal(err)
+	}
+	ab, _ := p.pair.Stats()
+	t.Logf("a->b %+v", ab)
+	p.server.CloseWrite()
+	p.waitDone(t)
+}
+
+var errStalled = errors.New("writer stalled")
+
+// stallWriter writes until a write makes no progress for 500 ms.
+type stallWriter struct {
+	c *net.TCPConn
+	n int64
+}
+
+func (w *stallWriter) Write(b []byte) (int, error) {
+	w.c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+	n, err := w.c.Write(b)
+	w.n += int64(n)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return n, errStalled
+	}
+	return n, err
+}
+
+// TestDropRepeated: the bytes the verdict marks as repeats are cut out of
+// what user space reads, also when a repeat spans two reads.
+func TestDropRepeated(t *testing.T) {
+	in := []byte("0123456789")
+	for _, c := range []struct {
+		name    string
+		pos     uint64
+		repeats [][2]uint64
+		want    string
+		left    int
+	}{
+		{"none", 100, nil, "0123456789", 0},
+		{"head", 100, [][2]uint64{{100, 3}}, "3456789", 0},
+		{"middle and tail", 100, [][2]uint64{{102, 2}, {108, 2}}, "014567", 0},
+		{"runs past the read", 100, [][2]uint64{{107, 5}}, "0123456", 1},
+		{"rest of a repeat from the last read", 105, [][2]uint64{{103, 4}}, "23456789", 0},
+		{"later read", 100, [][2]uint64{{200, 4}}, "0123456789", 1},
+		{"all", 100, [][2]uint64{{100, 10}}, "", 0},
+	} {
+		b := append([]byte{}, in...)
+		got, left := splice.DropRepeated(b, c.pos, c.repeats...)
+		if string(got) != c.want || left != c.left {
+			t.Errorf("%s: kept %q with %d repeats pending, want %q and %d", c.name, got, left, c.want, c.left)
+		}
+	}
+}
+
+// TestJoinAfterFIN: a socket that already received FIN cannot join a
+// sockmap; the pair is then copied in user space, with the same result.
+func TestJoinAfterFIN(t *testing.T) {
+	s := mustSplicer(t, splice.Options{})
+	p := mustSockets(t, testenv.MustNetNS(t), "tcp4", "127.0.0.1:0")
+	io.WriteString(p.server, "bye")
+	p.server.CloseWrite()
+	time.Sleep(20 * time.Millisecond) // let the FIN arrive
+	p.join(t, s)
+	if p.pair.InKernel() {
+		t.Fatal("a socket in CLOSE_WAIT joined the kernel map")
+	}
+	stream := testenv.Stream{Seed: 9, Size: 4 << 20, MaxChunk: 10000}
+	errs := make(chan error, 1)
+	go func() { errs <- writeThenClose(p.client, stream) }()
+	if got, err := io.ReadAll(p.client); err != nil || string(got) != "bye" {
+		t.Fatalf("client read %q, %v", got, err)
+	}
+	if err := stream.Check(p.server, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	p.waitDone(t)
+	if err := p.pair.Err(); err != nil {
+		t.Fatal(err)
 	}
 }

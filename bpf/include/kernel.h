@@ -91,6 +91,11 @@ struct sk_psock {
 	__u32 msg_tot_len; /* bytes queued on ingress_msg */
 };
 
+/* TCP keeps its struct tcp_skb_cb in cb: seq, then end_seq. */
+struct sk_buff {
+	char cb[48];
+};
+
 struct seq_file;
 
 struct bpf_iter_meta {

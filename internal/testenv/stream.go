@@ -64,7 +64,7 @@ func (s Stream) Check(r io.Reader, wantEOF bool) error {
 				for got[i] == want[i] {
 					i++
 				}
-				return fmt.Errorf("stream %d differs at byte %d of %d (got % x, want % x)", s.Seed, off+int64(i), s.Size, got[i:min(i+8, m)], want[i:min(i+8, m)])
+				return fmt.Errorf("stream %d differs at byte %d of %d (got % x, want % x)%s", s.Seed, off+int64(i), s.Size, got[i:min(i+8, m)], want[i:min(i+8, m)], s.locate(got[i:m], off+int64(i)))
 			}
 			off += int64(m)
 		}
@@ -79,4 +79,25 @@ func (s Stream) Check(r io.Reader, wantEOF bool) error {
 		}
 	}
 	return nil
+}
+
+// locate says where in the stream the bytes found at offset at belong, when
+// they are from within 16 MiB of it: a repeat or a skip.
+func (s Stream) locate(got []byte, at int64) string {
+	if len(got) < 16 {
+		return ""
+	}
+	got = got[:min(len(got), 64)]
+	from := max(0, at-16<<20)
+	buf := make([]byte, min(s.Size, at+16<<20)-from)
+	src := s.source()
+	skip := make([]byte, 1<<20)
+	for left := from; left > 0; left -= int64(len(skip)) {
+		_, _ = src.Read(skip[:min(int64(len(skip)), left)])
+	}
+	_, _ = src.Read(buf)
+	if i := bytes.Index(buf, got); i >= 0 {
+		return fmt.Sprintf("; those bytes belong at offset %d (%+d)", from+int64(i), from+int64(i)-at)
+	}
+	return "; those bytes are not from within 16 MiB"
 }

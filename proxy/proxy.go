@@ -1,0 +1,275 @@
+// Package proxy is a TCP proxy that picks an upstream for each connection
+// (round robin, or by the Host header of the first HTTP request), optionally
+// announces the client with a PROXY protocol header, and then moves the
+// connection's bytes in one of three ways: joined in the kernel (package
+// splice), through a user-space buffer, or through splice(2) pipes.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/shunt-project/shunt/splice"
+)
+
+// Stats are a proxy's counters.
+type Stats struct {
+	Accepted uint64 `json:"accepted"`
+	Active   int64  `json:"active"`
+	Refused  uint64 `json:"refused"`      // no upstream would take the connection
+	Failed   uint64 `json:"failed"`       // ended by a reset or an error
+	Up       uint64 `json:"bytes_up"`     // client to upstream, ended connections
+	Down     uint64 `json:"bytes_down"`   // upstream to client, ended connections
+	Kernel   uint64 `json:"bytes_kernel"` // of those, moved by the kernel
+}
+
+// Proxy accepts connections and relays them.
+type Proxy struct {
+	cfg      Config
+	ln       *net.TCPListener
+	splicer  *splice.Splicer
+	defaults *pool
+	routes   map[string]*pool
+	log      func(format string, args ...any)
+
+	wg       sync.WaitGroup
+	slots    chan struct{}
+	mu       sync.Mutex
+	conns    map[*net.TCPConn]struct{} // user-space modes, for Close
+	accepted atomic.Uint64
+	active   atomic.Int64
+	refused  atomic.Uint64
+	failed   atomic.Uint64
+	up       atomic.Uint64
+	down     atomic.Uint64
+	kernel   atomic.Uint64
+}
+
+// New checks cfg, loads the kernel programs (Kernel mode) and listens.
+// logf receives one line per event worth a log line (nil: none).
+func New(cfg Config, logf func(format string, args ...any)) (*Proxy, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	p := &Proxy{
+		cfg:      cfg,
+		defaults: &pool{ups: cfg.Upstreams},
+		routes:   map[string]*pool{},
+		log:      logf,
+		slots:    make(chan struct{}, cfg.MaxConns),
+		conns:    map[*net.TCPConn]struct{}{},
+	}
+	for _, r := range cfg.Routes {
+		p.routes[r.Host] = &pool{ups: r.Upstreams}
+	}
+	if cfg.Mode == Kernel {
+		s, err := splice.New(splice.Options{MaxInflight: cfg.MaxInflight, MaxPairs: cfg.MaxConns})
+		if err != nil {
+			return nil, err
+		}
+		p.splicer = s
+	}
+	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(cfg.Listen))
+	if err != nil {
+		if p.splicer != nil {
+			p.splicer.Close()
+		}
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	p.ln = ln
+	return p, nil
+}
+
+// Addr is the address the proxy listens on.
+func (p *Proxy) Addr() netip.AddrPort { return p.ln.Addr().(*net.TCPAddr).AddrPort() }
+
+// Stats returns the counters now.
+func (p *Proxy) Stats() Stats {
+	return Stats{
+		Accepted: p.accepted.Load(), Active: p.active.Load(), Refused: p.refused.Load(),
+		Failed: p.failed.Load(), Up: p.up.Load(), Down: p.down.Load(), Kernel: p.kernel.Load(),
+	}
+}
+
+// Run accepts connections until ctx is done or the listener fails. It then
+// stops accepting; connections keep going until Close.
+func (p *Proxy) Run(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { p.ln.Close() })
+	defer stop()
+	for {
+		c, err := p.ln.AcceptTCP()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			// EMFILE and friends: wait a little rather than spin.
+			p.log("proxy: accept: %v", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		p.accepted.Add(1)
+		select {
+		case p.slots <- struct{}{}:
+		default:
+			p.log("proxy: %s: refused, %d connections open (the limit)", c.RemoteAddr(), p.cfg.MaxConns)
+			p.refused.Add(1)
+			c.Close()
+			continue
+		}
+		p.active.Add(1)
+		p.wg.Add(1)
+		go func() {
+			defer func() { <-p.slots; p.active.Add(-1); p.wg.Done() }()
+			p.handle(c)
+		}()
+	}
+}
+
+// Close stops accepting, resets every open connection and unloads the
+// kernel programs.
+func (p *Proxy) Close() error {
+	p.ln.Close()
+	var err error
+	if p.splicer != nil {
+		err = p.splicer.Close()
+	}
+	p.mu.Lock()
+	for c := range p.conns {
+		c.SetLinger(0)
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return err
+}
+
+// handle serves one client connection to its end.
+func (p *Proxy) handle(client *net.TCPConn) {
+	peer := client.RemoteAddr().(*net.TCPAddr).AddrPort()
+	var head []byte
+	ups := p.defaults
+	if len(p.routes) > 0 {
+		var err error
+		head, err = readHead(client, p.cfg.HeadTimeout)
+		if err != nil && len(head) == 0 {
+			if !errors.Is(err, io.EOF) {
+				p.log("proxy: %s: no request: %v", peer, err)
+			}
+			client.Close()
+			return
+		}
+		if r, ok := p.routes[hostOf(head)]; ok {
+			ups = r
+		}
+	}
+	upstream, err := p.dial(ups)
+	if err != nil {
+		p.log("proxy: %s: %v", peer, err)
+		p.refused.Add(1)
+		client.SetLinger(0)
+		client.Close()
+		return
+	}
+	first := head
+	if p.cfg.Proxy != NoProxyProtocol {
+		local := client.LocalAddr().(*net.TCPAddr).AddrPort()
+		first = append(proxyHeader(p.cfg.Proxy, peer, local), head...)
+	}
+	if len(first) > 0 {
+		if _, err := upstream.Write(first); err != nil {
+			p.log("proxy: %s: write to upstream %s: %v", peer, upstream.RemoteAddr(), err)
+			p.failed.Add(1)
+			resetBoth(client, upstream)
+			return
+		}
+	}
+	p.up.Add(uint64(len(head)))
+
+	var r result
+	if p.cfg.Mode == Kernel {
+		r = p.joinInKernel(client, upstream)
+	} else {
+		p.track(client, upstream, true)
+		r = relay(client, upstream, p.cfg.Mode == Splice)
+		p.track(client, upstream, false)
+	}
+	p.up.Add(r.up)
+	p.down.Add(r.down)
+	p.kernel.Add(r.kernel)
+	if r.err != nil {
+		p.failed.Add(1)
+		p.log("proxy: %s: %v", peer, r.err)
+	}
+}
+
+func (p *Proxy) joinInKernel(client, upstream *net.TCPConn) result {
+	pair, err := p.splicer.Join(client, upstream)
+	if err != nil {
+		resetBoth(client, upstream)
+		return result{err: err}
+	}
+	<-pair.Done()
+	up, down := pair.Stats()
+	return result{up: up.Bytes, down: down.Bytes, kernel: up.Kernel + down.Kernel, err: pair.Err()}
+}
+
+// track registers user-space connections so Close can reset them.
+func (p *Proxy) track(a, b *net.TCPConn, add bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range []*net.TCPConn{a, b} {
+		if add {
+			p.conns[c] = struct{}{}
+		} else {
+			delete(p.conns, c)
+		}
+	}
+}
+
+// dial connects to the first upstream of ups (in round-robin order) that
+// accepts.
+func (p *Proxy) dial(ups *pool) (*net.TCPConn, error) {
+	var errs []error
+	for _, u := range ups.order() {
+		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DialTimeout)
+		c, err := p.cfg.Dial(ctx, "tcp", u.String())
+		cancel()
+		if err == nil {
+			return c.(*net.TCPConn), nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("no upstream accepted the connection: %w", errors.Join(errs...))
+}
+
+func resetBoth(a, b *net.TCPConn) {
+	for _, c := range []*net.TCPConn{a, b} {
+		c.SetLinger(0)
+		c.Close()
+	}
+}
+
+// MapEntries counts the kernel map entries of Kernel mode (0 otherwise).
+func (p *Proxy) MapEntries() (socks, cookies int, err error) {
+	if p.splicer == nil {
+		return 0, 0, nil
+	}
+	return p.splicer.MapEntries()
+}
