@@ -1,0 +1,128 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/proxy"
+)
+
+func newProxyCmd(e *env) *cobra.Command {
+	var (
+		listen, upstreams, mode, proxyProto, maxInflight string
+		routes                                           []string
+		maxConns                                         int
+	)
+	c := &cobra.Command{
+		Use:   "proxy --listen ADDR:PORT --upstream ADDR:PORT[,ADDR:PORT...]",
+		Short: "A TCP proxy whose connections are joined in the kernel",
+		Long: `proxy accepts TCP connections on --listen, connects each to an upstream
+(round robin over --upstream, skipping one that refuses), and moves the
+connection's bytes:
+
+  --mode kernel   joined in the kernel (sk_skb redirect): no copy and no
+                  wake-up per chunk; user space only forwards FIN and RST and
+                  takes over while the far reader is slow (flow control)
+  --mode copy     through a user-space buffer (read, then write)
+  --mode splice   through a pipe with splice(2), as HAProxy does
+
+With --route HOST=ADDR:PORT[,...] the proxy reads the first request head
+(HTTP/1) and sends requests for that Host to those upstreams; others, and
+anything that is not HTTP, go to --upstream. The bytes it read go to the
+upstream first, then the connection is handed over. --proxy-protocol v1 or v2
+puts a PROXY protocol header with the client's address before them.
+
+It runs until interrupted (Ctrl-C, SIGTERM), then resets the connections it
+still holds. Kernel mode needs root.`,
+		Example: `  shunt proxy --listen 127.0.0.1:8080 --upstream 127.0.0.1:9000,127.0.0.1:9001
+  shunt proxy --listen [::]:443 --upstream 10.0.0.5:443 --proxy-protocol v2
+  shunt proxy --listen 0.0.0.0:80 --upstream 10.0.0.9:80 --route api.example=10.0.0.7:80`,
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if listen == "" || upstreams == "" {
+				return usageError{fmt.Errorf("--listen and --upstream are required (see '%s --help')", c.CommandPath())}
+			}
+			var cfg proxy.Config
+			var err error
+			if cfg.Listen, err = proxy.ParseAddrPort(listen); err != nil {
+				return usageError{fmt.Errorf("--listen: %w", err)}
+			}
+			if cfg.Upstreams, err = proxy.ParseUpstreams(upstreams); err != nil {
+				return usageError{fmt.Errorf("--upstream: %w", err)}
+			}
+			for _, r := range routes {
+				rt, err := proxy.ParseRoute(r)
+				if err != nil {
+					return usageError{fmt.Errorf("--route: %w", err)}
+				}
+				cfg.Routes = append(cfg.Routes, rt)
+			}
+			if cfg.Mode, err = proxy.ParseMode(mode); err != nil {
+				return usageError{fmt.Errorf("--mode: %w", err)}
+			}
+			if cfg.Proxy, err = proxy.ParseProxyProtocol(proxyProto); err != nil {
+				return usageError{fmt.Errorf("--proxy-protocol: %w", err)}
+			}
+			sizes, err := parseSizes("--max-inflight", maxInflight)
+			if err != nil || len(sizes) != 1 || sizes[0] > 1<<30 {
+				return usageError{fmt.Errorf("--max-inflight: want one size up to 1G, like 4M, got %q", maxInflight)}
+			}
+			cfg.MaxInflight = uint32(sizes[0])
+			if maxConns < 1 || maxConns > 1<<20 {
+				return usageError{fmt.Errorf("--max-conns: want 1 to %d, got %d", 1<<20, maxConns)}
+			}
+			cfg.MaxConns = maxConns
+			if cfg.Mode == proxy.Kernel {
+				if err := host.CheckPrivileges(); err != nil {
+					return fmt.Errorf("--mode kernel: %w (or use --mode copy)", err)
+				}
+			}
+			p, err := proxy.New(cfg, func(format string, args ...any) {
+				fmt.Fprintf(e.stderr, format+"\n", args...)
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stderr, "proxy: listening on %s, mode %s, upstreams %s%s\n",
+				p.Addr(), cfg.Mode, joinAddrs(cfg.Upstreams), describeRoutes(cfg.Routes))
+			runErr := p.Run(c.Context())
+			st := p.Stats()
+			closeErr := p.Close()
+			fmt.Fprintf(e.stderr, "proxy: stopped after %d connections (%d refused, %d failed); %d bytes up, %d down, %d of them moved by the kernel\n",
+				st.Accepted, st.Refused, st.Failed, st.Up, st.Down, st.Kernel)
+			if runErr != nil {
+				return runErr
+			}
+			return closeErr
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&listen, "listen", "", "address to accept connections on, like 127.0.0.1:8080 or [::]:8080")
+	f.StringVar(&upstreams, "upstream", "", "upstream addresses, comma separated, taken in turn")
+	f.StringVar(&mode, "mode", "kernel", "kernel, copy or splice: how bytes move once connected")
+	f.StringVar(&proxyProto, "proxy-protocol", "none", "none, v1 or v2: announce the client to the upstream")
+	f.StringArrayVar(&routes, "route", nil, "HOST=ADDR:PORT[,ADDR:PORT]: HTTP requests for HOST go there (repeatable)")
+	f.StringVar(&maxInflight, "max-inflight", "4M", "kernel mode: bytes one direction may have unacknowledged in the outgoing socket before user space paces it")
+	f.IntVar(&maxConns, "max-conns", 10000, "connections at once; more are refused")
+	return c
+}
+
+func joinAddrs(addrs []netip.AddrPort) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func describeRoutes(routes []proxy.Route) string {
+	var b strings.Builder
+	for _, r := range routes {
+		fmt.Fprintf(&b, ", %s -> %s", r.Host, joinAddrs(r.Upstreams))
+	}
+	return b.String()
+}

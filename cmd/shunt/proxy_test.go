@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// TestProxyCommand runs `shunt proxy` in a namespace against an echo
+// upstream: the reply comes back through the kernel, SIGINT ends it with
+// exit 0 and a summary.
+func TestProxyCommand(t *testing.T) {
+	testenv.RequireRoot(t)
+	ns := testenv.MustNetNS(t)
+	upstream := testenv.Listen(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:0")
+	go func() {
+		for {
+			c, err := upstream.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+ns.Name, os.Args[0], "proxy",
+		"--listen", "127.0.0.1:17000", "--upstream", upstream.Addr().String())
+	cmd.Env = append(os.Environ(), "SHUNT_TEST_MAIN=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := bufio.NewScanner(stderr)
+	if !lines.Scan() || !strings.Contains(lines.Text(), "listening on 127.0.0.1:17000, mode kernel") {
+		t.Fatalf("proxy said %q", lines.Text())
+	}
+	c := testenv.Dial(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:17000", nil)
+	stream := testenv.Stream{Seed: 21, Size: 8 << 20, MaxChunk: 50000}
+	errs := make(chan error, 1)
+	go func() {
+		if err := stream.Write(c); err != nil {
+			errs <- err
+			return
+		}
+		errs <- c.CloseWrite()
+	}()
+	if err := stream.Check(c, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the proxy counts a connection when it ends
+	cmd.Process.Signal(syscall.SIGINT)
+	var rest []string
+	for lines.Scan() {
+		rest = append(rest, lines.Text())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit: %v (%q)", err, rest)
+	}
+	if len(rest) == 0 || !strings.Contains(rest[len(rest)-1], "stopped after 1 connections (0 refused, 0 failed); 8388608 bytes up, 8388608 down") {
+		t.Fatalf("summary %q", rest)
+	}
+}
+
+func TestProxyErrors(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := shuntBinary(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no-upstream", []string{"proxy", "--listen", "127.0.0.1:0"}, 2, "--listen and --upstream are required"},
+		{"bad-listen", []string{"proxy", "--listen", "localhost:80", "--upstream", "127.0.0.1:1"}, 2, `--listen: address "localhost:80": want IP:PORT`},
+		{"bad-upstream", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1,nope"}, 2, `--upstream: address "nope"`},
+		{"bad-mode", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1", "--mode", "fast"}, 2, "--mode: unknown mode"},
+		{"bad-route", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1", "--route", "a.example"}, 2, "want HOST=ADDR:PORT"},
+		{"bad-proxy-protocol", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1", "--proxy-protocol", "v3"}, 2, "unknown PROXY protocol version"},
+		{"unspecified-upstream", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "0.0.0.0:80"}, 1, "want a concrete address"},
+		{"listen-not-permitted", []string{"proxy", "--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:2", "--mode", "copy"}, 1, "listen on 127.0.0.1:1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := subprocess(bin, tc.args...)
+			if tc.name == "listen-not-permitted" {
+				// Port 1 needs privileges we drop below.
+				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			}
+			out, code := combined(cmd)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d (%s)", code, tc.code, out)
+			}
+			oneLine(t, out, tc.want)
+		})
+	}
+	t.Run("kernel-mode-not-root", func(t *testing.T) {
+		cmd := subprocess(bin, "proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, code := combined(cmd)
+		if code != 1 {
+			t.Errorf("exit %d, want 1", code)
+		}
+		oneLine(t, out, "run shunt as root")
+	})
+}
