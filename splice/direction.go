@@ -78,12 +78,32 @@ func (d *direction) run() error {
 		}
 		d.pending = nil
 	}
-	for {
+	var eofAt time.Time
+	for eof := 0; ; {
 		buf, n, err := d.read()
 		if err != nil {
 			return fmt.Errorf("%s: read: %w", d.name, err)
 		}
+		if n == 0 && !d.p.userOnly && !d.allSeenRead(atomic.LoadUint64(&d.shared.State)) {
+			// EOF can come before bytes the verdict passed just ahead
+			// of the FIN: they wait in the psock's backlog when it was
+			// busy sending for the other direction. Read on, but do
+			// not hide bytes that never come.
+			if eof == 0 {
+				eofAt = time.Now()
+			} else if time.Since(eofAt) > lostAfter {
+				return fmt.Errorf("%s: EOF, but bytes the kernel took never arrived within %v", d.name, lostAfter)
+			}
+			backoff(eof)
+			eof++
+			continue
+		}
 		if n == 0 {
+			// A reset can read as EOF here: tcp_bpf_recvmsg_parser checks
+			// SOCK_DONE before sk_err. The error is still pending.
+			if e, _ := unix.GetsockoptInt(d.srcFD, unix.SOL_SOCKET, unix.SO_ERROR); e != 0 {
+				return fmt.Errorf("%s: read: %w", d.name, unix.Errno(e))
+			}
 			if err := d.finish(); err != nil {
 				return fmt.Errorf("%s: forward EOF: %w", d.name, err)
 			}
@@ -91,6 +111,9 @@ func (d *direction) run() error {
 		}
 		err = d.write((*buf)[:n])
 		bufPool.Put(buf)
+		if err == nil {
+			err = d.drainAndHandBack()
+		}
 		if err != nil {
 			return fmt.Errorf("%s: write: %w", d.name, err)
 		}
@@ -105,17 +128,27 @@ func (d *direction) read() (*[]byte, int, error) {
 		if err != nil || n == 0 {
 			return buf, n, err
 		}
-		pos := d.userRead.Load() + atomic.LoadUint64(&d.shared.Redirected)
-		d.userRead.Add(uint64(n))
-		if atomic.LoadUint32(&d.shared.Broken) != 0 {
-			bufPool.Put(buf)
-			return nil, 0, errors.New("more retransmissions overlapping received bytes at once than the verdict can track")
+		if n, err = d.account(buf, n); err != nil || n > 0 {
+			return buf, n, err
 		}
-		if kept := d.dropRepeated((*buf)[:n], pos); len(kept) > 0 {
-			return buf, len(kept), nil
-		}
-		bufPool.Put(buf) // nothing but repeats: read on
 	}
+}
+
+// account counts n bytes read into buf and cuts the repeats out of them; it
+// returns how many are left at the front of buf. With none left (or an
+// error) buf has gone back to the pool.
+func (d *direction) account(buf *[]byte, n int) (int, error) {
+	pos := d.userRead.Load() + atomic.LoadUint64(&d.shared.Redirected)
+	d.userRead.Add(uint64(n))
+	if atomic.LoadUint32(&d.shared.Broken) != 0 {
+		bufPool.Put(buf)
+		return 0, errors.New("more retransmissions overlapping received bytes at once than the verdict can track")
+	}
+	kept := d.dropRepeated((*buf)[:n], pos)
+	if len(kept) == 0 {
+		bufPool.Put(buf)
+	}
+	return len(kept), nil
 }
 
 func (d *direction) readOnce() (*[]byte, int, error) {
@@ -191,6 +224,92 @@ func (d *direction) write(b []byte) error {
 	return nil
 }
 
+// waitDstRoom waits until dst holds at most a quarter of what the verdict
+// lets the kernel keep in flight, so that a hand-back has room to run. src
+// meanwhile fills and closes its window: the sender waits, as behind any
+// proxy whose upstream is slow.
+func (d *direction) waitDstRoom() error {
+	sndbuf, err := unix.GetsockoptInt(d.dstFD, unix.SOL_SOCKET, unix.SO_SNDBUF)
+	if err != nil {
+		return err
+	}
+	room := min(uint32(sndbuf)/2, atomic.LoadUint32(&d.shared.MaxInflight)) / 4
+	for i := 0; ; i++ {
+		outq, err := unix.IoctlGetInt(d.dstFD, unix.SIOCOUTQ)
+		if err != nil {
+			return err
+		}
+		if uint32(outq) <= room {
+			return nil
+		}
+		if d.p.aborted.Load() {
+			return net.ErrClosed
+		}
+		backoff(i)
+	}
+}
+
+// lostAfter bounds the wait, after EOF, for passed bytes to arrive.
+const lostAfter = 5 * time.Second
+
+// drainWindow is the receive window while draining: small enough that the
+// sender pauses within microseconds, at least a few segments so that ACKs
+// are not held back (a window under one MSS waits for the delayed-ACK timer).
+const drainWindow = 256 << 10
+
+// drainAndHandBack runs after a user-space write. If dst has room again, it
+// narrows src's receive window to the minimum, so a sender that never
+// pauses cannot keep src from running dry, copies what src holds, and hands
+// the direction back to the kernel. Without it a busy direction, once flow
+// control gave it to user space, would stay there. The window is restored
+// on the way out, whether or not the hand-back succeeded.
+func (d *direction) drainAndHandBack() error {
+	if d.p.userOnly {
+		return nil
+	}
+	if err := d.waitDstRoom(); err != nil {
+		return err
+	}
+	clamp, err := unix.GetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP)
+	if err != nil || unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, drainWindow) != nil {
+		return nil
+	}
+	defer func() {
+		unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, clamp)
+		// Announce the wider window now rather than with a delayed ACK.
+		unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
+	}()
+	for range 256 {
+		buf := bufPool.Get().(*[]byte)
+		n, err := unix.Read(d.srcFD, *buf)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			bufPool.Put(buf)
+			if d.handBack() {
+				return nil
+			}
+			continue
+		}
+		if err != nil || n == 0 {
+			// EOF is seen again by the next read; an error is not
+			// (reading it clears it).
+			bufPool.Put(buf)
+			return err
+		}
+		if n, err = d.account(buf, n); err != nil {
+			return err
+		}
+		if n == 0 {
+			continue
+		}
+		err = d.write((*buf)[:n])
+		bufPool.Put(buf)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // takeQueued reads what src holds unread before the join; run sends it
 // first. (The verdict reads whole skbs from the receive queue, including
 // bytes of one the caller has partly read, which would go out twice.)
@@ -229,19 +348,22 @@ func (d *direction) peerFlushed() (bool, error) {
 // handBack gives the direction to the kernel if we have read every byte the
 // verdict passed to us and dst holds nothing of the kernel's in its backlog.
 // The compare-and-swap fails if a verdict ran since state was read.
-func (d *direction) handBack() {
+func (d *direction) handBack() bool {
 	if d.p.userOnly {
-		return
+		return false
 	}
 	state := atomic.LoadUint64(&d.shared.State)
-	if state&dirUser == 0 || !d.allSeenRead(state) {
-		return
+	if state&dirUser == 0 {
+		return true
+	}
+	if !d.allSeenRead(state) {
+		return false
 	}
 	if ok, err := d.peerFlushed(); err != nil || !ok {
-		return
+		return false
 	}
 	atomic.StoreUint32(&d.shared.BaseValid, 0)
-	atomic.CompareAndSwapUint64(&d.shared.State, state, state&^dirUser)
+	return atomic.CompareAndSwapUint64(&d.shared.State, state, state&^dirUser)
 }
 
 // waitPeerFlushed waits until the kernel's redirected bytes have left dst's
@@ -266,18 +388,9 @@ func (d *direction) waitPeerFlushed() error {
 	}
 }
 
-// finish forwards EOF: after every byte of src has left through dst, dst
-// sends FIN.
+// finish forwards EOF once every byte of src has been read or redirected:
+// after the kernel's last bytes have left dst's backlog, dst sends FIN.
 func (d *direction) finish() error {
-	for i := 0; !d.p.userOnly; i++ {
-		if d.allSeenRead(atomic.LoadUint64(&d.shared.State)) {
-			break
-		}
-		if d.p.aborted.Load() {
-			return net.ErrClosed
-		}
-		backoff(i)
-	}
 	if err := d.waitPeerFlushed(); err != nil {
 		return err
 	}

@@ -263,3 +263,49 @@ func Fanout(dir string, res []bench.FanoutResult) error {
 	return linePlot(filepath.Join(dir, "fanout.png"), "Fan-out: p99 delivery latency",
 		"subscribers", "p99 us", series, true)
 }
+
+// Proxy writes proxy.md/json and two plots: request/response p99 and bulk
+// CPU per GB, each against size, one line per proxy.
+func Proxy(dir string, res []bench.ProxyResult) error {
+	var md strings.Builder
+	fmt.Fprintf(&md, "Request/response (one connection, one request at a time):\n\n")
+	fmt.Fprintf(&md, "| proxy | size B | round trips | p50 us | p99 us | p99.9 us | max us | over 10 ms | machine CPU s/GB | proxy CPU s/GB |\n")
+	fmt.Fprintf(&md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p99 := map[string][]xy{}
+	cpu := map[string][]xy{}
+	for _, r := range res {
+		if r.Test != "rr" {
+			continue
+		}
+		fmt.Fprintf(&md, "| %s | %d | %d | %.1f | %.1f | %.1f | %.0f | %d | %.2f | %.2f |\n", r.Mode, r.Size, r.Dist.Count,
+			us(r.Dist.P50), us(r.Dist.P99), us(r.Dist.P999), us(r.Dist.Max), r.Over10ms, r.MachineCPUPerGB, r.ProxyCPUPerGB)
+		p99[r.Mode] = append(p99[r.Mode], xy{float64(r.Size), us(r.Dist.P99)})
+	}
+	fmt.Fprintf(&md, "\nBulk (one connection, client to upstream; medians over rounds):\n\n")
+	fmt.Fprintf(&md, "| proxy | block B | Gbit/s | rounds Gbit/s | max read gap ms | gaps over 10 ms | machine CPU s/GB | proxy CPU s/GB |\n")
+	fmt.Fprintf(&md, "|---|---:|---:|---|---:|---:|---:|---:|\n")
+	for _, r := range res {
+		if r.Test != "bulk" {
+			continue
+		}
+		rounds := make([]string, len(r.RoundGbps))
+		for i, g := range r.RoundGbps {
+			rounds[i] = fmt.Sprintf("%.2f", g)
+		}
+		fmt.Fprintf(&md, "| %s | %d | %.2f | %s | %.1f | %d | %.2f | %.2f |\n", r.Mode, r.Size, r.Gbps, strings.Join(rounds, " "),
+			float64(r.MaxGap.Microseconds())/1e3, r.Over10ms, r.MachineCPUPerGB, r.ProxyCPUPerGB)
+		cpu[r.Mode] = append(cpu[r.Mode], xy{float64(r.Size), r.MachineCPUPerGB})
+	}
+	if err := write(dir, "proxy", res, md.String()); err != nil {
+		return err
+	}
+	if len(p99) > 0 {
+		if err := linePlot(filepath.Join(dir, "proxy-p99.png"), "Proxies: request/response p99", "request bytes", "p99 us", p99, true); err != nil {
+			return err
+		}
+	}
+	if len(cpu) > 0 {
+		return linePlot(filepath.Join(dir, "proxy-cpu.png"), "Proxies: whole-machine CPU per GB (bulk)", "block bytes", "CPU s/GB", cpu, true)
+	}
+	return nil
+}

@@ -1,0 +1,418 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/shunt-project/shunt/internal/lab"
+)
+
+// Proxies `shunt bench proxy` compares: shunt's three modes and the real ones.
+const (
+	ProxyKernel  = "shunt-kernel"
+	ProxyCopy    = "shunt-copy"
+	ProxySplice  = "shunt-splice"
+	ProxyHAProxy = "haproxy" // splice on (option splice-auto)
+	ProxyNginx   = "nginx"   // stream module
+	ProxySocat   = "socat"
+)
+
+// ProxyModes lists every proxy the benchmark knows.
+var ProxyModes = []string{ProxyKernel, ProxyCopy, ProxySplice, ProxyHAProxy, ProxyNginx, ProxySocat}
+
+// CPU placement: the proxy on one CPU, client and upstream on the other,
+// the same for every proxy. Kernel work runs where the kernel puts it
+// (softirq on the sending CPU, kworkers), which is why CPU is measured for
+// the whole machine.
+const (
+	proxyCPU = 0
+	peerCPU  = 1
+)
+
+// ProxyConfig says what to measure.
+type ProxyConfig struct {
+	Modes    []string
+	Sizes    []int         // request/response sizes
+	Blocks   []int         // bulk write sizes
+	Rounds   int           // modes interleaved in each round
+	Requests int           // request/response round trips per run (at most)
+	BulkTime time.Duration // bulk transfer time per run
+	MaxTime  time.Duration // a request/response run stops after this long
+	// Shunt is the shunt binary (and environment) for the shunt modes.
+	Shunt    string
+	ShuntEnv []string
+}
+
+// ProxyResult is one proxy in one test over all rounds.
+type ProxyResult struct {
+	Mode string `json:"mode"`
+	Test string `json:"test"` // "rr" (request/response) or "bulk"
+	Size int    `json:"size"` // request or block size
+	// Request/response: latency of every round trip, pooled over rounds.
+	Dist     Dist `json:"latency,omitempty"`
+	Over10ms int  `json:"over_10ms"` // round trips, or bulk read gaps, over 10 ms
+	// Bulk: medians over rounds.
+	Gbps      float64       `json:"gbit_per_s,omitempty"`
+	RoundGbps []float64     `json:"round_gbit_per_s,omitempty"`
+	MaxGap    time.Duration `json:"max_read_gap_ns,omitempty"`
+	// Shunt proxies: the share of bytes the kernel forwarded (the rest
+	// went through user space while flow control held the direction).
+	KernelShare      float64   `json:"kernel_share,omitempty"`
+	RoundKernelShare []float64 `json:"round_kernel_share,omitempty"`
+	// CPU seconds per GB moved (both directions for rr): the whole
+	// machine's, and the proxy processes' own (kernel-mode forwarding runs
+	// in softirq and kworkers, outside any process).
+	MachineCPUPerGB float64 `json:"machine_cpu_s_per_gb"`
+	ProxyCPUPerGB   float64 `json:"proxy_cpu_s_per_gb"`
+}
+
+func (cfg ProxyConfig) validate() error {
+	for _, m := range cfg.Modes {
+		switch m {
+		case ProxyKernel, ProxyCopy, ProxySplice:
+			if cfg.Shunt == "" {
+				return errors.New("the shunt modes need the shunt binary")
+			}
+		case ProxyHAProxy, ProxyNginx, ProxySocat:
+			tool := m
+			if _, err := exec.LookPath(tool); err != nil {
+				return fmt.Errorf("%s is not installed (apt-get install %s, or leave it out of --modes)", tool, tool)
+			}
+		default:
+			return fmt.Errorf("unknown proxy %q (choose from %s)", m, strings.Join(ProxyModes, ", "))
+		}
+	}
+	if cfg.Rounds < 1 || len(cfg.Modes) == 0 || len(cfg.Sizes)+len(cfg.Blocks) == 0 {
+		return errors.New("need at least one round, one proxy and one size")
+	}
+	return nil
+}
+
+// RunProxy runs every proxy through every test, modes interleaved within each
+// round (the order rotating between rounds), in a namespace of its own.
+func RunProxy(ctx context.Context, cfg ProxyConfig, progress io.Writer) ([]ProxyResult, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ns, err := lab.NewNetNS(lab.Name("shunt-bench-proxy-"))
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	up, err := startUpstream(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer up.close()
+
+	type key struct {
+		mode, test string
+		size       int
+	}
+	acc := map[key]*ProxyResult{}
+	samples := map[key][]time.Duration{}
+	cpu := map[key][][2]float64{}
+	var order []key
+	get := func(k key) *ProxyResult {
+		if acc[k] == nil {
+			acc[k] = &ProxyResult{Mode: k.mode, Test: k.test, Size: k.size}
+			order = append(order, k)
+		}
+		return acc[k]
+	}
+	for round := range cfg.Rounds {
+		modes := append(cfg.Modes[round%len(cfg.Modes):], cfg.Modes[:round%len(cfg.Modes)]...)
+		for _, size := range cfg.Sizes {
+			for _, m := range modes {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				k := key{m, "rr", size}
+				get(k)
+				var s []time.Duration
+				run, err := withProxy(ctx, ns, cfg, m, up.echoPort, func(addr string) (int64, error) {
+					var err error
+					s, err = requestResponse(ns, addr, size, cfg.Requests, cfg.MaxTime)
+					return int64(len(s)) * 2 * int64(size), err
+				})
+				if err != nil {
+					return nil, fmt.Errorf("%s request/response %d B: %w", m, size, err)
+				}
+				samples[k] = append(samples[k], s...)
+				cpu[k] = append(cpu[k], run.perGB())
+				fmt.Fprintf(progress, "round %d: %-13s rr   %7d B  p50 %v\n", round+1, m, size, distOf(s).P50)
+			}
+		}
+		for _, block := range cfg.Blocks {
+			for _, m := range modes {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				k := key{m, "bulk", block}
+				r := get(k)
+				var b bulkResult
+				run, err := withProxy(ctx, ns, cfg, m, up.sinkPort, func(addr string) (int64, error) {
+					var err error
+					b, err = bulk(ns, up, addr, block, cfg.BulkTime)
+					return b.bytes, err
+				})
+				if err != nil {
+					return nil, fmt.Errorf("%s bulk %d B: %w", m, block, err)
+				}
+				gbps := float64(b.bytes) * 8 / b.elapsed.Seconds() / 1e9
+				r.RoundGbps = append(r.RoundGbps, gbps)
+				r.MaxGap = max(r.MaxGap, b.maxGap)
+				r.Over10ms += b.gaps
+				cpu[k] = append(cpu[k], run.perGB())
+				if run.kernelShare >= 0 {
+					r.RoundKernelShare = append(r.RoundKernelShare, run.kernelShare)
+				}
+				fmt.Fprintf(progress, "round %d: %-13s bulk %7d B  %.2f Gbit/s, max read gap %v%s\n", round+1, m, block, gbps, b.maxGap, run.describeShare())
+			}
+		}
+	}
+	var out []ProxyResult
+	for _, k := range order {
+		r := acc[k]
+		if k.test == "rr" {
+			r.Dist = distOf(samples[k])
+			for _, s := range samples[k] {
+				if s > StallLimit {
+					r.Over10ms++
+				}
+			}
+		} else {
+			r.Gbps = medianFloat(r.RoundGbps)
+			r.KernelShare = medianFloat(r.RoundKernelShare)
+		}
+		var m, p []float64
+		for _, c := range cpu[k] {
+			m, p = append(m, c[0]), append(p, c[1])
+		}
+		r.MachineCPUPerGB, r.ProxyCPUPerGB = medianFloat(m), medianFloat(p)
+		out = append(out, *r)
+	}
+	return out, nil
+}
+
+// perGB is machine and proxy CPU seconds per GB moved.
+func (r proxyRun) perGB() [2]float64 {
+	if r.bytes == 0 {
+		return [2]float64{}
+	}
+	gb := float64(r.bytes) / 1e9
+	return [2]float64{r.machine.Seconds() / gb, r.proxy.Seconds() / gb}
+}
+
+// withProxy starts proxy m in front of the upstream port and runs fn against
+// it; it returns the machine's and the proxy's CPU time over fn and the bytes
+// fn says it moved.
+func withProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, upstream int, fn func(addr string) (int64, error)) (r proxyRun, err error) {
+	port := freePort()
+	p, err := startProxy(ctx, ns, cfg, m, port, upstream)
+	if err != nil {
+		return r, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			p.stop()
+		}
+	}()
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	if err := waitListening(ns, addr); err != nil {
+		return r, fmt.Errorf("%w (proxy said: %s)", err, p.log())
+	}
+	m0, p0 := machineCPU(), procTreeCPU(p.cmd.Process.Pid)
+	r.bytes, err = fn(addr)
+	m1, p1 := machineCPU(), procTreeCPU(p.cmd.Process.Pid)
+	if err != nil {
+		return r, fmt.Errorf("%w (proxy said: %s)", err, p.log())
+	}
+	r.machine, r.proxy = m1-m0, p1-p0
+	p.stop()
+	stopped = true
+	r.kernelShare = -1
+	var up, down, kernel int64
+	if _, err := fmt.Sscanf(p.summary(), "%d bytes up, %d down, %d of them moved by the kernel", &up, &down, &kernel); err == nil && up+down > 0 {
+		r.kernelShare = float64(kernel) / float64(up+down)
+	}
+	return r, nil
+}
+
+// proxyRun is what one run through a proxy cost.
+type proxyRun struct {
+	machine, proxy time.Duration // CPU
+	bytes          int64
+	kernelShare    float64 // shunt proxies: share of bytes the kernel moved; -1 otherwise
+}
+
+type proxyProc struct {
+	cmd    *exec.Cmd
+	dir    string
+	output *lockedWriter
+}
+
+// summary is the byte counts from shunt proxy's last line.
+func (p *proxyProc) summary() string {
+	l := p.log()
+	if i := strings.Index(l, "; "); i >= 0 {
+		return l[i+2:]
+	}
+	return ""
+}
+
+// log is the last line the proxy printed.
+func (p *proxyProc) log() string {
+	p.output.mu.Lock()
+	s := strings.TrimSpace(p.output.b.String())
+	p.output.mu.Unlock()
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return s
+}
+
+func (p *proxyProc) stop() {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		p.cmd.Process.Kill()
+		<-done
+	}
+	os.RemoveAll(p.dir)
+}
+
+// startProxy runs proxy m in ns on proxyCPU, listening on port.
+func startProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, port, upstream int) (*proxyProc, error) {
+	dir, err := os.MkdirTemp("", "shunt-bench-proxy-")
+	if err != nil {
+		return nil, err
+	}
+	listen := fmt.Sprintf("127.0.0.1:%d", port)
+	up := fmt.Sprintf("127.0.0.1:%d", upstream)
+	var argv []string
+	var env []string
+	switch m {
+	case ProxyKernel, ProxyCopy, ProxySplice:
+		argv = []string{cfg.Shunt, "proxy", "--listen", listen, "--upstream", up, "--mode", strings.TrimPrefix(m, "shunt-")}
+		env = cfg.ShuntEnv
+	case ProxyHAProxy:
+		conf := filepath.Join(dir, "haproxy.cfg")
+		text := fmt.Sprintf(`global
+	nbthread 1
+	maxconn 1000
+defaults
+	mode tcp
+	option splice-auto
+	timeout connect 5s
+	timeout client 60s
+	timeout server 60s
+listen bench
+	bind %s
+	server up %s
+`, listen, up)
+		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+			return nil, err
+		}
+		argv = []string{"haproxy", "-db", "-f", conf}
+	case ProxyNginx:
+		conf := filepath.Join(dir, "nginx.conf")
+		text := fmt.Sprintf(`load_module /usr/lib/nginx/modules/ngx_stream_module.so;
+daemon off;
+master_process off;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log stderr;
+events { worker_connections 1024; }
+stream {
+	server {
+		listen %[2]s;
+		proxy_pass %[3]s;
+	}
+}
+`, dir, listen, up)
+		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+			return nil, err
+		}
+		argv = []string{"nginx", "-c", conf, "-p", dir, "-e", "stderr"}
+	case ProxySocat:
+		argv = []string{"socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,fork,reuseaddr", port), "TCP:" + up}
+	}
+	full := append([]string{"netns", "exec", ns.Name, "taskset", "-c", strconv.Itoa(proxyCPU)}, argv...)
+	cmd := exec.CommandContext(ctx, "ip", full...)
+	cmd.Env = append(os.Environ(), env...)
+	out := &lockedWriter{b: &strings.Builder{}}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start %s: %w", m, err)
+	}
+	return &proxyProc{cmd: cmd, dir: dir, output: out}, nil
+}
+
+func waitListening(ns *lab.NetNS, addr string) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var c net.Conn
+		err := ns.Do(func() error {
+			var err error
+			c, err = net.DialTimeout("tcp", addr, 200*time.Millisecond)
+			return err
+		})
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not listening on %s after 5 s", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// procTreeCPU is the CPU time of pid and every process below it.
+func procTreeCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	var ticks int64
+	for _, i := range []int{11, 12} { // utime, stime (fields 14, 15)
+		n, _ := strconv.ParseInt(f[i], 10, 64)
+		ticks += n
+	}
+	total := time.Duration(ticks) * time.Second / 100
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, t := range tasks {
+		kids, _ := os.ReadFile(t)
+		for _, k := range strings.Fields(string(kids)) {
+			if c, err := strconv.Atoi(k); err == nil {
+				total += procTreeCPU(c)
+			}
+		}
+	}
+	return total
+}
+
+func (r proxyRun) describeShare() string {
+	if r.kernelShare < 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %.0f%% in the kernel", 100*r.kernelShare)
+}
