@@ -48,9 +48,8 @@ type ProxyConfig struct {
 	Requests int           // request/response round trips per run (at most)
 	BulkTime time.Duration // bulk transfer time per run
 	MaxTime  time.Duration // a request/response run stops after this long
-	// Shunt is the shunt binary (and environment) for the shunt modes.
-	Shunt    string
-	ShuntEnv []string
+	// Shunt is the shunt binary for the shunt modes.
+	Shunt string
 }
 
 // ProxyResult is one proxy in one test over all rounds.
@@ -305,11 +304,9 @@ func startProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, p
 	listen := fmt.Sprintf("127.0.0.1:%d", port)
 	up := fmt.Sprintf("127.0.0.1:%d", upstream)
 	var argv []string
-	var env []string
 	switch m {
 	case ProxyKernel, ProxyCopy, ProxySplice:
 		argv = []string{cfg.Shunt, "proxy", "--listen", listen, "--upstream", up, "--mode", strings.TrimPrefix(m, "shunt-")}
-		env = cfg.ShuntEnv
 	case ProxyHAProxy:
 		conf := filepath.Join(dir, "haproxy.cfg")
 		text := fmt.Sprintf(`global
@@ -354,7 +351,6 @@ stream {
 	}
 	full := append([]string{"netns", "exec", ns.Name, "taskset", "-c", strconv.Itoa(proxyCPU)}, argv...)
 	cmd := exec.CommandContext(ctx, "ip", full...)
-	cmd.Env = append(os.Environ(), env...)
 	out := &lockedWriter{b: &strings.Builder{}}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

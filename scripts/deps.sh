@@ -11,8 +11,19 @@ command -v unshare >/dev/null || need+=(util-linux)
 command -v sockperf >/dev/null || need+=(sockperf)
 command -v iperf3 >/dev/null || need+=(iperf3)
 command -v taskset >/dev/null || need+=(util-linux)
+# Proxies `shunt bench proxy` compares with.
+command -v haproxy >/dev/null || need+=(haproxy)
+command -v socat >/dev/null || need+=(socat)
+command -v nginx >/dev/null || need+=(nginx-light)
+[ -f /usr/lib/nginx/modules/ngx_stream_module.so ] || need+=(libnginx-mod-stream)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
+  # Installing haproxy and nginx must not start them as services.
+  no_start=/usr/sbin/policy-rc.d
+  if [ ! -e "$no_start" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$no_start" && chmod +x "$no_start"
+    trap 'rm -f "$no_start"' EXIT
+  fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 command -v go >/dev/null || { echo "deps: Go is not installed (need Go 1.25 or newer)" >&2; exit 1; }

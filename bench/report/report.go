@@ -282,8 +282,8 @@ func Proxy(dir string, res []bench.ProxyResult) error {
 		p99[r.Mode] = append(p99[r.Mode], xy{float64(r.Size), us(r.Dist.P99)})
 	}
 	fmt.Fprintf(&md, "\nBulk (one connection, client to upstream; medians over rounds):\n\n")
-	fmt.Fprintf(&md, "| proxy | block B | Gbit/s | rounds Gbit/s | max read gap ms | gaps over 10 ms | machine CPU s/GB | proxy CPU s/GB |\n")
-	fmt.Fprintf(&md, "|---|---:|---:|---|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&md, "| proxy | block B | Gbit/s | rounds Gbit/s | max read gap ms | gaps over 10 ms | machine CPU s/GB | proxy CPU s/GB | moved by the kernel |\n")
+	fmt.Fprintf(&md, "|---|---:|---:|---|---:|---:|---:|---:|---:|\n")
 	for _, r := range res {
 		if r.Test != "bulk" {
 			continue
@@ -292,8 +292,12 @@ func Proxy(dir string, res []bench.ProxyResult) error {
 		for i, g := range r.RoundGbps {
 			rounds[i] = fmt.Sprintf("%.2f", g)
 		}
-		fmt.Fprintf(&md, "| %s | %d | %.2f | %s | %.1f | %d | %.2f | %.2f |\n", r.Mode, r.Size, r.Gbps, strings.Join(rounds, " "),
-			float64(r.MaxGap.Microseconds())/1e3, r.Over10ms, r.MachineCPUPerGB, r.ProxyCPUPerGB)
+		share := ""
+		if len(r.RoundKernelShare) > 0 {
+			share = fmt.Sprintf("%.0f%%", 100*r.KernelShare)
+		}
+		fmt.Fprintf(&md, "| %s | %d | %.2f | %s | %.1f | %d | %.2f | %.2f | %s |\n", r.Mode, r.Size, r.Gbps, strings.Join(rounds, " "),
+			float64(r.MaxGap.Microseconds())/1e3, r.Over10ms, r.MachineCPUPerGB, r.ProxyCPUPerGB, share)
 		cpu[r.Mode] = append(cpu[r.Mode], xy{float64(r.Size), r.MachineCPUPerGB})
 	}
 	if err := write(dir, "proxy", res, md.String()); err != nil {

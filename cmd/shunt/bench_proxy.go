@@ -61,9 +61,6 @@ with fork; each is left out with a clear message if it is not installed.`,
 			if cfg.Shunt, err = os.Executable(); err != nil {
 				return err
 			}
-			if os.Getenv("SHUNT_TEST_MAIN") == "1" {
-				cfg.ShuntEnv = []string{"SHUNT_TEST_MAIN=1"}
-			}
 			var progress io.Writer = io.Discard
 			if !asJSON {
 				progress = e.stderr
@@ -90,13 +87,20 @@ with fork; each is left out with a clear message if it is not installed.`,
 
 func printProxy(out io.Writer, res []bench.ProxyResult) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "proxy\ttest\tsize\tp50\tp99\tmax\tGbit/s\tover 10ms\tmachine s/GB\tproxy s/GB\t")
+	fmt.Fprintln(w, "proxy\ttest\tsize\tp50\tp99\tmax\tGbit/s\tover 10ms\tmachine s/GB\tproxy s/GB\tin kernel\t")
 	for _, r := range res {
 		if r.Test == "rr" {
-			fmt.Fprintf(w, "%s\trr\t%d\t%v\t%v\t%v\t\t%d\t%.2f\t%.2f\t\n", r.Mode, r.Size, r.Dist.P50, r.Dist.P99, r.Dist.Max, r.Over10ms, r.MachineCPUPerGB, r.ProxyCPUPerGB)
+			fmt.Fprintf(w, "%s\trr\t%d\t%v\t%v\t%v\t\t%d\t%.2f\t%.2f\t\t\n", r.Mode, r.Size, r.Dist.P50, r.Dist.P99, r.Dist.Max, r.Over10ms, r.MachineCPUPerGB, r.ProxyCPUPerGB)
 		} else {
-			fmt.Fprintf(w, "%s\tbulk\t%d\t\t\t\t%.2f\t%d\t%.2f\t%.2f\t\n", r.Mode, r.Size, r.Gbps, r.Over10ms, r.MachineCPUPerGB, r.ProxyCPUPerGB)
+			fmt.Fprintf(w, "%s\tbulk\t%d\t\t\t\t%.2f\t%d\t%.2f\t%.2f\t%s\t\n", r.Mode, r.Size, r.Gbps, r.Over10ms, r.MachineCPUPerGB, r.ProxyCPUPerGB, kernelShare(r))
 		}
 	}
 	w.Flush()
+}
+
+func kernelShare(r bench.ProxyResult) string {
+	if len(r.RoundKernelShare) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.0f%%", 100*r.KernelShare)
 }

@@ -257,3 +257,40 @@ func TestBenchFanoutTiny(t *testing.T) {
 		t.Errorf("bad --sizes: exit %d, %q", code, stderr)
 	}
 }
+
+func TestBenchProxyTiny(t *testing.T) {
+	testenv.RequireRoot(t)
+	t.Setenv("SHUNT_TEST_MAIN", "1") // the shunt proxies are this binary
+	dir := t.TempDir()
+	out, stderr, code := runShunt(t, nil, "bench", "proxy", "--json", "--rounds", "1", "--requests", "200",
+		"--sizes", "64", "--blocks", "16K", "--bulk-time", "100ms", "--out", dir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res []bench.ProxyResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(res) != 2*len(bench.ProxyModes) {
+		t.Fatalf("want 2 tests x %d proxies, got %d results", len(bench.ProxyModes), len(res))
+	}
+	for _, r := range res {
+		ok := r.MachineCPUPerGB > 0
+		if r.Test == "rr" {
+			ok = ok && r.Dist.Count == 200 && r.Dist.P50 > 0
+		} else {
+			ok = ok && r.Gbps > 0
+		}
+		if !ok {
+			t.Errorf("%s %s: implausible %+v", r.Mode, r.Test, r)
+		}
+		if r.Mode == bench.ProxyKernel && r.Test == "bulk" && len(r.RoundKernelShare) != 1 {
+			t.Errorf("kernel mode's share of kernel-forwarded bytes was not read: %+v", r)
+		}
+	}
+	requireFiles(t, dir, "proxy.json", "proxy.md", "proxy-p99.png", "proxy-cpu.png")
+	_, stderr, code = runShunt(t, nil, "bench", "proxy", "--modes", "shunt-kernel,squid")
+	if code != 2 || !strings.Contains(stderr, `unknown value "squid"`) {
+		t.Errorf("exit %d, %q", code, stderr)
+	}
+}
