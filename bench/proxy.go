@@ -191,14 +191,14 @@ func RunProxy(ctx context.Context, cfg ProxyConfig, progress io.Writer) ([]Proxy
 				}
 			}
 		} else {
-			r.Gbps = medianFloat(r.RoundGbps)
-			r.KernelShare = medianFloat(r.RoundKernelShare)
+			r.Gbps = medianF(r.RoundGbps)
+			r.KernelShare = medianF(r.RoundKernelShare)
 		}
 		var m, p []float64
 		for _, c := range cpu[k] {
 			m, p = append(m, c[0]), append(p, c[1])
 		}
-		r.MachineCPUPerGB, r.ProxyCPUPerGB = medianFloat(m), medianFloat(p)
+		r.MachineCPUPerGB, r.ProxyCPUPerGB = medianF(m), medianF(p)
 		out = append(out, *r)
 	}
 	return out, nil
@@ -243,9 +243,13 @@ func withProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, up
 	stopped = true
 	r.kernelShare = -1
 	var up, down, kernel int64
-	if _, err := fmt.Sscanf(p.summary(), "%d bytes up, %d down, %d of them moved by the kernel", &up, &down, &kernel); err == nil && up+down > 0 {
-		r.kernelShare = float64(kernel) / float64(up+down)
+	if m != ProxyKernel {
+		return r, nil
 	}
+	if _, err := fmt.Sscanf(p.summary(), "%d bytes up, %d down, %d of them moved by the kernel", &up, &down, &kernel); err != nil || up+down == 0 {
+		return r, fmt.Errorf("shunt proxy printed no totals (last line %q)", p.log())
+	}
+	r.kernelShare = float64(kernel) / float64(up+down)
 	return r, nil
 }
 
@@ -262,11 +266,17 @@ type proxyProc struct {
 	output *lockedWriter
 }
 
-// summary is the byte counts from shunt proxy's last line.
+// summary is the byte counts from shunt proxy's "stopped after" line.
 func (p *proxyProc) summary() string {
-	l := p.log()
-	if i := strings.Index(l, "; "); i >= 0 {
-		return l[i+2:]
+	p.output.mu.Lock()
+	out := p.output.b.String()
+	p.output.mu.Unlock()
+	for _, l := range strings.Split(out, "\n") {
+		if _, rest, ok := strings.Cut(l, "proxy: stopped after "); ok {
+			if _, counts, ok := strings.Cut(rest, "; "); ok {
+				return counts
+			}
+		}
 	}
 	return ""
 }
@@ -288,7 +298,7 @@ func (p *proxyProc) stop() {
 	go func() { p.cmd.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(15 * time.Second):
 		p.cmd.Process.Kill()
 		<-done
 	}
@@ -347,7 +357,9 @@ stream {
 		}
 		argv = []string{"nginx", "-c", conf, "-p", dir, "-e", "stderr"}
 	case ProxySocat:
-		argv = []string{"socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,fork,reuseaddr", port), "TCP:" + up}
+		// nodelay on both sides, as HAProxy and nginx do by default:
+		// without it a 16 KiB reply waits for a delayed ACK (44 ms).
+		argv = []string{"socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,fork,reuseaddr,nodelay", port), "TCP:" + up + ",nodelay"}
 	}
 	full := append([]string{"netns", "exec", ns.Name, "taskset", "-c", strconv.Itoa(proxyCPU)}, argv...)
 	cmd := exec.CommandContext(ctx, "ip", full...)

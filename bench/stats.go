@@ -85,12 +85,3 @@ func pool[T any](m map[Cell]*T, c Cell) *T {
 	}
 	return m[c]
 }
-
-func medianFloat(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
-}

@@ -487,3 +487,39 @@ func closeWait(t *testing.T, ns *testenv.NetNS) int {
 	})
 	return n
 }
+
+// TestSlowUpstreamHoldsClient: an upstream that stops reading stops the
+// client in every mode, after about as many bytes as a plain copying proxy
+// holds (socket buffers on both sides), and everything accepted arrives.
+func TestSlowUpstreamHoldsClient(t *testing.T) {
+	testenv.RequireRoot(t)
+	accepted := map[proxy.Mode]int64{}
+	for _, mode := range modes {
+		ns := testenv.MustNetNS(t)
+		reading := make(chan struct{})
+		got := make(chan error, 1)
+		var stream testenv.Stream
+		server := mustUpstream(t, ns, "127.0.0.1", func(c *net.TCPConn) {
+			<-reading
+			got <- stream.Check(c, true)
+		})
+		p := mustProxy(t, ns, proxy.Config{Upstreams: []netip.AddrPort{server}, Mode: mode})
+		c := dial(t, ns, p.Addr())
+		stream = testenv.Stream{Seed: 41, Size: 512 << 20, MaxChunk: 64 << 10}
+		n, err := stream.WriteUntilStalled(c, 500*time.Millisecond)
+		if !errors.Is(err, testenv.ErrStalled) {
+			t.Fatalf("%s: the client was never held back: %d bytes accepted (%v)", mode, n, err)
+		}
+		accepted[mode] = n
+		stream.Size = n
+		c.CloseWrite()
+		close(reading)
+		if err := <-got; err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+	}
+	t.Logf("bytes accepted with the upstream not reading: %v", accepted)
+	if k, c := accepted[proxy.Kernel], accepted[proxy.Copy]; k > 2*c+(4<<20) {
+		t.Fatalf("kernel mode let the client write %d bytes, a copying proxy %d", k, c)
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -231,17 +230,16 @@ func TestSlowReaderHoldsSender(t *testing.T) {
 	p := mustProxied(t, s, testenv.MustNetNS(t), "tcp4", "127.0.0.1:0")
 	const limit = 256 << 20
 	stream := testenv.Stream{Seed: 5, Size: limit, MaxChunk: 64 << 10}
-	w := &stallWriter{c: p.client}
-	err := stream.Write(w)
-	if !errors.Is(err, errStalled) {
-		t.Fatalf("the writer was never held back: %d bytes accepted (%v)", w.n, err)
+	n, err := stream.WriteUntilStalled(p.client, 500*time.Millisecond)
+	if !errors.Is(err, testenv.ErrStalled) {
+		t.Fatalf("the writer was never held back: %d bytes accepted (%v)", n, err)
 	}
-	t.Logf("accepted %d bytes before the writer was held", w.n)
-	if w.n > 64<<20 {
-		t.Fatalf("accepted %d bytes with nobody reading; plain TCP through a proxy holds about 10-20 MiB", w.n)
+	t.Logf("accepted %d bytes before the writer was held", n)
+	if n > 64<<20 {
+		t.Fatalf("accepted %d bytes with nobody reading; plain TCP through a proxy holds about 10-20 MiB", n)
 	}
 	// Everything accepted arrives, in order.
-	accepted := testenv.Stream{Seed: 5, Size: w.n, MaxChunk: 64 << 10}
+	accepted := testenv.Stream{Seed: 5, Size: n, MaxChunk: 64 << 10}
 	p.client.CloseWrite()
 	if err := accepted.Check(p.server, true); err != nil {
 		t.Fatal(err)
@@ -250,24 +248,6 @@ func TestSlowReaderHoldsSender(t *testing.T) {
 	t.Logf("a->b %+v", ab)
 	p.server.CloseWrite()
 	p.waitDone(t)
-}
-
-var errStalled = errors.New("writer stalled")
-
-// stallWriter writes until a write makes no progress for 500 ms.
-type stallWriter struct {
-	c *net.TCPConn
-	n int64
-}
-
-func (w *stallWriter) Write(b []byte) (int, error) {
-	w.c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
-	n, err := w.c.Write(b)
-	w.n += int64(n)
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return n, errStalled
-	}
-	return n, err
 }
 
 // TestDropRepeated: the bytes the verdict marks as repeats are cut out of

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -20,21 +18,10 @@ func TestFanoutCommand(t *testing.T) {
 	testenv.RequireRoot(t)
 	ns := testenv.MustNetNS(t)
 	ctl := filepath.Join(t.TempDir(), "fanout.sock")
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+ns.Name, os.Args[0], "fanout",
+	run := startShunt(t, ns, "relaying udp://127.0.0.1:15000", "fanout",
 		"--source", "udp://127.0.0.1:15000", "--listen", "tcp://127.0.0.1:16000", "--framing", "u32", "--control", ctl)
-	cmd.Env = append(os.Environ(), "SHUNT_TEST_MAIN=1")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	lines := bufio.NewScanner(stderr)
-	if !lines.Scan() || !strings.Contains(lines.Text(), "relaying udp://127.0.0.1:15000") {
-		t.Fatalf("fanout said %q", lines.Text())
-	}
+	cmd := run.cmd
+	var err error
 
 	var sub net.Conn
 	ns.Do(t, func() { sub, err = net.Dial("tcp", "127.0.0.1:16000") })

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"github.com/shunt-project/shunt/bench"
+	"github.com/shunt-project/shunt/internal/testenv"
 
 	"bytes"
 	"io"
@@ -94,4 +96,42 @@ func mustCgroup2Root(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return root
+}
+
+// running is a long-running shunt command started by startShunt.
+type running struct {
+	cmd   *exec.Cmd
+	lines *bufio.Scanner // its stderr
+}
+
+// startShunt runs shunt (this test binary) with args in ns (nil: here) and
+// waits for its first stderr line, which must contain want.
+func startShunt(t *testing.T, ns *testenv.NetNS, want string, args ...string) *running {
+	t.Helper()
+	cmd := subprocess(os.Args[0], args...)
+	if ns != nil {
+		cmd = subprocess("nsenter", append([]string{"--net=/run/netns/" + ns.Name, os.Args[0]}, args...)...)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	r := &running{cmd: cmd, lines: bufio.NewScanner(stderr)}
+	if !r.lines.Scan() || !strings.Contains(r.lines.Text(), want) {
+		t.Fatalf("shunt %s said %q, want %q", args[0], r.lines.Text(), want)
+	}
+	return r
+}
+
+// wait collects the rest of stderr and the exit.
+func (r *running) wait() ([]string, error) {
+	var rest []string
+	for r.lines.Scan() {
+		rest = append(rest, r.lines.Text())
+	}
+	return rest, r.cmd.Wait()
 }

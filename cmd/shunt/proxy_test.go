@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"io"
-	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,21 +26,8 @@ func TestProxyCommand(t *testing.T) {
 			go func() { defer c.Close(); io.Copy(c, c) }()
 		}
 	}()
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+ns.Name, os.Args[0], "proxy",
+	run := startShunt(t, ns, "listening on 127.0.0.1:17000, mode kernel", "proxy",
 		"--listen", "127.0.0.1:17000", "--upstream", upstream.Addr().String())
-	cmd.Env = append(os.Environ(), "SHUNT_TEST_MAIN=1")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	lines := bufio.NewScanner(stderr)
-	if !lines.Scan() || !strings.Contains(lines.Text(), "listening on 127.0.0.1:17000, mode kernel") {
-		t.Fatalf("proxy said %q", lines.Text())
-	}
 	c := testenv.Dial(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:17000", nil)
 	stream := testenv.Stream{Seed: 21, Size: 8 << 20, MaxChunk: 50000}
 	errs := make(chan error, 1)
@@ -61,12 +45,9 @@ func TestProxyCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond) // the proxy counts a connection when it ends
-	cmd.Process.Signal(syscall.SIGINT)
-	var rest []string
-	for lines.Scan() {
-		rest = append(rest, lines.Text())
-	}
-	if err := cmd.Wait(); err != nil {
+	run.cmd.Process.Signal(syscall.SIGINT)
+	rest, err := run.wait()
+	if err != nil {
 		t.Fatalf("exit: %v (%q)", err, rest)
 	}
 	if len(rest) == 0 || !strings.Contains(rest[len(rest)-1], "stopped after 1 connections (0 refused, 0 failed); 8388608 bytes up, 8388608 down") {

@@ -2,9 +2,13 @@ package testenv
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
+	"os"
+	"time"
 )
 
 // Stream is a reproducible byte stream: a writer sends it in chunks of random
@@ -100,4 +104,32 @@ func (s Stream) locate(got []byte, at int64) string {
 		return fmt.Sprintf("; those bytes belong at offset %d (%+d)", from+int64(i), from+int64(i)-at)
 	}
 	return "; those bytes are not from within 16 MiB"
+}
+
+// ErrStalled is returned by WriteUntilStalled when the writer was held back.
+var ErrStalled = errors.New("writer stalled")
+
+// WriteUntilStalled writes s to c until a write makes no progress for idle
+// (then ErrStalled) or s ends; it returns the bytes c accepted.
+func (s Stream) WriteUntilStalled(c *net.TCPConn, idle time.Duration) (int64, error) {
+	w := &stallWriter{c: c, idle: idle}
+	err := s.Write(w)
+	c.SetWriteDeadline(time.Time{})
+	return w.n, err
+}
+
+type stallWriter struct {
+	c    *net.TCPConn
+	idle time.Duration
+	n    int64
+}
+
+func (w *stallWriter) Write(b []byte) (int, error) {
+	w.c.SetWriteDeadline(time.Now().Add(w.idle))
+	n, err := w.c.Write(b)
+	w.n += int64(n)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return n, ErrStalled
+	}
+	return n, err
 }

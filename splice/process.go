@@ -1,0 +1,63 @@
+package splice
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// TakeFromProcess returns a connection to the TCP socket behind descriptor
+// fd of process pid (pidfd_getfd, Linux 5.6+; the caller needs ptrace rights
+// over the process, as root has). The process keeps its descriptor: it must
+// stop reading and writing it, or it competes with the kernel for the bytes.
+func TakeFromProcess(pid, fd int) (*net.TCPConn, error) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil, fmt.Errorf("no process %d", pid)
+		}
+		return nil, fmt.Errorf("open process %d: %w", pid, err)
+	}
+	defer unix.Close(pidfd)
+	nfd, err := unix.PidfdGetfd(pidfd, fd, 0)
+	switch {
+	case errors.Is(err, unix.EBADF):
+		return nil, fmt.Errorf("process %d has no descriptor %d", pid, fd)
+	case errors.Is(err, unix.EPERM):
+		return nil, fmt.Errorf("not allowed to take descriptors of process %d (needs ptrace rights over it: run as root, or as its user with kernel.yama.ptrace_scope 0)", pid)
+	case err != nil:
+		return nil, fmt.Errorf("take descriptor %d of process %d: %w", fd, pid, err)
+	}
+	c, err := connOf(nfd)
+	if err != nil {
+		return nil, fmt.Errorf("descriptor %d of process %d: %w", fd, pid, err)
+	}
+	return c, nil
+}
+
+// connOf wraps a descriptor that must be a connected TCP socket; it takes
+// ownership of fd.
+func connOf(fd int) (*net.TCPConn, error) {
+	f := os.NewFile(uintptr(fd), "socket")
+	defer f.Close()
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		return nil, errors.New("is not a socket")
+	}
+	proto, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	if typ != unix.SOCK_STREAM || proto != unix.IPPROTO_TCP {
+		return nil, errors.New("is not a TCP socket (only TCP sockets can be joined)")
+	}
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil || info.State != unix.BPF_TCP_ESTABLISHED {
+		return nil, errors.New("is not a connected TCP socket")
+	}
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.TCPConn), nil
+}
