@@ -79,14 +79,18 @@ func New(cfg Config, logf func(format string, args ...any)) (*Proxy, error) {
 		}
 		p.splicer = s
 	}
-	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(cfg.Listen))
+	// Go listens with MPTCP by default; an MPTCP socket cannot join a
+	// sockmap, so kernel mode takes plain TCP only.
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(cfg.Mode != Kernel)
+	l, err := lc.Listen(context.Background(), "tcp", cfg.Listen.String())
 	if err != nil {
 		if p.splicer != nil {
 			p.splicer.Close()
 		}
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	p.ln = ln
+	p.ln = l.(*net.TCPListener)
 	return p, nil
 }
 

@@ -31,16 +31,16 @@ func TakeFromProcess(pid, fd int) (*net.TCPConn, error) {
 	case err != nil:
 		return nil, fmt.Errorf("take descriptor %d of process %d: %w", fd, pid, err)
 	}
-	c, err := connOf(nfd)
+	c, err := Conn(nfd)
 	if err != nil {
 		return nil, fmt.Errorf("descriptor %d of process %d: %w", fd, pid, err)
 	}
 	return c, nil
 }
 
-// connOf wraps a descriptor that must be a connected TCP socket; it takes
-// ownership of fd.
-func connOf(fd int) (*net.TCPConn, error) {
+// Conn wraps a descriptor that must be a connected TCP socket, as Join
+// wants; it takes ownership of fd (closed on error too).
+func Conn(fd int) (*net.TCPConn, error) {
 	f := os.NewFile(uintptr(fd), "socket")
 	defer f.Close()
 	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)

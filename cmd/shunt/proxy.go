@@ -90,8 +90,8 @@ still holds. Kernel mode needs root.`,
 			fmt.Fprintf(e.stderr, "proxy: listening on %s, mode %s, upstreams %s%s\n",
 				p.Addr(), cfg.Mode, joinAddrs(cfg.Upstreams), describeRoutes(cfg.Routes))
 			runErr := p.Run(c.Context())
-			st := p.Stats()
 			closeErr := p.Close()
+			st := p.Stats() // after Close: connections count when they end
 			fmt.Fprintf(e.stderr, "proxy: stopped after %d connections (%d refused, %d failed); %d bytes up, %d down, %d of them moved by the kernel\n",
 				st.Accepted, st.Refused, st.Failed, st.Up, st.Down, st.Kernel)
 			if runErr != nil {

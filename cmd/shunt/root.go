@@ -84,7 +84,8 @@ func newRoot(e *env) *cobra.Command {
   shunt reap              destroy every socket connected to a backend
   shunt fanout            relay a UDP feed to many TCP subscribers
   shunt proxy             a TCP proxy whose connections are joined in the kernel
-  shunt splice            join two sockets of a running process in the kernel`,
+  shunt splice            join two sockets of a running process in the kernel
+  shunt daemon            join sockets that other processes hand over`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
@@ -101,7 +102,7 @@ func newRoot(e *env) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
 	})
-	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newReapCmd(e, g), newFanoutCmd(e), newProxyCmd(e), newSpliceCmd(e), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
+	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newReapCmd(e, g), newFanoutCmd(e), newProxyCmd(e), newSpliceCmd(e), newDaemonCmd(e), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
 	return root
 }
 

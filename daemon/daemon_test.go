@@ -1,0 +1,250 @@
+package daemon_test
+
+import (
+	"encoding/json"
+	"errors"
+
+	"context"
+	"golang.org/x/sys/unix"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/daemon"
+	"github.com/shunt-project/shunt/internal/testenv"
+	"github.com/shunt-project/shunt/splice"
+)
+
+// mustDaemon serves on a socket in a temporary directory until the test ends.
+func mustDaemon(t *testing.T) string {
+	t.Helper()
+	testenv.RequireRoot(t)
+	path := filepath.Join(t.TempDir(), "shunt.sock")
+	srv, err := daemon.Listen(path, splice.Options{}, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		if err := srv.Close(); err != nil {
+			t.Error(err)
+		}
+		if _, err := os.Stat(path); !os.IsNotExist(err) {
+			t.Errorf("control socket left behind: %v", err)
+		}
+	})
+	return path
+}
+
+func mustClient(t *testing.T, path string) *daemon.Client {
+	t.Helper()
+	cl, err := daemon.Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// pairs returns a client-side and a server-side connection in ns twice: the
+// middle sockets (front, back) are what a proxy would hand over.
+func sockets(t *testing.T, ns *testenv.NetNS) (client, front, back, server *net.TCPConn) {
+	side := testenv.Side{NS: ns}
+	client, front = testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	back, server = testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	return
+}
+
+// TestJoinByHandOver: two sockets sent over the control socket are joined;
+// bytes flow both ways, the pair shows in stats, and when both ends close
+// the client that joined it hears "ended" with the byte counts.
+func TestJoinByHandOver(t *testing.T) {
+	path := mustDaemon(t)
+	cl := mustClient(t, path)
+	client, front, back, server := sockets(t, testenv.MustNetNS(t))
+	h, err := cl.Join(front, back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front.Close()
+	back.Close()
+
+	st, err := cl.Stats()
+	if err != nil || len(st) != 1 || st[0].Handle != h || !st[0].InKernel {
+		t.Fatalf("stats %+v, %v; want the one pair %d in the kernel", st, err, h)
+	}
+	up := testenv.Stream{Seed: 51, Size: 32 << 20, MaxChunk: 30000}
+	down := testenv.Stream{Seed: 52, Size: 1 << 20, MaxChunk: 3000}
+	errs := make(chan error, 3)
+	go func() { errs <- writeThenClose(client, up) }()
+	go func() { errs <- writeThenClose(server, down) }()
+	go func() { errs <- down.Check(client, true) }()
+	if err := up.Check(server, true); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case ev := <-cl.Events():
+		if ev.Event != "ended" || ev.Handle != h || ev.BytesAB != uint64(up.Size) || ev.BytesBA != uint64(down.Size) || ev.Error != "" {
+			t.Fatalf("event %+v", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ended event")
+	}
+	if st, err := cl.Stats(); err != nil || len(st) != 0 {
+		t.Fatalf("stats after the end: %+v, %v", st, err)
+	}
+}
+
+// TestPairsOutliveTheirClient: a pair keeps flowing after the client that
+// handed it over disconnects; another client can abort it.
+func TestPairsOutliveTheirClient(t *testing.T) {
+	path := mustDaemon(t)
+	client, front, back, server := sockets(t, testenv.MustNetNS(t))
+	cl := mustClient(t, path)
+	h, err := cl.Join(front, back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front.Close()
+	back.Close()
+	cl.Close()
+
+	client.Write([]byte("still here"))
+	buf := make([]byte, 10)
+	server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := server.Read(buf); err != nil || string(buf) != "still here" {
+		t.Fatalf("%q, %v", buf, err)
+	}
+	other := mustClient(t, path)
+	if err := other.Abort(h); err != nil {
+		t.Fatal(err)
+	}
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := client.Read(buf); !errorsIsReset(err) {
+		t.Fatalf("client read %v after abort, want a reset", err)
+	}
+}
+
+// TestBadRequests: each mistake gets an error reply, nothing leaks, and the
+// connection stays usable.
+func TestBadRequests(t *testing.T) {
+	path := mustDaemon(t)
+	cl := mustClient(t, path)
+	client, front, _, _ := sockets(t, testenv.MustNetNS(t))
+	_ = client
+	fd := func(c *net.TCPConn) int {
+		f, err := c.File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return int(f.Fd())
+	}
+	pr, pw, _ := os.Pipe()
+	defer pr.Close()
+	defer pw.Close()
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false) // Go listens with MPTCP by default
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	lf, _ := ln.(*net.TCPListener).File()
+	defer lf.Close()
+	for _, tc := range []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"one-fd", func() error { return rawJoin(t, path, fd(front)) }, "join needs exactly two descriptors, got 1"},
+		{"three-fds", func() error { return rawJoin(t, path, fd(front), fd(front), fd(front)) }, "join needs exactly two descriptors"},
+		{"pipe", func() error { _, err := cl.JoinFDs(int(pr.Fd()), fd(front)); return err }, "first descriptor is not a socket"},
+		{"listener", func() error { _, err := cl.JoinFDs(fd(front), int(lf.Fd())); return err }, "second descriptor is not a connected TCP socket"},
+		{"abort-unknown", func() error { return cl.Abort(999) }, "no pair with handle 999"},
+	} {
+		err := tc.call()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if st, err := cl.Stats(); err != nil || len(st) != 0 {
+		t.Fatalf("stats after bad requests: %+v, %v", st, err)
+	}
+}
+
+// TestNotRoot: the control socket is root's; nobody cannot connect.
+func TestNotRoot(t *testing.T) {
+	path := mustDaemon(t)
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v, %v; want 0600", fi.Mode(), err)
+	}
+	cmd := exec.Command("/usr/bin/python3", "-c", "import socket,sys; s=socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); s.connect(sys.argv[1])", path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "Permission denied") {
+		t.Fatalf("nobody connected: %v %s", err, out)
+	}
+}
+
+// TestSecondDaemonRefused: a second daemon on the same socket says so.
+func TestSecondDaemonRefused(t *testing.T) {
+	path := mustDaemon(t)
+	if _, err := daemon.Listen(path, splice.Options{}, nil); err == nil || !strings.Contains(err.Error(), "another daemon is listening") {
+		t.Fatalf("second daemon: %v", err)
+	}
+}
+
+func writeThenClose(c *net.TCPConn, s testenv.Stream) error {
+	if err := s.Write(c); err != nil {
+		return err
+	}
+	return c.CloseWrite()
+}
+
+func errorsIsReset(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "connection reset")
+}
+
+// rawJoin sends a join with the given descriptors and returns the daemon's
+// error, if any.
+func rawJoin(t *testing.T, path string, fds ...int) error {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, _, err := c.WriteMsgUnix([]byte(`{"op":"join"}`), unix.UnixRights(fds...), nil); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	n, err := c.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r daemon.Reply
+	if err := json.Unmarshal(buf[:n], &r); err != nil {
+		t.Fatal(err)
+	}
+	if !r.OK {
+		return errors.New(r.Error)
+	}
+	return nil
+}
