@@ -109,7 +109,9 @@ func (cfg LatencyConfig) checkTools() error {
 	return nil
 }
 
-func freePort() int { return 20000 + rand.IntN(30000) }
+// freePort picks a listening port below the ephemeral range (32768 and
+// up), so that no outgoing connection in the lab's namespaces holds it.
+func freePort() int { return 20000 + rand.IntN(12000) }
 
 // paired returns how many connections the lab's install has bypassed.
 func (l *Lab) paired() (uint64, error) {
