@@ -87,8 +87,8 @@ func TestJoinByHandOver(t *testing.T) {
 	up := testenv.Stream{Seed: 51, Size: 32 << 20, MaxChunk: 30000}
 	down := testenv.Stream{Seed: 52, Size: 1 << 20, MaxChunk: 3000}
 	errs := make(chan error, 3)
-	go func() { errs <- writeThenClose(client, up) }()
-	go func() { errs <- writeThenClose(server, down) }()
+	go func() { errs <- up.WriteAndClose(client) }()
+	go func() { errs <- down.WriteAndClose(server) }()
 	go func() { errs <- down.Check(client, true) }()
 	if err := up.Check(server, true); err != nil {
 		t.Fatal(err)
@@ -210,13 +210,6 @@ func TestSecondDaemonRefused(t *testing.T) {
 	if _, err := daemon.Listen(path, splice.Options{}, nil); err == nil || !strings.Contains(err.Error(), "another daemon is listening") {
 		t.Fatalf("second daemon: %v", err)
 	}
-}
-
-func writeThenClose(c *net.TCPConn, s testenv.Stream) error {
-	if err := s.Write(c); err != nil {
-		return err
-	}
-	return c.CloseWrite()
 }
 
 func errorsIsReset(err error) bool {

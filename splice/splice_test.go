@@ -87,8 +87,8 @@ func TestStreamBothWays(t *testing.T) {
 			up := testenv.Stream{Seed: 1, Size: 256 << 20, MaxChunk: 200 << 10}
 			down := testenv.Stream{Seed: 2, Size: 256 << 20, MaxChunk: 200 << 10}
 			errs := make(chan error, 4)
-			go func() { errs <- writeThenClose(p.client, up) }()
-			go func() { errs <- writeThenClose(p.server, down) }()
+			go func() { errs <- up.WriteAndClose(p.client) }()
+			go func() { errs <- down.WriteAndClose(p.server) }()
 			go func() { errs <- up.Check(p.server, true) }()
 			go func() { errs <- down.Check(p.client, true) }()
 			for range 4 {
@@ -112,13 +112,6 @@ func TestStreamBothWays(t *testing.T) {
 	}
 }
 
-func writeThenClose(c *net.TCPConn, s testenv.Stream) error {
-	if err := s.Write(c); err != nil {
-		return err
-	}
-	return c.CloseWrite()
-}
-
 // TestHalfCloseEachWay: a FIN from either end reaches the other after every
 // byte, while the other direction keeps working.
 func TestHalfCloseEachWay(t *testing.T) {
@@ -131,7 +124,7 @@ func TestHalfCloseEachWay(t *testing.T) {
 			first, second = second, first
 		}
 		a := testenv.Stream{Seed: 3, Size: 1 << 20, MaxChunk: 4096}
-		if err := writeThenClose(first, a); err != nil {
+		if err := a.WriteAndClose(first); err != nil {
 			t.Fatal(err)
 		}
 		if err := a.Check(second, true); err != nil {
@@ -140,7 +133,7 @@ func TestHalfCloseEachWay(t *testing.T) {
 		}
 		// The half-closed side still receives.
 		b := testenv.Stream{Seed: 4, Size: 1 << 20, MaxChunk: 4096}
-		if err := writeThenClose(second, b); err != nil {
+		if err := b.WriteAndClose(second); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Check(first, true); err != nil {
@@ -195,7 +188,7 @@ func TestHandOffAfterFirstBytes(t *testing.T) {
 		p := mustSockets(t, ns, "tcp4", "127.0.0.1:0")
 		stream := testenv.Stream{Seed: uint64(first), Size: 16 << 20, MaxChunk: 3000}
 		sent := make(chan error, 1)
-		go func() { sent <- writeThenClose(p.client, stream) }()
+		go func() { sent <- stream.WriteAndClose(p.client) }()
 
 		buf := make([]byte, first)
 		if _, err := io.ReadFull(p.front, buf); err != nil {
@@ -291,7 +284,7 @@ func TestJoinAfterFIN(t *testing.T) {
 	}
 	stream := testenv.Stream{Seed: 9, Size: 4 << 20, MaxChunk: 10000}
 	errs := make(chan error, 1)
-	go func() { errs <- writeThenClose(p.client, stream) }()
+	go func() { errs <- stream.WriteAndClose(p.client) }()
 	if got, err := io.ReadAll(p.client); err != nil || string(got) != "bye" {
 		t.Fatalf("client read %q, %v", got, err)
 	}

@@ -49,18 +49,7 @@ func TestDaemonWithPythonClient(t *testing.T) {
 	}
 
 	stream := testenv.Stream{Seed: 61, Size: 8 << 20, MaxChunk: 20000}
-	errs := make(chan error, 1)
-	go func() {
-		if err := stream.Write(c); err != nil {
-			errs <- err
-			return
-		}
-		errs <- c.CloseWrite()
-	}()
-	if err := stream.Check(s, true); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errs; err != nil {
+	if err := stream.Through(c, s); err != nil {
 		t.Fatal(err)
 	}
 	io.WriteString(s, "bye")

@@ -30,18 +30,7 @@ func TestProxyCommand(t *testing.T) {
 		"--listen", "127.0.0.1:17000", "--upstream", upstream.Addr().String())
 	c := testenv.Dial(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:17000", nil)
 	stream := testenv.Stream{Seed: 21, Size: 8 << 20, MaxChunk: 50000}
-	errs := make(chan error, 1)
-	go func() {
-		if err := stream.Write(c); err != nil {
-			errs <- err
-			return
-		}
-		errs <- c.CloseWrite()
-	}()
-	if err := stream.Check(c, true); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errs; err != nil {
+	if err := stream.Through(c, c); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond) // the proxy counts a connection when it ends

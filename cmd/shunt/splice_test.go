@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"os/exec"
 	"strings"
@@ -61,8 +60,8 @@ func TestSpliceCommand(t *testing.T) {
 	there := testenv.Stream{Seed: 31, Size: 16 << 20, MaxChunk: 40000}
 	back := testenv.Stream{Seed: 32, Size: 1 << 20, MaxChunk: 4000}
 	errs := make(chan error, 3)
-	go func() { errs <- writeThenCloseWrite(farA, there) }()
-	go func() { errs <- writeThenCloseWrite(farB, back) }()
+	go func() { errs <- there.WriteAndClose(farA) }()
+	go func() { errs <- back.WriteAndClose(farB) }()
 	go func() { errs <- back.Check(farA, true) }()
 	if err := there.Check(farB, true); err != nil {
 		t.Fatal(err)
@@ -80,16 +79,6 @@ func TestSpliceCommand(t *testing.T) {
 	if len(rest) != 1 || !strings.HasPrefix(rest[0], want) {
 		t.Fatalf("summary %q, want %q...", rest, want)
 	}
-}
-
-func writeThenCloseWrite(c interface {
-	io.Writer
-	CloseWrite() error
-}, s testenv.Stream) error {
-	if err := s.Write(c); err != nil {
-		return err
-	}
-	return c.CloseWrite()
 }
 
 func TestSpliceErrors(t *testing.T) {

@@ -133,3 +133,28 @@ func (w *stallWriter) Write(b []byte) (int, error) {
 	}
 	return n, err
 }
+
+// HalfCloser is a connection that can send FIN.
+type HalfCloser interface {
+	io.Writer
+	CloseWrite() error
+}
+
+// WriteAndClose writes the stream to c, then sends FIN.
+func (s Stream) WriteAndClose(c HalfCloser) error {
+	if err := s.Write(c); err != nil {
+		return err
+	}
+	return c.CloseWrite()
+}
+
+// Through writes the stream to w (then FIN) while checking it, and EOF
+// after it, on r.
+func (s Stream) Through(w HalfCloser, r io.Reader) error {
+	sent := make(chan error, 1)
+	go func() { sent <- s.WriteAndClose(w) }()
+	if err := s.Check(r, true); err != nil {
+		return err
+	}
+	return <-sent
+}
