@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -28,7 +29,8 @@ type direction struct {
 	cookie    uint64
 	shared    *spliceSpliceDir
 	dstOrigin uint64 // sentSoFar(dst) when joined
-	pending   []byte // read from src before the join, sent first
+	pending   []byte // read from src before the join, or written only in part before a hand-over: sent first
+	ended     bool   // EOF forwarded (set by run)
 	userRead  atomic.Uint64
 	userWrote atomic.Uint64
 }
@@ -73,22 +75,26 @@ func (d *direction) stats() Stats {
 
 func (d *direction) run() error {
 	if len(d.pending) > 0 {
-		if err := d.write(d.pending); err != nil {
-			return fmt.Errorf("%s: write: %w", d.name, err)
-		}
+		b := d.pending
 		d.pending = nil
+		if err := d.write(b); err != nil {
+			return d.wrap("write", err)
+		}
 	}
 	var eofAt time.Time
 	for eof := 0; ; {
 		buf, n, err := d.read()
 		if err != nil {
-			return fmt.Errorf("%s: read: %w", d.name, err)
+			return d.wrap("read", err)
 		}
 		if n == 0 && !d.p.userOnly && !d.allSeenRead(atomic.LoadUint64(&d.shared.State)) {
 			// EOF can come before bytes the verdict passed just ahead
 			// of the FIN: they wait in the psock's backlog when it was
 			// busy sending for the other direction. Read on, but do
 			// not hide bytes that never come.
+			if d.p.frozen.Load() {
+				return errFrozen
+			}
 			if eof == 0 {
 				eofAt = time.Now()
 			} else if time.Since(eofAt) > lostAfter {
@@ -105,8 +111,9 @@ func (d *direction) run() error {
 				return fmt.Errorf("%s: read: %w", d.name, unix.Errno(e))
 			}
 			if err := d.finish(); err != nil {
-				return fmt.Errorf("%s: forward EOF: %w", d.name, err)
+				return d.wrap("forward EOF", err)
 			}
+			d.ended = true
 			return nil
 		}
 		err = d.write((*buf)[:n])
@@ -115,7 +122,7 @@ func (d *direction) run() error {
 			err = d.drainAndHandBack()
 		}
 		if err != nil {
-			return fmt.Errorf("%s: write: %w", d.name, err)
+			return d.wrap("write", err)
 		}
 	}
 }
@@ -217,11 +224,13 @@ func (d *direction) write(b []byte) error {
 	if err := d.waitPeerFlushed(); err != nil {
 		return err
 	}
-	if _, err := d.dst.Write(b); err != nil {
-		return err
+	n, err := d.dst.Write(b)
+	d.userWrote.Add(uint64(n))
+	if err != nil && d.p.frozen.Load() {
+		d.pending = append([]byte{}, b[n:]...) // the next owner sends the rest first
+		return errFrozen
 	}
-	d.userWrote.Add(uint64(len(b)))
-	return nil
+	return err
 }
 
 // waitDstRoom waits until dst holds at most a quarter of what the verdict
@@ -245,8 +254,23 @@ func (d *direction) waitDstRoom() error {
 		if d.p.aborted.Load() {
 			return net.ErrClosed
 		}
+		if d.p.frozen.Load() {
+			return errFrozen
+		}
 		backoff(i)
 	}
+}
+
+// errFrozen ends a direction's goroutine for a hand-over; nothing is reset.
+var errFrozen = errors.New("handed over")
+
+// wrap names the direction and the step in an error, leaving errFrozen
+// as it is.
+func (d *direction) wrap(step string, err error) error {
+	if d.p.frozen.Load() && (errors.Is(err, errFrozen) || errors.Is(err, os.ErrDeadlineExceeded)) {
+		return errFrozen
+	}
+	return fmt.Errorf("%s: %s: %w", d.name, step, err)
 }
 
 // lostAfter bounds the wait, after EOF, for passed bytes to arrive.
@@ -383,6 +407,9 @@ func (d *direction) waitPeerFlushed() error {
 		}
 		if d.p.aborted.Load() {
 			return net.ErrClosed
+		}
+		if d.p.frozen.Load() {
+			return errFrozen
 		}
 		backoff(i)
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -34,8 +35,10 @@ type Pair struct {
 
 	userOnly bool // not in the kernel maps: copied in user space
 	done     chan struct{}
+	stopped  chan struct{} // closed when a frozen pair's goroutines are out
 	once     sync.Once
 	aborted  atomic.Bool
+	frozen   atomic.Bool // handing over to another process: stop, keep the sockets
 	errMu    sync.Mutex
 	err      error
 	finished sync.WaitGroup
@@ -65,14 +68,24 @@ func (s *Splicer) Join(a, b *net.TCPConn) (*Pair, error) {
 		p.unregister()
 		return nil, err
 	}
+	p.start()
+	return p, nil
+}
+
+// start runs both directions (a direction that already ended stays ended).
+func (p *Pair) start() {
+	p.stopped = make(chan struct{})
 	p.finished.Add(2)
 	go p.run(p.ab)
 	go p.run(p.ba)
 	go func() {
 		p.finished.Wait()
+		if p.frozen.Load() {
+			close(p.stopped)
+			return
+		}
 		p.release()
 	}()
-	return p, nil
 }
 
 func (p *Pair) join() error {
@@ -135,8 +148,29 @@ func (p *Pair) unregister() {
 // run moves one direction until EOF is forwarded or the pair fails.
 func (p *Pair) run(d *direction) {
 	defer p.finished.Done()
-	if err := d.run(); err != nil && !p.aborted.Load() {
+	if d.ended {
+		return
+	}
+	err := d.run()
+	if errors.Is(err, errFrozen) {
+		return
+	}
+	if err != nil && !p.aborted.Load() {
 		p.fail(err)
+	}
+}
+
+// freeze stops both directions where they stand, sockets open and in the
+// map, for another process to take over.
+func (p *Pair) freeze() {
+	p.frozen.Store(true)
+	past := time.Unix(1, 0)
+	for _, c := range []*net.TCPConn{p.a, p.b} {
+		c.SetDeadline(past) // wakes goroutines asleep in the poller
+	}
+	<-p.stopped
+	for _, c := range []*net.TCPConn{p.a, p.b} {
+		c.SetDeadline(time.Time{})
 	}
 }
 

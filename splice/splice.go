@@ -41,10 +41,11 @@ type Splicer struct {
 	mem         []byte // dirs, shared with the verdict
 	maxInflight uint32
 
-	mu     sync.Mutex
-	free   []uint32 // pair indices
-	pairs  map[uint32]*Pair
-	closed bool
+	mu       sync.Mutex
+	free     []uint32 // pair indices
+	released bool     // handed over: Close has nothing left to do
+	pairs    map[uint32]*Pair
+	closed   bool
 }
 
 // New loads the splice program. It needs CAP_BPF and CAP_NET_ADMIN.
@@ -102,6 +103,10 @@ func (s *Splicer) dir(slot uint32) *spliceSpliceDir {
 // the program.
 func (s *Splicer) Close() error {
 	s.mu.Lock()
+	if s.released {
+		s.mu.Unlock()
+		return nil
+	}
 	s.closed = true
 	pairs := make([]*Pair, 0, len(s.pairs))
 	for _, p := range s.pairs {

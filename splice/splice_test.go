@@ -4,6 +4,8 @@ import (
 	"errors"
 	"io"
 	"net"
+
+	"golang.org/x/sys/unix"
 	"syscall"
 	"testing"
 	"time"
@@ -297,5 +299,74 @@ func TestJoinAfterFIN(t *testing.T) {
 	p.waitDone(t)
 	if err := p.pair.Err(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHandOverMidStream: a Splicer is frozen in the middle of two streams,
+// its objects and sockets move to a new one (as descriptors passed to a new
+// process would), and the streams finish intact, with FIN after the last
+// byte, several times over.
+func TestHandOverMidStream(t *testing.T) {
+	s := mustSplicer(t, splice.Options{})
+	p := mustProxied(t, s, testenv.MustNetNS(t), "tcp4", "127.0.0.1:0")
+	up := testenv.Stream{Seed: 71, Size: 256 << 20, MaxChunk: 100 << 10}
+	down := testenv.Stream{Seed: 72, Size: 64 << 20, MaxChunk: 10 << 10}
+	errs := make(chan error, 4)
+	go func() { errs <- up.WriteAndClose(p.client) }()
+	go func() { errs <- down.WriteAndClose(p.server) }()
+	go func() { errs <- up.Check(p.server, true) }()
+	go func() { errs <- down.Check(p.client, true) }()
+
+	var pair *splice.Pair
+	for range 3 {
+		time.Sleep(30 * time.Millisecond)
+		objs, states := s.Freeze()
+		if len(states) != 1 {
+			t.Fatalf("froze %d pairs, want 1", len(states))
+		}
+		var dup splice.Objects
+		for i, fd := range objs {
+			nfd, err := unix.Dup(fd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dup[i] = nfd
+		}
+		for i, c := range []**net.TCPConn{&states[0].A, &states[0].B} {
+			f, err := (*c).File()
+			if err != nil {
+				t.Fatal(err)
+			}
+			nc, err := net.FileConn(f)
+			f.Close()
+			if err != nil {
+				t.Fatal(i, err)
+			}
+			*c = nc.(*net.TCPConn)
+		}
+		s.Release()
+		next, pairs, err := splice.Resume(dup, splice.Options{}, states)
+		if err != nil || len(pairs) != 1 {
+			t.Fatalf("resume: %d pairs, %v", len(pairs), err)
+		}
+		s, pair = next, pairs[0]
+		t.Cleanup(func() { s.Close() })
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-pair.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("pair did not end")
+	}
+	if err := pair.Err(); err != nil {
+		t.Fatal(err)
+	}
+	ab, ba := pair.Stats()
+	if ab.Bytes != uint64(up.Size) || ba.Bytes != uint64(down.Size) {
+		t.Fatalf("stats after hand-overs: %+v %+v", ab, ba)
 	}
 }

@@ -1,0 +1,167 @@
+package splice
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// Handing a Splicer over to another process, so that joined pairs keep
+// flowing across a restart: the old process freezes every pair where it
+// stands (goroutines stopped, sockets open and still in the map, so the
+// kernel keeps forwarding), passes the BPF objects and sockets on, and the
+// new process resumes the pairs with their byte counters. No socket ever
+// leaves the map: that would drop the bytes queued on its psock.
+
+// Objects are the descriptors of a Splicer's BPF objects, in this order:
+// socks, dirs, slots, the verdict program, its link.
+type Objects [5]int
+
+// DirState is what a direction's user-space half knows.
+type DirState struct {
+	UserRead  uint64 `json:"user_read"`
+	UserWrote uint64 `json:"user_wrote"`
+	DstOrigin uint64 `json:"dst_origin"`
+	Pending   []byte `json:"pending,omitempty"` // to write to dst before anything else
+	Ended     bool   `json:"ended,omitempty"`   // EOF already forwarded
+}
+
+// PairState is a frozen pair.
+type PairState struct {
+	Index    uint32       `json:"index"`
+	UserOnly bool         `json:"user_only,omitempty"`
+	AB       DirState     `json:"ab"`
+	BA       DirState     `json:"ba"`
+	A        *net.TCPConn `json:"-"`
+	B        *net.TCPConn `json:"-"`
+}
+
+// Freeze stops every pair and returns their state and the object
+// descriptors (owned by the Splicer: send them before Release). The
+// Splicer takes no more joins.
+func (s *Splicer) Freeze() (Objects, []PairState) {
+	s.mu.Lock()
+	s.closed = true
+	pairs := make([]*Pair, 0, len(s.pairs))
+	for _, p := range s.pairs {
+		pairs = append(pairs, p)
+	}
+	s.mu.Unlock()
+	var out []PairState
+	for _, p := range pairs {
+		p.freeze()
+		out = append(out, PairState{Index: p.index, UserOnly: p.userOnly, A: p.a, B: p.b, AB: p.ab.state(), BA: p.ba.state()})
+	}
+	return Objects{s.objs.Socks.FD(), s.objs.Dirs.FD(), s.objs.Slots.FD(), s.objs.SpliceVerdict.FD(), s.link.(interface{ FD() int }).FD()}, out
+}
+
+// Release lets go of a frozen Splicer's objects and sockets without
+// touching the pairs (the new owner holds its own descriptors).
+func (s *Splicer) Release() {
+	s.mu.Lock()
+	s.released = true
+	s.mu.Unlock()
+	unix.Munmap(s.mem)
+	s.link.Close() // the new owner's descriptor keeps the link
+	s.objs.Close()
+	s.mu.Lock()
+	for _, p := range s.pairs {
+		p.a.Close()
+		p.b.Close()
+	}
+	s.mu.Unlock()
+}
+
+func (d *direction) state() DirState {
+	return DirState{UserRead: d.userRead.Load(), UserWrote: d.userWrote.Load(), DstOrigin: d.dstOrigin, Pending: d.pending, Ended: d.ended}
+}
+
+// Resume takes over a frozen Splicer's objects (descriptors received from
+// its process; Resume owns them) and pairs, and restarts the pairs.
+func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, error) {
+	if opts.MaxInflight == 0 {
+		opts.MaxInflight = DefaultMaxInflight
+	}
+	s := &Splicer{maxInflight: opts.MaxInflight, pairs: map[uint32]*Pair{}}
+	fail := func(err error) (*Splicer, []*Pair, error) {
+		for _, fd := range objs {
+			unix.Close(fd)
+		}
+		return nil, nil, err
+	}
+	var err error
+	maps := []**ebpf.Map{&s.objs.Socks, &s.objs.Dirs, &s.objs.Slots}
+	for i, m := range maps {
+		if *m, err = ebpf.NewMapFromFD(objs[i]); err != nil {
+			return fail(fmt.Errorf("splice: take over map: %w", err))
+		}
+	}
+	if s.objs.SpliceVerdict, err = ebpf.NewProgramFromFD(objs[3]); err != nil {
+		return fail(fmt.Errorf("splice: take over program: %w", err))
+	}
+	if s.link, err = link.NewFromFD(objs[4]); err != nil {
+		return fail(fmt.Errorf("splice: take over link: %w", err))
+	}
+	slots := s.objs.Socks.MaxEntries()
+	if s.objs.Dirs.MaxEntries() != slots || s.objs.Dirs.ValueSize() != uint32(unsafe.Sizeof(spliceSpliceDir{})) {
+		s.Release()
+		return nil, nil, errors.New("splice: the objects handed over are not this version's")
+	}
+	size := int(slots) * int(unsafe.Sizeof(spliceSpliceDir{}))
+	if s.mem, err = unix.Mmap(s.objs.Dirs.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		s.link.Close()
+		s.objs.Close()
+		return nil, nil, fmt.Errorf("splice: map state: %w", err)
+	}
+	used := map[uint32]bool{}
+	var pairs []*Pair
+	for _, st := range states {
+		p := &Pair{s: s, index: st.Index, a: st.A, b: st.B, userOnly: st.UserOnly, done: make(chan struct{})}
+		if p.ab, err = resumeDirection(p, "a->b", st.A, st.B, 2*st.Index, st.AB); err == nil {
+			p.ba, err = resumeDirection(p, "b->a", st.B, st.A, 2*st.Index+1, st.BA)
+		}
+		if err != nil {
+			st.A.Close()
+			st.B.Close()
+			continue
+		}
+		s.pairs[st.Index] = p
+		used[st.Index] = true
+		pairs = append(pairs, p)
+	}
+	for i := int(slots/2) - 1; i >= 0; i-- {
+		if !used[uint32(i)] {
+			s.free = append(s.free, uint32(i))
+		}
+	}
+	for _, p := range pairs {
+		p.start()
+	}
+	return s, pairs, nil
+}
+
+func resumeDirection(p *Pair, name string, src, dst *net.TCPConn, slot uint32, st DirState) (*direction, error) {
+	d := &direction{p: p, name: name, src: src, dst: dst, slot: slot, dstOrigin: st.DstOrigin, pending: st.Pending, ended: st.Ended}
+	var err error
+	if d.srcFD, err = socketFD(src); err != nil {
+		return nil, err
+	}
+	if d.dstFD, err = socketFD(dst); err != nil {
+		return nil, err
+	}
+	if d.srcRaw, err = src.SyscallConn(); err != nil {
+		return nil, err
+	}
+	if d.cookie, err = unix.GetsockoptUint64(d.srcFD, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+		return nil, err
+	}
+	d.shared = p.s.dir(slot)
+	d.userRead.Store(st.UserRead)
+	d.userWrote.Store(st.UserWrote)
+	return d, nil
+}
