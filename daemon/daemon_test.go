@@ -241,3 +241,64 @@ func rawJoin(t *testing.T, path string, fds ...int) error {
 	}
 	return nil
 }
+
+// TestTakeOver: a new daemon takes the pairs of a running one in the middle
+// of a stream; the old one ends without resetting anything, the stream ends
+// intact, and the new daemon knows the pair by its old handle.
+func TestTakeOver(t *testing.T) {
+	testenv.RequireRoot(t)
+	path := filepath.Join(t.TempDir(), "shunt.sock")
+	old, err := daemon.Listen(path, splice.Options{}, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldDone := make(chan error, 1)
+	go func() { oldDone <- old.Serve(context.Background()) }()
+
+	cl := mustClient(t, path)
+	client, front, back, server := sockets(t, testenv.MustNetNS(t))
+	h, err := cl.Join(front, back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front.Close()
+	back.Close()
+	up := testenv.Stream{Seed: 81, Size: 256 << 20, MaxChunk: 64 << 10}
+	down := testenv.Stream{Seed: 82, Size: 16 << 20, MaxChunk: 8 << 10}
+	errs := make(chan error, 4)
+	go func() { errs <- up.WriteAndClose(client) }()
+	go func() { errs <- down.WriteAndClose(server) }()
+	go func() { errs <- up.Check(server, true) }()
+	go func() { errs <- down.Check(client, true) }()
+	time.Sleep(50 * time.Millisecond)
+
+	srv, n, err := daemon.TakeOver(path, splice.Options{}, t.Logf)
+	if err != nil || n != 1 {
+		t.Fatalf("took over %d pairs: %v", n, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	newDone := make(chan error, 1)
+	go func() { newDone <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-newDone; srv.Close() }()
+	if err := <-oldDone; err != nil {
+		t.Fatal(err)
+	}
+	if handed, ok := old.HandedOver(); !ok || handed != 1 {
+		t.Fatalf("old daemon: handed %d, %v", handed, ok)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the old daemon removed the new one's socket: %v", err)
+	}
+	st, err := mustClient(t, path).Stats()
+	if err != nil || len(st) != 1 || st[0].Handle != h {
+		t.Fatalf("new daemon's stats %+v, %v; want handle %d", st, err, h)
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -25,14 +25,18 @@ type Server struct {
 	s    *splice.Splicer
 	log  func(format string, args ...any)
 
-	mu     sync.Mutex
-	next   uint64
-	pairs  map[uint64]*entry
-	closed bool
-	wg     sync.WaitGroup
+	mu         sync.Mutex
+	next       uint64
+	pairs      map[uint64]*entry
+	closed     bool
+	handedOver bool
+	handed     int // pairs handed over
+	conns      map[*conn]struct{}
+	wg         sync.WaitGroup
 }
 
 type entry struct {
+	index uint32 // the pair's index in the Splicer
 	info  PairInfo
 	pair  *splice.Pair
 	owner *conn // nil once the client that joined it left
@@ -41,29 +45,43 @@ type entry struct {
 // Listen creates the control socket at path (its directory too), readable
 // and writable by root only, and loads the splice program.
 func Listen(path string, opts splice.Options, logf func(format string, args ...any)) (*Server, error) {
-	if logf == nil {
-		logf = func(string, ...any) {}
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("control socket directory: %w", err)
-	}
 	if c, err := net.Dial("unixpacket", path); err == nil {
 		c.Close()
-		return nil, fmt.Errorf("another daemon is listening on %s", path)
-	}
-	os.Remove(path) // left by a daemon that died
-	old := unix.Umask(0o177)
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
-	unix.Umask(old)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
+		return nil, fmt.Errorf("another daemon is listening on %s (to replace it without dropping its pairs, use --take-over)", path)
 	}
 	s, err := splice.New(opts)
 	if err != nil {
-		ln.Close()
 		return nil, err
 	}
-	return &Server{ln: ln, path: path, s: s, log: logf, pairs: map[uint64]*entry{}}, nil
+	srv := newServer(path, s, logf)
+	if err := srv.listen(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return srv, nil
+}
+
+func newServer(path string, s *splice.Splicer, logf func(format string, args ...any)) *Server {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	return &Server{path: path, s: s, log: logf, pairs: map[uint64]*entry{}, conns: map[*conn]struct{}{}}
+}
+
+// listen binds the control socket, replacing a stale file.
+func (srv *Server) listen() error {
+	if err := os.MkdirAll(filepath.Dir(srv.path), 0o755); err != nil {
+		return fmt.Errorf("control socket directory: %w", err)
+	}
+	os.Remove(srv.path) // left by a daemon that died, or one that handed over
+	old := unix.Umask(0o177)
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: srv.path, Net: "unixpacket"})
+	unix.Umask(old)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", srv.path, err)
+	}
+	srv.ln = ln
+	return nil
 }
 
 // Serve answers clients until ctx is done.
@@ -78,24 +96,43 @@ func (srv *Server) Serve(ctx context.Context) error {
 			}
 			return err
 		}
+		cc := &conn{c: c}
+		srv.mu.Lock()
+		srv.conns[cc] = struct{}{}
+		srv.mu.Unlock()
 		srv.wg.Add(1)
 		go func() {
 			defer srv.wg.Done()
-			srv.serveConn(&conn{c: c})
+			srv.serveConn(cc)
 		}()
 	}
 }
 
 // Close stops listening, resets every joined pair and removes the socket.
+// After a hand-over it only lets go: the pairs live on in the new daemon.
 func (srv *Server) Close() error {
 	srv.ln.Close()
 	srv.mu.Lock()
 	srv.closed = true
+	handedOver := srv.handedOver
+	for c := range srv.conns {
+		c.c.Close() // ends serveConn
+	}
 	srv.mu.Unlock()
-	err := srv.s.Close()
+	err := srv.s.Close() // nothing to reset after a hand-over
 	srv.wg.Wait()
-	os.Remove(srv.path)
+	if !handedOver {
+		os.Remove(srv.path)
+	}
 	return err
+}
+
+// HandedOver says whether Serve ended because another daemon took over,
+// and how many pairs went to it.
+func (srv *Server) HandedOver() (int, bool) {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	return srv.handed, srv.handedOver
 }
 
 // conn is one client; writes are serialized (replies and events).
@@ -116,6 +153,7 @@ func (srv *Server) serveConn(c *conn) {
 	defer func() {
 		c.c.Close()
 		srv.mu.Lock()
+		delete(srv.conns, c)
 		for _, e := range srv.pairs {
 			if e.owner == c {
 				e.owner = nil
@@ -135,6 +173,12 @@ func (srv *Server) serveConn(c *conn) {
 			return
 		}
 		fds, ferr := receivedFDs(oob[:oobn], flags)
+		if isHandover(buf[:n]) && len(fds) == 0 {
+			if err := srv.handOver(c); err != nil {
+				srv.log("daemon: hand-over failed: %v", err)
+			}
+			return
+		}
 		c.send(srv.handle(c, buf[:n], fds, ferr))
 	}
 }
@@ -216,7 +260,7 @@ func (srv *Server) handle(c *conn, b []byte, fds []int, ferr error) Reply {
 		<-e.pair.Done()
 		return Reply{OK: true}
 	}
-	return Reply{Error: fmt.Sprintf("unknown op %q: want join, stats or close", req.Op)}
+	return Reply{Error: fmt.Sprintf("unknown op %q: want join, stats, close or handover", req.Op)}
 }
 
 func (srv *Server) join(c *conn, fdA, fdB int) (uint64, error) {
@@ -236,20 +280,35 @@ func (srv *Server) join(c *conn, fdA, fdB int) (uint64, error) {
 		b.Close()
 		return 0, err
 	}
-	srv.mu.Lock()
-	srv.next++
-	h := srv.next
-	e := &entry{pair: pair, owner: c, info: PairInfo{
-		Handle: h, Since: time.Now(), InKernel: pair.InKernel(),
+	info := PairInfo{
+		Since: time.Now(), InKernel: pair.InKernel(),
 		A: a.LocalAddr().String() + " -> " + a.RemoteAddr().String(),
 		B: b.LocalAddr().String() + " -> " + b.RemoteAddr().String(),
-	}}
+	}
+	return srv.track(c, pair, info), nil
+}
+
+// track registers a pair (info.Handle 0: a new handle) and reports its end
+// to owner.
+func (srv *Server) track(owner *conn, pair *splice.Pair, info PairInfo) uint64 {
+	srv.mu.Lock()
+	if info.Handle == 0 {
+		srv.next++
+		info.Handle = srv.next
+	}
+	srv.next = max(srv.next, info.Handle)
+	h := info.Handle
+	e := &entry{pair: pair, owner: owner, info: info, index: pair.Index()}
 	srv.pairs[h] = e
 	srv.mu.Unlock()
 	srv.wg.Add(1)
 	go func() {
 		defer srv.wg.Done()
-		<-pair.Done()
+		select {
+		case <-pair.Done():
+		case <-pair.Stopped():
+			return // handed over
+		}
 		srv.mu.Lock()
 		delete(srv.pairs, h)
 		owner := e.owner
@@ -262,7 +321,7 @@ func (srv *Server) join(c *conn, fdA, fdB int) (uint64, error) {
 			owner.send(ev)
 		}
 	}()
-	return h, nil
+	return h
 }
 
 func (e *entry) current() PairInfo {

@@ -27,8 +27,8 @@ type DirState struct {
 	UserRead  uint64 `json:"user_read"`
 	UserWrote uint64 `json:"user_wrote"`
 	DstOrigin uint64 `json:"dst_origin"`
-	Pending   []byte `json:"pending,omitempty"` // to write to dst before anything else
-	Ended     bool   `json:"ended,omitempty"`   // EOF already forwarded
+	Pending   []byte `json:"-"`               // to write to dst before anything else (up to 256 KiB)
+	Ended     bool   `json:"ended,omitempty"` // EOF already forwarded
 }
 
 // PairState is a frozen pair.

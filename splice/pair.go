@@ -36,6 +36,7 @@ type Pair struct {
 	userOnly bool // not in the kernel maps: copied in user space
 	done     chan struct{}
 	stopped  chan struct{} // closed when a frozen pair's goroutines are out
+	frozenCh chan struct{} // closed when freeze begins
 	once     sync.Once
 	aborted  atomic.Bool
 	frozen   atomic.Bool // handing over to another process: stop, keep the sockets
@@ -75,6 +76,7 @@ func (s *Splicer) Join(a, b *net.TCPConn) (*Pair, error) {
 // start runs both directions (a direction that already ended stays ended).
 func (p *Pair) start() {
 	p.stopped = make(chan struct{})
+	p.frozenCh = make(chan struct{})
 	p.finished.Add(2)
 	go p.run(p.ab)
 	go p.run(p.ba)
@@ -164,6 +166,7 @@ func (p *Pair) run(d *direction) {
 // map, for another process to take over.
 func (p *Pair) freeze() {
 	p.frozen.Store(true)
+	close(p.frozenCh)
 	past := time.Unix(1, 0)
 	for _, c := range []*net.TCPConn{p.a, p.b} {
 		c.SetDeadline(past) // wakes goroutines asleep in the poller
@@ -209,6 +212,12 @@ func (p *Pair) release() {
 	p.unregister()
 	close(p.done)
 }
+
+// Index is the pair's slot in its Splicer (what a hand-over carries).
+func (p *Pair) Index() uint32 { return p.index }
+
+// Stopped is closed when the pair was frozen for a hand-over.
+func (p *Pair) Stopped() <-chan struct{} { return p.frozenCh }
 
 // Done is closed when the pair has ended and both sockets are closed.
 func (p *Pair) Done() <-chan struct{} { return p.done }

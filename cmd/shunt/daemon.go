@@ -16,6 +16,7 @@ func newDaemonCmd(e *env) *cobra.Command {
 	var (
 		socket, maxInflight string
 		maxPairs            int
+		takeOver            bool
 	)
 	c := &cobra.Command{
 		Use:   "daemon [--socket PATH]",
@@ -29,7 +30,10 @@ exits. Wire format: docs/DAEMON.md; a Go client is package daemon, a Python
 one examples/splice_client.py.
 
 It runs until interrupted (Ctrl-C, SIGTERM); the pairs it holds are then
-reset, since nothing else would forward FIN, RST and flow control for them.`,
+reset, since nothing else would forward FIN, RST and flow control for them.
+To restart without dropping them, start the new daemon with --take-over:
+it takes every pair (and the kernel objects) from the running one, which
+then exits; bytes keep flowing in the kernel meanwhile.`,
 		Example: `  sudo shunt daemon &
   sudo shunt daemon stats`,
 		Args: noArgs,
@@ -44,16 +48,29 @@ reset, since nothing else would forward FIN, RST and flow control for them.`,
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
-			srv, err := daemon.Listen(socket, splice.Options{MaxInflight: uint32(sizes[0]), MaxPairs: maxPairs},
-				func(format string, args ...any) { fmt.Fprintf(e.stderr, format+"\n", args...) })
-			if err != nil {
-				return err
+			opts := splice.Options{MaxInflight: uint32(sizes[0]), MaxPairs: maxPairs}
+			logf := func(format string, args ...any) { fmt.Fprintf(e.stderr, format+"\n", args...) }
+			var srv *daemon.Server
+			if takeOver {
+				var n int
+				if srv, n, err = daemon.TakeOver(socket, opts, logf); err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stderr, "daemon: took over %d pairs; listening on %s\n", n, socket)
+			} else {
+				if srv, err = daemon.Listen(socket, opts, logf); err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stderr, "daemon: listening on %s\n", socket)
 			}
-			fmt.Fprintf(e.stderr, "daemon: listening on %s\n", socket)
 			serveErr := srv.Serve(c.Context())
 			n := len(srv.Stats())
 			closeErr := srv.Close()
-			fmt.Fprintf(e.stderr, "daemon: stopped; %d pairs reset\n", n)
+			if handed, ok := srv.HandedOver(); ok {
+				fmt.Fprintf(e.stderr, "daemon: handed %d pairs over to a new daemon\n", handed)
+			} else {
+				fmt.Fprintf(e.stderr, "daemon: stopped; %d pairs reset\n", n)
+			}
 			if serveErr != nil {
 				return serveErr
 			}
@@ -63,6 +80,7 @@ reset, since nothing else would forward FIN, RST and flow control for them.`,
 	c.PersistentFlags().StringVar(&socket, "socket", daemon.DefaultSocket, "the control socket")
 	c.Flags().StringVar(&maxInflight, "max-inflight", "4M", "bytes one direction may have unacknowledged in the outgoing socket before user space paces it")
 	c.Flags().IntVar(&maxPairs, "max-pairs", splice.DefaultMaxPairs, "pairs held at once")
+	c.Flags().BoolVar(&takeOver, "take-over", false, "take the pairs of the daemon running on --socket, which then exits")
 	c.AddCommand(newDaemonStatsCmd(e, &socket))
 	return c
 }

@@ -85,3 +85,46 @@ func TestDaemonWithPythonClient(t *testing.T) {
 		t.Fatalf("stats with no daemon: exit %d", code)
 	}
 }
+
+// TestDaemonTakeOver: `shunt daemon --take-over` replaces a running daemon
+// without dropping its pair.
+func TestDaemonTakeOver(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(t.TempDir(), "shunt.sock")
+	old := startShunt(t, nil, "daemon: listening on "+sock, "daemon", "--socket", sock)
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns}
+	client, front := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	back, server := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	cl, err := daemon.Dial(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Join(front, back); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	front.Close()
+	back.Close()
+	io.WriteString(client, "before ")
+
+	next := startShunt(t, nil, "daemon: took over 1 pairs; listening on "+sock, "daemon", "--socket", sock, "--take-over")
+	rest, err := old.wait()
+	if err != nil || len(rest) == 0 || !strings.Contains(rest[len(rest)-1], "handed 1 pairs over") {
+		t.Fatalf("old daemon: %v, %q", err, rest)
+	}
+	io.WriteString(client, "and after")
+	client.CloseWrite()
+	if got, err := io.ReadAll(server); err != nil || string(got) != "before and after" {
+		t.Fatalf("server read %q, %v", got, err)
+	}
+	server.CloseWrite()
+	if got, err := io.ReadAll(client); err != nil || len(got) != 0 {
+		t.Fatalf("client read %q, %v", got, err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	next.cmd.Process.Signal(syscall.SIGINT)
+	if rest, err := next.wait(); err != nil || !strings.Contains(rest[len(rest)-1], "stopped; 0 pairs reset") {
+		t.Fatalf("new daemon: %v, %q", err, rest)
+	}
+}

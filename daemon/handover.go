@@ -1,0 +1,195 @@
+package daemon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/splice"
+)
+
+// Restarting without dropping pairs: a new daemon (TakeOver) asks the
+// running one for a hand-over. The old daemon stops listening, freezes its
+// pairs (the kernel keeps forwarding), and sends
+//
+//	{"ok":true,"pairs":N} with the BPF objects' descriptors (splice.Objects),
+//	then N messages {"pair":{...}} each with the pair's two sockets,
+//
+// and exits without resetting anything. The new daemon resumes the pairs,
+// keeps their handles, and listens on the socket. Events for pairs joined
+// through the old daemon are not delivered any more (their clients were
+// connected to it).
+
+type handoverPair struct {
+	Info  PairInfo         `json:"info"`
+	State splice.PairState `json:"state"`
+	// Bytes a direction had read but not yet written follow in raw
+	// messages of at most chunk bytes: a->b's, then b->a's.
+	PendingAB int `json:"pending_ab,omitempty"`
+	PendingBA int `json:"pending_ba,omitempty"`
+}
+
+const chunk = 32 << 10
+
+func isHandover(b []byte) bool {
+	var r Request
+	return json.Unmarshal(b, &r) == nil && r.Op == "handover"
+}
+
+// handOver runs in the old daemon.
+func (srv *Server) handOver(c *conn) error {
+	srv.mu.Lock()
+	srv.handedOver = true
+	srv.mu.Unlock()
+	srv.ln.SetUnlinkOnClose(false) // the new daemon binds the same path
+	// Joins fail from here on ("splicer is closed"); the listener closes
+	// last, which ends Serve only once the new daemon holds everything.
+	defer srv.ln.Close()
+	objs, states := srv.s.Freeze()
+	info := map[uint32]PairInfo{}
+	srv.mu.Lock()
+	for _, e := range srv.pairs {
+		info[e.index] = e.current()
+	}
+	// They are the new daemon's now (and their state is unmapped below).
+	srv.pairs = map[uint64]*entry{}
+	srv.handed = len(states)
+	srv.mu.Unlock()
+	head, _ := json.Marshal(Reply{OK: true, Handle: uint64(len(states))})
+	if _, _, err := c.c.WriteMsgUnix(head, unix.UnixRights(objs[:]...), nil); err != nil {
+		return err
+	}
+	for _, st := range states {
+		fa, _ := fdOf(st.A)
+		fb, _ := fdOf(st.B)
+		b, _ := json.Marshal(handoverPair{Info: info[st.Index], State: st, PendingAB: len(st.AB.Pending), PendingBA: len(st.BA.Pending)})
+		if _, _, err := c.c.WriteMsgUnix(b, unix.UnixRights(fa, fb), nil); err != nil {
+			return err
+		}
+		for _, p := range [][]byte{st.AB.Pending, st.BA.Pending} {
+			for len(p) > 0 {
+				n := min(len(p), chunk)
+				if _, err := c.c.Write(p[:n]); err != nil {
+					return err
+				}
+				p = p[n:]
+			}
+		}
+	}
+	// Wait for the new daemon to hang up: it holds everything then.
+	c.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	c.c.Read(make([]byte, 1))
+	srv.s.Release()
+	return nil
+}
+
+// TakeOver starts a daemon at path by taking the pairs of the daemon
+// listening there; it returns how many pairs it took.
+func TakeOver(path string, opts splice.Options, logf func(format string, args ...any)) (*Server, int, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, 0, fmt.Errorf("no daemon to take over at %s: %w", path, err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(`{"op":"handover"}`)); err != nil {
+		return nil, 0, err
+	}
+	buf := make([]byte, maxMessage)
+	oob := make([]byte, unix.CmsgSpace(5*4))
+	read := func(want int) ([]byte, []int, error) {
+		n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+		if err != nil {
+			return nil, nil, fmt.Errorf("hand-over: %w", err)
+		}
+		fds, err := receivedFDs(oob[:oobn], flags)
+		if err == nil && len(fds) != want {
+			err = fmt.Errorf("hand-over: got %d descriptors, want %d", len(fds), want)
+		}
+		if err != nil {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+			return nil, nil, err
+		}
+		return buf[:n], fds, nil
+	}
+	b, fds, err := read(5)
+	if err != nil {
+		return nil, 0, err
+	}
+	var head Reply
+	if err := json.Unmarshal(b, &head); err != nil || !head.OK {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return nil, 0, fmt.Errorf("the running daemon refused the hand-over: %s", head.Error)
+	}
+	var objs splice.Objects
+	copy(objs[:], fds)
+	var states []splice.PairState
+	var infos []PairInfo
+	for range head.Handle {
+		b, fds, err := read(2)
+		if err != nil {
+			return nil, 0, err
+		}
+		var hp handoverPair
+		if err := json.Unmarshal(b, &hp); err != nil {
+			return nil, 0, err
+		}
+		if hp.State.A, err = fileConn(fds[0]); err == nil {
+			hp.State.B, err = fileConn(fds[1])
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		for _, d := range []struct {
+			n   int
+			dst *[]byte
+		}{{hp.PendingAB, &hp.State.AB.Pending}, {hp.PendingBA, &hp.State.BA.Pending}} {
+			for len(*d.dst) < d.n {
+				b, _, err := read(0)
+				if err != nil {
+					return nil, 0, err
+				}
+				*d.dst = append(*d.dst, b...)
+			}
+		}
+		states = append(states, hp.State)
+		infos = append(infos, hp.Info)
+	}
+	s, pairs, err := splice.Resume(objs, opts, states)
+	if err != nil {
+		return nil, 0, err
+	}
+	srv := newServer(path, s, logf)
+	for i, p := range pairs {
+		srv.track(nil, p, infos[i])
+	}
+	if err := srv.listen(); err != nil {
+		return nil, 0, errors.Join(err, s.Close())
+	}
+	return srv, len(pairs), nil
+}
+
+// fileConn wraps a received socket whatever its state (a pair may be half
+// closed); it takes ownership of fd.
+func fileConn(fd int) (*net.TCPConn, error) {
+	f := os.NewFile(uintptr(fd), "socket")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		c.Close()
+		return nil, errors.New("hand-over: a descriptor is not a TCP socket")
+	}
+	return tc, nil
+}
