@@ -233,32 +233,18 @@ func (d *direction) write(b []byte) error {
 	return err
 }
 
-// waitDstRoom waits until dst holds at most a quarter of what the verdict
-// lets the kernel keep in flight, so that a hand-back has room to run. src
-// meanwhile fills and closes its window: the sender waits, as behind any
-// proxy whose upstream is slow.
-func (d *direction) waitDstRoom() error {
+// dstHasRoom says whether dst holds at most a quarter of what the verdict
+// lets the kernel keep in flight, so that a hand-back has room to run. It
+// does not wait: while dst stays fuller, user space copies like any proxy,
+// which keeps a long path's pipe as full as TCP would.
+func (d *direction) dstHasRoom() bool {
 	sndbuf, err := unix.GetsockoptInt(d.dstFD, unix.SOL_SOCKET, unix.SO_SNDBUF)
 	if err != nil {
-		return err
+		return false
 	}
 	room := min(uint32(sndbuf)/2, atomic.LoadUint32(&d.shared.MaxInflight)) / 4
-	for i := 0; ; i++ {
-		outq, err := unix.IoctlGetInt(d.dstFD, unix.SIOCOUTQ)
-		if err != nil {
-			return err
-		}
-		if uint32(outq) <= room {
-			return nil
-		}
-		if d.p.aborted.Load() {
-			return net.ErrClosed
-		}
-		if d.p.frozen.Load() {
-			return errFrozen
-		}
-		backoff(i)
-	}
+	outq, err := unix.IoctlGetInt(d.dstFD, unix.SIOCOUTQ)
+	return err == nil && uint32(outq) <= room
 }
 
 // errFrozen ends a direction's goroutine for a hand-over; nothing is reset.
@@ -282,17 +268,14 @@ const lostAfter = 5 * time.Second
 const drainWindow = 256 << 10
 
 // drainAndHandBack runs after a user-space write. If dst has room again, it
-// narrows src's receive window to the minimum, so a sender that never
+// narrows src's receive window to drainWindow, so a sender that never
 // pauses cannot keep src from running dry, copies what src holds, and hands
 // the direction back to the kernel. Without it a busy direction, once flow
 // control gave it to user space, would stay there. The window is restored
 // on the way out, whether or not the hand-back succeeded.
 func (d *direction) drainAndHandBack() error {
-	if d.p.userOnly {
+	if d.p.userOnly || !d.dstHasRoom() {
 		return nil
-	}
-	if err := d.waitDstRoom(); err != nil {
-		return err
 	}
 	clamp, err := unix.GetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP)
 	if err != nil || unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, drainWindow) != nil {
