@@ -66,19 +66,27 @@ func sockets(t *testing.T, ns *testenv.NetNS) (client, front, back, server *net.
 	return
 }
 
+// mustJoined hands a proxy's two sockets to the daemon through cl and
+// returns the far ends and the pair's handle.
+func mustJoined(t *testing.T, cl *daemon.Client) (client, server *net.TCPConn, handle uint64) {
+	t.Helper()
+	client, front, back, server := sockets(t, testenv.MustNetNS(t))
+	h, err := cl.Join(front, back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front.Close() // the daemon holds its own descriptors
+	back.Close()
+	return client, server, h
+}
+
 // TestJoinByHandOver: two sockets sent over the control socket are joined;
 // bytes flow both ways, the pair shows in stats, and when both ends close
 // the client that joined it hears "ended" with the byte counts.
 func TestJoinByHandOver(t *testing.T) {
 	path := mustDaemon(t)
 	cl := mustClient(t, path)
-	client, front, back, server := sockets(t, testenv.MustNetNS(t))
-	h, err := cl.Join(front, back)
-	if err != nil {
-		t.Fatal(err)
-	}
-	front.Close()
-	back.Close()
+	client, server, h := mustJoined(t, cl)
 
 	st, err := cl.Stats()
 	if err != nil || len(st) != 1 || st[0].Handle != h || !st[0].InKernel {
@@ -115,14 +123,8 @@ func TestJoinByHandOver(t *testing.T) {
 // handed it over disconnects; another client can abort it.
 func TestPairsOutliveTheirClient(t *testing.T) {
 	path := mustDaemon(t)
-	client, front, back, server := sockets(t, testenv.MustNetNS(t))
 	cl := mustClient(t, path)
-	h, err := cl.Join(front, back)
-	if err != nil {
-		t.Fatal(err)
-	}
-	front.Close()
-	back.Close()
+	client, server, h := mustJoined(t, cl)
 	cl.Close()
 
 	client.Write([]byte("still here"))
@@ -256,13 +258,7 @@ func TestTakeOver(t *testing.T) {
 	go func() { oldDone <- old.Serve(context.Background()) }()
 
 	cl := mustClient(t, path)
-	client, front, back, server := sockets(t, testenv.MustNetNS(t))
-	h, err := cl.Join(front, back)
-	if err != nil {
-		t.Fatal(err)
-	}
-	front.Close()
-	back.Close()
+	client, server, h := mustJoined(t, cl)
 	up := testenv.Stream{Seed: 81, Size: 256 << 20, MaxChunk: 64 << 10}
 	down := testenv.Stream{Seed: 82, Size: 16 << 20, MaxChunk: 8 << 10}
 	errs := make(chan error, 4)
