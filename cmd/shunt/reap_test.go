@@ -21,8 +21,11 @@ func TestIndexAndReapEndToEnd(t *testing.T) {
 	}
 
 	// The backend: a port of our own, so that the reaps below (which
-	// search every namespace of the host) touch no other test's sockets.
-	srv, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	// search every namespace of the host, TCP and UDP) touch no other
+	// test's sockets. Below the ephemeral range (32768 and up): a socket
+	// another test connected elsewhere could otherwise have our port as
+	// its peer's, or as its own.
+	srv, err := listenUDPBelowEphemeral()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,4 +141,17 @@ func TestReapErrors(t *testing.T) {
 		}
 		oneLine(t, out, "run shunt as root")
 	})
+}
+
+// listenUDPBelowEphemeral binds 127.0.0.1 on a free port in 7100-7999, a
+// range no other test listens on.
+func listenUDPBelowEphemeral() (*net.UDPConn, error) {
+	var err error
+	for port := 7100; port < 8000; port++ {
+		var c *net.UDPConn
+		if c, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err == nil {
+			return c, nil
+		}
+	}
+	return nil, err
 }
