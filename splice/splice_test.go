@@ -370,3 +370,30 @@ func TestHandOverMidStream(t *testing.T) {
 		t.Fatalf("stats after hand-overs: %+v %+v", ab, ba)
 	}
 }
+
+// TestSplice: the one-call form moves both streams and returns nil after
+// FIN each way.
+func TestSplice(t *testing.T) {
+	testenv.RequireRoot(t)
+	p := mustSockets(t, testenv.MustNetNS(t), "tcp6", "[::1]:0")
+	done := make(chan error, 1)
+	go func() { done <- splice.Splice(p.front, p.back) }()
+	up := testenv.Stream{Seed: 91, Size: 8 << 20, MaxChunk: 50000}
+	down := testenv.Stream{Seed: 92, Size: 8 << 20, MaxChunk: 50000}
+	errs := make(chan error, 1)
+	go func() { errs <- down.Through(p.server, p.client) }()
+	if err := up.Through(p.client, p.server); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Splice did not return")
+	}
+}
