@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"encoding/json"
 	"errors"
+	"io"
 
 	"context"
 	"golang.org/x/sys/unix"
@@ -296,5 +297,35 @@ func TestTakeOver(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestTakeOverRefusedAcrossVersions: a daemon whose state layout differs
+// from the taker's refuses before it stops anything; its pairs keep going
+// and it keeps serving.
+func TestTakeOverRefusedAcrossVersions(t *testing.T) {
+	path := mustDaemon(t)
+	cl := mustClient(t, path)
+	client, server, h := mustJoined(t, cl)
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte(`{"op":"handover","version":"splice-dir-0-pair-0"}`))
+	buf := make([]byte, 4096)
+	n, err := c.Read(buf)
+	var r daemon.Reply
+	if err != nil || json.Unmarshal(buf[:n], &r) != nil || r.OK || !strings.Contains(r.Error, "cannot hand over") {
+		t.Fatalf("reply %q, %v", buf[:n], err)
+	}
+	client.Write([]byte("still joined"))
+	got := make([]byte, 12)
+	server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(server, got); err != nil || string(got) != "still joined" {
+		t.Fatalf("%q, %v", got, err)
+	}
+	if st, err := cl.Stats(); err != nil || len(st) != 1 || st[0].Handle != h {
+		t.Fatalf("stats %+v, %v", st, err)
 	}
 }

@@ -36,13 +36,18 @@ type handoverPair struct {
 
 const chunk = 32 << 10
 
-func isHandover(b []byte) bool {
+func handoverRequest(b []byte) (Request, bool) {
 	var r Request
-	return json.Unmarshal(b, &r) == nil && r.Op == "handover"
+	return r, json.Unmarshal(b, &r) == nil && r.Op == "handover"
 }
 
 // handOver runs in the old daemon.
-func (srv *Server) handOver(c *conn) error {
+func (srv *Server) handOver(c *conn, req Request) error {
+	if req.Version != splice.StateVersion() {
+		// Nothing stopped yet: this daemon keeps its pairs.
+		c.send(Reply{Error: fmt.Sprintf("this daemon keeps its state as %q, the new one as %q: they cannot hand over; stop this one (its pairs are reset) and start the new one", splice.StateVersion(), req.Version)})
+		return nil
+	}
 	srv.mu.Lock()
 	srv.handedOver = true
 	srv.mu.Unlock()
@@ -96,7 +101,8 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		return nil, 0, fmt.Errorf("no daemon to take over at %s: %w", path, err)
 	}
 	defer c.Close()
-	if _, err := c.Write([]byte(`{"op":"handover"}`)); err != nil {
+	req, _ := json.Marshal(Request{Op: "handover", Version: splice.StateVersion()})
+	if _, err := c.Write(req); err != nil {
 		return nil, 0, err
 	}
 	buf := make([]byte, maxMessage)
@@ -114,12 +120,16 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 			for _, fd := range fds {
 				unix.Close(fd)
 			}
-			return nil, nil, err
+			return buf[:n], nil, err
 		}
 		return buf[:n], fds, nil
 	}
 	b, fds, err := read(5)
 	if err != nil {
+		var refusal Reply
+		if json.Unmarshal(b, &refusal) == nil && refusal.Error != "" {
+			return nil, 0, fmt.Errorf("the running daemon refused the hand-over: %s", refusal.Error)
+		}
 		return nil, 0, err
 	}
 	var head Reply

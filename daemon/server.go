@@ -173,11 +173,14 @@ func (srv *Server) serveConn(c *conn) {
 			return
 		}
 		fds, ferr := receivedFDs(oob[:oobn], flags)
-		if isHandover(buf[:n]) && len(fds) == 0 {
-			if err := srv.handOver(c); err != nil {
+		if req, ok := handoverRequest(buf[:n]); ok && len(fds) == 0 {
+			if err := srv.handOver(c, req); err != nil {
 				srv.log("daemon: hand-over failed: %v", err)
 			}
-			return
+			if _, handed := srv.HandedOver(); handed {
+				return
+			}
+			continue
 		}
 		c.send(srv.handle(c, buf[:n], fds, ferr))
 	}

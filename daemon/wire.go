@@ -23,6 +23,9 @@ const maxMessage = 64 << 10
 type Request struct {
 	Op     string `json:"op"`               // "join", "stats" or "close"
 	Handle uint64 `json:"handle,omitempty"` // close: which pair
+	// handover: the taker's splice.StateVersion; a daemon whose state
+	// differs refuses before it stops anything.
+	Version string `json:"version,omitempty"`
 }
 
 // Reply answers one request.

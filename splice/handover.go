@@ -18,6 +18,12 @@ import (
 // new process resumes the pairs with their byte counters. No socket ever
 // leaves the map: that would drop the bytes queued on its psock.
 
+// StateVersion names the layout of what a hand-over carries (the shared
+// direction state and PairState); only equal versions can hand over.
+func StateVersion() string {
+	return fmt.Sprintf("splice-dir-%d-pair-1", unsafe.Sizeof(spliceSpliceDir{}))
+}
+
 // Objects are the descriptors of a Splicer's BPF objects, in this order:
 // socks, dirs, slots, the verdict program, its link.
 type Objects [5]int
