@@ -100,7 +100,7 @@ func (s *Splicer) dir(slot uint32) *spliceSpliceDir {
 }
 
 // Close aborts every pair still joined (both sockets are reset) and unloads
-// the program.
+// the program; after a Freeze whose hand-over failed, too.
 func (s *Splicer) Close() error {
 	s.mu.Lock()
 	if s.released {
@@ -115,7 +115,9 @@ func (s *Splicer) Close() error {
 	s.mu.Unlock()
 	for _, p := range pairs {
 		p.Abort()
-		<-p.Done()
+		if !p.frozen.Load() { // a frozen pair's goroutines are gone already
+			<-p.Done()
+		}
 	}
 	err := s.link.Close()
 	unix.Munmap(s.mem)

@@ -397,3 +397,29 @@ func TestSplice(t *testing.T) {
 		t.Fatal("Splice did not return")
 	}
 }
+
+// TestCloseAfterFailedHandOver: a Splicer frozen for a hand-over that never
+// happened still closes, resetting its pairs.
+func TestCloseAfterFailedHandOver(t *testing.T) {
+	testenv.RequireRoot(t)
+	s, err := splice.New(splice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := mustProxied(t, s, testenv.MustNetNS(t), "tcp4", "127.0.0.1:0")
+	s.Freeze()
+	done := make(chan error, 1)
+	go func() { done <- s.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hung on frozen pairs")
+	}
+	p.client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := p.client.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("client read %v, want a reset", err)
+	}
+}
