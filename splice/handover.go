@@ -60,7 +60,9 @@ func (s *Splicer) Freeze() (Objects, []PairState) {
 	s.mu.Unlock()
 	var out []PairState
 	for _, p := range pairs {
-		p.freeze()
+		if !p.freeze() {
+			continue
+		}
 		out = append(out, PairState{Index: p.index, UserOnly: p.userOnly, A: p.a, B: p.b, AB: p.ab.state(), BA: p.ba.state()})
 	}
 	return Objects{s.objs.Socks.FD(), s.objs.Dirs.FD(), s.objs.Slots.FD(), s.objs.SpliceVerdict.FD(), s.link.(interface{ FD() int }).FD()}, out

@@ -164,17 +164,23 @@ func (p *Pair) run(d *direction) {
 
 // freeze stops both directions where they stand, sockets open and in the
 // map, for another process to take over.
-func (p *Pair) freeze() {
+// It returns false for a pair that ended meanwhile (nothing to hand over).
+func (p *Pair) freeze() bool {
 	p.frozen.Store(true)
 	close(p.frozenCh)
 	past := time.Unix(1, 0)
 	for _, c := range []*net.TCPConn{p.a, p.b} {
 		c.SetDeadline(past) // wakes goroutines asleep in the poller
 	}
-	<-p.stopped
+	select {
+	case <-p.stopped:
+	case <-p.done: // both directions had ended before the flag was seen
+		return false
+	}
 	for _, c := range []*net.TCPConn{p.a, p.b} {
 		c.SetDeadline(time.Time{})
 	}
+	return true
 }
 
 // fail records the first error and resets both sockets, as a proxy whose one
