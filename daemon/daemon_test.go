@@ -329,3 +329,42 @@ func TestTakeOverRefusedAcrossVersions(t *testing.T) {
 		t.Fatalf("stats %+v, %v", st, err)
 	}
 }
+
+// TestJoinHalfClosed: a pair whose server already sent FIN is accepted; it
+// cannot join the kernel map, so the daemon copies it, with the same result.
+func TestJoinHalfClosed(t *testing.T) {
+	path := mustDaemon(t)
+	cl := mustClient(t, path)
+	client, front, back, server := sockets(t, testenv.MustNetNS(t))
+	io.WriteString(server, "bye")
+	server.CloseWrite()
+	time.Sleep(20 * time.Millisecond) // let the FIN arrive
+	if _, err := cl.Join(front, back); err != nil {
+		t.Fatal(err)
+	}
+	front.Close()
+	back.Close()
+	if st, err := cl.Stats(); err != nil || len(st) != 1 || st[0].InKernel {
+		t.Fatalf("stats %+v, %v; want one pair copied in user space", st, err)
+	}
+	up := testenv.Stream{Seed: 83, Size: 1 << 20, MaxChunk: 5000}
+	errs := make(chan error, 1)
+	go func() { errs <- up.WriteAndClose(client) }()
+	if got, err := io.ReadAll(client); err != nil || string(got) != "bye" {
+		t.Fatalf("client read %q, %v", got, err)
+	}
+	if err := up.Check(server, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-cl.Events():
+		if ev.BytesAB != uint64(up.Size) || ev.BytesBA != 3 || ev.Error != "" {
+			t.Fatalf("event %+v", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ended event")
+	}
+}

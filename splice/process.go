@@ -38,8 +38,8 @@ func TakeFromProcess(pid, fd int) (*net.TCPConn, error) {
 	return c, nil
 }
 
-// Conn wraps a descriptor that must be a connected TCP socket, as Join
-// wants; it takes ownership of fd (closed on error too).
+// Conn wraps a descriptor that must be a connected TCP socket (half-closed
+// is fine), as Join wants; it takes ownership of fd (closed on error too).
 func Conn(fd int) (*net.TCPConn, error) {
 	f := os.NewFile(uintptr(fd), "socket")
 	defer f.Close()
@@ -52,7 +52,7 @@ func Conn(fd int) (*net.TCPConn, error) {
 		return nil, errors.New("is not a TCP socket (only TCP sockets can be joined)")
 	}
 	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
-	if err != nil || info.State != unix.BPF_TCP_ESTABLISHED {
+	if err != nil || !connected(info.State) {
 		return nil, errors.New("is not a connected TCP socket")
 	}
 	c, err := net.FileConn(f)
@@ -60,4 +60,14 @@ func Conn(fd int) (*net.TCPConn, error) {
 		return nil, err
 	}
 	return c.(*net.TCPConn), nil
+}
+
+// connected says whether a TCP state still carries bytes one way or both:
+// established, or half closed (Join copies those in user space).
+func connected(state uint8) bool {
+	switch state {
+	case unix.BPF_TCP_ESTABLISHED, unix.BPF_TCP_CLOSE_WAIT, unix.BPF_TCP_FIN_WAIT1, unix.BPF_TCP_FIN_WAIT2:
+		return true
+	}
+	return false
 }
