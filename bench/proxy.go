@@ -27,6 +27,9 @@ const (
 	ProxySocat   = "socat"
 )
 
+// nginxStream is where Debian's libnginx-mod-stream puts the module.
+const nginxStream = "/usr/lib/nginx/modules/ngx_stream_module.so"
+
 // ProxyModes lists every proxy the benchmark knows.
 var ProxyModes = []string{ProxyKernel, ProxyCopy, ProxySplice, ProxyHAProxy, ProxyNginx, ProxySocat}
 
@@ -83,9 +86,11 @@ func (cfg ProxyConfig) validate() error {
 				return errors.New("the shunt modes need the shunt binary")
 			}
 		case ProxyHAProxy, ProxyNginx, ProxySocat:
-			tool := m
-			if _, err := exec.LookPath(tool); err != nil {
-				return fmt.Errorf("%s is not installed (apt-get install %s, or leave it out of --modes)", tool, tool)
+			if _, err := exec.LookPath(m); err != nil {
+				return fmt.Errorf("%s is not installed (apt-get install %s, or leave it out of --modes)", m, m)
+			}
+			if _, err := os.Stat(nginxStream); m == ProxyNginx && err != nil {
+				return fmt.Errorf("nginx has no stream module at %s (apt-get install libnginx-mod-stream, or leave nginx out of --modes)", nginxStream)
 			}
 		default:
 			return fmt.Errorf("unknown proxy %q (choose from %s)", m, strings.Join(ProxyModes, ", "))
@@ -338,7 +343,7 @@ listen bench
 		argv = []string{"haproxy", "-db", "-f", conf}
 	case ProxyNginx:
 		conf := filepath.Join(dir, "nginx.conf")
-		text := fmt.Sprintf(`load_module /usr/lib/nginx/modules/ngx_stream_module.so;
+		text := fmt.Sprintf(`load_module `+nginxStream+`;
 daemon off;
 master_process off;
 worker_processes 1;
