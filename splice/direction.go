@@ -66,10 +66,11 @@ func newDirection(p *Pair, name string, src, dst *net.TCPConn, slot, peerSlot ui
 func (d *direction) stats() Stats {
 	k := atomic.LoadUint64(&d.shared.Redirected)
 	return Stats{
-		Bytes:    d.userWrote.Load() + k,
-		Kernel:   k,
-		ToUser:   atomic.LoadUint32(&d.shared.ToUser),
-		Repeated: atomic.LoadUint32(&d.shared.Overlaps),
+		Bytes:     d.userWrote.Load() + k,
+		Kernel:    k,
+		ToUser:    atomic.LoadUint32(&d.shared.ToUser),
+		Repeated:  atomic.LoadUint32(&d.shared.Overlaps),
+		KernelNow: !d.p.userOnly && atomic.LoadUint64(&d.shared.State)&dirUser == 0,
 	}
 }
 

@@ -22,6 +22,9 @@ type Stats struct {
 	// Repeated counts retransmissions that overlapped bytes already
 	// received; their repeated bytes were dropped (see bpf/splice.c).
 	Repeated uint32
+	// KernelNow says whether the kernel forwards this direction at the
+	// moment (false while flow control has it in user space).
+	KernelNow bool
 }
 
 // Pair is two sockets joined by a Splicer. It ends when both directions have

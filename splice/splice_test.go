@@ -69,6 +69,19 @@ func mustProxied(t *testing.T, s *splice.Splicer, ns *testenv.NetNS, network, ad
 	return mustSockets(t, ns, network, addr).join(t, s)
 }
 
+// waitKernel waits until the kernel forwards both directions.
+func (p *proxied) waitKernel(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if ab, ba := p.pair.Stats(); ab.KernelNow && ba.KernelNow {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("an idle pair was not handed to the kernel within 5 s")
+		}
+	}
+}
+
 // waitDone waits for the pair to end.
 func (p *proxied) waitDone(t *testing.T) {
 	t.Helper()
@@ -86,6 +99,10 @@ func TestStreamBothWays(t *testing.T) {
 		t.Run(f.name, func(t *testing.T) {
 			s := mustSplicer(t, splice.Options{})
 			p := mustProxied(t, s, testenv.MustNetNS(t), f.network, f.addr)
+			// Joined directions start in user space and hand over to the
+			// kernel once idle; wait for that, so the streams' first bytes
+			// take the kernel path however busy the machine is.
+			p.waitKernel(t)
 			up := testenv.Stream{Seed: 1, Size: 256 << 20, MaxChunk: 200 << 10}
 			down := testenv.Stream{Seed: 2, Size: 256 << 20, MaxChunk: 200 << 10}
 			errs := make(chan error, 4)
