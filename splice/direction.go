@@ -222,13 +222,16 @@ func (d *direction) dropRepeated(b []byte, pos uint64) []byte {
 // write sends bytes read in user space, after every byte the kernel
 // forwarded before them.
 func (d *direction) write(b []byte) error {
-	if err := d.waitPeerFlushed(); err != nil {
-		return err
+	n := 0
+	err := d.waitPeerFlushed()
+	if err == nil {
+		n, err = d.dst.Write(b)
+		d.userWrote.Add(uint64(n))
 	}
-	n, err := d.dst.Write(b)
-	d.userWrote.Add(uint64(n))
 	if err != nil && d.p.frozen.Load() {
-		d.pending = append([]byte{}, b[n:]...) // the next owner sends the rest first
+		// Stopped for a hand-over before or while writing: the next
+		// owner sends the rest first.
+		d.pending = append([]byte{}, b[n:]...)
 		return errFrozen
 	}
 	return err
