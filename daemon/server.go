@@ -193,8 +193,10 @@ func rootPeer(c *net.UnixConn) error {
 		return err
 	}
 	var cred *unix.Ucred
-	var cerr error
-	raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	cerr := errors.New("connection closed")
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return err // closed by Close meanwhile
+	}
 	if cerr != nil {
 		return cerr
 	}
