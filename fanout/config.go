@@ -65,20 +65,25 @@ const (
 	// PathURing queues one send per subscriber per batch, like PathBatch,
 	// and submits them all with one io_uring_enter.
 	PathURing
+	// PathKernel sends each datagram once to a multicast group on loopback;
+	// the kernel copies it to one UDP socket per subscriber, and a BPF
+	// verdict sends each copy on to the subscriber's TCP socket. User space
+	// does no work per subscriber per message. Needs root.
+	PathKernel
 )
 
-var pathNames = [...]string{"batch", "per-message", "uring"}
+var pathNames = [...]string{"batch", "per-message", "uring", "kernel"}
 
 func (p Path) String() string { return pathNames[p] }
 
-// ParsePath reads batch, per-message or uring.
+// ParsePath reads batch, per-message, uring or kernel.
 func ParsePath(s string) (Path, error) {
 	for i, n := range pathNames {
 		if s == n {
 			return Path(i), nil
 		}
 	}
-	return 0, fmt.Errorf("path %q: want batch, per-message or uring", s)
+	return 0, fmt.Errorf("path %q: want batch, per-message, uring or kernel", s)
 }
 
 // DefaultQueue is how many bytes may wait for one subscriber.

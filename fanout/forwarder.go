@@ -26,6 +26,8 @@ type Forwarder struct {
 	stop int // eventfd: Run returns when it is written
 
 	ring    *uring.Ring // PathURing only
+	kern    *kernelPath // PathKernel only
+	maxMsg  int         // longer datagrams are dropped
 	subs    map[int]*subscriber
 	batch   [][]byte // datagrams of one wake-up
 	pending []byte   // their bytes, back to back; capacity for a full batch
@@ -105,6 +107,13 @@ func New(cfg Config) (*Forwarder, error) {
 			return nil, fmt.Errorf("io_uring: %w", err)
 		}
 	}
+	f.maxMsg = min(cfg.Framing.maxMessage(), maxDatagram)
+	if cfg.Path == PathKernel {
+		if f.kern, err = openKernelPath(cfg); err != nil {
+			return nil, err
+		}
+		f.maxMsg = min(f.maxMsg, kernelMaxMessage)
+	}
 	f.pending = make([]byte, 0, batchMax*maxDatagram)
 	return f, nil
 }
@@ -155,8 +164,14 @@ func (f *Forwarder) Close() error {
 	if f.ring != nil {
 		f.ring.Close()
 	}
-	for fd := range f.subs {
+	for fd, s := range f.subs {
+		if f.kern != nil {
+			f.kern.detach(s)
+		}
 		unix.Close(fd)
+	}
+	if f.kern != nil {
+		f.kern.Close()
 	}
 	for _, fd := range []int{f.src, f.ln, f.ctl, f.ep, f.stop} {
 		if fd >= 0 {
@@ -241,9 +256,9 @@ func (f *Forwarder) readSource() {
 			break
 		}
 		f.totals.Received++
-		if n > maxDatagram || n > f.cfg.Framing.maxMessage() {
+		if n > f.maxMsg {
 			f.totals.Oversized++
-			fmt.Fprintf(f.log, "fanout: dropped a %d-byte datagram: framing %s carries at most %d bytes\n", n, f.cfg.Framing, min(f.cfg.Framing.maxMessage(), maxDatagram))
+			fmt.Fprintf(f.log, "fanout: dropped a %d-byte datagram: %s carries at most %d bytes\n", n, f.limitName(), f.maxMsg)
 			continue
 		}
 		f.totals.Bytes += uint64(n)
@@ -252,6 +267,15 @@ func (f *Forwarder) readSource() {
 		k++
 	}
 	if k == 0 {
+		return
+	}
+	if f.kern != nil {
+		if err := f.kern.relay(f.batch); err != nil {
+			fmt.Fprintf(f.log, "fanout: send to the subscribers' group: %v\n", err)
+		}
+		if f.kern.slowSince() {
+			f.dropSlowKernel()
+		}
 		return
 	}
 	for _, s := range f.subs {
@@ -372,8 +396,18 @@ func (f *Forwarder) accept() {
 		// The loop batches by itself; Nagle would hold the next batch for
 		// an ACK that the subscriber may delay by 40 ms.
 		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-		s := &subscriber{fd: fd, framing: f.cfg.Framing, peer: addrOf(sa), since: time.Now(), writable: true}
+		s := &subscriber{fd: fd, framing: f.cfg.Framing, peer: addrOf(sa), since: time.Now(), writable: true, feed: -1}
+		if f.kern != nil {
+			if err := f.kern.attach(s); err != nil {
+				fmt.Fprintf(f.log, "fanout: subscriber %s refused: %v\n", s.peer, err)
+				unix.Close(fd)
+				continue
+			}
+		}
 		if err := unix.EpollCtl(f.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(fd)}); err != nil {
+			if f.kern != nil {
+				f.kern.detach(s)
+			}
 			unix.Close(fd)
 			continue
 		}
@@ -412,9 +446,36 @@ func (f *Forwarder) subscriberEvent(s *subscriber, ev uint32) {
 }
 
 func (f *Forwarder) drop(s *subscriber, why string) {
+	if f.kern != nil {
+		c := f.kern.counts(s)
+		s.msgs, s.bytes, s.dropped = c.msgs, c.bytes, c.dropped
+		f.kern.detach(s)
+	}
 	unix.EpollCtl(f.ep, unix.EPOLL_CTL_DEL, s.fd, nil)
 	unix.Close(s.fd)
 	delete(f.subs, s.fd)
 	f.totals.Disconnected++
 	fmt.Fprintf(f.log, "fanout: subscriber %s disconnected (%s) after %d messages, %d dropped\n", s.peer, why, s.msgs, s.dropped)
+}
+
+// dropSlowKernel disconnects the subscribers the verdict flagged: slow ones
+// (under the disconnect policy) and any whose stream it could not frame.
+func (f *Forwarder) dropSlowKernel() {
+	for _, s := range f.subs {
+		switch c := f.kern.counts(s); {
+		case c.failed:
+			f.drop(s, "the kernel could not add the framing to a message")
+		case c.slow:
+			f.totals.SlowDropped++
+			f.drop(s, fmt.Sprintf("slow: its backlog passed %d bytes beyond its send buffer", f.cfg.Queue))
+		}
+	}
+}
+
+// limitName says what bounds a datagram's size, for the log.
+func (f *Forwarder) limitName() string {
+	if f.kern != nil && f.maxMsg == kernelMaxMessage {
+		return "the kernel path (IPv4 multicast on loopback)"
+	}
+	return "framing " + f.cfg.Framing.String()
 }

@@ -44,9 +44,14 @@ func (f *Forwarder) Stats() Stats {
 	}
 	st.Totals.Subscribers = len(f.subs)
 	for _, s := range f.subs {
+		msgs, bytes, dropped, queued := s.msgs, s.bytes, s.dropped, s.queued()
+		if f.kern != nil {
+			c := f.kern.counts(s)
+			msgs, bytes, dropped, queued = c.msgs, c.bytes, c.dropped, c.queued
+		}
 		st.Subscribers = append(st.Subscribers, SubscriberStats{
-			Peer: s.peer.String(), Since: s.since, Messages: s.msgs, Bytes: s.bytes,
-			Dropped: s.dropped, Queued: s.queued(), HalfClose: s.eof,
+			Peer: s.peer.String(), Since: s.since, Messages: msgs, Bytes: bytes,
+			Dropped: dropped, Queued: queued, HalfClose: s.eof,
 		})
 	}
 	sort.Slice(st.Subscribers, func(i, j int) bool { return st.Subscribers[i].Since.Before(st.Subscribers[j].Since) })

@@ -24,6 +24,12 @@ type subscriber struct {
 	gap                  uint32 // messages lost since the last gap marker
 	writable             bool   // false while waiting for EPOLLOUT
 	eof                  bool   // the subscriber shut down its sending side
+
+	// PathKernel: the subscriber's slot in the BPF maps and its feed socket
+	// (-1 on other paths).
+	slot   uint32
+	feed   int
+	cookie uint64
 }
 
 func (s *subscriber) queued() int { return len(s.queue) - s.head }

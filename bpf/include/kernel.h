@@ -76,6 +76,7 @@ struct sock {
 	__u8 sk_userlocks;
 	int sk_rcvbuf;
 	int sk_sndbuf;
+	int sk_wmem_queued;
 };
 
 struct tcp_sock {
@@ -94,6 +95,7 @@ struct sk_psock {
 /* TCP keeps its struct tcp_skb_cb in cb: seq, then end_seq. */
 struct sk_buff {
 	char cb[48];
+	unsigned int truesize;
 };
 
 struct seq_file;

@@ -1,0 +1,34 @@
+package fanout
+
+import (
+	"errors"
+
+	"github.com/cilium/ebpf"
+)
+
+// KernelMapEntries counts the entries of the kernel path's maps (what a leak
+// would show); safe beside Run, as the maps are only read.
+func (f *Forwarder) KernelMapEntries() (feeds, targets, cookies int, err error) {
+	k := f.kern
+	var v uint64
+	for slot := uint32(0); slot < k.objs.Feeds.MaxEntries(); slot++ {
+		for _, m := range []struct {
+			m *ebpf.Map
+			n *int
+		}{{k.objs.Feeds, &feeds}, {k.objs.Targets, &targets}} {
+			switch err := m.m.Lookup(slot, &v); {
+			case err == nil:
+				*m.n++
+			case !errors.Is(err, ebpf.ErrKeyNotExist):
+				return 0, 0, 0, err
+			}
+		}
+	}
+	var cookie uint64
+	var slot uint32
+	it := k.objs.Slots.Iterate()
+	for it.Next(&cookie, &slot) {
+		cookies++
+	}
+	return feeds, targets, cookies, it.Err()
+}
