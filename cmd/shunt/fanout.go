@@ -33,7 +33,11 @@ the running forwarder through --control. It runs until interrupted (Ctrl-C,
 SIGTERM). --path batch (default) writes each subscriber once per batch of
 datagrams; --path uring does the same with one io_uring submission for all
 subscribers; --path per-message writes once per message, as a plain relay
-loop does (docs/BENCHMARKS.md compares them).`,
+loop does; --path kernel (root) sends each datagram once to a multicast group
+on loopback and lets a BPF program forward the kernel's copies to each
+subscriber's socket, with --queue bounding the kernel memory a subscriber's
+backlog may pin (there the gap marker goes out with the subscriber's next
+message). docs/BENCHMARKS.md compares them.`,
 		Example: `  shunt fanout --source udp://0.0.0.0:5000 --listen tcp://0.0.0.0:6000 --framing u32
   shunt fanout stats`,
 		Args: noArgs,
@@ -85,7 +89,7 @@ loop does (docs/BENCHMARKS.md compares them).`,
 	c.Flags().StringVar(&framing, "framing", "none", "none, u16 or u32: a length before each message")
 	c.Flags().StringVar(&slow, "slow", "drop", "drop (lose messages, counted) or disconnect a subscriber whose queue is full")
 	c.Flags().StringVar(&queue, "queue", "1M", "bytes that may wait in shunt for one subscriber")
-	c.Flags().StringVar(&path, "path", "batch", "batch (one write per subscriber per batch), uring (the same in one io_uring submission) or per-message (one write per message)")
+	c.Flags().StringVar(&path, "path", "batch", "batch (one write per subscriber per batch), uring (the same in one io_uring submission), per-message (one write per message) or kernel (BPF forwards the kernel's multicast copies)")
 	c.Flags().StringVar(&control, "control", defaultFanoutControl, `unix socket for 'shunt fanout stats' ("" for none)`)
 	c.AddCommand(newFanoutStatsCmd(e))
 	return c
