@@ -70,20 +70,24 @@ const (
 	// verdict sends each copy on to the subscriber's TCP socket. User space
 	// does no work per subscriber per message. Needs root.
 	PathKernel
+	// PathZeroCopy frames each batch once and sends that one buffer to
+	// every subscriber that has caught up with MSG_ZEROCOPY; the others
+	// take the batch path.
+	PathZeroCopy
 )
 
-var pathNames = [...]string{"batch", "per-message", "uring", "kernel"}
+var pathNames = [...]string{"batch", "per-message", "uring", "kernel", "zerocopy"}
 
 func (p Path) String() string { return pathNames[p] }
 
-// ParsePath reads batch, per-message, uring or kernel.
+// ParsePath reads batch, per-message, uring, kernel or zerocopy.
 func ParsePath(s string) (Path, error) {
 	for i, n := range pathNames {
 		if s == n {
 			return Path(i), nil
 		}
 	}
-	return 0, fmt.Errorf("path %q: want batch, per-message, uring or kernel", s)
+	return 0, fmt.Errorf("path %q: want batch, per-message, uring, kernel or zerocopy", s)
 }
 
 // DefaultQueue is how many bytes may wait for one subscriber.

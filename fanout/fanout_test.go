@@ -22,7 +22,7 @@ import (
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
-var allPaths = []fanout.Path{fanout.PathBatch, fanout.PathPerMessage, fanout.PathURing, fanout.PathKernel}
+var allPaths = []fanout.Path{fanout.PathBatch, fanout.PathPerMessage, fanout.PathURing, fanout.PathKernel, fanout.PathZeroCopy}
 
 // lab is a forwarder running in a namespace of its own.
 type lab struct {
@@ -238,6 +238,7 @@ func TestEveryMessageToEverySubscriber(t *testing.T) {
 		{fanout.PathPerMessage, 200, 20_000},
 		{fanout.PathURing, 500, 50_000},
 		{fanout.PathKernel, 200, 20_000},
+		{fanout.PathZeroCopy, 1000, 100_000},
 	} {
 		t.Run(tc.path.String(), func(t *testing.T) {
 			if testing.Short() {
@@ -660,4 +661,51 @@ func TestKernelPathNoLeak(t *testing.T) {
 	if after := openFDs(t); after != fdsBefore {
 		t.Errorf("%d descriptors open after the forwarder closed, %d before", after, fdsBefore)
 	}
+}
+
+// The zero-copy path really sends without copying (the kernel reports each
+// send complete), lets go of every buffer once the subscribers have read,
+// and says that loopback made the kernel copy after all.
+func TestZeroCopyCompletions(t *testing.T) {
+	const msgs = 10_000
+	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Path: fanout.PathZeroCopy})
+	u := l.sender()
+	var conns []*net.TCPConn
+	for i := 0; i < 10; i++ {
+		conns = append(conns, l.subscribe())
+	}
+	l.waitSubscribers(len(conns))
+	res := make([]result, len(conns))
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(time.Now().Add(time.Minute))
+			res[i] = readFramed(c, 0, msgs)
+		}()
+	}
+	l.send(u, 0, msgs, 0)
+	wg.Wait()
+	for i, r := range res {
+		if r.err != nil || r.n != msgs || r.lost != 0 {
+			t.Errorf("subscriber %d: %d messages, %d lost, %v", i, r.n, r.lost, r.err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var tot fanout.Totals
+	for {
+		tot = l.stats().Totals
+		if tot.ZeroCopySends > 0 && tot.ZeroCopyDone == tot.ZeroCopySends {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("zero-copy sends %d, completed %d: want all completed", tot.ZeroCopySends, tot.ZeroCopyDone)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if tot.ZeroCopyCopied != tot.ZeroCopyDone {
+		t.Errorf("over loopback the kernel copied %d of %d zero-copy sends; want all", tot.ZeroCopyCopied, tot.ZeroCopyDone)
+	}
+	t.Logf("%+v", tot)
 }

@@ -27,6 +27,7 @@ type Forwarder struct {
 
 	ring    *uring.Ring // PathURing only
 	kern    *kernelPath // PathKernel only
+	zc      zpool       // PathZeroCopy only
 	maxMsg  int         // longer datagrams are dropped
 	subs    map[int]*subscriber
 	batch   [][]byte // datagrams of one wake-up
@@ -43,6 +44,12 @@ type Totals struct {
 	Connected    uint64 `json:"subscribers_connected"`    // since start
 	Disconnected uint64 `json:"subscribers_disconnected"` // by the subscriber or for being slow
 	SlowDropped  uint64 `json:"subscribers_disconnected_slow"`
+	// PathZeroCopy: sends made without copying, those the kernel reported
+	// done, and how many of those it had to copy after all (loopback, or
+	// a device without scatter-gather).
+	ZeroCopySends  uint64 `json:"zerocopy_sends,omitempty"`
+	ZeroCopyDone   uint64 `json:"zerocopy_completed,omitempty"`
+	ZeroCopyCopied uint64 `json:"zerocopy_copied,omitempty"`
 }
 
 const (
@@ -168,6 +175,7 @@ func (f *Forwarder) Close() error {
 		if f.kern != nil {
 			f.kern.detach(s)
 		}
+		f.releaseZeroCopy(s)
 		unix.Close(fd)
 	}
 	if f.kern != nil {
@@ -276,6 +284,10 @@ func (f *Forwarder) readSource() {
 		if f.kern.slowSince() {
 			f.dropSlowKernel()
 		}
+		return
+	}
+	if f.cfg.Path == PathZeroCopy {
+		f.deliverShared()
 		return
 	}
 	for _, s := range f.subs {
@@ -401,6 +413,10 @@ func (f *Forwarder) accept() {
 		if f.kern == nil {
 			_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 		}
+		if f.cfg.Path == PathZeroCopy {
+			// Without it MSG_ZEROCOPY is ignored and the path copies.
+			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ZEROCOPY, 1)
+		}
 		s := &subscriber{fd: fd, framing: f.cfg.Framing, peer: addrOf(sa), since: time.Now(), writable: true, feed: -1}
 		if f.kern != nil {
 			if err := f.kern.attach(s); err != nil {
@@ -445,6 +461,14 @@ func (f *Forwarder) subscriberEvent(s *subscriber, ev uint32) {
 			return
 		}
 	}
+	if ev&unix.EPOLLERR != 0 && f.cfg.Path == PathZeroCopy {
+		// Completions are reported as errors; only a real one ends it.
+		if err := f.reapCompletions(s); err != nil {
+			f.drop(s, "connection closed")
+			return
+		}
+		ev &^= unix.EPOLLERR
+	}
 	if ev&(unix.EPOLLERR|unix.EPOLLHUP) != 0 {
 		f.drop(s, "connection closed")
 	}
@@ -456,6 +480,7 @@ func (f *Forwarder) drop(s *subscriber, why string) {
 		s.msgs, s.bytes, s.dropped = c.msgs, c.bytes, c.dropped
 		f.kern.detach(s)
 	}
+	f.releaseZeroCopy(s)
 	unix.EpollCtl(f.ep, unix.EPOLL_CTL_DEL, s.fd, nil)
 	unix.Close(s.fd)
 	delete(f.subs, s.fd)

@@ -30,6 +30,11 @@ type subscriber struct {
 	slot   uint32
 	feed   int
 	cookie uint64
+
+	// PathZeroCopy: sends whose buffers the kernel still holds, and the
+	// number the next one gets.
+	zc     []zsend
+	zcNext uint32
 }
 
 func (s *subscriber) queued() int { return len(s.queue) - s.head }

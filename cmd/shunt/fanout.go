@@ -37,7 +37,10 @@ loop does; --path kernel (root) sends each datagram once to a multicast group
 on loopback and lets a BPF program forward the kernel's copies to each
 subscriber's socket, with --queue bounding the kernel memory a subscriber's
 backlog may pin (there the gap marker goes out with the subscriber's next
-message). docs/BENCHMARKS.md compares them.`,
+message); --path zerocopy frames each batch once and sends that one buffer to
+every subscriber that has caught up with MSG_ZEROCOPY (over loopback the
+kernel copies anyway; 'fanout stats' counts it). docs/BENCHMARKS.md compares
+them.`,
 		Example: `  shunt fanout --source udp://0.0.0.0:5000 --listen tcp://0.0.0.0:6000 --framing u32
   shunt fanout stats`,
 		Args: noArgs,
@@ -89,7 +92,7 @@ message). docs/BENCHMARKS.md compares them.`,
 	c.Flags().StringVar(&framing, "framing", "none", "none, u16 or u32: a length before each message")
 	c.Flags().StringVar(&slow, "slow", "drop", "drop (lose messages, counted) or disconnect a subscriber whose queue is full")
 	c.Flags().StringVar(&queue, "queue", "1M", "bytes that may wait in shunt for one subscriber")
-	c.Flags().StringVar(&path, "path", "batch", "batch (one write per subscriber per batch), uring (the same in one io_uring submission), per-message (one write per message) or kernel (BPF forwards the kernel's multicast copies)")
+	c.Flags().StringVar(&path, "path", "batch", "batch (one write per subscriber per batch), uring (the same in one io_uring submission), per-message (one write per message), kernel (BPF forwards the kernel's multicast copies) or zerocopy (one shared buffer, MSG_ZEROCOPY)")
 	c.Flags().StringVar(&control, "control", defaultFanoutControl, `unix socket for 'shunt fanout stats' ("" for none)`)
 	c.AddCommand(newFanoutStatsCmd(e))
 	return c
