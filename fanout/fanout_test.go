@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -506,6 +507,26 @@ func TestBadConfig(t *testing.T) {
 		if _, err := fanout.ParseEndpoint("udp", s); err == nil {
 			t.Errorf("ParseEndpoint(udp, %q) accepted it", s)
 		}
+	}
+}
+
+// The kernel path needs loopback (its group lives there) and says so.
+func TestKernelPathNeedsLoopback(t *testing.T) {
+	testenv.RequireRoot(t)
+	ns := testenv.MustNetNS(t)
+	if out, err := exec.Command("ip", "-n", ns.Name, "link", "set", "lo", "down").CombinedOutput(); err != nil {
+		t.Fatalf("ip link set lo down: %v: %s", err, out)
+	}
+	var err error
+	ns.Do(t, func() {
+		var f *fanout.Forwarder
+		f, err = fanout.New(fanout.Config{Path: fanout.PathKernel, Source: netip.MustParseAddrPort("0.0.0.0:0"), Listen: netip.MustParseAddrPort("0.0.0.0:0")})
+		if err == nil {
+			f.Close()
+		}
+	})
+	if err == nil || !strings.Contains(err.Error(), "ip link set lo up") {
+		t.Errorf("New with loopback down: %v, want a hint to bring lo up", err)
 	}
 }
 

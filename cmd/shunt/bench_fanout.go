@@ -85,7 +85,7 @@ delivered to subscribers.`,
 	c.Flags().StringVar(&sizes, "sizes", "100,1400", "message sizes in bytes (at least 16)")
 	c.Flags().StringVar(&rates, "rates", "10000,100000", "messages per second from the source")
 	c.Flags().StringVar(&subs, "subscribers", "1,10,100,1000", "subscriber counts")
-	c.Flags().StringVar(&paths, "paths", "batch,uring,per-message", "data paths: batch, uring, per-message, kernel, zerocopy")
+	c.Flags().StringVar(&paths, "paths", "batch,uring,per-message,zerocopy,kernel", "data paths: batch, uring, per-message, kernel, zerocopy")
 	c.Flags().StringVar(&slow, "slow", "0", "extra subscribers that never read, one run per value (e.g. 0,1): what a stalled subscriber costs the others")
 	c.Flags().DurationVar(&cfg.Duration, "duration", 1e9, "sending time per run")
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")

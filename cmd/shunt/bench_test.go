@@ -237,8 +237,8 @@ func TestBenchFanoutTiny(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	if len(res) != 6 {
-		t.Fatalf("want 3 paths x 2 subscriber counts, got %s", out)
+	if len(res) != 10 {
+		t.Fatalf("want 5 paths x 2 subscriber counts, got %s", out)
 	}
 	for _, r := range res {
 		if r.Sent == 0 || r.Delivered != r.Sent*uint64(r.Subscribers) || r.Latency.P50 <= 0 {

@@ -15,10 +15,16 @@ import (
 )
 
 func TestFanoutCommand(t *testing.T) {
+	for _, path := range []string{"batch", "zerocopy", "kernel"} {
+		t.Run(path, func(t *testing.T) { testFanoutCommand(t, path) })
+	}
+}
+
+func testFanoutCommand(t *testing.T, path string) {
 	testenv.RequireRoot(t)
 	ns := testenv.MustNetNS(t)
 	ctl := filepath.Join(t.TempDir(), "fanout.sock")
-	run := startShunt(t, ns, "relaying udp://127.0.0.1:15000", "fanout",
+	run := startShunt(t, ns, "relaying udp://127.0.0.1:15000", "fanout", "--path", path,
 		"--source", "udp://127.0.0.1:15000", "--listen", "tcp://127.0.0.1:16000", "--framing", "u32", "--control", ctl)
 	cmd := run.cmd
 	var err error
@@ -84,6 +90,7 @@ func TestFanoutErrors(t *testing.T) {
 		{[]string{"fanout", "--source", "udp://127.0.0.1:5000", "--listen", "tcp://127.0.0.1:6000", "--slow", "wait"}, 2, "want drop or disconnect"},
 		{[]string{"fanout", "--source", "udp://127.0.0.1:5000", "--listen", "tcp://127.0.0.1:6000", "--queue", "lots"}, 2, "--queue"},
 		{[]string{"fanout", "--source", "udp://127.0.0.1:5000", "--listen", "tcp://127.0.0.1:6000", "--queue", "1K"}, 1, "below one datagram"},
+		{[]string{"fanout", "--source", "udp://127.0.0.1:5000", "--listen", "tcp://127.0.0.1:6000", "--path", "teleport"}, 2, "want batch, per-message, uring, kernel or zerocopy"},
 		{[]string{"fanout", "stats", "--control", "/nonexistent/fanout.sock"}, 1, "no forwarder answers"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -3,9 +3,11 @@ package main
 import (
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -105,5 +107,29 @@ func TestSpliceErrors(t *testing.T) {
 			}
 			oneLine(t, stderr, tc.want)
 		})
+	}
+}
+
+// A process we may not ptrace: shunt runs as root but without
+// CAP_SYS_PTRACE, and the holder (root, with it) is beyond its reach. One
+// line that says what is missing, and the holder's sockets untouched.
+func TestSpliceNoPtraceRights(t *testing.T) {
+	testenv.RequireRoot(t)
+	h, farA, farB := mustHeld(t)
+	bin := shuntBinary(t)
+	cmd := exec.Command("setpriv", "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace",
+		bin, "splice", "--pid", fmt.Sprint(h.cmd.Process.Pid), "--fd", fmt.Sprint(h.fdA), "--fd", fmt.Sprint(h.fdB))
+	cmd.Env = append(os.Environ(), "SHUNT_TEST_MAIN=1")
+	out, code := combined(cmd)
+	if code != 1 {
+		t.Errorf("exit %d, want 1 (%s)", code, out)
+	}
+	oneLine(t, out, fmt.Sprintf("not allowed to take descriptors of process %d (needs ptrace rights", h.cmd.Process.Pid))
+	// Still the holder's: nothing was joined, so a byte from one far end
+	// waits for the holder instead of reaching the other.
+	farA.Write([]byte("x"))
+	farB.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if n, _ := farB.Read(make([]byte, 1)); n != 0 {
+		t.Errorf("a byte crossed from one far end to the other: the sockets were joined")
 	}
 }
