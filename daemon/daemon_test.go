@@ -247,7 +247,9 @@ func rawJoin(t *testing.T, path string, fds ...int) error {
 
 // TestTakeOver: a new daemon takes the pairs of a running one in the middle
 // of a stream; the old one ends without resetting anything, the stream ends
-// intact, and the new daemon knows the pair by its old handle.
+// intact, and the new daemon knows the pair by its old handle. The client
+// that joined it never notices: its connection moves to the new daemon,
+// which answers it and sends it the pair's "ended" event.
 func TestTakeOver(t *testing.T) {
 	testenv.RequireRoot(t)
 	path := filepath.Join(t.TempDir(), "shunt.sock")
@@ -293,10 +295,22 @@ func TestTakeOver(t *testing.T) {
 	if err != nil || len(st) != 1 || st[0].Handle != h {
 		t.Fatalf("new daemon's stats %+v, %v; want handle %d", st, err, h)
 	}
+	// The old client's connection, now served by the new daemon.
+	if st, err := cl.Stats(); err != nil || len(st) != 1 || st[0].Handle != h {
+		t.Fatalf("the joining client's stats after the take-over: %+v, %v", st, err)
+	}
 	for range 4 {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+	select {
+	case ev := <-cl.Events():
+		if ev.Event != "ended" || ev.Handle != h || ev.BytesAB != uint64(up.Size) || ev.BytesBA != uint64(down.Size) || ev.Error != "" {
+			t.Fatalf("event %+v", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ended event from the new daemon")
 	}
 }
 

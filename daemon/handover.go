@@ -17,13 +17,15 @@ import (
 // running one for a hand-over. The old daemon stops listening, freezes its
 // pairs (the kernel keeps forwarding), and sends
 //
-//	{"ok":true,"pairs":N} with the BPF objects' descriptors (splice.Objects),
-//	then N messages {"pair":{...}} each with the pair's two sockets,
+//	{"ok":true,"handle":N,"clients":M} with the BPF objects' descriptors
+//	(splice.Objects), then N messages {"info":...} each with the pair's two
+//	sockets, then M messages {"client":i} each with a client connection,
 //
 // and exits without resetting anything. The new daemon resumes the pairs,
-// keeps their handles, and listens on the socket. Events for pairs joined
-// through the old daemon are not delivered any more (their clients were
-// connected to it).
+// keeps their handles, serves the clients on the connections they already
+// have (a request they sent meanwhile waits in the socket for it), sends
+// them the "ended" events of the pairs they joined, and listens on the
+// socket.
 
 type handoverPair struct {
 	Info  PairInfo         `json:"info"`
@@ -32,7 +34,18 @@ type handoverPair struct {
 	// messages of at most chunk bytes: a->b's, then b->a's.
 	PendingAB int `json:"pending_ab,omitempty"`
 	PendingBA int `json:"pending_ba,omitempty"`
+	// Owner is 1 + the index of the client connection that joined the
+	// pair, 0 if it left.
+	Owner int `json:"owner,omitempty"`
 }
+
+type handoverClient struct {
+	Client int `json:"client"`
+}
+
+// handoverVersion names what a hand-over carries: the splice state and this
+// package's protocol (2: client connections follow the pairs).
+func handoverVersion() string { return splice.StateVersion() + "/daemon-2" }
 
 const chunk = 32 << 10
 
@@ -43,36 +56,63 @@ func handoverRequest(b []byte) (Request, bool) {
 
 // handOver runs in the old daemon.
 func (srv *Server) handOver(c *conn, req Request) error {
-	if req.Version != splice.StateVersion() {
+	if req.Version != handoverVersion() {
 		// Nothing stopped yet: this daemon keeps its pairs.
-		c.send(Reply{Error: fmt.Sprintf("this daemon keeps its state as %q, the new one as %q: they cannot hand over; stop this one (its pairs are reset) and start the new one", splice.StateVersion(), req.Version)})
+		c.send(Reply{Error: fmt.Sprintf("this daemon keeps its state as %q, the new one as %q: they cannot hand over; stop this one (its pairs are reset) and start the new one", handoverVersion(), req.Version)})
 		return nil
 	}
+	// Stop serving the clients first, so that no join is half done when
+	// the pairs freeze; what they send from now on waits in their sockets
+	// for the new daemon.
 	srv.mu.Lock()
 	srv.handedOver = true
+	var clients []*conn
+	index := map[*conn]int{}
+	for cc := range srv.conns {
+		if cc != c {
+			cc.handed = true
+			index[cc] = len(clients)
+			clients = append(clients, cc)
+		}
+	}
 	srv.mu.Unlock()
+	for _, cc := range clients {
+		cc.c.SetReadDeadline(time.Now())
+	}
+	for _, cc := range clients {
+		<-cc.done
+	}
+	defer func() {
+		for _, cc := range clients {
+			cc.c.Close() // the new daemon has its own copy
+		}
+	}()
 	srv.ln.SetUnlinkOnClose(false) // the new daemon binds the same path
 	// Joins fail from here on ("splicer is closed"); the listener closes
 	// last, which ends Serve only once the new daemon holds everything.
 	defer srv.ln.Close()
 	objs, states := srv.s.Freeze()
 	info := map[uint32]PairInfo{}
+	owner := map[uint32]int{}
 	srv.mu.Lock()
 	for _, e := range srv.pairs {
 		info[e.index] = e.current()
+		if i, ok := index[e.owner]; ok && e.owner != nil {
+			owner[e.index] = i + 1
+		}
 	}
 	// They are the new daemon's now (and their state is unmapped below).
 	srv.pairs = map[uint64]*entry{}
 	srv.handed = len(states)
 	srv.mu.Unlock()
-	head, _ := json.Marshal(Reply{OK: true, Handle: uint64(len(states))})
+	head, _ := json.Marshal(Reply{OK: true, Handle: uint64(len(states)), Clients: len(clients)})
 	if _, _, err := c.c.WriteMsgUnix(head, unix.UnixRights(objs[:]...), nil); err != nil {
 		return err
 	}
 	for _, st := range states {
 		fa, _ := fdOf(st.A)
 		fb, _ := fdOf(st.B)
-		b, _ := json.Marshal(handoverPair{Info: info[st.Index], State: st, PendingAB: len(st.AB.Pending), PendingBA: len(st.BA.Pending)})
+		b, _ := json.Marshal(handoverPair{Info: info[st.Index], State: st, PendingAB: len(st.AB.Pending), PendingBA: len(st.BA.Pending), Owner: owner[st.Index]})
 		if _, _, err := c.c.WriteMsgUnix(b, unix.UnixRights(fa, fb), nil); err != nil {
 			return err
 		}
@@ -84,6 +124,16 @@ func (srv *Server) handOver(c *conn, req Request) error {
 				}
 				p = p[n:]
 			}
+		}
+	}
+	for i, cc := range clients {
+		fd, err := unixFD(cc.c)
+		if err != nil {
+			return err
+		}
+		b, _ := json.Marshal(handoverClient{Client: i})
+		if _, _, err := c.c.WriteMsgUnix(b, unix.UnixRights(fd), nil); err != nil {
+			return err
 		}
 	}
 	// Wait for the new daemon to hang up: it holds everything then.
@@ -101,7 +151,7 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		return nil, 0, fmt.Errorf("no daemon to take over at %s: %w", path, err)
 	}
 	defer c.Close()
-	req, _ := json.Marshal(Request{Op: "handover", Version: splice.StateVersion()})
+	req, _ := json.Marshal(Request{Op: "handover", Version: handoverVersion()})
 	if _, err := c.Write(req); err != nil {
 		return nil, 0, err
 	}
@@ -143,6 +193,7 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 	copy(objs[:], fds)
 	var states []splice.PairState
 	var infos []PairInfo
+	var owners []int
 	for range head.Handle {
 		b, fds, err := read(2)
 		if err != nil {
@@ -172,6 +223,23 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		}
 		states = append(states, hp.State)
 		infos = append(infos, hp.Info)
+		owners = append(owners, hp.Owner)
+	}
+	var clients []*conn
+	for range head.Clients {
+		_, fds, err := read(1)
+		if err == nil {
+			var uc *net.UnixConn
+			if uc, err = unixConn(fds[0]); err == nil {
+				clients = append(clients, &conn{c: uc, done: make(chan struct{})})
+			}
+		}
+		if err != nil {
+			for _, cc := range clients {
+				cc.c.Close()
+			}
+			return nil, 0, err
+		}
 	}
 	s, pairs, err := splice.Resume(objs, opts, states)
 	if err != nil {
@@ -179,10 +247,17 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 	}
 	srv := newServer(path, s, logf)
 	for i, p := range pairs {
-		srv.track(nil, p, infos[i])
+		var owner *conn
+		if o := owners[i]; o > 0 && o <= len(clients) {
+			owner = clients[o-1]
+		}
+		srv.track(owner, p, infos[i])
 	}
 	if err := srv.listen(); err != nil {
 		return nil, 0, errors.Join(err, s.Close())
+	}
+	for _, cc := range clients {
+		srv.serve(cc)
 	}
 	return srv, len(pairs), nil
 }
@@ -202,4 +277,33 @@ func fileConn(fd int) (*net.TCPConn, error) {
 		return nil, errors.New("hand-over: a descriptor is not a TCP socket")
 	}
 	return tc, nil
+}
+
+// unixConn wraps a received client connection; it takes ownership of fd.
+func unixConn(fd int) (*net.UnixConn, error) {
+	f := os.NewFile(uintptr(fd), "client")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		c.Close()
+		return nil, errors.New("hand-over: a client descriptor is not a unix socket")
+	}
+	return uc, nil
+}
+
+// unixFD is the descriptor behind a client connection (still owned by it).
+func unixFD(c *net.UnixConn) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
 }

@@ -96,16 +96,20 @@ func (srv *Server) Serve(ctx context.Context) error {
 			}
 			return err
 		}
-		cc := &conn{c: c}
-		srv.mu.Lock()
-		srv.conns[cc] = struct{}{}
-		srv.mu.Unlock()
-		srv.wg.Add(1)
-		go func() {
-			defer srv.wg.Done()
-			srv.serveConn(cc)
-		}()
+		srv.serve(&conn{c: c, done: make(chan struct{})})
 	}
+}
+
+// serve registers a client and answers it on a goroutine of its own.
+func (srv *Server) serve(cc *conn) {
+	srv.mu.Lock()
+	srv.conns[cc] = struct{}{}
+	srv.mu.Unlock()
+	srv.wg.Add(1)
+	go func() {
+		defer srv.wg.Done()
+		srv.serveConn(cc)
+	}()
 }
 
 // Close stops listening, resets every joined pair and removes the socket.
@@ -137,8 +141,12 @@ func (srv *Server) HandedOver() (int, bool) {
 
 // conn is one client; writes are serialized (replies and events).
 type conn struct {
-	c  *net.UnixConn
-	mu sync.Mutex
+	c    *net.UnixConn
+	mu   sync.Mutex
+	done chan struct{} // closed when serveConn returns
+	// handed: the client goes to the daemon taking over; serveConn
+	// stops reading and leaves the connection open (guarded by srv.mu).
+	handed bool
 }
 
 func (c *conn) send(v any) {
@@ -151,15 +159,18 @@ func (c *conn) send(v any) {
 
 func (srv *Server) serveConn(c *conn) {
 	defer func() {
-		c.c.Close()
 		srv.mu.Lock()
 		delete(srv.conns, c)
-		for _, e := range srv.pairs {
-			if e.owner == c {
-				e.owner = nil
+		if !c.handed {
+			c.c.Close()
+			for _, e := range srv.pairs {
+				if e.owner == c {
+					e.owner = nil
+				}
 			}
 		}
 		srv.mu.Unlock()
+		close(c.done)
 	}()
 	if err := rootPeer(c.c); err != nil {
 		c.send(Reply{Error: err.Error()})

@@ -34,6 +34,8 @@ type Reply struct {
 	Error  string     `json:"error,omitempty"`
 	Handle uint64     `json:"handle,omitempty"` // join
 	Pairs  []PairInfo `json:"pairs,omitempty"`  // stats
+	// handover: how many client connections follow the pairs.
+	Clients int `json:"clients,omitempty"`
 }
 
 // PairInfo describes a joined pair.
