@@ -730,3 +730,51 @@ func TestZeroCopyCompletions(t *testing.T) {
 	}
 	t.Logf("%+v", tot)
 }
+
+// A subscriber that reads in fits and starts (small buffers, pauses) keeps
+// getting everything sent to it or a gap marker for it, in order, on every
+// path: the paths that stop and resume writing to it must always come back.
+func TestStopAndGoSubscriber(t *testing.T) {
+	for _, p := range allPaths {
+		t.Run(p.String(), func(t *testing.T) {
+			const msgs, size = 20_000, 500
+			l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: 128 << 10, Path: p})
+			u := l.sender()
+			c := l.subscribe()
+			c.SetReadBuffer(64 << 10)
+			l.waitSubscribers(1)
+			var r result
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				c.SetReadDeadline(time.Now().Add(time.Minute))
+				pr := &pausingReader{r: c}
+				r = readUntilLost(pr, size, msgs+1)
+			}()
+			l.send(u, 0, msgs, size)
+			l.waitDrained(c)
+			l.send(u, msgs, msgs+1, size) // carries the kernel path's last gap marker
+			<-done
+			if r.err != nil || r.first != 0 || r.n+r.lost != msgs+1 {
+				t.Errorf("%d read + %d in gap markers, %v; want %d in all", r.n, r.lost, r.err, msgs+1)
+			}
+		})
+	}
+}
+
+// pausingReader sleeps 2 ms after every 64 KiB it reads: slower than the
+// sender, so its queue fills, empties and fills again.
+type pausingReader struct {
+	r    io.Reader
+	read int
+}
+
+func (p *pausingReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	p.read += n
+	if p.read >= 64<<10 {
+		p.read = 0
+		time.Sleep(2 * time.Millisecond)
+	}
+	return n, err
+}

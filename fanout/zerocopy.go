@@ -89,6 +89,7 @@ func (f *Forwarder) sendShared(s *subscriber, z *zbuf, lens []int) {
 		// the batch path does, with its bound.
 		if err == unix.EAGAIN {
 			s.writable = false
+			f.watch(s) // EPOLLOUT flushes what deliver queues
 		}
 		f.deliver(s)
 		return
