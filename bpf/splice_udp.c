@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: GPL-2.0
+/* shunt splice for UDP: two connected UDP sockets joined in the kernel.
+ * Each datagram arriving on one is sent out of the other (sk_skb verdict,
+ * redirect to the peer's send path), whole: the verdict makes it linear
+ * first, since the psock worker sends each piece of a paged skb with its own
+ * sendmsg, which for UDP would be a datagram of its own.
+ *
+ * Bound. Redirected datagrams wait on the peer's psock queue, which nothing
+ * limits or counts, for the psock worker to send them; it falls behind when
+ * the peer's send buffer is full or its CPU is busy with receiving. So the
+ * verdict prices that queue (datagrams queued times the recent truesize of
+ * one) and drops past max_queue, as a full UDP socket buffer would.
+ */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+
+#include "include/kernel.h"
+#include "include/splice_udp_maps.h"
+
+char __license[] SEC("license") = "GPL";
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+
+/* Keeps struct splice_udp_dir in BTF for bpf2go. */
+const struct splice_udp_dir *unused_splice_udp_dir __attribute__((unused));
+
+/* Datagrams waiting on the peer's psock queue to be sent. */
+static __always_inline __u32 peer_queue(struct bpf_sock *peer)
+{
+	/* A sockmap lookup gives a struct bpf_sock, which shows no queue;
+	 * the same pointer read as the kernel's struct sock does. */
+	struct sock *sk = bpf_rdonly_cast(peer, bpf_core_type_id_kernel(struct sock));
+	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
+	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
+	if (!psock)
+		return 0;
+	return BPF_CORE_READ(psock, ingress_skb.qlen);
+}
+
+/* x moves an eighth of the way to v. */
+static __always_inline void ewma(__u32 *x, __u32 v)
+{
+	if (!*x)
+		*x = v;
+	else
+		*x = *x - (*x >> 3) + (v >> 3);
+}
+
+static __always_inline int drop(struct splice_udp_dir *d, __u32 len)
+{
+	__sync_fetch_and_add(&d->dropped, 1);
+	__sync_fetch_and_add(&d->dropped_bytes, len);
+	return SK_DROP;
+}
+
+SEC("sk_skb/verdict")
+int splice_udp_verdict(struct __sk_buff *skb)
+{
+	__u64 cookie = bpf_get_socket_cookie(skb);
+	__u32 *slot = bpf_map_lookup_elem(&udp_slots, &cookie);
+	if (!slot)
+		return SK_PASS;
+	struct splice_udp_dir *d = bpf_map_lookup_elem(&udp_dirs, slot);
+	if (!d)
+		return SK_PASS;
+	__u32 len = skb->len;
+
+	__u32 peer_slot = d->peer;
+	struct bpf_sock *peer = bpf_map_lookup_elem(&udp_socks, &peer_slot);
+	if (!peer)
+		return drop(d, len); /* the peer left: its pair is ending */
+	__u64 queued = (__u64)peer_queue(peer) * d->avg_true;
+	bpf_sk_release(peer);
+
+	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
+	__u32 truesize = kskb->truesize;
+	if (queued + truesize > d->max_queue)
+		return drop(d, len);
+	if (bpf_skb_pull_data(skb, len))
+		return drop(d, len); /* cannot be made linear: it would be cut */
+	ewma(&d->avg_true, truesize);
+	__sync_fetch_and_add(&d->datagrams, 1);
+	__sync_fetch_and_add(&d->bytes, len);
+	return bpf_sk_redirect_map(skb, &udp_socks, peer_slot, 0);
+}

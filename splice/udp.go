@@ -1,0 +1,370 @@
+package splice
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultUDPMaxQueue bounds the kernel memory the datagrams waiting to leave
+// through one socket of a UDP pair may take; past it datagrams are dropped
+// (counted), as a full socket buffer drops them.
+const DefaultUDPMaxQueue = 1 << 20
+
+// UDPOptions shape a UDPSplicer.
+type UDPOptions struct {
+	MaxQueue uint32 // 0: DefaultUDPMaxQueue
+	MaxPairs int    // 0: DefaultMaxPairs
+}
+
+// UDPSplicer joins pairs of connected UDP sockets in the kernel
+// (bpf/splice_udp.c): each datagram arriving on one leaves through the
+// other, whole, with no process woken. UDP has no end of stream: a pair
+// lasts until Close.
+type UDPSplicer struct {
+	objs     spliceudpObjects
+	link     link.Link
+	maxQueue uint32
+
+	mu     sync.Mutex
+	free   []uint32
+	pairs  map[uint32]*UDPPair
+	closed bool
+}
+
+// NewUDP loads the UDP splice program. It needs CAP_BPF and CAP_NET_ADMIN.
+func NewUDP(opts UDPOptions) (*UDPSplicer, error) {
+	if opts.MaxQueue == 0 {
+		opts.MaxQueue = DefaultUDPMaxQueue
+	}
+	if opts.MaxPairs == 0 {
+		opts.MaxPairs = DefaultMaxPairs
+	}
+	if opts.MaxPairs < 1 || opts.MaxPairs > 1<<20 {
+		return nil, fmt.Errorf("splice: max pairs %d out of range 1..%d", opts.MaxPairs, 1<<20)
+	}
+	spec, err := loadSpliceudp()
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range []string{"udp_socks", "udp_dirs", "udp_slots"} {
+		spec.Maps[name].MaxEntries = uint32(2 * opts.MaxPairs)
+	}
+	s := &UDPSplicer{maxQueue: opts.MaxQueue, pairs: map[uint32]*UDPPair{}}
+	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
+		return nil, fmt.Errorf("load UDP splice program: %w", err)
+	}
+	s.link, err = link.AttachRawLink(link.RawLinkOptions{
+		Target: s.objs.UdpSocks.FD(), Program: s.objs.SpliceUdpVerdict, Attach: ebpf.AttachSkSKBVerdict,
+	})
+	if err != nil {
+		s.objs.Close()
+		return nil, fmt.Errorf("attach UDP splice verdict: %w", err)
+	}
+	for i := opts.MaxPairs - 1; i >= 0; i-- {
+		s.free = append(s.free, uint32(i))
+	}
+	return s, nil
+}
+
+// UDPStats counts one direction of a UDP pair.
+type UDPStats struct {
+	Datagrams    uint64 // sent on
+	Bytes        uint64
+	Dropped      uint64 // over the bound (or the other socket gone)
+	DroppedBytes uint64
+	// Copied counts datagrams that were queued on the socket before the
+	// join and were sent on by user space.
+	Copied uint64
+	// Refused counts errors the network reported for the outgoing
+	// socket (an ICMP port unreachable: nobody listens at the far end
+	// now), each of which had the kernel stop sending through it until
+	// the pair repaired it; datagrams waiting at that moment were lost,
+	// as plain UDP loses them.
+	Refused uint64
+}
+
+// UDPPair is two connected UDP sockets joined by a UDPSplicer.
+type UDPPair struct {
+	s        *UDPSplicer
+	index    uint32
+	a, b     *net.UDPConn
+	cookies  [2]uint64
+	copiedAB atomic.Uint64
+	copiedBA atomic.Uint64
+	refused  [2]atomic.Uint64 // by the socket that was refused: a, b
+	once     sync.Once
+	mu       sync.Mutex // insert and repair against Close
+	closed   bool
+	watchers sync.WaitGroup
+}
+
+// Join hands a and b to the kernel: from now on every datagram that arrives
+// on one is sent out of the other. The UDPSplicer owns both connections and
+// closes them with the pair. Datagrams already queued on a or b are sent on
+// by Join itself; those that arrive while it joins may overtake them, as UDP
+// allows, but none is lost.
+func (s *UDPSplicer) Join(a, b *net.UDPConn) (*UDPPair, error) {
+	for i, c := range []*net.UDPConn{a, b} {
+		if c.RemoteAddr() == nil {
+			return nil, fmt.Errorf("splice: socket %d is not a connected UDP socket (connect it to its peer first)", i+1)
+		}
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errors.New("splice: UDP splicer is closed")
+	}
+	if len(s.free) == 0 {
+		s.mu.Unlock()
+		return nil, ErrFull
+	}
+	index := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	s.mu.Unlock()
+
+	p := &UDPPair{s: s, index: index, a: a, b: b}
+	// What waits on a socket now would never reach its verdict (it reads
+	// one datagram per arrival), so it is sent on here, before and after
+	// the sockets join.
+	p.copiedAB.Add(forwardQueued(a, b))
+	p.copiedBA.Add(forwardQueued(b, a))
+	if err := p.insert(); err != nil {
+		p.remove()
+		s.release(index)
+		return nil, err
+	}
+	p.copiedAB.Add(forwardQueued(a, b))
+	p.copiedBA.Add(forwardQueued(b, a))
+	s.mu.Lock()
+	s.pairs[index] = p
+	s.mu.Unlock()
+	p.watchers.Add(2)
+	go p.watch(0)
+	go p.watch(1)
+	return p, nil
+}
+
+// watch repairs socket i (0: a, 1: b) after the network refused what it
+// sent. Plain UDP reports an ICMP error once, on the next send, and goes on;
+// the psock worker that sends for the kernel takes any error as the end
+// and stops sending through the socket for good, dropping from then on. The
+// error also wakes the socket's pollers, so this goroutine, asleep in Go's
+// poller until then, takes the error and puts the socket back into the map,
+// which gives it a fresh psock.
+func (p *UDPPair) watch(i int) {
+	defer p.watchers.Done()
+	c, peer := p.a, p.b
+	if i == 1 {
+		c, peer = p.b, p.a
+	}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return
+	}
+	raw.Read(func(fd uintptr) bool {
+		if soerr, _ := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR); soerr != 0 {
+			p.refused[i].Add(1)
+			p.repair(i, int(fd), c, peer)
+		}
+		return false // sleep again; Close ends the wait
+	})
+}
+
+func (p *UDPPair) repair(i, fd int, c, peer *net.UDPConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	slot := 2*p.index + uint32(i)
+	p.s.objs.UdpSocks.Delete(slot)
+	p.s.objs.UdpSocks.Update(slot, uint64(fd), ebpf.UpdateAny)
+	// What arrived on it meanwhile took the normal path.
+	if i == 0 {
+		p.copiedAB.Add(forwardQueued(c, peer))
+	} else {
+		p.copiedBA.Add(forwardQueued(c, peer))
+	}
+}
+
+func (p *UDPPair) insert() error {
+	slots := [2]uint32{2 * p.index, 2*p.index + 1}
+	for i, c := range []*net.UDPConn{p.a, p.b} {
+		fd, err := udpFD(c)
+		if err != nil {
+			return err
+		}
+		if p.cookies[i], err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+			return fmt.Errorf("socket cookie: %w", err)
+		}
+		dir := spliceudpSpliceUdpDir{Peer: slots[1-i], MaxQueue: p.s.maxQueue}
+		if err := p.s.objs.UdpDirs.Update(slots[i], &dir, ebpf.UpdateAny); err != nil {
+			return err
+		}
+		if err := p.s.objs.UdpSlots.Update(p.cookies[i], slots[i], ebpf.UpdateAny); err != nil {
+			return err
+		}
+	}
+	for i, c := range []*net.UDPConn{p.a, p.b} {
+		fd, _ := udpFD(c)
+		if err := p.s.objs.UdpSocks.Update(slots[i], uint64(fd), ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("add UDP socket to sockmap: %w", err)
+		}
+	}
+	return nil
+}
+
+// remove takes the pair's sockets and cookies out of the maps.
+func (p *UDPPair) remove() {
+	for i := range 2 {
+		p.s.objs.UdpSocks.Delete(2*p.index + uint32(i))
+		if p.cookies[i] != 0 {
+			p.s.objs.UdpSlots.Delete(p.cookies[i])
+		}
+	}
+}
+
+// forwardQueued sends on every datagram waiting on from, without blocking,
+// and returns how many.
+func forwardQueued(from, to *net.UDPConn) uint64 {
+	fd, err := udpFD(from)
+	if err != nil {
+		return 0
+	}
+	buf := make([]byte, 1<<16)
+	var n uint64
+	for {
+		m, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return n
+		}
+		to.Write(buf[:m])
+		n++
+	}
+}
+
+func (s *UDPSplicer) release(index uint32) {
+	s.mu.Lock()
+	s.free = append(s.free, index)
+	delete(s.pairs, index)
+	s.mu.Unlock()
+}
+
+// Index is the pair's slot in the Splicer's maps.
+func (p *UDPPair) Index() uint32 { return p.index }
+
+// Stats reads both directions' counters.
+func (p *UDPPair) Stats() (ab, ba UDPStats) {
+	read := func(slot uint32, copied uint64) UDPStats {
+		var d spliceudpSpliceUdpDir
+		p.s.objs.UdpDirs.Lookup(slot, &d)
+		return UDPStats{Datagrams: d.Datagrams, Bytes: d.Bytes, Dropped: d.Dropped, DroppedBytes: d.DroppedBytes, Copied: copied}
+	}
+	ab, ba = read(2*p.index, p.copiedAB.Load()), read(2*p.index+1, p.copiedBA.Load())
+	// A direction's datagrams leave through the other socket.
+	ab.Refused, ba.Refused = p.refused[1].Load(), p.refused[0].Load()
+	return ab, ba
+}
+
+// Close takes the pair out of the kernel and closes both sockets.
+func (p *UDPPair) Close() error {
+	var err error
+	p.once.Do(func() {
+		p.mu.Lock()
+		p.closed = true
+		p.remove()
+		p.mu.Unlock()
+		err = errors.Join(p.a.Close(), p.b.Close())
+		p.watchers.Wait()
+		p.s.release(p.index)
+	})
+	return err
+}
+
+// Active is the number of pairs joined now.
+func (s *UDPSplicer) Active() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pairs)
+}
+
+// MapEntries counts the socket and cookie entries in the kernel maps.
+func (s *UDPSplicer) MapEntries() (socks, cookies int, err error) {
+	var v uint64
+	for slot := uint32(0); slot < s.objs.UdpSocks.MaxEntries(); slot++ {
+		switch err := s.objs.UdpSocks.Lookup(slot, &v); {
+		case err == nil:
+			socks++
+		case !errors.Is(err, ebpf.ErrKeyNotExist):
+			return 0, 0, err
+		}
+	}
+	var cookie uint64
+	var slot uint32
+	it := s.objs.UdpSlots.Iterate()
+	for it.Next(&cookie, &slot) {
+		cookies++
+	}
+	return socks, cookies, it.Err()
+}
+
+// Close closes every pair and unloads the program.
+func (s *UDPSplicer) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	pairs := make([]*UDPPair, 0, len(s.pairs))
+	for _, p := range s.pairs {
+		pairs = append(pairs, p)
+	}
+	s.mu.Unlock()
+	for _, p := range pairs {
+		p.Close()
+	}
+	return errors.Join(s.link.Close(), s.objs.Close())
+}
+
+// UDPConn wraps a descriptor that must be a connected UDP socket; it takes
+// ownership of fd (closed on error too).
+func UDPConn(fd int) (*net.UDPConn, error) {
+	f := os.NewFile(uintptr(fd), "socket")
+	defer f.Close()
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		return nil, errors.New("is not a socket")
+	}
+	proto, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	if typ != unix.SOCK_DGRAM || proto != unix.IPPROTO_UDP {
+		return nil, errors.New("is not a UDP socket")
+	}
+	if _, err := unix.Getpeername(fd); err != nil {
+		return nil, errors.New("is not a connected UDP socket (connect it to its peer first)")
+	}
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UDPConn), nil
+}
+
+func udpFD(c *net.UDPConn) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
+}

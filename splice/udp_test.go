@@ -1,0 +1,255 @@
+package splice_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/internal/testenv"
+	"github.com/shunt-project/shunt/splice"
+)
+
+func mustUDPSplicer(t *testing.T, opts splice.UDPOptions) *splice.UDPSplicer {
+	t.Helper()
+	testenv.RequireRoot(t)
+	s, err := splice.NewUDP(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// udpPair returns two UDP sockets connected to each other in ns.
+func udpPair(t *testing.T, ns *testenv.NetNS, addr string) (x, y *net.UDPConn) {
+	t.Helper()
+	ns.Do(t, func() {
+		var err error
+		if x, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr))); err != nil {
+			t.Fatal(err)
+		}
+		if y, err = net.DialUDP("udp", nil, x.LocalAddr().(*net.UDPAddr)); err != nil {
+			t.Fatal(err)
+		}
+		x.Close()
+		// Connect x back to y: a joined socket must be connected.
+		if x, err = net.DialUDP("udp", x.LocalAddr().(*net.UDPAddr), y.LocalAddr().(*net.UDPAddr)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	for _, c := range []*net.UDPConn{x, y} {
+		c.SetReadBuffer(32 << 20)
+		c.SetWriteBuffer(4 << 20)
+	}
+	t.Cleanup(func() { x.Close(); y.Close() })
+	return x, y
+}
+
+// udpProxied is client <-> front ... back <-> server, front and back joined.
+type udpProxied struct {
+	client, front, back, server *net.UDPConn
+}
+
+func mustUDPProxied(t *testing.T, ns *testenv.NetNS, addr string) *udpProxied {
+	p := &udpProxied{}
+	p.client, p.front = udpPair(t, ns, addr)
+	p.back, p.server = udpPair(t, ns, addr)
+	return p
+}
+
+// datagram i: its number, then bytes derived from it.
+func datagram(i, size int) []byte {
+	b := make([]byte, size)
+	binary.BigEndian.PutUint32(b, uint32(i))
+	for j := 4; j < size; j++ {
+		b[j] = byte(i*7 + j)
+	}
+	return b
+}
+
+// sizeOf gives datagram i a size from 4 to the largest IPv4 UDP payload,
+// small ones most often.
+func sizeOf(i int) int {
+	switch i % 10 {
+	case 0:
+		return 65507 - i%1000
+	case 1, 2:
+		return 1400 + i%8000
+	}
+	return 4 + i%1200
+}
+
+// Datagrams of every size cross a joined pair whole, in order, both ways,
+// counted exactly.
+func TestUDPJoin(t *testing.T) {
+	for _, tc := range []struct{ name, addr string }{{"ipv4", "127.0.0.1:0"}, {"ipv6", "[::1]:0"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := mustUDPSplicer(t, splice.UDPOptions{})
+			p := mustUDPProxied(t, testenv.MustNetNS(t), tc.addr)
+			pair, err := s.Join(p.front, p.back)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n = 3000
+			var sent [2]uint64
+			for dir, ends := range [][2]*net.UDPConn{{p.client, p.server}, {p.server, p.client}} {
+				from, to := ends[0], ends[1]
+				to.SetReadDeadline(time.Now().Add(10 * time.Second))
+				buf := make([]byte, 1<<16)
+				for i := 0; i < n; i++ {
+					want := datagram(i, sizeOf(i))
+					if _, err := from.Write(want); err != nil {
+						t.Fatal(err)
+					}
+					sent[dir] += uint64(len(want))
+					m, err := to.Read(buf)
+					if err != nil || !bytes.Equal(buf[:m], want) {
+						t.Fatalf("direction %d, datagram %d: got %d bytes (%v), want %d intact", dir, i, m, err, len(want))
+					}
+				}
+			}
+			ab, ba := pair.Stats()
+			if ab.Datagrams != n || ab.Bytes != sent[0] || ba.Datagrams != n || ba.Bytes != sent[1] || ab.Dropped+ba.Dropped != 0 {
+				t.Errorf("stats %+v / %+v, want %d datagrams, %d / %d bytes, none dropped", ab, ba, n, sent[0], sent[1])
+			}
+		})
+	}
+}
+
+// Past the bound datagrams are dropped and counted, not queued: a bound
+// smaller than one datagram drops them all.
+func TestUDPBoundDrops(t *testing.T) {
+	s := mustUDPSplicer(t, splice.UDPOptions{MaxQueue: 1})
+	p := mustUDPProxied(t, testenv.MustNetNS(t), "127.0.0.1:0")
+	pair, err := s.Join(p.front, p.back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		p.client.Write(datagram(i, 100))
+	}
+	p.server.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if m, err := p.server.Read(make([]byte, 200)); err == nil {
+		t.Fatalf("a %d-byte datagram got through a bound of 1 byte", m)
+	}
+	if ab, _ := pair.Stats(); ab.Dropped != 100 || ab.DroppedBytes != 100*100 || ab.Datagrams != 0 {
+		t.Errorf("stats %+v, want 100 dropped", ab)
+	}
+}
+
+// Datagrams that were waiting on a socket when it joined are sent on too.
+func TestUDPQueuedBeforeJoin(t *testing.T) {
+	s := mustUDPSplicer(t, splice.UDPOptions{})
+	p := mustUDPProxied(t, testenv.MustNetNS(t), "127.0.0.1:0")
+	for i := 0; i < 5; i++ {
+		p.client.Write(datagram(i, 64))
+	}
+	time.Sleep(10 * time.Millisecond)
+	pair, err := s.Join(p.front, p.back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 5; i < 10; i++ {
+		p.client.Write(datagram(i, 64))
+	}
+	got := map[uint32]bool{}
+	buf := make([]byte, 100)
+	p.server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for len(got) < 10 {
+		m, err := p.server.Read(buf)
+		if err != nil {
+			t.Fatalf("got %d of 10 datagrams: %v", len(got), err)
+		}
+		i := binary.BigEndian.Uint32(buf)
+		if !bytes.Equal(buf[:m], datagram(int(i), 64)) || got[i] {
+			t.Fatalf("datagram %d: corrupt or twice", i)
+		}
+		got[i] = true
+	}
+	if ab, _ := pair.Stats(); ab.Copied != 5 || ab.Datagrams != 5 {
+		t.Errorf("stats %+v: want 5 copied at the join, 5 by the kernel", ab)
+	}
+}
+
+// Pairs that join and close leave nothing in the maps.
+func TestUDPNoLeak(t *testing.T) {
+	s := mustUDPSplicer(t, splice.UDPOptions{})
+	ns := testenv.MustNetNS(t)
+	for i := 0; i < 300; i++ {
+		p := mustUDPProxied(t, ns, "127.0.0.1:0")
+		pair, err := s.Join(p.front, p.back)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.client.Write([]byte("x"))
+		p.server.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := p.server.Read(make([]byte, 8)); err != nil {
+			t.Fatalf("pair %d: %v", i, err)
+		}
+		pair.Close()
+		p.client.Close()
+		p.server.Close()
+	}
+	socks, cookies, err := s.MapEntries()
+	if err != nil || socks+cookies != 0 || s.Active() != 0 {
+		t.Errorf("%d sockets, %d cookies, %d pairs left (%v)", socks, cookies, s.Active(), err)
+	}
+}
+
+func TestUDPJoinRefusesUnconnected(t *testing.T) {
+	s := mustUDPSplicer(t, splice.UDPOptions{})
+	ns := testenv.MustNetNS(t)
+	var ln *net.UDPConn
+	ns.Do(t, func() {
+		var err error
+		if ln, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	defer ln.Close()
+	p := mustUDPProxied(t, ns, "127.0.0.1:0")
+	if _, err := s.Join(ln, p.back); err == nil || !bytes.Contains([]byte(err.Error()), []byte("not a connected UDP socket")) {
+		t.Errorf("join of an unconnected socket: %v", err)
+	}
+}
+
+// The far end goes away (ICMP port unreachable for what is sent to it) and
+// comes back: as over plain UDP, datagrams sent meanwhile are lost and the
+// ones after arrive. The kernel's sender stops for good at the first such
+// error; the pair must notice and repair it.
+func TestUDPFarEndGoneAndBack(t *testing.T) {
+	s := mustUDPSplicer(t, splice.UDPOptions{})
+	ns := testenv.MustNetNS(t)
+	p := mustUDPProxied(t, ns, "127.0.0.1:0")
+	pair, err := s.Join(p.front, p.back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := p.server.LocalAddr().(*net.UDPAddr)
+	back := p.server.RemoteAddr().(*net.UDPAddr)
+	p.server.Close()
+	for i := 0; i < 5; i++ {
+		p.client.Write([]byte("lost"))
+		time.Sleep(5 * time.Millisecond)
+	}
+	var again *net.UDPConn
+	ns.Do(t, func() { again, err = net.DialUDP("udp", addr, back) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	for i := 0; i < 5; i++ {
+		p.client.Write([]byte("again"))
+	}
+	again.SetReadDeadline(time.Now().Add(2 * time.Second))
+	b := make([]byte, 16)
+	if n, err := again.Read(b); err != nil || string(b[:n]) != "again" {
+		t.Fatalf("the far end, back, read %q, %v", b[:n], err)
+	}
+	if ab, _ := pair.Stats(); ab.Refused == 0 {
+		t.Errorf("stats %+v: want the refusals counted", ab)
+	}
+}
