@@ -14,6 +14,20 @@ import (
 // over the process, as root has). The process keeps its descriptor: it must
 // stop reading and writing it, or it competes with the kernel for the bytes.
 func TakeFromProcess(pid, fd int) (*net.TCPConn, error) {
+	c, err := TakeSocket(pid, fd)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		return tc, nil
+	}
+	c.Close()
+	return nil, fmt.Errorf("descriptor %d of process %d: is not a TCP socket", fd, pid)
+}
+
+// TakeSocket is TakeFromProcess for a TCP or a UDP socket: it returns a
+// connected *net.TCPConn or *net.UDPConn.
+func TakeSocket(pid, fd int) (net.Conn, error) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
@@ -31,7 +45,12 @@ func TakeFromProcess(pid, fd int) (*net.TCPConn, error) {
 	case err != nil:
 		return nil, fmt.Errorf("take descriptor %d of process %d: %w", fd, pid, err)
 	}
-	c, err := Conn(nfd)
+	var c net.Conn
+	if typ, _ := unix.GetsockoptInt(nfd, unix.SOL_SOCKET, unix.SO_TYPE); typ == unix.SOCK_DGRAM {
+		c, err = UDPConn(nfd)
+	} else {
+		c, err = Conn(nfd)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("descriptor %d of process %d: %w", fd, pid, err)
 	}
@@ -48,8 +67,11 @@ func Conn(fd int) (*net.TCPConn, error) {
 		return nil, errors.New("is not a socket")
 	}
 	proto, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	if typ == unix.SOCK_DGRAM && proto == unix.IPPROTO_UDP {
+		return nil, errors.New("is a UDP socket (UDP pairs join through splice.NewUDP or shunt splice --pid)")
+	}
 	if typ != unix.SOCK_STREAM || proto != unix.IPPROTO_TCP {
-		return nil, errors.New("is not a TCP socket (only TCP sockets can be joined)")
+		return nil, errors.New("is not a TCP or UDP socket (only those can be joined)")
 	}
 	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
 	if err != nil || !connected(info.State) {

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"net"
 
 	"github.com/spf13/cobra"
 
@@ -23,7 +25,11 @@ and joins them in the kernel: from then on every byte arriving on one leaves
 through the other, FIN and RST included, as 'shunt proxy --mode kernel' does.
 The process keeps its descriptors but must stop reading and writing them (it
 may close them). splice runs until both directions have ended and prints
-what moved; interrupted, it resets both connections. Needs root.`,
+what moved; interrupted, it resets both connections.
+
+Two connected UDP sockets are joined the same way, each datagram whole; UDP
+has no end, so splice runs until interrupted, then takes the pair out of the
+kernel and prints what moved and what was dropped. Needs root.`,
 		Example: `  shunt splice --pid 4242 --fd 7 --fd 9`,
 		Args:    noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -40,15 +46,26 @@ what moved; interrupted, it resets both connections. Needs root.`,
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
-			a, err := splice.TakeFromProcess(pid, fds[0])
+			ca, err := splice.TakeSocket(pid, fds[0])
 			if err != nil {
 				return err
 			}
-			b, err := splice.TakeFromProcess(pid, fds[1])
+			cb, err := splice.TakeSocket(pid, fds[1])
 			if err != nil {
-				a.Close()
+				ca.Close()
 				return err
 			}
+			ua, aUDP := ca.(*net.UDPConn)
+			ub, bUDP := cb.(*net.UDPConn)
+			if aUDP != bUDP {
+				ca.Close()
+				cb.Close()
+				return fmt.Errorf("fd %d and fd %d of process %d are one TCP and one UDP socket: a pair must be two of a kind", fds[0], fds[1], pid)
+			}
+			if aUDP {
+				return spliceUDP(c.Context(), e, pid, fds, ua, ub, uint32(sizes[0]))
+			}
+			a, b := ca.(*net.TCPConn), cb.(*net.TCPConn)
 			s, err := splice.New(splice.Options{MaxInflight: uint32(sizes[0]), MaxPairs: 1})
 			if err != nil {
 				a.Close()
@@ -85,6 +102,31 @@ what moved; interrupted, it resets both connections. Needs root.`,
 	}
 	c.Flags().IntVar(&pid, "pid", 0, "the process holding the sockets")
 	c.Flags().IntSliceVar(&fds, "fd", nil, "a descriptor of that process; give two")
-	c.Flags().StringVar(&maxInflight, "max-inflight", "4M", "bytes one direction may have unacknowledged in the outgoing socket before user space paces it")
+	c.Flags().StringVar(&maxInflight, "max-inflight", "4M", "TCP: bytes one direction may have unacknowledged in the outgoing socket before user space paces it; UDP: kernel memory the datagrams waiting to leave one socket may take before new ones are dropped")
 	return c
+}
+
+// spliceUDP joins two UDP sockets until interrupted (UDP has no end).
+func spliceUDP(ctx context.Context, e *env, pid int, fds []int, a, b *net.UDPConn, maxQueue uint32) error {
+	s, err := splice.NewUDP(splice.UDPOptions{MaxQueue: maxQueue, MaxPairs: 1})
+	if err != nil {
+		a.Close()
+		b.Close()
+		return err
+	}
+	defer s.Close()
+	pair, err := s.Join(a, b)
+	if err != nil {
+		a.Close()
+		b.Close()
+		return err
+	}
+	fmt.Fprintf(e.stderr, "splice: joined UDP fd %d (%s <-> %s) and fd %d (%s <-> %s) of process %d until interrupted\n",
+		fds[0], a.LocalAddr(), a.RemoteAddr(), fds[1], b.LocalAddr(), b.RemoteAddr(), pid)
+	<-ctx.Done()
+	ab, ba := pair.Stats()
+	pair.Close()
+	fmt.Fprintf(e.stderr, "splice: interrupted; %d datagrams (%d bytes) fd %d -> fd %d, %d (%d bytes) back; dropped %d and %d\n",
+		ab.Datagrams+ab.Copied, ab.Bytes, fds[0], fds[1], ba.Datagrams+ba.Copied, ba.Bytes, ab.Dropped, ba.Dropped)
+	return nil
 }

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,5 +133,69 @@ func TestSpliceNoPtraceRights(t *testing.T) {
 	farB.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 	if n, _ := farB.Read(make([]byte, 1)); n != 0 {
 		t.Errorf("a byte crossed from one far end to the other: the sockets were joined")
+	}
+}
+
+// TestSpliceUDPCommand joins two connected UDP sockets of a running process:
+// datagrams cross both ways whole until the command is interrupted, which
+// then reports what moved.
+func TestSpliceUDPCommand(t *testing.T) {
+	testenv.RequireRoot(t)
+	ns := testenv.MustNetNS(t)
+	var farA, farB *net.UDPConn
+	ns.Do(t, func() {
+		var err error
+		if farA, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err == nil {
+			farB, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	defer farA.Close()
+	defer farB.Close()
+	script := fmt.Sprintf(`import socket, sys
+a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); a.connect(("127.0.0.1", %d))
+b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); b.connect(("127.0.0.1", %d))
+print(a.fileno(), b.fileno(), a.getsockname()[1], b.getsockname()[1], flush=True)
+sys.stdin.read()`, farA.LocalAddr().(*net.UDPAddr).Port, farB.LocalAddr().(*net.UDPAddr).Port)
+	cmd := exec.Command("ip", "netns", "exec", ns.Name, "python3", "-c", script)
+	stdin, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); cmd.Wait() }()
+	var fdA, fdB, portA, portB int
+	if _, err := fmt.Fscan(out, &fdA, &fdB, &portA, &portB); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	run := startShunt(t, nil, "splice: joined UDP fd", "splice", "--pid", fmt.Sprint(cmd.Process.Pid), "--fd", fmt.Sprint(fdA), "--fd", fmt.Sprint(fdB))
+	toA := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: portA}
+	toB := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: portB}
+	buf := make([]byte, 1<<16)
+	for i := 0; i < 20; i++ {
+		msg := bytes.Repeat([]byte{byte(i)}, 1+i*3000)
+		from, to, dst := farA, farB, toA
+		if i%2 == 1 {
+			from, to, dst = farB, farA, toB
+		}
+		if _, err := from.WriteToUDP(msg, dst); err != nil {
+			t.Fatal(err)
+		}
+		to.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := to.Read(buf)
+		if err != nil || !bytes.Equal(buf[:n], msg) {
+			t.Fatalf("datagram %d: got %d bytes (%v), want %d intact", i, n, err, len(msg))
+		}
+	}
+	run.cmd.Process.Signal(syscall.SIGINT)
+	rest, err := run.wait()
+	if err != nil {
+		t.Fatalf("exit: %v (%q)", err, rest)
+	}
+	want := "splice: interrupted; 10 datagrams"
+	if len(rest) != 1 || !strings.HasPrefix(rest[0], want) || !strings.Contains(rest[0], "10 (") {
+		t.Fatalf("summary %q, want %q...", rest, want)
 	}
 }
