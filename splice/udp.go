@@ -33,10 +33,11 @@ type UDPSplicer struct {
 	link     link.Link
 	maxQueue uint32
 
-	mu     sync.Mutex
-	free   []uint32
-	pairs  map[uint32]*UDPPair
-	closed bool
+	mu       sync.Mutex
+	free     []uint32
+	pairs    map[uint32]*UDPPair
+	closed   bool
+	released bool // handed over: Close has nothing left to do
 }
 
 // NewUDP loads the UDP splice program. It needs CAP_BPF and CAP_NET_ADMIN.
@@ -146,10 +147,14 @@ func (s *UDPSplicer) Join(a, b *net.UDPConn) (*UDPPair, error) {
 	s.mu.Lock()
 	s.pairs[index] = p
 	s.mu.Unlock()
+	p.start()
+	return p, nil
+}
+
+func (p *UDPPair) start() {
 	p.watchers.Add(2)
 	go p.watch(0)
 	go p.watch(1)
-	return p, nil
 }
 
 // watch repairs socket i (0: a, 1: b) after the network refused what it
@@ -319,9 +324,14 @@ func (s *UDPSplicer) MapEntries() (socks, cookies int, err error) {
 	return socks, cookies, it.Err()
 }
 
-// Close closes every pair and unloads the program.
+// Close closes every pair and unloads the program (after a hand-over: does
+// nothing).
 func (s *UDPSplicer) Close() error {
 	s.mu.Lock()
+	if s.released {
+		s.mu.Unlock()
+		return nil
+	}
 	s.closed = true
 	pairs := make([]*UDPPair, 0, len(s.pairs))
 	for _, p := range s.pairs {

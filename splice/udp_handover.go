@@ -1,0 +1,145 @@
+package splice
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// UDPObjects are the descriptors of a UDPSplicer's BPF objects, in this
+// order: udp_socks, udp_dirs, udp_slots, the verdict program, its link.
+type UDPObjects [5]int
+
+// UDPPairState is a frozen UDP pair. Its kernel counters stay in udp_dirs,
+// which travels with the objects.
+type UDPPairState struct {
+	Index    uint32       `json:"index"`
+	CopiedAB uint64       `json:"copied_ab,omitempty"`
+	CopiedBA uint64       `json:"copied_ba,omitempty"`
+	RefusedA uint64       `json:"refused_a,omitempty"`
+	RefusedB uint64       `json:"refused_b,omitempty"`
+	A        *net.UDPConn `json:"-"`
+	B        *net.UDPConn `json:"-"`
+}
+
+// UDPStateVersion names the layout of what a UDP hand-over carries.
+func UDPStateVersion() string {
+	return fmt.Sprintf("splice-udp-dir-%d-pair-1", unsafe.Sizeof(spliceudpSpliceUdpDir{}))
+}
+
+// Freeze stops every pair's repair goroutines (the kernel keeps
+// forwarding) and returns their state and the object descriptors (owned by
+// the UDPSplicer: send them before Release). It takes no more joins.
+func (s *UDPSplicer) Freeze() (UDPObjects, []UDPPairState) {
+	s.mu.Lock()
+	s.closed = true
+	pairs := make([]*UDPPair, 0, len(s.pairs))
+	for _, p := range s.pairs {
+		pairs = append(pairs, p)
+	}
+	s.mu.Unlock()
+	var out []UDPPairState
+	for _, p := range pairs {
+		p.mu.Lock()
+		p.closed = true // no repair from here on
+		p.mu.Unlock()
+		p.a.SetReadDeadline(time.Now())
+		p.b.SetReadDeadline(time.Now())
+		p.watchers.Wait()
+		out = append(out, UDPPairState{Index: p.index, A: p.a, B: p.b,
+			CopiedAB: p.copiedAB.Load(), CopiedBA: p.copiedBA.Load(), RefusedA: p.refused[0].Load(), RefusedB: p.refused[1].Load()})
+	}
+	return UDPObjects{s.objs.UdpSocks.FD(), s.objs.UdpDirs.FD(), s.objs.UdpSlots.FD(), s.objs.SpliceUdpVerdict.FD(), s.link.(interface{ FD() int }).FD()}, out
+}
+
+// Release lets go of a frozen UDPSplicer's objects and sockets without
+// taking the pairs out of the maps (the new owner holds its own
+// descriptors). Close does nothing after it.
+func (s *UDPSplicer) Release() {
+	s.mu.Lock()
+	s.released = true
+	pairs := s.pairs
+	s.pairs = map[uint32]*UDPPair{}
+	s.mu.Unlock()
+	s.link.Close()
+	s.objs.Close()
+	for _, p := range pairs {
+		p.a.Close()
+		p.b.Close()
+	}
+}
+
+// ResumeUDP takes over a frozen UDPSplicer's objects (descriptors received
+// from its process; ResumeUDP owns them) and pairs.
+func ResumeUDP(objs UDPObjects, opts UDPOptions, states []UDPPairState) (*UDPSplicer, []*UDPPair, error) {
+	if opts.MaxQueue == 0 {
+		opts.MaxQueue = DefaultUDPMaxQueue
+	}
+	s := &UDPSplicer{maxQueue: opts.MaxQueue, pairs: map[uint32]*UDPPair{}}
+	fail := func(err error) (*UDPSplicer, []*UDPPair, error) {
+		for _, fd := range objs {
+			unix.Close(fd)
+		}
+		return nil, nil, err
+	}
+	var err error
+	for i, m := range []**ebpf.Map{&s.objs.UdpSocks, &s.objs.UdpDirs, &s.objs.UdpSlots} {
+		if *m, err = ebpf.NewMapFromFD(objs[i]); err != nil {
+			return fail(fmt.Errorf("splice: take over UDP map: %w", err))
+		}
+	}
+	if s.objs.SpliceUdpVerdict, err = ebpf.NewProgramFromFD(objs[3]); err != nil {
+		return fail(fmt.Errorf("splice: take over UDP program: %w", err))
+	}
+	if s.link, err = link.NewFromFD(objs[4]); err != nil {
+		return fail(fmt.Errorf("splice: take over UDP link: %w", err))
+	}
+	slots := s.objs.UdpSocks.MaxEntries()
+	if s.objs.UdpDirs.ValueSize() != uint32(unsafe.Sizeof(spliceudpSpliceUdpDir{})) {
+		s.link.Close()
+		s.objs.Close()
+		return nil, nil, errors.New("splice: the UDP objects handed over are not this version's")
+	}
+	used := map[uint32]bool{}
+	var pairs []*UDPPair
+	for _, st := range states {
+		p := &UDPPair{s: s, index: st.Index, a: st.A, b: st.B}
+		for i, c := range []*net.UDPConn{st.A, st.B} {
+			fd, ferr := udpFD(c)
+			if ferr == nil {
+				p.cookies[i], ferr = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
+			}
+			if ferr != nil {
+				err = ferr
+			}
+		}
+		if err != nil {
+			st.A.Close()
+			st.B.Close()
+			err = nil
+			continue
+		}
+		p.copiedAB.Store(st.CopiedAB)
+		p.copiedBA.Store(st.CopiedBA)
+		p.refused[0].Store(st.RefusedA)
+		p.refused[1].Store(st.RefusedB)
+		s.pairs[st.Index] = p
+		used[st.Index] = true
+		pairs = append(pairs, p)
+	}
+	for i := int(slots/2) - 1; i >= 0; i-- {
+		if !used[uint32(i)] {
+			s.free = append(s.free, uint32(i))
+		}
+	}
+	for _, p := range pairs {
+		p.start()
+	}
+	return s, pairs, nil
+}
