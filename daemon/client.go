@@ -103,7 +103,22 @@ func (cl *Client) Join(a, b *net.TCPConn) (uint64, error) {
 	return r.Handle, err
 }
 
-// JoinFDs is Join for raw descriptors.
+// JoinUDP hands two connected UDP sockets to the daemon, which joins them
+// in the kernel (each datagram whole); as for Join, close a and b after.
+// A UDP pair lasts until Abort or until the daemon stops.
+func (cl *Client) JoinUDP(a, b *net.UDPConn) (uint64, error) {
+	var fds [2]int
+	for i, c := range []*net.UDPConn{a, b} {
+		raw, err := c.SyscallConn()
+		if err != nil {
+			return 0, err
+		}
+		raw.Control(func(f uintptr) { fds[i] = int(f) })
+	}
+	return cl.JoinFDs(fds[0], fds[1])
+}
+
+// JoinFDs is Join for raw descriptors (two TCP or two UDP sockets).
 func (cl *Client) JoinFDs(a, b int) (uint64, error) {
 	r, err := cl.call(Request{Op: "join"}, a, b)
 	return r.Handle, err
@@ -115,7 +130,8 @@ func (cl *Client) Stats() ([]PairInfo, error) {
 	return r.Pairs, err
 }
 
-// Abort resets both connections of a pair.
+// Abort resets both connections of a TCP pair; a UDP pair is taken out of
+// the kernel and its sockets closed.
 func (cl *Client) Abort(handle uint64) error {
 	_, err := cl.call(Request{Op: "close", Handle: handle})
 	return err

@@ -17,9 +17,11 @@ import (
 // running one for a hand-over. The old daemon stops listening, freezes its
 // pairs (the kernel keeps forwarding), and sends
 //
-//	{"ok":true,"handle":N,"clients":M} with the BPF objects' descriptors
-//	(splice.Objects), then N messages {"info":...} each with the pair's two
-//	sockets, then M messages {"client":i} each with a client connection,
+//	{"ok":true,"handle":N,"udp_pairs":U,"clients":M} with the BPF objects'
+//	descriptors (splice.Objects, then splice.UDPObjects), then N messages
+//	{"info":...} each with a TCP pair's two sockets, U messages
+//	{"info":...,"udp":...} each with a UDP pair's two sockets, then M
+//	messages {"client":i} each with a client connection,
 //
 // and exits without resetting anything. The new daemon resumes the pairs,
 // keeps their handles, serves the clients on the connections they already
@@ -43,9 +45,18 @@ type handoverClient struct {
 	Client int `json:"client"`
 }
 
-// handoverVersion names what a hand-over carries: the splice state and this
-// package's protocol (2: client connections follow the pairs).
-func handoverVersion() string { return splice.StateVersion() + "/daemon-2" }
+type handoverUDPPair struct {
+	Info  PairInfo            `json:"info"`
+	State splice.UDPPairState `json:"udp"`
+	Owner int                 `json:"owner,omitempty"`
+}
+
+// handoverVersion names what a hand-over carries: the splice state (TCP and
+// UDP) and this package's protocol (3: UDP pairs, then client connections,
+// follow the TCP pairs).
+func handoverVersion() string {
+	return splice.StateVersion() + "+" + splice.UDPStateVersion() + "/daemon-3"
+}
 
 const chunk = 32 << 10
 
@@ -92,21 +103,26 @@ func (srv *Server) handOver(c *conn, req Request) error {
 	// last, which ends Serve only once the new daemon holds everything.
 	defer srv.ln.Close()
 	objs, states := srv.s.Freeze()
-	info := map[uint32]PairInfo{}
-	owner := map[uint32]int{}
+	uobjs, ustates := srv.u.Freeze()
+	info, uinfo := map[uint32]PairInfo{}, map[uint32]PairInfo{}
+	owner, uowner := map[uint32]int{}, map[uint32]int{}
 	srv.mu.Lock()
 	for _, e := range srv.pairs {
-		info[e.index] = e.current()
+		in, ow := info, owner
+		if e.udp != nil {
+			in, ow = uinfo, uowner
+		}
+		in[e.index] = e.current()
 		if i, ok := index[e.owner]; ok && e.owner != nil {
-			owner[e.index] = i + 1
+			ow[e.index] = i + 1
 		}
 	}
 	// They are the new daemon's now (and their state is unmapped below).
 	srv.pairs = map[uint64]*entry{}
-	srv.handed = len(states)
+	srv.handed = len(states) + len(ustates)
 	srv.mu.Unlock()
-	head, _ := json.Marshal(Reply{OK: true, Handle: uint64(len(states)), Clients: len(clients)})
-	if _, _, err := c.c.WriteMsgUnix(head, unix.UnixRights(objs[:]...), nil); err != nil {
+	head, _ := json.Marshal(Reply{OK: true, Handle: uint64(len(states)), UDPPairs: len(ustates), Clients: len(clients)})
+	if _, _, err := c.c.WriteMsgUnix(head, unix.UnixRights(append(objs[:], uobjs[:]...)...), nil); err != nil {
 		return err
 	}
 	for _, st := range states {
@@ -126,6 +142,14 @@ func (srv *Server) handOver(c *conn, req Request) error {
 			}
 		}
 	}
+	for _, st := range ustates {
+		fa, _ := udpFD(st.A)
+		fb, _ := udpFD(st.B)
+		b, _ := json.Marshal(handoverUDPPair{Info: uinfo[st.Index], State: st, Owner: uowner[st.Index]})
+		if _, _, err := c.c.WriteMsgUnix(b, unix.UnixRights(fa, fb), nil); err != nil {
+			return err
+		}
+	}
 	for i, cc := range clients {
 		fd, err := unixFD(cc.c)
 		if err != nil {
@@ -140,6 +164,7 @@ func (srv *Server) handOver(c *conn, req Request) error {
 	c.c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	c.c.Read(make([]byte, 1))
 	srv.s.Release()
+	srv.u.Release()
 	return nil
 }
 
@@ -156,7 +181,7 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		return nil, 0, err
 	}
 	buf := make([]byte, maxMessage)
-	oob := make([]byte, unix.CmsgSpace(5*4))
+	oob := make([]byte, unix.CmsgSpace(10*4))
 	read := func(want int) ([]byte, []int, error) {
 		n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 		if err != nil {
@@ -174,7 +199,7 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		}
 		return buf[:n], fds, nil
 	}
-	b, fds, err := read(5)
+	b, fds, err := read(10)
 	if err != nil {
 		var refusal Reply
 		if json.Unmarshal(b, &refusal) == nil && refusal.Error != "" {
@@ -190,7 +215,9 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		return nil, 0, fmt.Errorf("the running daemon refused the hand-over: %s", head.Error)
 	}
 	var objs splice.Objects
-	copy(objs[:], fds)
+	var uobjs splice.UDPObjects
+	copy(objs[:], fds[:5])
+	copy(uobjs[:], fds[5:])
 	var states []splice.PairState
 	var infos []PairInfo
 	var owners []int
@@ -225,6 +252,28 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		infos = append(infos, hp.Info)
 		owners = append(owners, hp.Owner)
 	}
+	var ustates []splice.UDPPairState
+	var uinfos []PairInfo
+	var uowners []int
+	for range head.UDPPairs {
+		b, fds, err := read(2)
+		if err != nil {
+			return nil, 0, err
+		}
+		var hp handoverUDPPair
+		if err := json.Unmarshal(b, &hp); err != nil {
+			return nil, 0, err
+		}
+		if hp.State.A, err = udpFileConn(fds[0]); err == nil {
+			hp.State.B, err = udpFileConn(fds[1])
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		ustates = append(ustates, hp.State)
+		uinfos = append(uinfos, hp.Info)
+		uowners = append(uowners, hp.Owner)
+	}
 	var clients []*conn
 	for range head.Clients {
 		_, fds, err := read(1)
@@ -245,21 +294,30 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 	if err != nil {
 		return nil, 0, err
 	}
-	srv := newServer(path, s, logf)
-	for i, p := range pairs {
-		var owner *conn
-		if o := owners[i]; o > 0 && o <= len(clients) {
-			owner = clients[o-1]
+	u, upairs, err := splice.ResumeUDP(uobjs, udpOptions(opts), ustates)
+	if err != nil {
+		return nil, 0, errors.Join(err, s.Close())
+	}
+	srv := newServer(path, s, u, logf)
+	client := func(o int) *conn {
+		if o > 0 && o <= len(clients) {
+			return clients[o-1]
 		}
-		srv.track(owner, p, infos[i])
+		return nil
+	}
+	for i, p := range pairs {
+		srv.track(client(owners[i]), p, infos[i])
+	}
+	for i, p := range upairs {
+		srv.trackUDP(client(uowners[i]), p, uinfos[i])
 	}
 	if err := srv.listen(); err != nil {
-		return nil, 0, errors.Join(err, s.Close())
+		return nil, 0, errors.Join(err, s.Close(), u.Close())
 	}
 	for _, cc := range clients {
 		srv.serve(cc)
 	}
-	return srv, len(pairs), nil
+	return srv, len(pairs) + len(upairs), nil
 }
 
 // fileConn wraps a received socket whatever its state (a pair may be half
@@ -297,6 +355,34 @@ func unixConn(fd int) (*net.UnixConn, error) {
 
 // unixFD is the descriptor behind a client connection (still owned by it).
 func unixFD(c *net.UnixConn) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
+}
+
+// udpFileConn wraps a received UDP socket; it takes ownership of fd.
+func udpFileConn(fd int) (*net.UDPConn, error) {
+	f := os.NewFile(uintptr(fd), "socket")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	uc, ok := c.(*net.UDPConn)
+	if !ok {
+		c.Close()
+		return nil, errors.New("hand-over: a descriptor is not a UDP socket")
+	}
+	return uc, nil
+}
+
+func udpFD(c *net.UDPConn) (int, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return -1, err

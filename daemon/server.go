@@ -23,6 +23,7 @@ type Server struct {
 	ln   *net.UnixListener
 	path string
 	s    *splice.Splicer
+	u    *splice.UDPSplicer
 	log  func(format string, args ...any)
 
 	mu         sync.Mutex
@@ -36,10 +37,11 @@ type Server struct {
 }
 
 type entry struct {
-	index uint32 // the pair's index in the Splicer
+	index uint32 // the pair's index in its Splicer
 	info  PairInfo
-	pair  *splice.Pair
-	owner *conn // nil once the client that joined it left
+	pair  *splice.Pair    // a TCP pair, or
+	udp   *splice.UDPPair // a UDP pair
+	owner *conn           // nil once the client that joined it left
 }
 
 // Listen creates the control socket at path (its directory too), readable
@@ -53,19 +55,31 @@ func Listen(path string, opts splice.Options, logf func(format string, args ...a
 	if err != nil {
 		return nil, err
 	}
-	srv := newServer(path, s, logf)
+	u, err := splice.NewUDP(udpOptions(opts))
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	srv := newServer(path, s, u, logf)
 	if err := srv.listen(); err != nil {
 		s.Close()
+		u.Close()
 		return nil, err
 	}
 	return srv, nil
 }
 
-func newServer(path string, s *splice.Splicer, logf func(format string, args ...any)) *Server {
+// udpOptions: the daemon's bound on bytes in flight bounds a UDP pair's
+// queue too.
+func udpOptions(opts splice.Options) splice.UDPOptions {
+	return splice.UDPOptions{MaxQueue: opts.MaxInflight, MaxPairs: opts.MaxPairs}
+}
+
+func newServer(path string, s *splice.Splicer, u *splice.UDPSplicer, logf func(format string, args ...any)) *Server {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	return &Server{path: path, s: s, log: logf, pairs: map[uint64]*entry{}, conns: map[*conn]struct{}{}}
+	return &Server{path: path, s: s, u: u, log: logf, pairs: map[uint64]*entry{}, conns: map[*conn]struct{}{}}
 }
 
 // listen binds the control socket, replacing a stale file.
@@ -123,7 +137,7 @@ func (srv *Server) Close() error {
 		c.c.Close() // ends serveConn
 	}
 	srv.mu.Unlock()
-	err := srv.s.Close() // nothing to reset after a hand-over
+	err := errors.Join(srv.s.Close(), srv.u.Close()) // nothing to reset after a hand-over
 	srv.wg.Wait()
 	if !handedOver {
 		os.Remove(srv.path)
@@ -272,6 +286,10 @@ func (srv *Server) handle(c *conn, b []byte, fds []int, ferr error) Reply {
 		if e == nil {
 			return Reply{Error: fmt.Sprintf("no pair with handle %d", req.Handle)}
 		}
+		if e.udp != nil {
+			srv.closeUDP(req.Handle, e)
+			return Reply{OK: true}
+		}
 		e.pair.Abort()
 		<-e.pair.Done()
 		return Reply{OK: true}
@@ -280,6 +298,15 @@ func (srv *Server) handle(c *conn, b []byte, fds []int, ferr error) Reply {
 }
 
 func (srv *Server) join(c *conn, fdA, fdB int) (uint64, error) {
+	udpA, udpB := isUDP(fdA), isUDP(fdB)
+	if udpA != udpB {
+		unix.Close(fdA)
+		unix.Close(fdB)
+		return 0, errors.New("one UDP socket and one that is not: a pair must be two of a kind")
+	}
+	if udpA {
+		return srv.joinUDP(c, fdA, fdB)
+	}
 	a, err := splice.Conn(fdA)
 	if err != nil {
 		unix.Close(fdB)
@@ -297,7 +324,7 @@ func (srv *Server) join(c *conn, fdA, fdB int) (uint64, error) {
 		return 0, err
 	}
 	info := PairInfo{
-		Since: time.Now(), InKernel: pair.InKernel(),
+		Proto: "tcp", Since: time.Now(), InKernel: pair.InKernel(),
 		A: a.LocalAddr().String() + " -> " + a.RemoteAddr().String(),
 		B: b.LocalAddr().String() + " -> " + b.RemoteAddr().String(),
 	}
@@ -342,9 +369,74 @@ func (srv *Server) track(owner *conn, pair *splice.Pair, info PairInfo) uint64 {
 
 func (e *entry) current() PairInfo {
 	i := e.info
+	if e.udp != nil {
+		ab, ba := e.udp.Stats()
+		i.BytesAB, i.BytesBA, i.Kernel = ab.Bytes, ba.Bytes, ab.Bytes+ba.Bytes
+		i.DatagramsAB, i.DatagramsBA = ab.Datagrams+ab.Copied, ba.Datagrams+ba.Copied
+		i.DroppedAB, i.DroppedBA = ab.Dropped, ba.Dropped
+		return i
+	}
 	ab, ba := e.pair.Stats()
 	i.BytesAB, i.BytesBA, i.Kernel = ab.Bytes, ba.Bytes, ab.Kernel+ba.Kernel
 	return i
+}
+
+func isUDP(fd int) bool {
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	return err == nil && typ == unix.SOCK_DGRAM
+}
+
+func (srv *Server) joinUDP(c *conn, fdA, fdB int) (uint64, error) {
+	a, err := splice.UDPConn(fdA)
+	if err != nil {
+		unix.Close(fdB)
+		return 0, fmt.Errorf("first descriptor %w", err)
+	}
+	b, err := splice.UDPConn(fdB)
+	if err != nil {
+		a.Close()
+		return 0, fmt.Errorf("second descriptor %w", err)
+	}
+	pair, err := srv.u.Join(a, b)
+	if err != nil {
+		a.Close()
+		b.Close()
+		return 0, err
+	}
+	info := PairInfo{
+		Proto: "udp", Since: time.Now(), InKernel: true,
+		A: a.LocalAddr().String() + " -> " + a.RemoteAddr().String(),
+		B: b.LocalAddr().String() + " -> " + b.RemoteAddr().String(),
+	}
+	return srv.trackUDP(c, pair, info), nil
+}
+
+// trackUDP registers a UDP pair (info.Handle 0: a new handle). A UDP pair
+// has no end of its own: it ends by the close op or with the daemon.
+func (srv *Server) trackUDP(owner *conn, pair *splice.UDPPair, info PairInfo) uint64 {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if info.Handle == 0 {
+		srv.next++
+		info.Handle = srv.next
+	}
+	srv.next = max(srv.next, info.Handle)
+	srv.pairs[info.Handle] = &entry{udp: pair, owner: owner, info: info, index: pair.Index()}
+	return info.Handle
+}
+
+// closeUDP ends a UDP pair and reports it to its owner, as a TCP pair's end
+// is reported.
+func (srv *Server) closeUDP(h uint64, e *entry) {
+	ev := Event{Event: "ended", PairInfo: e.current(), Error: "closed"}
+	e.udp.Close()
+	srv.mu.Lock()
+	delete(srv.pairs, h)
+	owner := e.owner
+	srv.mu.Unlock()
+	if owner != nil {
+		owner.send(ev)
+	}
 }
 
 // Stats lists the pairs joined now.

@@ -1,5 +1,5 @@
 // Package daemon is the fd hand-over service behind `shunt daemon`: a
-// process sends two connected TCP sockets over a unix socket (SCM_RIGHTS) and
+// process sends two connected TCP (or UDP) sockets over a unix socket (SCM_RIGHTS) and
 // the daemon joins them in the kernel (package splice), answering with a
 // handle and reporting when the pair ends. It also holds the client side.
 //
@@ -34,13 +34,16 @@ type Reply struct {
 	Error  string     `json:"error,omitempty"`
 	Handle uint64     `json:"handle,omitempty"` // join
 	Pairs  []PairInfo `json:"pairs,omitempty"`  // stats
-	// handover: how many client connections follow the pairs.
-	Clients int `json:"clients,omitempty"`
+	// handover: how many UDP pairs follow the TCP pairs, and how many
+	// client connections follow those.
+	UDPPairs int `json:"udp_pairs,omitempty"`
+	Clients  int `json:"clients,omitempty"`
 }
 
 // PairInfo describes a joined pair.
 type PairInfo struct {
 	Handle   uint64    `json:"handle"`
+	Proto    string    `json:"proto"` // "tcp" or "udp"
 	A        string    `json:"a"` // local -> remote address of the first socket
 	B        string    `json:"b"`
 	Since    time.Time `json:"since"`
@@ -48,6 +51,11 @@ type PairInfo struct {
 	BytesBA  uint64    `json:"bytes_ba"`
 	Kernel   uint64    `json:"bytes_kernel"` // of both, moved by the kernel
 	InKernel bool      `json:"in_kernel"`    // false: copied in user space (a socket could not join)
+	// UDP: datagrams sent on each way, and dropped at the bound.
+	DatagramsAB uint64 `json:"datagrams_ab,omitempty"`
+	DatagramsBA uint64 `json:"datagrams_ba,omitempty"`
+	DroppedAB   uint64 `json:"dropped_ab,omitempty"`
+	DroppedBA   uint64 `json:"dropped_ba,omitempty"`
 }
 
 // Event reports a pair that ended, to the connection that joined it.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net"
-	"net/netip"
 	"testing"
 	"time"
 
@@ -25,31 +24,6 @@ func mustUDPSplicer(t *testing.T, opts splice.UDPOptions) *splice.UDPSplicer {
 	return s
 }
 
-// udpPair returns two UDP sockets connected to each other in ns.
-func udpPair(t *testing.T, ns *testenv.NetNS, addr string) (x, y *net.UDPConn) {
-	t.Helper()
-	ns.Do(t, func() {
-		var err error
-		if x, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr))); err != nil {
-			t.Fatal(err)
-		}
-		if y, err = net.DialUDP("udp", nil, x.LocalAddr().(*net.UDPAddr)); err != nil {
-			t.Fatal(err)
-		}
-		x.Close()
-		// Connect x back to y: a joined socket must be connected.
-		if x, err = net.DialUDP("udp", x.LocalAddr().(*net.UDPAddr), y.LocalAddr().(*net.UDPAddr)); err != nil {
-			t.Fatal(err)
-		}
-	})
-	for _, c := range []*net.UDPConn{x, y} {
-		c.SetReadBuffer(32 << 20)
-		c.SetWriteBuffer(4 << 20)
-	}
-	t.Cleanup(func() { x.Close(); y.Close() })
-	return x, y
-}
-
 // udpProxied is client <-> front ... back <-> server, front and back joined.
 type udpProxied struct {
 	client, front, back, server *net.UDPConn
@@ -57,8 +31,8 @@ type udpProxied struct {
 
 func mustUDPProxied(t *testing.T, ns *testenv.NetNS, addr string) *udpProxied {
 	p := &udpProxied{}
-	p.client, p.front = udpPair(t, ns, addr)
-	p.back, p.server = udpPair(t, ns, addr)
+	p.client, p.front = testenv.UDPConnPair(t, ns, addr)
+	p.back, p.server = testenv.UDPConnPair(t, ns, addr)
 	return p
 }
 

@@ -112,13 +112,16 @@ func newDaemonStatsCmd(e *env, socket *string) *cobra.Command {
 				return nil
 			}
 			w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "HANDLE\tA\tB\tSINCE\tBYTES A->B\tBYTES B->A\tBY KERNEL\t")
+			fmt.Fprintln(w, "HANDLE\tPROTO\tA\tB\tSINCE\tBYTES A->B\tBYTES B->A\tBY KERNEL\t")
 			for _, p := range pairs {
 				note := ""
 				if !p.InKernel {
 					note = "user space"
 				}
-				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", p.Handle, p.A, p.B, p.Since.Format(time.RFC3339), p.BytesAB, p.BytesBA, p.Kernel, note)
+				if p.DroppedAB+p.DroppedBA > 0 {
+					note = fmt.Sprintf("%d datagrams dropped", p.DroppedAB+p.DroppedBA)
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", p.Handle, p.Proto, p.A, p.B, p.Since.Format(time.RFC3339), p.BytesAB, p.BytesBA, p.Kernel, note)
 			}
 			return w.Flush()
 		},

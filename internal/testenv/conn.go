@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"net"
+	"net/netip"
 	"strconv"
 	"syscall"
 	"testing"
@@ -112,4 +113,33 @@ func InQueue(t testing.TB, c *net.TCPConn) (v int) {
 		return err
 	})
 	return v
+}
+
+// UDPConnPair returns two UDP sockets in ns connected to each other, bound
+// to addr's address (port 0 for any), with large buffers so that a test's
+// bursts are not dropped by the sockets themselves.
+func UDPConnPair(t testing.TB, ns *NetNS, addr string) (x, y *net.UDPConn) {
+	t.Helper()
+	ns.Do(t, func() {
+		ap := net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr))
+		var err error
+		if x, err = net.ListenUDP("udp", ap); err != nil {
+			t.Fatal(err)
+		}
+		if y, err = net.DialUDP("udp", nil, x.LocalAddr().(*net.UDPAddr)); err != nil {
+			t.Fatal(err)
+		}
+		// Connect x back to y, keeping its address.
+		xa := x.LocalAddr().(*net.UDPAddr)
+		x.Close()
+		if x, err = net.DialUDP("udp", xa, y.LocalAddr().(*net.UDPAddr)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	for _, c := range []*net.UDPConn{x, y} {
+		c.SetReadBuffer(32 << 20)
+		c.SetWriteBuffer(4 << 20)
+	}
+	t.Cleanup(func() { x.Close(); y.Close() })
+	return x, y
 }
