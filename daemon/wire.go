@@ -44,7 +44,7 @@ type Reply struct {
 type PairInfo struct {
 	Handle   uint64    `json:"handle"`
 	Proto    string    `json:"proto"` // "tcp" or "udp"
-	A        string    `json:"a"` // local -> remote address of the first socket
+	A        string    `json:"a"`     // local -> remote address of the first socket
 	B        string    `json:"b"`
 	Since    time.Time `json:"since"`
 	BytesAB  uint64    `json:"bytes_ab"` // arrived on a, sent out of b
