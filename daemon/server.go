@@ -428,12 +428,16 @@ func (srv *Server) trackUDP(owner *conn, pair *splice.UDPPair, info PairInfo) ui
 // closeUDP ends a UDP pair and reports it to its owner, as a TCP pair's end
 // is reported.
 func (srv *Server) closeUDP(h uint64, e *entry) {
-	ev := Event{Event: "ended", PairInfo: e.current(), Error: "closed"}
-	e.udp.Close()
 	srv.mu.Lock()
+	if srv.pairs[h] != e {
+		srv.mu.Unlock()
+		return // closed meanwhile by another request
+	}
 	delete(srv.pairs, h)
 	owner := e.owner
 	srv.mu.Unlock()
+	ev := Event{Event: "ended", PairInfo: e.current(), Error: "closed"}
+	e.udp.Close()
 	if owner != nil {
 		owner.send(ev)
 	}
