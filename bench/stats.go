@@ -85,3 +85,12 @@ func pool[T any](m map[Cell]*T, c Cell) *T {
 	}
 	return m[c]
 }
+
+func medianU(v []uint64) uint64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}

@@ -313,3 +313,15 @@ func Proxy(dir string, res []bench.ProxyResult) error {
 	}
 	return nil
 }
+
+// UDP writes udp.md and udp.json.
+func UDP(dir string, res []bench.UDPResult) error {
+	var md strings.Builder
+	fmt.Fprintf(&md, "| mode | size B | round trips | p50 us | p99 us | p99.9 us | max us | lost | bulk sent | bulk delivered | Gbit/s | machine CPU s/GB |\n")
+	fmt.Fprintf(&md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range res {
+		fmt.Fprintf(&md, "| %s | %d | %d | %.1f | %.1f | %.1f | %.0f | %d | %d | %d | %.2f | %.2f |\n", r.Mode, r.Size, r.RoundTrip.Count,
+			us(r.RoundTrip.P50), us(r.RoundTrip.P99), us(r.RoundTrip.P999), us(r.RoundTrip.Max), r.Lost, r.Sent, r.Delivered, r.Gbps, r.CPUPerGB)
+	}
+	return write(dir, "udp", res, md.String())
+}

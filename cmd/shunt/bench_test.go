@@ -294,3 +294,25 @@ func TestBenchProxyTiny(t *testing.T) {
 		t.Errorf("exit %d, %q", code, stderr)
 	}
 }
+
+func TestBenchUDPTiny(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	out, stderr, code := runShunt(t, nil, "bench", "udp", "--json", "--sizes", "64", "--requests", "200", "--bulk-time", "200ms", "--rounds", "1", "--out", dir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res []bench.UDPResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res) != 2 {
+		t.Fatalf("want kernel and relay, got %s (%v)", out, err)
+	}
+	for _, r := range res {
+		if r.RoundTrip.Count+r.Lost != 200 || r.Lost > 0 || r.Delivered == 0 || r.Delivered > r.Sent || r.CPUPerGB <= 0 {
+			t.Errorf("implausible run %+v", r)
+		}
+	}
+	requireFiles(t, dir, "udp.json", "udp.md")
+	if _, stderr, code := runShunt(t, nil, "bench", "udp", "--modes", "teleport"); code != 2 || !strings.Contains(stderr, "want kernel or relay") {
+		t.Errorf("bad --modes: exit %d, %q", code, stderr)
+	}
+}

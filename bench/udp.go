@@ -1,0 +1,333 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/shunt-project/shunt/internal/lab"
+	"github.com/shunt-project/shunt/splice"
+)
+
+// UDPConfig measures two connected UDP sockets joined in the kernel
+// (splice.UDPSplicer) against the user-space relay a UDP proxy runs: a
+// goroutine per direction reading one socket and writing the other.
+type UDPConfig struct {
+	Sizes    []int    // datagram bytes
+	Modes    []string // "kernel", "relay"
+	Requests int      // round trips per request/response run
+	BulkTime time.Duration
+	Rounds   int
+	Progress io.Writer
+}
+
+// UDPModes are the middles UDPConfig can measure.
+var UDPModes = []string{"kernel", "relay"}
+
+// UDPResult is one mode at one size over all rounds.
+type UDPResult struct {
+	Mode      string `json:"mode"`
+	Size      int    `json:"size"`
+	RoundTrip Dist   `json:"round_trip"` // request/response, pooled over rounds
+	Lost      int    `json:"round_trips_lost"`
+	// Bulk: the client sends as fast as it can; medians over rounds.
+	Sent      uint64  `json:"bulk_sent"`
+	Delivered uint64  `json:"bulk_delivered"`
+	Gbps      float64 `json:"bulk_gbit_s"`
+	CPUPerGB  float64 `json:"machine_cpu_s_per_gb"`
+}
+
+// CPUs as in the proxy benchmark: the middle on CPU 0, client and server on
+// CPU 1, for every mode.
+const (
+	udpMiddleCPU = 0
+	udpPeerCPU   = 1
+)
+
+// UDPConfigCheck says what is wrong with cfg, if anything.
+func UDPConfigCheck(cfg UDPConfig) error { return cfg.validate() }
+
+func (cfg UDPConfig) validate() error {
+	for _, m := range cfg.Modes {
+		if m != "kernel" && m != "relay" {
+			return fmt.Errorf("mode %q: want kernel or relay", m)
+		}
+	}
+	for _, s := range cfg.Sizes {
+		if s < 8 || s > 65507 {
+			return fmt.Errorf("size %d: want 8 to 65507 bytes", s)
+		}
+	}
+	if cfg.Rounds < 1 || cfg.Requests < 1 || cfg.BulkTime <= 0 {
+		return errors.New("rounds, requests and bulk time must be positive")
+	}
+	return nil
+}
+
+// RunUDP measures every size in every mode, modes interleaved in each round.
+func RunUDP(ctx context.Context, cfg UDPConfig) ([]UDPResult, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ns, err := lab.NewNetNS(lab.Name("shunt-test-udp-"))
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	type key struct {
+		mode string
+		size int
+	}
+	type acc struct {
+		hist            histogram
+		lost            int
+		sent, delivered []uint64
+		gbps, cpu       []float64
+	}
+	accs := map[key]*acc{}
+	var order []key
+	for round := 1; round <= cfg.Rounds; round++ {
+		for _, size := range cfg.Sizes {
+			for _, mode := range cfg.Modes {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				k := key{mode, size}
+				a := accs[k]
+				if a == nil {
+					a = &acc{}
+					accs[k] = a
+					order = append(order, k)
+				}
+				if cfg.Progress != nil {
+					fmt.Fprintf(cfg.Progress, "udp round %d: %s, %d B\n", round, mode, size)
+				}
+				r, err := udpRun(ns, cfg, mode, size, &a.hist)
+				if err != nil {
+					return nil, fmt.Errorf("%s, %d B: %w", mode, size, err)
+				}
+				a.lost += r.lost
+				a.sent = append(a.sent, r.sent)
+				a.delivered = append(a.delivered, r.delivered)
+				gb := float64(r.delivered) * float64(size) / 1e9
+				a.gbps = append(a.gbps, gb*8/cfg.BulkTime.Seconds())
+				if gb > 0 {
+					a.cpu = append(a.cpu, r.cpu.Seconds()/gb)
+				}
+			}
+		}
+	}
+	var out []UDPResult
+	for _, k := range order {
+		a := accs[k]
+		out = append(out, UDPResult{Mode: k.mode, Size: k.size, RoundTrip: a.hist.dist(), Lost: a.lost,
+			Sent: medianU(a.sent), Delivered: medianU(a.delivered), Gbps: medianF(a.gbps), CPUPerGB: medianF(a.cpu)})
+	}
+	return out, nil
+}
+
+type udpRunResult struct {
+	lost            int
+	sent, delivered uint64
+	cpu             time.Duration
+}
+
+// udpRun builds client <-> front, back <-> server, joins front and back by
+// mode, and runs the round trips, then the bulk send.
+func udpRun(ns *lab.NetNS, cfg UDPConfig, mode string, size int, h *histogram) (r udpRunResult, err error) {
+	var client, front, back, server *net.UDPConn
+	err = ns.Do(func() (err error) {
+		if client, front, err = connectedUDP(); err == nil {
+			back, server, err = connectedUDP()
+		}
+		return err
+	})
+	if err != nil {
+		return r, err
+	}
+	defer func() {
+		for _, c := range []*net.UDPConn{client, front, back, server} {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}()
+	stop, err := joinUDP(mode, front, back)
+	if err != nil {
+		return r, err
+	}
+	defer stop()
+
+	// Request/response: the server echoes on CPU 1, the client too.
+	echoDone := make(chan struct{})
+	go func() {
+		defer close(echoDone)
+		if unpin, err := pinThread(udpPeerCPU); err == nil {
+			defer unpin()
+		}
+		buf := make([]byte, 65536)
+		for {
+			n, err := server.Read(buf)
+			if err != nil {
+				return
+			}
+			server.Write(buf[:n])
+		}
+	}()
+	unpin, err := pinThread(udpPeerCPU)
+	if err != nil {
+		return r, err
+	}
+	msg := make([]byte, size)
+	buf := make([]byte, 65536)
+	for i := 0; i < cfg.Requests; i++ {
+		start := time.Now()
+		client.Write(msg)
+		client.SetReadDeadline(start.Add(time.Second))
+		if _, err := client.Read(buf); err != nil {
+			r.lost++
+			continue
+		}
+		h.add(int64(time.Since(start)))
+	}
+	unpin()
+	server.SetReadDeadline(time.Now()) // ends the echo
+	<-echoDone
+	server.SetReadDeadline(time.Time{})
+	client.SetReadDeadline(time.Time{})
+
+	// Bulk: the client sends for BulkTime; the server counts what arrives
+	// until 200 ms after.
+	var delivered atomic.Uint64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if unpin, err := pinThread(udpPeerCPU); err == nil {
+			defer unpin()
+		}
+		for {
+			if _, err := server.Read(buf); err != nil {
+				return
+			}
+			delivered.Add(1)
+		}
+	}()
+	unpin, err = pinThread(udpPeerCPU)
+	if err != nil {
+		return r, err
+	}
+	cpu0 := machineCPU()
+	end := time.Now().Add(cfg.BulkTime)
+	for time.Now().Before(end) {
+		for range 64 {
+			if _, err := client.Write(msg); err == nil {
+				r.sent++
+			}
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	r.cpu = machineCPU() - cpu0
+	unpin()
+	server.SetReadDeadline(time.Now())
+	wg.Wait()
+	r.delivered = delivered.Load()
+	return r, nil
+}
+
+// connectedUDP returns two UDP sockets on 127.0.0.1 connected to each other.
+func connectedUDP() (x, y *net.UDPConn, err error) {
+	if x, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
+		return nil, nil, err
+	}
+	xa := x.LocalAddr().(*net.UDPAddr)
+	if y, err = net.DialUDP("udp", nil, xa); err != nil {
+		x.Close()
+		return nil, nil, err
+	}
+	x.Close()
+	if x, err = net.DialUDP("udp", xa, y.LocalAddr().(*net.UDPAddr)); err != nil {
+		y.Close()
+		return nil, nil, err
+	}
+	for _, c := range []*net.UDPConn{x, y} {
+		c.SetReadBuffer(8 << 20)
+		c.SetWriteBuffer(8 << 20)
+	}
+	return x, y, nil
+}
+
+// joinUDP starts the middle between front and back; stop ends it.
+func joinUDP(mode string, front, back *net.UDPConn) (stop func(), err error) {
+	if mode == "kernel" {
+		s, err := splice.NewUDP(splice.UDPOptions{MaxPairs: 1})
+		if err != nil {
+			return nil, err
+		}
+		// The splicer closes what it joins: give it copies.
+		fa, fb, err := dupUDP(front, back)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		if _, err := s.Join(fa, fb); err != nil {
+			fa.Close()
+			fb.Close()
+			s.Close()
+			return nil, err
+		}
+		return func() { s.Close() }, nil
+	}
+	var wg sync.WaitGroup
+	relay := func(from, to *net.UDPConn) {
+		defer wg.Done()
+		if unpin, err := pinThread(udpMiddleCPU); err == nil {
+			defer unpin()
+		}
+		buf := make([]byte, 65536)
+		for {
+			n, err := from.Read(buf)
+			if err != nil {
+				return
+			}
+			to.Write(buf[:n])
+		}
+	}
+	wg.Add(2)
+	go relay(front, back)
+	go relay(back, front)
+	return func() {
+		front.SetReadDeadline(time.Now())
+		back.SetReadDeadline(time.Now())
+		wg.Wait()
+	}, nil
+}
+
+// dupUDP returns new connections on the same two sockets.
+func dupUDP(x, y *net.UDPConn) (a, b *net.UDPConn, err error) {
+	dup := func(c *net.UDPConn) (*net.UDPConn, error) {
+		f, err := c.File()
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		nc, err := net.FileConn(f)
+		if err != nil {
+			return nil, err
+		}
+		return nc.(*net.UDPConn), nil
+	}
+	if a, err = dup(x); err != nil {
+		return nil, nil, err
+	}
+	if b, err = dup(y); err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
+}

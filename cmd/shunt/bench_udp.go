@@ -1,0 +1,82 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shunt-project/shunt/bench"
+	"github.com/shunt-project/shunt/bench/report"
+	"github.com/shunt-project/shunt/host"
+)
+
+func newBenchUDPCmd(e *env) *cobra.Command {
+	var (
+		cfg          bench.UDPConfig
+		sizes, modes string
+		out          string
+		asJSON       bool
+	)
+	c := &cobra.Command{
+		Use:   "udp",
+		Short: "Two UDP sockets joined in the kernel against a user-space relay",
+		Long: `udp measures what 'shunt splice' and the daemon do for UDP: two connected
+UDP sockets joined in the kernel (kernel), against the relay a UDP proxy runs,
+a goroutine per direction reading one socket and writing the other (relay).
+Client and echo server run on CPU 1, the relay on CPU 0. For each datagram
+size and mode (interleaved, --rounds times): --requests round trips (p50,
+p99, p99.9, max, lost), then --bulk-time of the client sending as fast as it
+can (datagrams sent and delivered, Gbit/s, whole-machine CPU per GB).`,
+		Example: `  shunt bench udp --sizes 64,1400 --out /tmp/udp`,
+		Args:    noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			for _, f := range strings.Split(sizes, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(f))
+				if err != nil {
+					return usageError{fmt.Errorf("--sizes: %q is not a number", f)}
+				}
+				cfg.Sizes = append(cfg.Sizes, n)
+			}
+			for _, m := range strings.Split(modes, ",") {
+				cfg.Modes = append(cfg.Modes, strings.TrimSpace(m))
+			}
+			if err := bench.UDPConfigCheck(cfg); err != nil {
+				return usageError{err}
+			}
+			if err := host.CheckPrivileges(); err != nil {
+				return err
+			}
+			if !asJSON {
+				cfg.Progress = e.stderr
+			}
+			res, err := bench.RunUDP(c.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			return emitBench(e, res, out, asJSON, printUDP, report.UDP)
+		},
+	}
+	c.Flags().StringVar(&sizes, "sizes", "64,1400", "datagram sizes in bytes (8 to 65507)")
+	c.Flags().StringVar(&modes, "modes", "kernel,relay", "kernel, relay")
+	c.Flags().IntVar(&cfg.Requests, "requests", 20000, "round trips per run")
+	c.Flags().DurationVar(&cfg.BulkTime, "bulk-time", 2*time.Second, "sending time per bulk run")
+	c.Flags().IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")
+	c.Flags().StringVar(&out, "out", "", "write udp.md and udp.json to this directory")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func printUDP(out io.Writer, res []bench.UDPResult) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "mode\tsize\tp50\tp99\tmax\tlost\tsent\tdelivered\tGbit/s\tCPU s/GB\t")
+	for _, r := range res {
+		fmt.Fprintf(w, "%s\t%d\t%v\t%v\t%v\t%d\t%d\t%d\t%.2f\t%.2f\t\n", r.Mode, r.Size, r.RoundTrip.P50, r.RoundTrip.P99, r.RoundTrip.Max,
+			r.Lost, r.Sent, r.Delivered, r.Gbps, r.CPUPerGB)
+	}
+	w.Flush()
+}
