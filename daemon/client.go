@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -90,7 +91,14 @@ func (cl *Client) call(req Request, fds ...int) (Reply, error) {
 // Join hands a and b to the daemon, which joins them in the kernel; it
 // returns the pair's handle. The daemon holds its own descriptors: close a
 // and b afterwards, and do not read or write them.
-func (cl *Client) Join(a, b *net.TCPConn) (uint64, error) {
+func (cl *Client) Join(a, b *net.TCPConn) (uint64, error) { return cl.joinConns(a, b) }
+
+// JoinUDP hands two connected UDP sockets to the daemon, which joins them
+// in the kernel (each datagram whole); as for Join, close a and b after.
+// A UDP pair lasts until Abort or until the daemon stops.
+func (cl *Client) JoinUDP(a, b *net.UDPConn) (uint64, error) { return cl.joinConns(a, b) }
+
+func (cl *Client) joinConns(a, b syscall.Conn) (uint64, error) {
 	fa, err := fdOf(a)
 	if err != nil {
 		return 0, err
@@ -99,23 +107,7 @@ func (cl *Client) Join(a, b *net.TCPConn) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	r, err := cl.call(Request{Op: "join"}, fa, fb)
-	return r.Handle, err
-}
-
-// JoinUDP hands two connected UDP sockets to the daemon, which joins them
-// in the kernel (each datagram whole); as for Join, close a and b after.
-// A UDP pair lasts until Abort or until the daemon stops.
-func (cl *Client) JoinUDP(a, b *net.UDPConn) (uint64, error) {
-	var fds [2]int
-	for i, c := range []*net.UDPConn{a, b} {
-		raw, err := c.SyscallConn()
-		if err != nil {
-			return 0, err
-		}
-		raw.Control(func(f uintptr) { fds[i] = int(f) })
-	}
-	return cl.JoinFDs(fds[0], fds[1])
+	return cl.JoinFDs(fa, fb)
 }
 
 // JoinFDs is Join for raw descriptors (two TCP or two UDP sockets).
@@ -144,7 +136,8 @@ func (cl *Client) Close() error {
 	return err
 }
 
-func fdOf(c *net.TCPConn) (int, error) {
+// fdOf is the descriptor behind a connection (still owned by it).
+func fdOf(c syscall.Conn) (int, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return -1, err

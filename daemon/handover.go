@@ -143,15 +143,15 @@ func (srv *Server) handOver(c *conn, req Request) error {
 		}
 	}
 	for _, st := range ustates {
-		fa, _ := udpFD(st.A)
-		fb, _ := udpFD(st.B)
+		fa, _ := fdOf(st.A)
+		fb, _ := fdOf(st.B)
 		b, _ := json.Marshal(handoverUDPPair{Info: uinfo[st.Index], State: st, Owner: uowner[st.Index]})
 		if _, _, err := c.c.WriteMsgUnix(b, unix.UnixRights(fa, fb), nil); err != nil {
 			return err
 		}
 	}
 	for i, cc := range clients {
-		fd, err := unixFD(cc.c)
+		fd, err := fdOf(cc.c)
 		if err != nil {
 			return err
 		}
@@ -230,8 +230,8 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		if err := json.Unmarshal(b, &hp); err != nil {
 			return nil, 0, err
 		}
-		if hp.State.A, err = fileConn(fds[0]); err == nil {
-			hp.State.B, err = fileConn(fds[1])
+		if hp.State.A, err = received[*net.TCPConn](fds[0], "TCP socket"); err == nil {
+			hp.State.B, err = received[*net.TCPConn](fds[1], "TCP socket")
 		}
 		if err != nil {
 			return nil, 0, err
@@ -264,8 +264,8 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		if err := json.Unmarshal(b, &hp); err != nil {
 			return nil, 0, err
 		}
-		if hp.State.A, err = udpFileConn(fds[0]); err == nil {
-			hp.State.B, err = udpFileConn(fds[1])
+		if hp.State.A, err = received[*net.UDPConn](fds[0], "UDP socket"); err == nil {
+			hp.State.B, err = received[*net.UDPConn](fds[1], "UDP socket")
 		}
 		if err != nil {
 			return nil, 0, err
@@ -279,7 +279,7 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		_, fds, err := read(1)
 		if err == nil {
 			var uc *net.UnixConn
-			if uc, err = unixConn(fds[0]); err == nil {
+			if uc, err = received[*net.UnixConn](fds[0], "unix socket"); err == nil {
 				clients = append(clients, &conn{c: uc, done: make(chan struct{})})
 			}
 		}
@@ -320,76 +320,21 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 	return srv, len(pairs) + len(upairs), nil
 }
 
-// fileConn wraps a received socket whatever its state (a pair may be half
-// closed); it takes ownership of fd.
-func fileConn(fd int) (*net.TCPConn, error) {
-	f := os.NewFile(uintptr(fd), "socket")
+// received wraps a descriptor that came by SCM_RIGHTS as a T (a TCP, UDP or
+// unix connection) whatever its state (a pair may be half closed); it takes
+// ownership of fd.
+func received[T net.Conn](fd int, what string) (T, error) {
+	var zero T
+	f := os.NewFile(uintptr(fd), what)
 	defer f.Close()
 	c, err := net.FileConn(f)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	tc, ok := c.(*net.TCPConn)
+	t, ok := c.(T)
 	if !ok {
 		c.Close()
-		return nil, errors.New("hand-over: a descriptor is not a TCP socket")
+		return zero, fmt.Errorf("hand-over: a descriptor is not a %s", what)
 	}
-	return tc, nil
-}
-
-// unixConn wraps a received client connection; it takes ownership of fd.
-func unixConn(fd int) (*net.UnixConn, error) {
-	f := os.NewFile(uintptr(fd), "client")
-	defer f.Close()
-	c, err := net.FileConn(f)
-	if err != nil {
-		return nil, err
-	}
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		c.Close()
-		return nil, errors.New("hand-over: a client descriptor is not a unix socket")
-	}
-	return uc, nil
-}
-
-// unixFD is the descriptor behind a client connection (still owned by it).
-func unixFD(c *net.UnixConn) (int, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd := -1
-	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
-		return -1, err
-	}
-	return fd, nil
-}
-
-// udpFileConn wraps a received UDP socket; it takes ownership of fd.
-func udpFileConn(fd int) (*net.UDPConn, error) {
-	f := os.NewFile(uintptr(fd), "socket")
-	defer f.Close()
-	c, err := net.FileConn(f)
-	if err != nil {
-		return nil, err
-	}
-	uc, ok := c.(*net.UDPConn)
-	if !ok {
-		c.Close()
-		return nil, errors.New("hand-over: a descriptor is not a UDP socket")
-	}
-	return uc, nil
-}
-
-func udpFD(c *net.UDPConn) (int, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd := -1
-	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
-		return -1, err
-	}
-	return fd, nil
+	return t, nil
 }

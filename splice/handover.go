@@ -142,11 +142,7 @@ func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, 
 		used[st.Index] = true
 		pairs = append(pairs, p)
 	}
-	for i := int(slots/2) - 1; i >= 0; i-- {
-		if !used[uint32(i)] {
-			s.free = append(s.free, uint32(i))
-		}
-	}
+	s.free = freeIndices(int(slots/2), used)
 	for _, p := range pairs {
 		p.start()
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -248,7 +249,7 @@ func (p *Pair) Stats() (ab, ba Stats) { return p.ab.stats(), p.ba.stats() }
 
 // socketFD returns the descriptor behind c without taking it from Go's
 // poller.
-func socketFD(c *net.TCPConn) (int, error) {
+func socketFD(c syscall.Conn) (int, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return -1, err

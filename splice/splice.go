@@ -87,9 +87,7 @@ func New(opts Options) (*Splicer, error) {
 		s.objs.Close()
 		return nil, fmt.Errorf("map splice state: %w", err)
 	}
-	for i := opts.MaxPairs - 1; i >= 0; i-- {
-		s.free = append(s.free, uint32(i))
-	}
+	s.free = freeIndices(opts.MaxPairs, nil)
 	return s, nil
 }
 
@@ -134,10 +132,15 @@ func (s *Splicer) Active() int {
 // MapEntries counts the socket and cookie entries in the kernel maps (what a
 // leak would show).
 func (s *Splicer) MapEntries() (socks, cookies int, err error) {
+	return countEntries(s.objs.Socks, s.objs.Slots)
+}
+
+// countEntries counts the sockets in a sockmap and the cookies in its
+// cookie -> slot hash.
+func countEntries(sockmap, slots *ebpf.Map) (socks, cookies int, err error) {
 	var cookie uint64
-	for slot := uint32(0); slot < s.objs.Socks.MaxEntries(); slot++ {
-		err := s.objs.Socks.Lookup(slot, &cookie)
-		switch {
+	for slot := uint32(0); slot < sockmap.MaxEntries(); slot++ {
+		switch err := sockmap.Lookup(slot, &cookie); {
 		case err == nil:
 			socks++
 		case !errors.Is(err, ebpf.ErrKeyNotExist):
@@ -145,9 +148,21 @@ func (s *Splicer) MapEntries() (socks, cookies int, err error) {
 		}
 	}
 	var slot uint32
-	it := s.objs.Slots.Iterate()
+	it := slots.Iterate()
 	for it.Next(&cookie, &slot) {
 		cookies++
 	}
 	return socks, cookies, it.Err()
+}
+
+// freeIndices lists the pair indices below pairs that used does not hold,
+// highest first (the free list is taken from its end).
+func freeIndices(pairs int, used map[uint32]bool) []uint32 {
+	var free []uint32
+	for i := pairs - 1; i >= 0; i-- {
+		if !used[uint32(i)] {
+			free = append(free, uint32(i))
+		}
+	}
+	return free
 }

@@ -69,9 +69,7 @@ func NewUDP(opts UDPOptions) (*UDPSplicer, error) {
 		s.objs.Close()
 		return nil, fmt.Errorf("attach UDP splice verdict: %w", err)
 	}
-	for i := opts.MaxPairs - 1; i >= 0; i-- {
-		s.free = append(s.free, uint32(i))
-	}
+	s.free = freeIndices(opts.MaxPairs, nil)
 	return s, nil
 }
 
@@ -203,7 +201,7 @@ func (p *UDPPair) repair(i, fd int, c, peer *net.UDPConn) {
 func (p *UDPPair) insert() error {
 	slots := [2]uint32{2 * p.index, 2*p.index + 1}
 	for i, c := range []*net.UDPConn{p.a, p.b} {
-		fd, err := udpFD(c)
+		fd, err := socketFD(c)
 		if err != nil {
 			return err
 		}
@@ -219,7 +217,7 @@ func (p *UDPPair) insert() error {
 		}
 	}
 	for i, c := range []*net.UDPConn{p.a, p.b} {
-		fd, _ := udpFD(c)
+		fd, _ := socketFD(c)
 		if err := p.s.objs.UdpSocks.Update(slots[i], uint64(fd), ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("add UDP socket to sockmap: %w", err)
 		}
@@ -240,7 +238,7 @@ func (p *UDPPair) remove() {
 // forwardQueued sends on every datagram waiting on from, without blocking,
 // and returns how many.
 func forwardQueued(from, to *net.UDPConn) uint64 {
-	fd, err := udpFD(from)
+	fd, err := socketFD(from)
 	if err != nil {
 		return 0
 	}
@@ -306,22 +304,7 @@ func (s *UDPSplicer) Active() int {
 
 // MapEntries counts the socket and cookie entries in the kernel maps.
 func (s *UDPSplicer) MapEntries() (socks, cookies int, err error) {
-	var v uint64
-	for slot := uint32(0); slot < s.objs.UdpSocks.MaxEntries(); slot++ {
-		switch err := s.objs.UdpSocks.Lookup(slot, &v); {
-		case err == nil:
-			socks++
-		case !errors.Is(err, ebpf.ErrKeyNotExist):
-			return 0, 0, err
-		}
-	}
-	var cookie uint64
-	var slot uint32
-	it := s.objs.UdpSlots.Iterate()
-	for it.Next(&cookie, &slot) {
-		cookies++
-	}
-	return socks, cookies, it.Err()
+	return countEntries(s.objs.UdpSocks, s.objs.UdpSlots)
 }
 
 // Close closes every pair and unloads the program (after a hand-over: does
@@ -365,16 +348,4 @@ func UDPConn(fd int) (*net.UDPConn, error) {
 		return nil, err
 	}
 	return c.(*net.UDPConn), nil
-}
-
-func udpFD(c *net.UDPConn) (int, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd := -1
-	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
-		return -1, err
-	}
-	return fd, nil
 }

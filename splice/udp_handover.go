@@ -111,7 +111,7 @@ func ResumeUDP(objs UDPObjects, opts UDPOptions, states []UDPPairState) (*UDPSpl
 	for _, st := range states {
 		p := &UDPPair{s: s, index: st.Index, a: st.A, b: st.B}
 		for i, c := range []*net.UDPConn{st.A, st.B} {
-			fd, ferr := udpFD(c)
+			fd, ferr := socketFD(c)
 			if ferr == nil {
 				p.cookies[i], ferr = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
 			}
@@ -133,11 +133,7 @@ func ResumeUDP(objs UDPObjects, opts UDPOptions, states []UDPPairState) (*UDPSpl
 		used[st.Index] = true
 		pairs = append(pairs, p)
 	}
-	for i := int(slots/2) - 1; i >= 0; i-- {
-		if !used[uint32(i)] {
-			s.free = append(s.free, uint32(i))
-		}
-	}
+	s.free = freeIndices(int(slots/2), used)
 	for _, p := range pairs {
 		p.start()
 	}
