@@ -62,11 +62,10 @@ func TakeSocket(pid, fd int) (net.Conn, error) {
 func Conn(fd int) (*net.TCPConn, error) {
 	f := os.NewFile(uintptr(fd), "socket")
 	defer f.Close()
-	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	typ, proto, err := socketKind(fd)
 	if err != nil {
-		return nil, errors.New("is not a socket")
+		return nil, err
 	}
-	proto, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
 	if typ == unix.SOCK_DGRAM && proto == unix.IPPROTO_UDP {
 		return nil, errors.New("is a UDP socket (UDP pairs join through splice.NewUDP or shunt splice --pid)")
 	}
@@ -92,4 +91,13 @@ func connected(state uint8) bool {
 		return true
 	}
 	return false
+}
+
+// socketKind reads a descriptor's socket type and protocol.
+func socketKind(fd int) (typ, proto int, err error) {
+	if typ, err = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil {
+		return 0, 0, errors.New("is not a socket")
+	}
+	proto, _ = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	return typ, proto, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 
 	"golang.org/x/sys/unix"
 	"syscall"
@@ -342,25 +343,8 @@ func TestHandOverMidStream(t *testing.T) {
 			t.Fatalf("froze %d pairs, want 1", len(states))
 		}
 		var dup splice.Objects
-		for i, fd := range objs {
-			nfd, err := unix.Dup(fd)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dup[i] = nfd
-		}
-		for i, c := range []**net.TCPConn{&states[0].A, &states[0].B} {
-			f, err := (*c).File()
-			if err != nil {
-				t.Fatal(err)
-			}
-			nc, err := net.FileConn(f)
-			f.Close()
-			if err != nil {
-				t.Fatal(i, err)
-			}
-			*c = nc.(*net.TCPConn)
-		}
+		copy(dup[:], dupFDs(t, objs[:]...))
+		states[0].A, states[0].B = dupConn(t, states[0].A), dupConn(t, states[0].B)
 		s.Release()
 		next, pairs, err := splice.Resume(dup, splice.Options{}, states)
 		if err != nil || len(pairs) != 1 {
@@ -439,4 +423,33 @@ func TestCloseAfterFailedHandOver(t *testing.T) {
 	if _, err := p.client.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("client read %v, want a reset", err)
 	}
+}
+
+// dupFDs duplicates descriptors, as passing them to another process would.
+func dupFDs(t *testing.T, fds ...int) []int {
+	t.Helper()
+	out := make([]int, len(fds))
+	for i, fd := range fds {
+		nfd, err := unix.Dup(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = nfd
+	}
+	return out
+}
+
+// dupConn is a new connection on c's socket, as another process would get.
+func dupConn[T net.Conn](t *testing.T, c T) T {
+	t.Helper()
+	f, err := any(c).(interface{ File() (*os.File, error) }).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	nc, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc.(T)
 }

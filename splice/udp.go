@@ -332,11 +332,10 @@ func (s *UDPSplicer) Close() error {
 func UDPConn(fd int) (*net.UDPConn, error) {
 	f := os.NewFile(uintptr(fd), "socket")
 	defer f.Close()
-	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	typ, proto, err := socketKind(fd)
 	if err != nil {
-		return nil, errors.New("is not a socket")
+		return nil, err
 	}
-	proto, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
 	if typ != unix.SOCK_DGRAM || proto != unix.IPPROTO_UDP {
 		return nil, errors.New("is not a UDP socket")
 	}

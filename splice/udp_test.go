@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/splice"
 )
@@ -261,25 +259,8 @@ func TestUDPHandOver(t *testing.T) {
 			t.Fatalf("froze %d pairs, want 1", len(states))
 		}
 		var dup splice.UDPObjects
-		for i, fd := range objs {
-			nfd, err := unix.Dup(fd)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dup[i] = nfd
-		}
-		for _, c := range []**net.UDPConn{&states[0].A, &states[0].B} {
-			f, err := (*c).File()
-			if err != nil {
-				t.Fatal(err)
-			}
-			nc, err := net.FileConn(f)
-			f.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			*c = nc.(*net.UDPConn)
-		}
+		copy(dup[:], dupFDs(t, objs[:]...))
+		states[0].A, states[0].B = dupConn(t, states[0].A), dupConn(t, states[0].B)
 		s.Release()
 		next, pairs, err := splice.ResumeUDP(dup, splice.UDPOptions{}, states)
 		if err != nil || len(pairs) != 1 {
