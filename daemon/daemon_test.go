@@ -253,12 +253,7 @@ func rawJoin(t *testing.T, path string, fds ...int) error {
 func TestTakeOver(t *testing.T) {
 	testenv.RequireRoot(t)
 	path := filepath.Join(t.TempDir(), "shunt.sock")
-	old, err := daemon.Listen(path, splice.Options{}, t.Logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	oldDone := make(chan error, 1)
-	go func() { oldDone <- old.Serve(context.Background()) }()
+	old, oldDone := startOldDaemon(t, path)
 
 	cl := mustClient(t, path)
 	client, server, h := mustJoined(t, cl)
@@ -271,17 +266,7 @@ func TestTakeOver(t *testing.T) {
 	go func() { errs <- down.Check(client, true) }()
 	time.Sleep(50 * time.Millisecond)
 
-	srv, n, err := daemon.TakeOver(path, splice.Options{}, t.Logf)
-	if err != nil || n != 1 {
-		t.Fatalf("took over %d pairs: %v", n, err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	newDone := make(chan error, 1)
-	go func() { newDone <- srv.Serve(ctx) }()
-	defer func() { cancel(); <-newDone; srv.Close() }()
-	if err := <-oldDone; err != nil {
-		t.Fatal(err)
-	}
+	takeOver(t, path, 1, oldDone)
 	if handed, ok := old.HandedOver(); !ok || handed != 1 {
 		t.Fatalf("old daemon: handed %d, %v", handed, ok)
 	}
@@ -380,5 +365,34 @@ func TestJoinHalfClosed(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no ended event")
+	}
+}
+
+// startOldDaemon serves at path; the channel gets Serve's end.
+func startOldDaemon(t *testing.T, path string) (*daemon.Server, chan error) {
+	t.Helper()
+	old, err := daemon.Listen(path, splice.Options{}, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- old.Serve(context.Background()) }()
+	return old, done
+}
+
+// takeOver starts a daemon that takes the want pairs of the one at path,
+// serving until the test ends, and waits for the old one's Serve to end.
+func takeOver(t *testing.T, path string, want int, oldDone chan error) {
+	t.Helper()
+	srv, n, err := daemon.TakeOver(path, splice.Options{}, t.Logf)
+	if err != nil || n != want {
+		t.Fatalf("took over %d pairs, want %d: %v", n, want, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	newDone := make(chan error, 1)
+	go func() { newDone <- srv.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-newDone; srv.Close() })
+	if err := <-oldDone; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -2,7 +2,6 @@ package daemon_test
 
 import (
 	"bytes"
-	"context"
 	"net"
 	"path/filepath"
 	"strings"
@@ -10,9 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shunt-project/shunt/daemon"
 	"github.com/shunt-project/shunt/internal/testenv"
-	"github.com/shunt-project/shunt/splice"
 )
 
 // A UDP pair through the daemon: datagrams cross both ways, stats name it,
@@ -80,12 +77,7 @@ func connFD(c syscall.Conn) int {
 func TestTakeOverUDP(t *testing.T) {
 	testenv.RequireRoot(t)
 	path := filepath.Join(t.TempDir(), "shunt.sock")
-	old, err := daemon.Listen(path, splice.Options{}, t.Logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	oldDone := make(chan error, 1)
-	go func() { oldDone <- old.Serve(context.Background()) }()
+	old, oldDone := startOldDaemon(t, path)
 	cl := mustClient(t, path)
 	ns := testenv.MustNetNS(t)
 	client, front := testenv.UDPConnPair(t, ns, "127.0.0.1:0")
@@ -107,17 +99,7 @@ func TestTakeOverUDP(t *testing.T) {
 	}
 	cross("before")
 
-	srv, n, err := daemon.TakeOver(path, splice.Options{}, t.Logf)
-	if err != nil || n != 1 {
-		t.Fatalf("took over %d pairs: %v", n, err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	newDone := make(chan error, 1)
-	go func() { newDone <- srv.Serve(ctx) }()
-	defer func() { cancel(); <-newDone; srv.Close() }()
-	if err := <-oldDone; err != nil {
-		t.Fatal(err)
-	}
+	takeOver(t, path, 1, oldDone)
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
