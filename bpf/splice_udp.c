@@ -70,7 +70,10 @@ int splice_udp_verdict(struct __sk_buff *skb)
 	__u32 peer_slot = d->peer;
 	struct bpf_sock *peer = bpf_map_lookup_elem(&udp_socks, &peer_slot);
 	if (!peer)
-		return drop(d, len); /* the peer left: its pair is ending */
+		/* Not in the map (yet, or for a moment): the pair is joining,
+		 * being repaired or ending. User space sends on what waits on
+		 * the socket once both are in. */
+		return SK_PASS;
 	__u64 queued = (__u64)peer_queue(peer) * d->avg_true;
 	bpf_sk_release(peer);
 

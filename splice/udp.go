@@ -164,9 +164,9 @@ func (p *UDPPair) start() {
 // which gives it a fresh psock.
 func (p *UDPPair) watch(i int) {
 	defer p.watchers.Done()
-	c, peer := p.a, p.b
+	c := p.a
 	if i == 1 {
-		c, peer = p.b, p.a
+		c = p.b
 	}
 	raw, err := c.SyscallConn()
 	if err != nil {
@@ -175,13 +175,13 @@ func (p *UDPPair) watch(i int) {
 	raw.Read(func(fd uintptr) bool {
 		if soerr, _ := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR); soerr != 0 {
 			p.refused[i].Add(1)
-			p.repair(i, int(fd), c, peer)
+			p.repair(i, int(fd))
 		}
 		return false // sleep again; Close ends the wait
 	})
 }
 
-func (p *UDPPair) repair(i, fd int, c, peer *net.UDPConn) {
+func (p *UDPPair) repair(i, fd int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -190,12 +190,11 @@ func (p *UDPPair) repair(i, fd int, c, peer *net.UDPConn) {
 	slot := 2*p.index + uint32(i)
 	p.s.objs.UdpSocks.Delete(slot)
 	p.s.objs.UdpSocks.Update(slot, uint64(fd), ebpf.UpdateAny)
-	// What arrived on it meanwhile took the normal path.
-	if i == 0 {
-		p.copiedAB.Add(forwardQueued(c, peer))
-	} else {
-		p.copiedBA.Add(forwardQueued(c, peer))
-	}
+	// What arrived on it meanwhile took the normal path, and what arrived
+	// on its peer while it was out waits on the peer.
+	ab, ba := forwardQueued(p.a, p.b), forwardQueued(p.b, p.a)
+	p.copiedAB.Add(ab)
+	p.copiedBA.Add(ba)
 }
 
 func (p *UDPPair) insert() error {

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -16,6 +18,8 @@ func newProxyCmd(e *env) *cobra.Command {
 		listen, upstreams, mode, proxyProto, maxInflight string
 		routes                                           []string
 		maxConns                                         int
+		udp                                              bool
+		idle                                             time.Duration
 	)
 	c := &cobra.Command{
 		Use:   "proxy --listen ADDR:PORT --upstream ADDR:PORT[,ADDR:PORT...]",
@@ -36,11 +40,18 @@ anything that is not HTTP, go to --upstream. The bytes it read go to the
 upstream first, then the connection is handed over. --proxy-protocol v1 or v2
 puts a PROXY protocol header with the client's address before them.
 
+With --udp it proxies UDP instead: each client's first datagram opens a flow,
+a socket connected to the client (bound beside the listener) and one
+connected to an upstream, joined in the kernel (--mode kernel: each datagram
+whole, dropped past --max-inflight of kernel memory waiting to leave) or
+relayed (--mode copy); a flow that carries nothing for --idle is closed.
+
 It runs until interrupted (Ctrl-C, SIGTERM), then resets the connections it
 still holds. Kernel mode needs root.`,
 		Example: `  shunt proxy --listen 127.0.0.1:8080 --upstream 127.0.0.1:9000,127.0.0.1:9001
   shunt proxy --listen [::]:443 --upstream 10.0.0.5:443 --proxy-protocol v2
-  shunt proxy --listen 0.0.0.0:80 --upstream 10.0.0.9:80 --route api.example=10.0.0.7:80`,
+  shunt proxy --listen 0.0.0.0:80 --upstream 10.0.0.9:80 --route api.example=10.0.0.7:80
+  shunt proxy --udp --listen 0.0.0.0:53 --upstream 10.0.0.2:53,10.0.0.3:53`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if listen == "" || upstreams == "" {
@@ -81,6 +92,12 @@ still holds. Kernel mode needs root.`,
 					return fmt.Errorf("--mode kernel: %w (or use --mode copy)", err)
 				}
 			}
+			if udp {
+				if idle <= 0 {
+					return usageError{fmt.Errorf("--idle: want a positive duration, like 60s")}
+				}
+				return runUDPProxy(c.Context(), e, cfg, idle)
+			}
 			p, err := proxy.New(cfg, func(format string, args ...any) {
 				fmt.Fprintf(e.stderr, format+"\n", args...)
 			})
@@ -107,8 +124,29 @@ still holds. Kernel mode needs root.`,
 	f.StringVar(&proxyProto, "proxy-protocol", "none", "none, v1 or v2: announce the client to the upstream")
 	f.StringArrayVar(&routes, "route", nil, "HOST=ADDR:PORT[,ADDR:PORT]: HTTP requests for HOST go there (repeatable)")
 	f.StringVar(&maxInflight, "max-inflight", "4M", "kernel mode: bytes one direction may have unacknowledged in the outgoing socket before user space paces it")
-	f.IntVar(&maxConns, "max-conns", 10000, "connections at once; more are refused")
+	f.IntVar(&maxConns, "max-conns", 10000, "connections (UDP: flows) at once; more are refused")
+	f.BoolVar(&udp, "udp", false, "proxy UDP datagrams instead of TCP connections (modes kernel and copy)")
+	f.DurationVar(&idle, "idle", proxy.DefaultUDPIdle, "--udp: close a flow that carried nothing for this long")
 	return c
+}
+
+func runUDPProxy(ctx context.Context, e *env, cfg proxy.Config, idle time.Duration) error {
+	p, err := proxy.NewUDP(cfg, idle, func(format string, args ...any) {
+		fmt.Fprintf(e.stderr, format+"\n", args...)
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stderr, "proxy: listening on udp %s, mode %s, upstreams %s, idle %v\n", p.Addr(), cfg.Mode, joinAddrs(cfg.Upstreams), idle)
+	runErr := p.Run(ctx)
+	closeErr := p.Close()
+	st := p.Stats()
+	fmt.Fprintf(e.stderr, "proxy: stopped after %d UDP flows (%d refused); %d datagrams up, %d down, %d of them moved by the kernel, %d dropped\n",
+		st.Flows, st.Refused, st.Up, st.Down, st.Kernel, st.Dropped)
+	if runErr != nil {
+		return runErr
+	}
+	return closeErr
 }
 
 func joinAddrs(addrs []netip.AddrPort) string {

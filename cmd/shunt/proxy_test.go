@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"net"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,6 +62,8 @@ func TestProxyErrors(t *testing.T) {
 		{"bad-proxy-protocol", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1", "--proxy-protocol", "v3"}, 2, "unknown PROXY protocol version"},
 		{"unspecified-upstream", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "0.0.0.0:80"}, 1, "want a concrete address"},
 		{"listen-not-permitted", []string{"proxy", "--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:2", "--mode", "copy"}, 1, "listen on 127.0.0.1:1"},
+		{"udp-splice", []string{"proxy", "--udp", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:2", "--mode", "splice"}, 1, "use kernel or copy mode with UDP"},
+		{"udp-idle", []string{"proxy", "--udp", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:2", "--idle", "0s"}, 2, "--idle: want a positive duration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := subprocess(bin, tc.args...)
@@ -84,4 +87,56 @@ func TestProxyErrors(t *testing.T) {
 		}
 		oneLine(t, out, "run shunt as root")
 	})
+}
+
+// TestProxyUDPCommand: `shunt proxy --udp` answers a client through its
+// upstream and reports the flow when interrupted.
+func TestProxyUDPCommand(t *testing.T) {
+	testenv.RequireRoot(t)
+	ns := testenv.MustNetNS(t)
+	var echo *net.UDPConn
+	ns.Do(t, func() {
+		var err error
+		if echo, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	defer echo.Close()
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := echo.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			echo.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	run := startShunt(t, ns, "listening on udp 127.0.0.1:17002, mode kernel", "proxy", "--udp",
+		"--listen", "127.0.0.1:17002", "--upstream", echo.LocalAddr().String())
+	var c *net.UDPConn
+	ns.Do(t, func() {
+		var err error
+		if c, err = net.DialUDP("udp", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 17002}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	defer c.Close()
+	buf := make([]byte, 2048)
+	for i := 0; i < 10; i++ {
+		msg := strings.Repeat("u", 100+i)
+		c.Write([]byte(msg))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := c.Read(buf); err != nil || string(buf[:n]) != msg {
+			t.Fatalf("datagram %d: %q, %v", i, buf[:n], err)
+		}
+	}
+	run.cmd.Process.Signal(syscall.SIGINT)
+	rest, err := run.wait()
+	if err != nil {
+		t.Fatalf("exit: %v (%q)", err, rest)
+	}
+	if len(rest) == 0 || !strings.Contains(rest[len(rest)-1], "stopped after 1 UDP flows (0 refused); 10 datagrams up, 10 down") {
+		t.Fatalf("summary %q", rest)
+	}
 }

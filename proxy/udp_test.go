@@ -1,0 +1,171 @@
+package proxy_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/internal/testenv"
+	"github.com/shunt-project/shunt/proxy"
+)
+
+// mustUDPProxy runs a UDP proxy in ns until the test ends.
+func mustUDPProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config, idle time.Duration) *proxy.UDPProxy {
+	t.Helper()
+	testenv.RequireRoot(t)
+	if !cfg.Listen.IsValid() {
+		cfg.Listen = netip.MustParseAddrPort("127.0.0.1:0")
+	}
+	logs := &lockedBuffer{}
+	cfg.Dial = func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+		ns.Do(t, func() { c, err = (&net.Dialer{}).DialContext(ctx, network, addr) })
+		return c, err
+	}
+	var p *proxy.UDPProxy
+	var err error
+	ns.Do(t, func() { p, err = proxy.NewUDP(cfg, idle, logs.logf) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("proxy log:\n%s", logs.String())
+		}
+	})
+	return p
+}
+
+// udpEcho answers each datagram with name, then what it got, until the
+// test ends.
+func udpEcho(t *testing.T, ns *testenv.NetNS, addr, name string) netip.AddrPort {
+	t.Helper()
+	var c *net.UDPConn
+	ns.Do(t, func() {
+		var err error
+		if c, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr))); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Cleanup(func() { c.Close() })
+	go func() {
+		buf := make([]byte, 1<<16)
+		for {
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			c.WriteToUDPAddrPort(append([]byte(name+":"), buf[:n]...), from)
+		}
+	}()
+	return c.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// Many clients at once through both upstreams: every client gets the
+// answers to its own datagrams and no one else's, in both modes and
+// families; flows idle out and leave nothing in the kernel.
+func TestUDPProxy(t *testing.T) {
+	for _, mode := range []proxy.Mode{proxy.Kernel, proxy.Copy} {
+		for _, fam := range families {
+			t.Run(mode.String()+"/"+fam.name, func(t *testing.T) {
+				ns := testenv.MustNetNS(t)
+				any := net.JoinHostPort(fam.loopback, "0")
+				ups := []netip.AddrPort{udpEcho(t, ns, any, "a"), udpEcho(t, ns, any, "b")}
+				p := mustUDPProxy(t, ns, proxy.Config{Listen: netip.MustParseAddrPort(any), Upstreams: ups, Mode: mode}, 300*time.Millisecond)
+				const clients, rounds = 20, 30
+				var wg sync.WaitGroup
+				errs := make(chan error, clients)
+				for i := 0; i < clients; i++ {
+					var c *net.UDPConn
+					ns.Do(t, func() {
+						var err error
+						if c, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(p.Addr())); err != nil {
+							t.Fatal(err)
+						}
+					})
+					defer c.Close()
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						buf := make([]byte, 2048)
+						var upstream string
+						for r := 0; r < rounds; r++ {
+							msg := fmt.Sprintf("client %d round %d %s", i, r, strings.Repeat("x", r*40))
+							c.Write([]byte(msg))
+							c.SetReadDeadline(time.Now().Add(5 * time.Second))
+							n, err := c.Read(buf)
+							if err != nil {
+								errs <- fmt.Errorf("client %d round %d: %v", i, r, err)
+								return
+							}
+							who, got, _ := strings.Cut(string(buf[:n]), ":")
+							if got != msg || (upstream != "" && who != upstream) {
+								errs <- fmt.Errorf("client %d round %d: got %q from %s (before: %s), want %q", i, r, got, who, upstream, msg)
+								return
+							}
+							upstream = who
+						}
+					}()
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					t.Error(err)
+				}
+				// A relay counts a datagram just after sending it: wait for
+				// the count to catch up with what the clients read.
+				st := p.Stats()
+				for deadline := time.Now().Add(2 * time.Second); (st.Up < clients*rounds || st.Down < clients*rounds) && time.Now().Before(deadline); st = p.Stats() {
+					time.Sleep(5 * time.Millisecond)
+				}
+				if st.Flows != clients || st.Up != clients*rounds || st.Down != clients*rounds || st.Refused != 0 {
+					t.Errorf("stats %+v: want %d flows, %d datagrams each way", st, clients, clients*rounds)
+				}
+				if mode == proxy.Kernel && st.Kernel == 0 {
+					t.Errorf("stats %+v: the kernel moved nothing", st)
+				}
+				deadline := time.Now().Add(5 * time.Second)
+				for p.Stats().Active != 0 && time.Now().Before(deadline) {
+					time.Sleep(20 * time.Millisecond)
+				}
+				socks, cookies, err := p.MapEntries()
+				if st := p.Stats(); st.Active != 0 || socks+cookies != 0 || err != nil {
+					t.Errorf("after the idle time: %d flows, %d sockets, %d cookies in the maps (%v)", st.Active, socks, cookies, err)
+				}
+			})
+		}
+	}
+}
+
+func TestUDPProxyRefusesTCPOnlyOptions(t *testing.T) {
+	base := proxy.Config{Listen: netip.MustParseAddrPort("127.0.0.1:0"), Upstreams: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:9")}}
+	for _, tc := range []struct {
+		change func(*proxy.Config)
+		want   string
+	}{
+		{func(c *proxy.Config) { c.Mode = proxy.Splice }, "use kernel or copy mode"},
+		{func(c *proxy.Config) { c.Proxy = proxy.ProxyV2 }, "PROXY protocol"},
+		{func(c *proxy.Config) { c.Routes = []proxy.Route{{Host: "x", Upstreams: base.Upstreams}} }, "route"},
+	} {
+		cfg := base
+		cfg.Mode = proxy.Copy
+		tc.change(&cfg)
+		if _, err := proxy.NewUDP(cfg, 0, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("NewUDP: %v, want %q", err, tc.want)
+		}
+	}
+}
