@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/internal/lab"
+	"github.com/shunt-project/shunt/internal/sockutil"
 	"github.com/shunt-project/shunt/splice"
 )
 
@@ -270,8 +271,14 @@ func joinUDP(mode string, front, back *net.UDPConn) (stop func(), err error) {
 			return nil, err
 		}
 		// The splicer closes what it joins: give it copies.
-		fa, fb, err := dupUDP(front, back)
+		fa, err := sockutil.DupUDP(front)
 		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		fb, err := sockutil.DupUDP(back)
+		if err != nil {
+			fa.Close()
 			s.Close()
 			return nil, err
 		}
@@ -306,28 +313,4 @@ func joinUDP(mode string, front, back *net.UDPConn) (stop func(), err error) {
 		back.SetReadDeadline(time.Now())
 		wg.Wait()
 	}, nil
-}
-
-// dupUDP returns new connections on the same two sockets.
-func dupUDP(x, y *net.UDPConn) (a, b *net.UDPConn, err error) {
-	dup := func(c *net.UDPConn) (*net.UDPConn, error) {
-		f, err := c.File()
-		if err != nil {
-			return nil, err
-		}
-		defer f.Close()
-		nc, err := net.FileConn(f)
-		if err != nil {
-			return nil, err
-		}
-		return nc.(*net.UDPConn), nil
-	}
-	if a, err = dup(x); err != nil {
-		return nil, nil, err
-	}
-	if b, err = dup(y); err != nil {
-		a.Close()
-		return nil, nil, err
-	}
-	return a, b, nil
 }

@@ -45,22 +45,28 @@ func mustProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config) *proxy.Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
+	runUntilCleanup(t, p.Run, p.Close, logs)
+	return p
+}
+
+// runUntilCleanup runs a proxy until the test ends, then closes it and, if
+// the test failed, shows its log.
+func runUntilCleanup(t *testing.T, run func(context.Context) error, close func() error, logs *lockedBuffer) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
+	go func() { done <- run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
-		if err := p.Close(); err != nil {
+		if err := close(); err != nil {
 			t.Error(err)
 		}
 		if t.Failed() {
 			t.Logf("proxy log:\n%s", logs.String())
 		}
 	})
-	return p
 }
 
 type lockedBuffer struct {

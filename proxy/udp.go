@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/sockutil"
 	"github.com/shunt-project/shunt/splice"
 )
 
@@ -335,11 +336,11 @@ func clientSocket(local, client netip.AddrPort) (*net.UDPConn, error) {
 func (p *UDPProxy) start(f *udpFlow) error {
 	if p.splicer != nil {
 		// The splicer owns what it joins: give it its own descriptors.
-		a, err := dupUDP(f.front)
+		a, err := sockutil.DupUDP(f.front)
 		if err != nil {
 			return err
 		}
-		b, err := dupUDP(f.back)
+		b, err := sockutil.DupUDP(f.back)
 		if err != nil {
 			a.Close()
 			return err
@@ -375,19 +376,6 @@ func (p *UDPProxy) start(f *udpFlow) error {
 	go relay(f.front, f.back, &f.up)
 	go relay(f.back, f.front, &f.down)
 	return nil
-}
-
-func dupUDP(c *net.UDPConn) (*net.UDPConn, error) {
-	f, err := c.File()
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	nc, err := net.FileConn(f)
-	if err != nil {
-		return nil, err
-	}
-	return nc.(*net.UDPConn), nil
 }
 
 // counts is a flow's datagrams each way, and of them the kernel's, and

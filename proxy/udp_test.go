@@ -32,21 +32,7 @@ func mustUDPProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config, idle time.D
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-		if err := p.Close(); err != nil {
-			t.Error(err)
-		}
-		if t.Failed() {
-			t.Logf("proxy log:\n%s", logs.String())
-		}
-	})
+	runUntilCleanup(t, p.Run, p.Close, logs)
 	return p
 }
 
