@@ -155,3 +155,46 @@ func TestUDPProxyRefusesTCPOnlyOptions(t *testing.T) {
 		}
 	}
 }
+
+// Past --max-conns flows a new client's datagrams are refused (counted);
+// those with a flow are not disturbed.
+func TestUDPProxyFlowLimit(t *testing.T) {
+	ns := testenv.MustNetNS(t)
+	up := udpEcho(t, ns, "127.0.0.1:0", "a")
+	p := mustUDPProxy(t, ns, proxy.Config{Upstreams: []netip.AddrPort{up}, Mode: proxy.Kernel, MaxConns: 2}, time.Minute)
+	var cs []*net.UDPConn
+	for i := 0; i < 3; i++ {
+		ns.Do(t, func() {
+			c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(p.Addr()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs = append(cs, c)
+		})
+		defer cs[i].Close()
+	}
+	buf := make([]byte, 64)
+	ask := func(c *net.UDPConn) error {
+		c.Write([]byte("hi"))
+		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		n, err := c.Read(buf)
+		if err == nil && string(buf[:n]) != "a:hi" {
+			err = fmt.Errorf("got %q", buf[:n])
+		}
+		return err
+	}
+	for i, c := range cs[:2] {
+		if err := ask(c); err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+	}
+	if err := ask(cs[2]); err == nil {
+		t.Fatal("a third client got through a limit of 2 flows")
+	}
+	if err := ask(cs[0]); err != nil {
+		t.Fatalf("client 0 after the refusal: %v", err)
+	}
+	if st := p.Stats(); st.Refused != 1 || st.Active != 2 {
+		t.Errorf("stats %+v: want 1 refused, 2 active", st)
+	}
+}
