@@ -116,9 +116,8 @@ func NewUDP(cfg Config, idle time.Duration, logf func(format string, args ...any
 }
 
 // reuseAddr lets the flows' client sockets bind the listener's address.
-// Not SO_REUSEPORT: a reuseport group picks a member by hash before it
-// scores connections, and handed a new client's first datagram to another
-// client's connected socket (TestUDPProxy caught it).
+// Not SO_REUSEPORT: it is not needed for that, and it would let any process
+// of the same user bind the port too and take a share of new clients.
 func reuseAddr(c syscall.RawConn) error {
 	var serr error
 	err := c.Control(func(fd uintptr) {
