@@ -71,6 +71,7 @@ type udpFlow struct {
 	up, down  atomic.Uint64
 	lastCount uint64
 	lastMove  time.Time
+	closed    sync.Once
 }
 
 // NewUDP checks cfg and listens on its UDP address. idle 0 means
@@ -391,8 +392,12 @@ func (f *udpFlow) counts() (up, down, kernel, dropped uint64) {
 	return
 }
 
-// closeFlow ends a flow and adds its counts to the totals.
+// closeFlow ends a flow and adds its counts to the totals, once.
 func (p *UDPProxy) closeFlow(f *udpFlow) {
+	f.closed.Do(func() { p.endFlow(f) })
+}
+
+func (p *UDPProxy) endFlow(f *udpFlow) {
 	p.mu.Lock()
 	if p.flows[f.client] == f {
 		delete(p.flows, f.client)
