@@ -379,7 +379,7 @@ func (p *UDPProxy) start(f *udpFlow) error {
 }
 
 // counts is a flow's datagrams each way, and of them the kernel's, and
-// what the kernel dropped.
+// what the kernel dropped. The caller holds p.mu (f.pair is set under it).
 func (f *udpFlow) counts() (up, down, kernel, dropped uint64) {
 	up, down = f.up.Load(), f.down.Load()
 	if f.pair != nil {
@@ -402,14 +402,15 @@ func (p *UDPProxy) endFlow(f *udpFlow) {
 	if p.flows[f.client] == f {
 		delete(p.flows, f.client)
 	}
-	p.mu.Unlock()
 	up, down, kernel, dropped := f.counts()
+	pair := f.pair
+	p.mu.Unlock()
 	p.up.Add(up)
 	p.down.Add(down)
 	p.kernel.Add(kernel)
 	p.drops.Add(dropped)
-	if f.pair != nil {
-		f.pair.Close()
+	if pair != nil {
+		pair.Close()
 	}
 	f.front.Close()
 	f.back.Close()
