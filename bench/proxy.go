@@ -196,14 +196,14 @@ func RunProxy(ctx context.Context, cfg ProxyConfig, progress io.Writer) ([]Proxy
 				}
 			}
 		} else {
-			r.Gbps = medianF(r.RoundGbps)
-			r.KernelShare = medianF(r.RoundKernelShare)
+			r.Gbps = median(r.RoundGbps)
+			r.KernelShare = median(r.RoundKernelShare)
 		}
 		var m, p []float64
 		for _, c := range cpu[k] {
 			m, p = append(m, c[0]), append(p, c[1])
 		}
-		r.MachineCPUPerGB, r.ProxyCPUPerGB = medianF(m), medianF(p)
+		r.MachineCPUPerGB, r.ProxyCPUPerGB = median(m), median(p)
 		out = append(out, *r)
 	}
 	return out, nil

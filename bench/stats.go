@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"slices"
 	"time"
 )
@@ -24,9 +25,11 @@ func distOf(samples []time.Duration) Dist {
 	return Dist{Count: len(s), P50: q(0.50), P99: q(0.99), P999: q(0.999), Max: s[len(s)-1]}
 }
 
-func median(v []time.Duration) time.Duration {
+// median is the middle value (the upper one of an even count); 0 for none.
+func median[T cmp.Ordered](v []T) T {
+	var zero T
 	if len(v) == 0 {
-		return 0
+		return zero
 	}
 	s := slices.Clone(v)
 	slices.Sort(s)
@@ -84,13 +87,4 @@ func pool[T any](m map[Cell]*T, c Cell) *T {
 		m[c] = new(T)
 	}
 	return m[c]
-}
-
-func medianU(v []uint64) uint64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

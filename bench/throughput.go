@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -70,7 +69,7 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		a := accs[c]
 		r := ThroughputResult{
 			Topology: cfg.Topology, Placement: c.Placement, Mode: c.Mode, WriteSize: c.Size,
-			RoundGbps: a.gbps, MedianGbps: medianF(a.gbps),
+			RoundGbps: a.gbps, MedianGbps: median(a.gbps),
 			CPUSecPerGB:   a.cpu.Seconds() / (float64(a.bytes) / 1e9),
 			PeakTCPMemMiB: float64(a.peak) / (1 << 20),
 		}
@@ -153,13 +152,4 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 		return 0, 0, 0, r.err
 	}
 	return r.n, r.end.Sub(start), cpu, nil
-}
-
-func medianF(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

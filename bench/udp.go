@@ -127,7 +127,7 @@ func RunUDP(ctx context.Context, cfg UDPConfig) ([]UDPResult, error) {
 	for _, k := range order {
 		a := accs[k]
 		out = append(out, UDPResult{Mode: k.mode, Size: k.size, RoundTrip: a.hist.dist(), Lost: a.lost,
-			Sent: medianU(a.sent), Delivered: medianU(a.delivered), Gbps: medianF(a.gbps), CPUPerGB: medianF(a.cpu)})
+			Sent: median(a.sent), Delivered: median(a.delivered), Gbps: median(a.gbps), CPUPerGB: median(a.cpu)})
 	}
 	return out, nil
 }
