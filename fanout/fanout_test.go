@@ -326,8 +326,11 @@ func TestSlowSubscriberDropsAndOthersDoNot(t *testing.T) {
 }
 
 func testSlowSubscriberDrops(t *testing.T, path fanout.Path) {
-	const msgs, size = 20_000, 1000
-	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: 256 << 10, Path: path})
+	// The bound leaves a reader slowed by a busy machine (CI tests
+	// packages in parallel) room not to be taken for the stalled one,
+	// which passes it long before the 20 MB are sent.
+	const msgs, size, queue = 20_000, 1000, 4 << 20
+	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: queue, Path: path})
 	u := l.sender()
 	slow := l.subscribe()
 	slow.SetReadBuffer(64 << 10)
@@ -393,8 +396,11 @@ func TestSlowSubscriberDisconnected(t *testing.T) {
 }
 
 func testSlowSubscriberDisconnected(t *testing.T, path fanout.Path) {
-	const msgs, size = 20_000, 1000
-	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: 256 << 10, Slow: fanout.SlowDisconnect, Path: path})
+	// The bound leaves a reader slowed by a busy machine (CI tests
+	// packages in parallel) room not to be taken for the stalled one,
+	// which passes it long before the 20 MB are sent.
+	const msgs, size, queue = 20_000, 1000, 4 << 20
+	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: queue, Slow: fanout.SlowDisconnect, Path: path})
 	u := l.sender()
 	slow := l.subscribe()
 	slow.SetReadBuffer(64 << 10)
