@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,12 +51,10 @@ const (
 	udpPeerCPU   = 1
 )
 
-// UDPConfigCheck says what is wrong with cfg, if anything.
-func UDPConfigCheck(cfg UDPConfig) error { return cfg.validate() }
-
-func (cfg UDPConfig) validate() error {
+// Check says what is wrong with cfg, if anything.
+func (cfg UDPConfig) Check() error {
 	for _, m := range cfg.Modes {
-		if m != "kernel" && m != "relay" {
+		if !slices.Contains(UDPModes, m) {
 			return fmt.Errorf("mode %q: want kernel or relay", m)
 		}
 	}
@@ -72,7 +71,7 @@ func (cfg UDPConfig) validate() error {
 
 // RunUDP measures every size in every mode, modes interleaved in each round.
 func RunUDP(ctx context.Context, cfg UDPConfig) ([]UDPResult, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
 	ns, err := lab.NewNetNS(lab.Name("shunt-test-udp-"))

@@ -45,7 +45,7 @@ can (datagrams sent and delivered, Gbit/s, whole-machine CPU per GB).`,
 			for _, m := range strings.Split(modes, ",") {
 				cfg.Modes = append(cfg.Modes, strings.TrimSpace(m))
 			}
-			if err := bench.UDPConfigCheck(cfg); err != nil {
+			if err := cfg.Check(); err != nil {
 				return usageError{err}
 			}
 			if err := host.CheckPrivileges(); err != nil {
@@ -62,7 +62,7 @@ can (datagrams sent and delivered, Gbit/s, whole-machine CPU per GB).`,
 		},
 	}
 	c.Flags().StringVar(&sizes, "sizes", "64,1400", "datagram sizes in bytes (8 to 65507)")
-	c.Flags().StringVar(&modes, "modes", "kernel,relay", "kernel, relay")
+	c.Flags().StringVar(&modes, "modes", strings.Join(bench.UDPModes, ","), "kernel (joined by shunt), relay (user space)")
 	c.Flags().IntVar(&cfg.Requests, "requests", 20000, "round trips per run")
 	c.Flags().DurationVar(&cfg.BulkTime, "bulk-time", 2*time.Second, "sending time per bulk run")
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")
