@@ -71,6 +71,7 @@ type udpFlow struct {
 	up, down  atomic.Uint64
 	lastCount uint64
 	lastMove  time.Time
+	settled   chan struct{} // closed once settle has started the flow (or given up)
 	closed    sync.Once
 }
 
@@ -193,6 +194,7 @@ func (p *UDPProxy) dispatch(from netip.AddrPort, b []byte) {
 // client's datagrams.
 func (p *UDPProxy) settle(f *udpFlow) {
 	defer p.wg.Done()
+	defer close(f.settled)
 	if _, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0); errno != 0 {
 		p.log("proxy: udp %s: membarrier: %v (strays may follow)", f.client, errno)
 	}
@@ -207,7 +209,7 @@ func (p *UDPProxy) settle(f *udpFlow) {
 	}
 	if err := p.start(f); err != nil {
 		p.log("proxy: udp %s: %v", f.client, err)
-		p.closeFlow(f)
+		f.closed.Do(func() { p.endFlow(f) }) // not closeFlow: it waits for us
 	}
 }
 
@@ -253,7 +255,7 @@ func drain(c *net.UDPConn) []datagram {
 // open makes a flow's two sockets: one bound to the listener's address and
 // connected to the client, one connected to the next upstream.
 func (p *UDPProxy) open(client netip.AddrPort) (*udpFlow, error) {
-	f := &udpFlow{client: client, lastMove: time.Now()}
+	f := &udpFlow{client: client, lastMove: time.Now(), settled: make(chan struct{})}
 	err := host.InNetns(fmt.Sprintf("/proc/self/fd/%d", p.netns), func() (err error) {
 		f.front, err = clientSocket(p.Addr(), client)
 		return err
@@ -392,8 +394,11 @@ func (f *udpFlow) counts() (up, down, kernel, dropped uint64) {
 	return
 }
 
-// closeFlow ends a flow and adds its counts to the totals, once.
+// closeFlow ends a flow and adds its counts to the totals, once. It waits
+// until the flow has started: a pair joined after the count would be
+// missed, and would outlive the flow.
 func (p *UDPProxy) closeFlow(f *udpFlow) {
+	<-f.settled
 	f.closed.Do(func() { p.endFlow(f) })
 }
 
