@@ -165,17 +165,13 @@ int fanout_verdict(struct __sk_buff *skb)
 			flag_slow(s);
 		return SK_DROP;
 	}
-	if (cfg.framing) {
-		if (add_header(skb, s, len) < 0) {
-			/* Sending the message unframed would corrupt the stream. */
-			s->failed = 1;
-			flag_slow(s);
-			return SK_DROP;
-		}
-		s->gap = 0;
-	} else {
-		s->gap = 0; /* unframed streams cannot show gaps */
+	if (cfg.framing && add_header(skb, s, len) < 0) {
+		/* Sending the message unframed would corrupt the stream. */
+		s->failed = 1;
+		flag_slow(s);
+		return SK_DROP;
 	}
+	s->gap = 0; /* shown in front of this message (unframed: cannot be shown) */
 	s->handed += need;
 	s->bytes += need;
 	ewma(&s->avg_len, need);

@@ -221,33 +221,11 @@ type datagram struct {
 	b    []byte
 }
 
-// drain takes what waits on c without blocking. (A read deadline in the
-// past would not do: Go then fails the read without trying it.)
+// drain takes what waits on c without blocking.
 func drain(c *net.UDPConn) []datagram {
 	var out []datagram
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return nil
-	}
-	buf := make([]byte, 1<<16)
-	raw.Control(func(fd uintptr) {
-		for {
-			n, sa, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return
-			}
-			var from netip.AddrPort
-			switch a := sa.(type) {
-			case *unix.SockaddrInet4:
-				from = netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
-			case *unix.SockaddrInet6:
-				from = netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port))
-			}
-			out = append(out, datagram{from, append([]byte(nil), buf[:n]...)})
-		}
+	sockutil.DrainUDP(c, func(b []byte, from netip.AddrPort) {
+		out = append(out, datagram{from, append([]byte(nil), b...)})
 	})
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/internal/sockutil"
 )
 
 // DefaultUDPMaxQueue bounds the kernel memory the datagrams waiting to leave
@@ -237,23 +240,7 @@ func (p *UDPPair) remove() {
 // forwardQueued sends on every datagram waiting on from, without blocking,
 // and returns how many.
 func forwardQueued(from, to *net.UDPConn) uint64 {
-	fd, err := socketFD(from)
-	if err != nil {
-		return 0
-	}
-	buf := make([]byte, 1<<16)
-	var n uint64
-	for {
-		m, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return n
-		}
-		to.Write(buf[:m])
-		n++
-	}
+	return uint64(sockutil.DrainUDP(from, func(b []byte, _ netip.AddrPort) { to.Write(b) }))
 }
 
 func (s *UDPSplicer) release(index uint32) {
