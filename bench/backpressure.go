@@ -118,15 +118,10 @@ func backpressureRun(ctx context.Context, l *Lab, mode string, cfg BackpressureC
 			return res, err
 		}
 		pairs = append(pairs, pair{c, s})
-	}
-	if mode == ModeShunt {
-		for _, p := range pairs {
-			if err := l.requireBypassed(p.c); err != nil {
-				return res, err
-			}
+		if err := warm(c, s); err != nil {
+			return res, err
 		}
 	}
-
 	const tick = 10 * time.Millisecond
 	stop := make(chan struct{})
 	produced := make([]atomic.Int64, len(pairs))
@@ -188,6 +183,14 @@ loop:
 	sample()
 	secs := time.Since(start).Seconds()
 	close(stop)
+	var notBypassed error
+	if mode == ModeShunt { // before the shutdowns below end the flows
+		for _, p := range pairs {
+			if notBypassed == nil {
+				notBypassed = l.requireBypassed(p.c)
+			}
+		}
+	}
 	// Unblock producers stuck in write and consumers in read.
 	for _, p := range pairs {
 		unix.Shutdown(p.c, unix.SHUT_RDWR)
@@ -199,6 +202,9 @@ loop:
 		if err != nil {
 			return res, err
 		}
+	}
+	if notBypassed != nil {
+		return res, notBypassed
 	}
 	for i := range pairs {
 		res.ProducedKBps = append(res.ProducedKBps, float64(produced[i].Load())/1000/secs)

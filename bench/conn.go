@@ -99,6 +99,22 @@ func ipv4(s string) []byte {
 	return b[:]
 }
 
+// warm sends one byte each way, as an established connection has done: shunt
+// bypass redirects to a socket only once its reader has called recv.
+func warm(client, server int) error {
+	var eagain int
+	b := []byte{'w'}
+	for _, p := range [][2]int{{client, server}, {server, client}} {
+		if err := writeFull(p[0], b); err != nil {
+			return err
+		}
+		if err := readFull(p[1], b, &eagain); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func writeFull(fd int, b []byte) error {
 	for len(b) > 0 {
 		n, err := unix.Write(fd, b)

@@ -102,8 +102,8 @@ func (l *Lab) Close() error {
 	return nil
 }
 
-// requireBypassed fails unless the client socket fd is a bypassed flow whose
-// every send was redirected.
+// requireBypassed fails unless the client socket fd is a bypassed flow that
+// redirected sends and never fell back to TCP.
 func (l *Lab) requireBypassed(fd int) error {
 	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
 	if err != nil {
@@ -117,6 +117,9 @@ func (l *Lab) requireBypassed(fd int) error {
 		if f.Client != nil && f.Client.Cookie == cookie {
 			if !f.Client.Redirecting || f.Server == nil || !f.Server.Redirecting {
 				return fmt.Errorf("connection fell back to TCP during the run")
+			}
+			if f.Client.TxMsgs == 0 {
+				return fmt.Errorf("connection was paired but no send was redirected (reader %s)", f.Server.Reader)
 			}
 			return nil
 		}

@@ -18,10 +18,19 @@
  * older can be left behind it. Sends between a TCP send and that moment take
  * TCP too. Each socket publishes a pointer to itself (peer_refs) at pairing
  * so its peer can check this, and the peer's backlog (flow control).
+ *
+ * Readers: only recv/read see redirected bytes (splice(2) reads the TCP queue
+ * alone; MSG_WAITALL returns what one redirected message holds). So nothing is
+ * redirected to a socket until its reader has been seen in recvmsg without
+ * MSG_WAITALL (shunt_reads); a reader that asks for MSG_WAITALL keeps its
+ * direction on TCP for good, and the connection leaves the sockhash (plain TCP
+ * again) once no redirected byte is left for either reader. A reader that only
+ * splices is never seen.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
 
 #include "include/kernel.h"
 #include "include/shunt_keys.h"
@@ -36,10 +45,12 @@ const struct flow_record *unused_flow_record __attribute__((unused));
 /* Set from Go before load. */
 volatile const struct config {
 	__u64 pending_ttl_ns; /* a registration older than this is a dead handshake */
+	__u64 settle_ns;      /* how long a redirect decided before a switch may still be landing */
 	__u32 max_backlog;    /* unread redirected bytes a receiver may hold, unless it set SO_RCVBUF */
 	__u32 _pad;
 } cfg = {
 	.pending_ttl_ns = 300ULL * 1000 * 1000 * 1000,
+	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,
 };
 
@@ -109,9 +120,12 @@ static __always_inline struct sock_state *new_state(struct bpf_sock *sk, struct 
 	return st;
 }
 
+static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref);
+
 /* Make this socket visible to its peer's flow control, and ask for the
  * state change that will withdraw it when the socket closes. */
-static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock *sk, struct sock_key *self)
+static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock *sk, struct sock_key *self,
+				    struct sock_key *peer)
 {
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (!tp)
@@ -122,6 +136,11 @@ static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock 
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, self);
 	if (!ref)
 		return;
+	ref->peer = *peer;
+	/* The callback must belong to a sockops program: only those (and
+	 * iterators) may delete from a sockhash. */
+	bpf_timer_init(&ref->leave, &peer_refs, CLOCK_MONOTONIC);
+	bpf_timer_set_callback(&ref->leave, leave_cb);
 	ref->sk = tp;
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 }
@@ -192,7 +211,7 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 		count(CNT_INSERT_FAILED);
 		return;
 	}
-	publish(skops, sk, &self);
+	publish(skops, sk, &self, &peer);
 }
 
 /* The server declines a connection its client already joined: take the
@@ -241,7 +260,7 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 		count(CNT_INSERT_FAILED);
 		return;
 	}
-	publish(skops, sk, &self);
+	publish(skops, sk, &self, &peer);
 	count(CNT_PAIRED);
 }
 
@@ -279,6 +298,7 @@ enum redirect_check {
 	REDIRECT_NO_PEER,    /* not paired yet, or gone */
 	REDIRECT_TCP_UNREAD, /* bytes we sent over TCP are not all read */
 	REDIRECT_BACKLOG,    /* flow control: the reader is too far behind */
+	REDIRECT_READER,     /* the peer's reader is unproven, or needs TCP */
 };
 
 static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *self)
@@ -289,6 +309,8 @@ static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *se
 	struct tcp_sock *peer_tp = ref->sk;
 	if (!peer_tp)
 		return REDIRECT_NO_PEER;
+	if ((ref->reads & (STATE_READS | STATE_TCP_READER)) != STATE_READS)
+		return REDIRECT_READER;
 	if (BPF_CORE_READ(peer_tp, copied_seq) != self->write_seq)
 		return REDIRECT_TCP_UNREAD;
 
@@ -310,10 +332,8 @@ static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *se
 
 static __always_inline int fall_back(struct sock_state *st)
 {
-	if (!(st->flags & STATE_FALLBACK)) {
-		st->flags |= STATE_FALLBACK;
+	if (!(__sync_fetch_and_or(&st->flags, STATE_FALLBACK) & STATE_FALLBACK))
 		count(CNT_FALLBACK);
-	}
 	st->pass_msgs++;
 	return SK_PASS;
 }
@@ -351,10 +371,9 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 	case REDIRECT_OK:
 		break;
 	case REDIRECT_BACKLOG:
-		if (!(st->flags & STATE_THROTTLED)) {
-			st->flags |= STATE_THROTTLED;
+		if (!(st->flags & STATE_THROTTLED) &&
+		    !(__sync_fetch_and_or(&st->flags, STATE_THROTTLED) & STATE_THROTTLED))
 			count(CNT_THROTTLED);
-		}
 		/* fall through */
 	default:
 		st->pass_msgs++;
@@ -367,10 +386,82 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 		st->pass_msgs++;
 		return SK_PASS;
 	}
-	st->flags &= ~STATE_THROTTLED;
+	if (st->flags & STATE_THROTTLED)
+		__sync_fetch_and_and(&st->flags, ~STATE_THROTTLED);
 	st->tx_bytes += msg->size;
 	st->tx_msgs++;
 	return SK_PASS;
+}
+
+#define MSG_WAITALL 0x100
+#define MSG_ERRQUEUE 0x2000
+
+/* No redirected byte waits in the socket's receive queues. */
+static __always_inline int ingress_empty(struct sock *sk)
+{
+	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
+	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
+	if (!psock)
+		return 1;
+	struct list_head *head = __builtin_preserve_access_index(&psock->ingress_msg);
+	return BPF_CORE_READ(psock, ingress_msg.next) == head && !BPF_CORE_READ(psock, ingress_skb.qlen);
+}
+
+/* Takes a socket whose reader needs TCP out of the sockhash, so it runs as
+ * plain TCP again (the kernel restores its own receive path: FIONREAD,
+ * MSG_WAITALL, splice and signals as TCP has them), then its peer likewise.
+ * Started cfg.settle_ns after the switch: a redirect the peer decided before
+ * it saw the switch completes inside its sendmsg after the verdict. Waits
+ * while redirected bytes are unread (deleting would drop them). */
+static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref)
+{
+	struct tcp_sock *tp = ref->sk;
+	if (!tp)
+		return 0;
+	if (!ingress_empty((struct sock *)tp)) {
+		bpf_timer_start(&ref->leave, cfg.settle_ns, 0);
+		return 0;
+	}
+	struct peer_ref *peer = bpf_map_lookup_elem(&peer_refs, &ref->peer);
+	if (peer && !peer->peer_left_ns) {
+		peer->peer_left_ns = bpf_ktime_get_ns();
+		bpf_timer_start(&peer->leave, cfg.settle_ns, 0);
+	}
+	/* Gone from peer_refs first: the peer's sends see no peer and take TCP. */
+	struct sock_key k = *key;
+	bpf_map_delete_elem(&peer_refs, &k);
+	bpf_map_delete_elem(&sock_hash, &k);
+	count(CNT_LEFT);
+	return 0;
+}
+
+/* Runs after every recvmsg on the host (read, recv, recvmsg, io_uring recv):
+ * records how the reader of a paired socket reads, for its peer's sk_msg.
+ * Sockets shunt does not hold have no storage and cost one pointer test. */
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
+{
+	if (flags & MSG_ERRQUEUE)
+		return 0; /* completions and errors, not the stream */
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (!st)
+		return 0;
+	__u32 mark = (flags & MSG_WAITALL) ? STATE_TCP_READER : STATE_READS;
+	if (st->flags & mark)
+		return 0;
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	if (!ref)
+		return 0; /* left already, or closing */
+	/* The socket's own sends update flags too (sk_msg): atomics. */
+	__sync_fetch_and_or(&st->flags, mark);
+	__u32 old = __sync_fetch_and_or(&ref->reads, mark);
+	if (mark != STATE_TCP_READER || (old & mark))
+		return 0;
+	count(CNT_TCP_READER);
+	/* Never seen in recv before: the peer never redirected to it, so
+	 * nothing can be on the way. */
+	bpf_timer_start(&ref->leave, (old & STATE_READS) ? cfg.settle_ns : 0, 0);
+	return 0;
 }
 
 /* The least a redirect needs with shunt's pairing: find the peer, redirect.
@@ -421,16 +512,9 @@ int shunt_iter_drain(struct bpf_iter__sockmap *ctx)
 	struct sock_key k;
 	bpf_probe_read_kernel(&k, sizeof(k), key);
 
-	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
-	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
-	if (psock) {
-		struct list_head *head = __builtin_preserve_access_index(&psock->ingress_msg);
-		struct list_head *next = BPF_CORE_READ(psock, ingress_msg.next);
-		__u32 qlen = BPF_CORE_READ(psock, ingress_skb.qlen);
-		if (next != head || qlen) {
-			bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
-			return 0;
-		}
+	if (!ingress_empty(sk)) {
+		bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
+		return 0;
 	}
 	bpf_map_delete_elem(&sock_hash, &k);
 	return 0;

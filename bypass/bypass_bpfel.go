@@ -16,6 +16,7 @@ import (
 type bypassConfig struct {
 	_            structs.HostLayout
 	PendingTtlNs uint64
+	SettleNs     uint64
 	MaxBacklog   uint32
 	Pad          uint32
 }
@@ -84,6 +85,7 @@ const (
 	bypassMapSockStates       = "sock_states"
 	bypassProgShuntIterDrain  = "shunt_iter_drain"
 	bypassProgShuntIterFlows  = "shunt_iter_flows"
+	bypassProgShuntReads      = "shunt_reads"
 	bypassProgShuntSkMsg      = "shunt_sk_msg"
 	bypassProgShuntSkMsgBare  = "shunt_sk_msg_bare"
 	bypassProgShuntSockops    = "shunt_sockops"
@@ -135,6 +137,7 @@ type bypassSpecs struct {
 type bypassProgramSpecs struct {
 	ShuntIterDrain *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
+	ShuntReads     *ebpf.ProgramSpec `ebpf:"shunt_reads"`
 	ShuntSkMsg     *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
 	ShuntSkMsgBare *ebpf.ProgramSpec `ebpf:"shunt_sk_msg_bare"`
 	ShuntSockops   *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
@@ -216,6 +219,7 @@ type bypassVariables struct {
 type bypassPrograms struct {
 	ShuntIterDrain *ebpf.Program `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows *ebpf.Program `ebpf:"shunt_iter_flows"`
+	ShuntReads     *ebpf.Program `ebpf:"shunt_reads"`
 	ShuntSkMsg     *ebpf.Program `ebpf:"shunt_sk_msg"`
 	ShuntSkMsgBare *ebpf.Program `ebpf:"shunt_sk_msg_bare"`
 	ShuntSockops   *ebpf.Program `ebpf:"shunt_sockops"`
@@ -225,6 +229,7 @@ func (p *bypassPrograms) Close() error {
 	return _BypassClose(
 		p.ShuntIterDrain,
 		p.ShuntIterFlows,
+		p.ShuntReads,
 		p.ShuntSkMsg,
 		p.ShuntSkMsgBare,
 		p.ShuntSockops,

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -46,6 +47,21 @@ func TestConnectionsAreBypassed(t *testing.T) {
 			client, server := testenv.Side{NS: a, CG: cg}, testenv.Side{NS: b, CG: cg}
 			c, s := testenv.ConnPair(t, tc.listenNet, server, tc.listenAddr, client, net.JoinHostPort(tc.dialTo, "0"))
 
+			// Until a reader has called recv, sends to it take TCP.
+			exchange(t, c, s, "w")
+			exchange(t, s, c, "w")
+			f := flowOf(t, in, testenv.Cookie(t, c))
+			if f == nil || f.Client == nil || f.Server == nil {
+				t.Fatalf("connection not listed as a bypassed flow: %+v", f)
+			}
+			if f.Client.TCPMsgs != 1 || f.Server.TCPMsgs != 1 || f.Client.TxMsgs+f.Server.TxMsgs != 0 {
+				t.Errorf("first round trip: client %d redirected %d tcp, server %d redirected %d tcp; want 0/1 each",
+					f.Client.TxMsgs, f.Client.TCPMsgs, f.Server.TxMsgs, f.Server.TCPMsgs)
+			}
+			if f.Client.Reader != bypass.ReaderRecv || f.Server.Reader != bypass.ReaderRecv {
+				t.Errorf("readers %q / %q after a round trip, want recv", f.Client.Reader, f.Server.Reader)
+			}
+
 			up := strings.Repeat("ping", 1000)
 			down := strings.Repeat("pong!", 7)
 			for i := 0; i < 10; i++ {
@@ -53,7 +69,7 @@ func TestConnectionsAreBypassed(t *testing.T) {
 				exchange(t, s, c, down)
 			}
 
-			f := flowOf(t, in, testenv.Cookie(t, c))
+			f = flowOf(t, in, testenv.Cookie(t, c))
 			if f == nil || f.Client == nil || f.Server == nil {
 				t.Fatalf("connection not listed as a bypassed flow: %+v", f)
 			}
@@ -66,8 +82,8 @@ func TestConnectionsAreBypassed(t *testing.T) {
 			if got, want := f.Server.TxBytes, uint64(10*len(down)); got != want {
 				t.Errorf("server->client redirected %d bytes, want %d", got, want)
 			}
-			if f.Client.TxMsgs != 10 || f.Server.TxMsgs != 10 || f.Client.TCPMsgs != 0 || f.Server.TCPMsgs != 0 {
-				t.Errorf("sends: client %d redirected %d tcp, server %d redirected %d tcp; want 10/0 each",
+			if f.Client.TxMsgs != 10 || f.Server.TxMsgs != 10 || f.Client.TCPMsgs != 1 || f.Server.TCPMsgs != 1 {
+				t.Errorf("sends: client %d redirected %d tcp, server %d redirected %d tcp; want 10/1 each",
 					f.Client.TxMsgs, f.Client.TCPMsgs, f.Server.TxMsgs, f.Server.TCPMsgs)
 			}
 			if got := f.Server.Addr.Addr().String(); got != tc.wantServerAddr {

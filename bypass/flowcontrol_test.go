@@ -54,6 +54,7 @@ func boundedBacklog(t *testing.T, in *bypass.Install, cg host.Cgroup, rcvbuf int
 			t.Fatal(err)
 		}
 	}
+	testenv.Warm(t, c, s)
 
 	for _, conn := range []interface{ SetDeadline(time.Time) error }{c, s} {
 		_ = conn.SetDeadline(time.Now().Add(60 * time.Second))

@@ -26,6 +26,28 @@ type Endpoint struct {
 	TCPMsgs     uint64         `json:"tcp_msgs"`             // sendmsg calls that took the TCP path
 	Redirecting bool           `json:"redirecting"`          // false once this direction fell back to TCP
 	Throttled   bool           `json:"throttled"`            // fell back because the peer's reader fell behind
+	Reader      Reader         `json:"reader"`               // how this socket's reader reads, as far as seen
+}
+
+// Reader says how a socket's reader has been seen reading. Only recv/read
+// (recvmsg) see redirected bytes, so its peer redirects to it only once it is
+// ReaderRecv.
+type Reader string
+
+const (
+	ReaderUnseen Reader = "unseen" // no recvmsg yet (perhaps a splice(2) reader): the peer's sends take TCP
+	ReaderRecv   Reader = "recv"   // reads with recv/read: the peer's sends may be redirected
+	ReaderTCP    Reader = "tcp"    // asked for MSG_WAITALL: the peer's sends stay on TCP
+)
+
+func readerOf(flags uint32) Reader {
+	switch {
+	case flags&stateTCPReader != 0:
+		return ReaderTCP
+	case flags&stateReads != 0:
+		return ReaderRecv
+	}
+	return ReaderUnseen
 }
 
 // Flow is a bypassed connection. Client is the side that called connect().
@@ -147,6 +169,7 @@ func endpoint(r *bypassFlowRecord, cgPaths map[uint64]string) *Endpoint {
 		TCPMsgs:     r.State.PassMsgs,
 		Redirecting: r.State.Flags&stateFallback == 0,
 		Throttled:   r.State.Flags&stateThrottled != 0,
+		Reader:      readerOf(r.State.Flags),
 	}
 }
 
@@ -154,6 +177,8 @@ func endpoint(r *bypassFlowRecord, cgPaths map[uint64]string) *Endpoint {
 const (
 	stateFallback  = 1
 	stateThrottled = 2
+	stateReads     = 4
+	stateTCPReader = 8
 )
 
 var tcpStates = []string{"", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2",

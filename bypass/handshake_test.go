@@ -41,6 +41,7 @@ func TestHandshakeRegistryCleanup(t *testing.T) {
 	connect := func(t *testing.T, port int) bool {
 		c := testenv.Dial(t, side, "tcp4", srv.String(), &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
 		s := testenv.Accept(t, ln)
+		testenv.Warm(t, c, s)
 		exchange(t, c, s, "hello")
 		f := flowOf(t, in, testenv.Cookie(t, c))
 		return f != nil && f.Client != nil && f.Client.TxBytes == 5

@@ -27,6 +27,11 @@ const DefaultPinDir = "/sys/fs/bpf/shunt"
 // client; older ones are left over from handshakes that never completed.
 const HandshakeTTL = 5 * time.Minute
 
+// redirectSettle bounds how long a redirect decided before a switch (drain,
+// or a reader that needs TCP) may still be landing: it completes inside the
+// sender's sendmsg, after the verdict, without a lock anyone else can wait on.
+const redirectSettle = 100 * time.Millisecond
+
 // ErrNotInstalled means no bypass install exists at the pin directory.
 var ErrNotInstalled = errors.New("bypass is not enabled")
 
@@ -37,6 +42,7 @@ const (
 	linksDir   = "links"
 	cgroupsDir = "cgroups"
 	skMsgLink  = "sk_msg"
+	readsLink  = "reads"
 )
 
 var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs", "excluded_ports"}
@@ -87,19 +93,22 @@ func build(dir string, opts Options) error {
 	if opts.MaxBacklog == 0 {
 		opts.MaxBacklog = DefaultMaxBacklog
 	}
-	if err := spec.Variables["cfg"].Set(bypassConfig{PendingTtlNs: uint64(HandshakeTTL), MaxBacklog: opts.MaxBacklog}); err != nil {
+	cfg := bypassConfig{PendingTtlNs: uint64(HandshakeTTL), SettleNs: uint64(redirectSettle), MaxBacklog: opts.MaxBacklog}
+	if err := spec.Variables["cfg"].Set(cfg); err != nil {
 		return fmt.Errorf("configure BPF: %w", err)
 	}
 	var objs struct {
 		bypassMaps
 		Sockops *ebpf.Program `ebpf:"shunt_sockops"`
 		SkMsg   *ebpf.Program `ebpf:"shunt_sk_msg"`
+		Reads   *ebpf.Program `ebpf:"shunt_reads"`
 	}
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return fmt.Errorf("load BPF programs: %w", err)
 	}
 	defer objs.Sockops.Close()
 	defer objs.SkMsg.Close()
+	defer objs.Reads.Close()
 	defer objs.bypassMaps.Close()
 
 	for _, d := range []string{mapsDir, progsDir, linksDir, cgroupsDir} {
@@ -114,6 +123,15 @@ func build(dir string, opts Options) error {
 	}
 	if err := objs.Sockops.Pin(filepath.Join(dir, progsDir, "sockops")); err != nil {
 		return fmt.Errorf("pin sockops: %w", err)
+	}
+	// The reader watch goes first: without it nothing is ever redirected.
+	reads, err := link.AttachTracing(link.TracingOptions{Program: objs.Reads})
+	if err != nil {
+		return fmt.Errorf("attach the reader watch (tp_btf/sock_recv_length): %w", err)
+	}
+	defer reads.Close()
+	if err := reads.Pin(filepath.Join(dir, linksDir, readsLink)); err != nil {
+		return fmt.Errorf("pin reader watch link: %w", err)
 	}
 	l, err := link.AttachRawLink(link.RawLinkOptions{
 		Target:  objs.SockHash.FD(),

@@ -90,6 +90,7 @@ func raceIdentical(t *testing.T, in *bypass.Install, cg host.Cgroup, pairs [2]pa
 			}
 			conns[i] = fileConn(t, fds[i])
 			srv[i] = testenv.Accept(t, lns[i])
+			testenv.Warm(t, conns[i], srv[i])
 		}
 		// Each side sends its own stream; both pairs run at once.
 		errs := make(chan error, 8)

@@ -74,6 +74,7 @@ func TestEnableDisableUnderTraffic(t *testing.T) {
 	open := func(seed uint64, gate <-chan struct{}) (*net.TCPConn, *net.TCPConn) {
 		c := testenv.Dial(t, side, "tcp4", addr, nil)
 		s := testenv.Accept(t, ln)
+		testenv.Warm(t, c, s)
 		streamBoth(&wg, errs, c, s, seed, gate)
 		return c, s
 	}
@@ -140,6 +141,7 @@ func TestDetachKeepsExistingFlows(t *testing.T) {
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
 	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	testenv.Warm(t, c, s)
 	exchange(t, c, s, "before")
 	if ok, err := in.Detach(cg.ID); err != nil || !ok {
 		t.Fatalf("detach: %v %v", ok, err)

@@ -45,7 +45,7 @@ func (in *Install) Remove(ctx context.Context) error {
 	}
 	// A send that read the control word just before it flipped finishes its
 	// redirect within its own syscall; give those a moment to land.
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(redirectSettle)
 
 	left, err := in.drain(ctx)
 	if err != nil {

@@ -30,6 +30,8 @@ type Counters struct {
 	Throttled    uint64 `json:"directions_throttled"`   // ... of which because their reader fell behind
 	Zerocopy     uint64 `json:"connections_zerocopy"`   // left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)
 	Excluded     uint64 `json:"connections_excluded"`   // left on TCP: the server port is excluded
+	TCPReaders   uint64 `json:"directions_tcp_reader"`  // kept on TCP: the reader asked for MSG_WAITALL
+	Left         uint64 `json:"sockets_left"`           // moved back to plain TCP (out of the sockhash) after that
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -91,12 +93,12 @@ func (in *Install) Stats() (Stats, error) {
 	s.Counters = Counters{
 		Registered: sum(0), Ambiguous: sum(1), RegistryFull: sum(2), Paired: sum(3),
 		Unpaired: sum(4), InsertFailed: sum(5), FallenBack: sum(6), Throttled: sum(7),
-		Zerocopy: sum(8), Excluded: sum(9),
+		Zerocopy: sum(8), Excluded: sum(9), TCPReaders: sum(10), Left: sum(11),
 	}
 	return s, nil
 }
 
-const cntMax = 10 // enum counter in bpf/include/shunt_keys.h
+const cntMax = 12 // enum counter in bpf/include/shunt_keys.h
 
 func maxEntries(m *ebpf.Map) uint32 {
 	if m.Type() == ebpf.SkStorage {
@@ -129,7 +131,7 @@ func (in *Install) sweep() {
 	var key bypassSockKey
 	var gone []bypassSockKey
 	it := in.maps["peer_refs"].Iterate()
-	var val [8]byte
+	val := make([]byte, in.maps["peer_refs"].ValueSize())
 	for it.Next(&key, &val) {
 		var cookie uint64
 		if in.maps["sock_hash"].Lookup(key, &cookie) != nil {
@@ -193,6 +195,12 @@ func (in *Install) programs() ([]Program, error) {
 		return nil, fmt.Errorf("sk_msg link info: %w", err)
 	}
 	out = append(out, Program{Name: "sk_msg", ID: pid, Links: []uint32{lid}, Attached: "map sock_hash"})
+
+	lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, readsLink))
+	if err != nil {
+		return nil, fmt.Errorf("reader watch link info: %w", err)
+	}
+	out = append(out, Program{Name: "reads", ID: pid, Links: []uint32{lid}, Attached: "tracepoint sock_recv_length"})
 	return out, nil
 }
 

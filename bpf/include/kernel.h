@@ -166,6 +166,9 @@ enum {
 /* Low bits of sk_user_data are flags (include/net/sock.h). */
 #define SK_USER_DATA_PTRMASK (~7UL)
 
+/* For bpf_timer_init (include/uapi/linux/time.h). */
+#define CLOCK_MONOTONIC 1
+
 /* sk_userlocks: the application set SO_RCVBUF (include/net/sock.h). */
 #define SOCK_RCVBUF_LOCK 2
 

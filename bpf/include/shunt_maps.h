@@ -45,9 +45,17 @@ struct {
 } counters SEC(".maps");
 
 /* Each paired socket publishes itself here, so its peer's sk_msg can see how
- * much redirected data it has not read yet (flow control). */
+ * much redirected data it has not read yet (flow control) and how its reader
+ * reads (reads: STATE_READS and STATE_TCP_READER, set by shunt_reads). The
+ * timer takes the socket out of the sockhash when its reader needs plain TCP
+ * (leave_cb); it deletes the entry as it does. */
 struct peer_ref {
 	struct tcp_sock __kptr_untrusted *sk;
+	struct sock_key peer;  /* the peer's key: it follows once this socket left */
+	struct bpf_timer leave;
+	__u64 peer_left_ns;    /* when the peer left the sockhash (0: it has not) */
+	__u32 reads;
+	__u32 _pad;
 };
 
 struct {

@@ -30,6 +30,7 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
 	c, s := testenv.ConnPair(t, "tcp6", side, "[::1]:0", side, "[::1]:0")
+	testenv.Warm(t, c, s)
 	if _, err := c.Write([]byte("hello")); err != nil {
 		t.Fatal(err)
 	}
@@ -60,9 +61,13 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	if !st.Installed || len(st.Cgroups) != 1 || st.Cgroups[0].Path != cg.Path || st.Stats.Counters.Paired != 1 {
 		t.Fatalf("status --json = %s", out)
 	}
-	if len(st.Stats.Programs) != 2 || st.Stats.Programs[0].ID == 0 || len(st.Stats.Programs[0].Links) != 1 ||
-		st.Stats.Programs[1].ID == 0 || len(st.Stats.Programs[1].Links) != 1 {
-		t.Fatalf("status --json programs = %+v", st.Stats.Programs)
+	if len(st.Stats.Programs) != 3 {
+		t.Fatalf("status --json programs = %+v, want sockops, sk_msg and reads", st.Stats.Programs)
+	}
+	for _, p := range st.Stats.Programs {
+		if p.ID == 0 || len(p.Links) != 1 {
+			t.Fatalf("status --json program %+v: want an id and one link", p)
+		}
 	}
 	out, _, code = runShunt(t, nil, "status", "--pin-dir", pin)
 	if code != 0 || !strings.Contains(out, cg.Path) || !strings.Contains(out, "1 paired") {
@@ -118,6 +123,7 @@ func TestDisableWaitsForUnreadBytes(t *testing.T) {
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
 	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	testenv.Warm(t, c, s)
 	first := testenv.Stream{Seed: 7, Size: 1 << 20, MaxChunk: 64 << 10}
 	if err := first.Write(c); err != nil { // redirected; the server does not read yet
 		t.Fatal(err)

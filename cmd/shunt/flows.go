@@ -70,7 +70,7 @@ func printFlows(e *env, flows []bypass.Flow, notInstalled bool) {
 				return fmt.Sprint(p.Netns)
 			}),
 			side(f.Client, f.Server, func(p *bypass.Endpoint) string { return p.Cgroup }),
-			traffic(f.Client), traffic(f.Server),
+			traffic(f.Client, f.Server), traffic(f.Server, f.Client),
 			time.Since(f.Since).Round(time.Second))
 	}
 }
@@ -96,7 +96,8 @@ func side(c, s *bypass.Endpoint, f func(*bypass.Endpoint) string) string {
 	return a + " / " + b
 }
 
-func traffic(p *bypass.Endpoint) string {
+// traffic describes the sends of p to peer, and why they take TCP if they do.
+func traffic(p, peer *bypass.Endpoint) string {
 	if p == nil {
 		return "-"
 	}
@@ -107,8 +108,12 @@ func traffic(p *bypass.Endpoint) string {
 	switch {
 	case !p.Redirecting:
 		s += " (TCP only)"
+	case peer != nil && peer.Reader == bypass.ReaderTCP:
+		s += " (TCP only: the reader uses MSG_WAITALL)"
 	case p.Throttled:
 		s += " (throttled)"
+	case peer != nil && peer.Reader == bypass.ReaderUnseen:
+		s += " (TCP until the reader calls recv)"
 	}
 	return s
 }

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"io"
 	"net"
 	"net/netip"
 	"strconv"
@@ -142,4 +143,20 @@ func UDPConnPair(t testing.TB, ns *NetNS, addr string) (x, y *net.UDPConn) {
 	}
 	t.Cleanup(func() { x.Close(); y.Close() })
 	return x, y
+}
+
+// Warm runs one round trip of one byte each way, so that both readers have
+// been seen in recv: until then shunt bypass sends each way over TCP
+// (docs/TRANSPARENCY.md, "Readers").
+func Warm(t testing.TB, c, s net.Conn) {
+	t.Helper()
+	for _, p := range [][2]net.Conn{{c, s}, {s, c}} {
+		if _, err := p[0].Write([]byte{'w'}); err != nil {
+			t.Fatalf("warm-up write: %v", err)
+		}
+		b := make([]byte, 1)
+		if _, err := io.ReadFull(p[1], b); err != nil || b[0] != 'w' {
+			t.Fatalf("warm-up read: %q %v", b, err)
+		}
+	}
 }

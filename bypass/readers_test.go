@@ -1,0 +1,173 @@
+package bypass_test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// waitAllReader reads a connection with blocking recv(MSG_WAITALL), as a C
+// program would: Go's own sockets are non-blocking, where MSG_WAITALL has no
+// effect.
+type waitAllReader struct {
+	t *testing.T
+	c *net.TCPConn
+}
+
+func (r waitAllReader) Read(b []byte) (n int, err error) {
+	rawFD(r.t, r.c, func(fd int) {
+		unix.SetNonblock(fd, false)
+		defer unix.SetNonblock(fd, true)
+		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 10})
+		for {
+			n, _, err = unix.Recvfrom(fd, b, unix.MSG_WAITALL)
+			// A blocking read on a sockhash socket gives EAGAIN where TCP
+			// restarts (the open "signal" row of docs/TRANSPARENCY.md).
+			if err != unix.EAGAIN && err != unix.EINTR {
+				break
+			}
+		}
+	})
+	if n == 0 && err == nil {
+		return 0, fmt.Errorf("EOF")
+	}
+	return max(n, 0), err
+}
+
+// waitLeft waits until no socket of the install is left in the sockhash.
+func waitLeft(t *testing.T, in *bypass.Install, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for mapEntries(t, in, "sock_hash") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d socket(s) still in the sockhash after %v", mapEntries(t, in, "sock_hash"), within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A reader that asks for MSG_WAITALL from its first read: its direction never
+// takes a redirect, and the connection leaves the sockhash at once, so what
+// the kernel gives a sockhash socket differently (FIONREAD of bytes that came
+// by TCP, here) is TCP's own again.
+func TestWaitAllReaderLeaves(t *testing.T) {
+	in, cg := mustInstall(t)
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	before, _ := in.Stats()
+
+	go c.Write([]byte("hello"))
+	b := make([]byte, 5)
+	if n, err := (waitAllReader{t, s}).Read(b); n != 5 || err != nil || string(b) != "hello" {
+		t.Fatalf("MSG_WAITALL read %q %v", b[:n], err)
+	}
+	waitLeft(t, in, 2*time.Second)
+	after, _ := in.Stats()
+	if after.Counters.TCPReaders-before.Counters.TCPReaders != 1 || after.Counters.Left-before.Counters.Left != 2 {
+		t.Errorf("counters: %d MSG_WAITALL readers, %d sockets left; want 1 and 2",
+			after.Counters.TCPReaders-before.Counters.TCPReaders, after.Counters.Left-before.Counters.Left)
+	}
+
+	c.Write([]byte("twelve bytes"))
+	if q := waitQueued(t, s, 12); q != 12 {
+		t.Errorf("FIONREAD %d after leaving, want 12 (a sockhash socket counts only redirected bytes)", q)
+	}
+	if _, err := io.ReadFull(s, make([]byte, 12)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Warm(t, c, s)
+	exchange(t, s, c, "and back")
+	if f := flowOf(t, in, testenv.Cookie(t, c)); f != nil {
+		t.Errorf("connection paired again after it left: %+v", f)
+	}
+}
+
+// A reader that switches to MSG_WAITALL in the middle of a redirected stream:
+// every byte arrives in order across the switch, and the connection leaves the
+// sockhash once nothing redirected is left unread.
+func TestWaitAllSwitchMidStream(t *testing.T) {
+	in, cg := mustInstall(t)
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	testenv.Warm(t, c, s)
+	for _, conn := range []*net.TCPConn{c, s} {
+		conn.SetDeadline(time.Now().Add(30 * time.Second))
+	}
+
+	stream := testenv.Stream{Seed: 11, Size: 16 << 20, MaxChunk: 64 << 10}
+	wrote := make(chan error, 1)
+	go func() { wrote <- stream.Write(c) }()
+	if err := stream.Check(&switchingReader{plain: s, waitAll: waitAllReader{t, s}, switchAt: 4 << 20}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	waitLeft(t, in, 2*time.Second)
+	st, _ := in.Stats()
+	if st.Counters.TCPReaders == 0 {
+		t.Error("the MSG_WAITALL reader was not counted")
+	}
+}
+
+// switchingReader reads plainly up to switchAt bytes, then with MSG_WAITALL.
+type switchingReader struct {
+	plain    *net.TCPConn
+	waitAll  waitAllReader
+	switchAt int
+	read     int
+}
+
+func (r *switchingReader) Read(b []byte) (int, error) {
+	var n int
+	var err error
+	if r.read < r.switchAt {
+		n, err = r.plain.Read(b[:min(len(b), r.switchAt-r.read)])
+	} else {
+		n, err = r.waitAll.Read(b)
+	}
+	r.read += n
+	return n, err
+}
+
+// Leaving never drops redirected bytes: the peer of a socket that left keeps
+// its place in the sockhash until its reader has read what was redirected to
+// it, and only then follows.
+func TestLeaveWaitsForUnreadBytes(t *testing.T) {
+	in, cg := mustInstall(t)
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	testenv.Warm(t, c, s)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+
+	unread := strings.Repeat("redirected, not read yet ", 40)
+	if _, err := s.Write([]byte(unread)); err != nil {
+		t.Fatal(err)
+	}
+	go c.Write([]byte("1234"))
+	if n, err := (waitAllReader{t, s}).Read(make([]byte, 4)); n != 4 || err != nil {
+		t.Fatalf("MSG_WAITALL read: %d %v", n, err)
+	}
+	time.Sleep(500 * time.Millisecond) // several times the settle delay
+	if n := mapEntries(t, in, "sock_hash"); n != 1 {
+		t.Fatalf("%d sockets in the sockhash, want 1: the client, holding %d unread redirected bytes", n, len(unread))
+	}
+	got := make([]byte, len(unread))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != unread {
+		t.Fatalf("client read %q %v", got, err)
+	}
+	waitLeft(t, in, 2*time.Second)
+	exchange(t, s, c, "after both left")
+	exchange(t, c, s, "both ways")
+}
