@@ -64,6 +64,7 @@ type UDPProxy struct {
 
 type udpFlow struct {
 	client      netip.AddrPort
+	local       netip.Addr // the address the client sent to: the front socket answers from it
 	front, back *net.UDPConn
 	pair        *splice.UDPPair // Kernel mode
 	// Datagrams relayed in user space: by the loop before the join, and
@@ -107,6 +108,13 @@ func NewUDP(cfg Config, idle time.Duration, logf func(format string, args ...any
 		return nil, fmt.Errorf("listen on udp %s: %w", cfg.Listen, err)
 	}
 	p.ln = l.(*net.UDPConn)
+	if cfg.Listen.Addr().IsUnspecified() {
+		if err := askDestination(p.ln); err != nil {
+			p.ln.Close()
+			unix.Close(p.netns)
+			return nil, fmt.Errorf("listen on udp %s: ask for each datagram's destination: %w", cfg.Listen, err)
+		}
+	}
 	if cfg.Mode == Kernel {
 		if p.splicer, err = splice.NewUDP(splice.UDPOptions{MaxQueue: cfg.MaxInflight, MaxPairs: cfg.MaxConns}); err != nil {
 			p.ln.Close()
@@ -128,6 +136,50 @@ func reuseAddr(c syscall.RawConn) error {
 	return errors.Join(err, serr)
 }
 
+// askDestination makes a wildcard listener report each datagram's
+// destination address (IP_PKTINFO), so a flow can answer its client from the
+// address the client sent to, whatever address routing would pick.
+func askDestination(ln *net.UDPConn) error {
+	raw, err := ln.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		if ln.LocalAddr().(*net.UDPAddr).IP.To4() != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
+			return
+		}
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1)
+		if serr == nil { // IPv4 clients of a dual-stack socket
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
+		}
+	})
+	return errors.Join(err, serr)
+}
+
+// destination reads the address a datagram was sent to from its control
+// messages (invalid if there is none).
+func destination(oob []byte) netip.Addr {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return netip.Addr{}
+	}
+	for _, m := range msgs {
+		switch {
+		case m.Header.Level == unix.IPPROTO_IP && m.Header.Type == unix.IP_PKTINFO && len(m.Data) >= unix.SizeofInet4Pktinfo:
+			var a [4]byte
+			copy(a[:], m.Data[8:12]) // struct in_pktinfo: ifindex, spec_dst, addr
+			return netip.AddrFrom4(a)
+		case m.Header.Level == unix.IPPROTO_IPV6 && m.Header.Type == unix.IPV6_PKTINFO && len(m.Data) >= unix.SizeofInet6Pktinfo:
+			var a [16]byte
+			copy(a[:], m.Data[:16]) // struct in6_pktinfo: addr, ifindex
+			return netip.AddrFrom16(a).Unmap()
+		}
+	}
+	return netip.Addr{}
+}
+
 // Addr is the address the proxy listens on.
 func (p *UDPProxy) Addr() netip.AddrPort { return p.ln.LocalAddr().(*net.UDPAddr).AddrPort() }
 
@@ -138,21 +190,29 @@ func (p *UDPProxy) Run(ctx context.Context) error {
 	p.wg.Add(1)
 	go p.reapIdle(ctx)
 	buf := make([]byte, 1<<16)
+	oob := make([]byte, 128)
+	listening := p.Addr().Addr()
 	for {
-		n, from, err := p.ln.ReadFromUDPAddrPort(buf)
+		n, oobn, _, from, err := p.ln.ReadMsgUDPAddrPort(buf, oob)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
 			return err
 		}
-		p.dispatch(from, buf[:n])
+		local := listening
+		if local.IsUnspecified() {
+			if to := destination(oob[:oobn]); to.IsValid() && !to.IsMulticast() {
+				local = to
+			}
+		}
+		p.dispatch(from, local, buf[:n])
 	}
 }
 
-// dispatch sends a datagram that reached the listener on to its client's
-// flow, opening the flow if it is the client's first.
-func (p *UDPProxy) dispatch(from netip.AddrPort, b []byte) {
+// dispatch sends a datagram that reached the listener (sent to local) on to
+// its client's flow, opening the flow if it is the client's first.
+func (p *UDPProxy) dispatch(from netip.AddrPort, local netip.Addr, b []byte) {
 	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
 	p.mu.Lock()
 	f := p.flows[from]
@@ -170,7 +230,7 @@ func (p *UDPProxy) dispatch(from netip.AddrPort, b []byte) {
 		p.log("proxy: udp %s: refused, %d flows open (the limit)", from, p.cfg.MaxConns)
 		return
 	}
-	f, err := p.open(from)
+	f, err := p.open(from, local)
 	if err != nil {
 		p.refused.Add(1)
 		p.log("proxy: udp %s: %v", from, err)
@@ -205,7 +265,7 @@ func (p *UDPProxy) settle(f *udpFlow) {
 			}
 			continue
 		}
-		p.dispatch(d.from, d.b)
+		p.dispatch(d.from, f.local, d.b) // it reached the address f is bound to
 	}
 	if err := p.start(f); err != nil {
 		p.log("proxy: udp %s: %v", f.client, err)
@@ -230,12 +290,13 @@ func drain(c *net.UDPConn) []datagram {
 	return out
 }
 
-// open makes a flow's two sockets: one bound to the listener's address and
-// connected to the client, one connected to the next upstream.
-func (p *UDPProxy) open(client netip.AddrPort) (*udpFlow, error) {
-	f := &udpFlow{client: client, lastMove: time.Now(), settled: make(chan struct{})}
+// open makes a flow's two sockets: one bound to the address the client sent
+// to (the listener's port) and connected to the client, one connected to the
+// next upstream.
+func (p *UDPProxy) open(client netip.AddrPort, local netip.Addr) (*udpFlow, error) {
+	f := &udpFlow{client: client, local: local, lastMove: time.Now(), settled: make(chan struct{})}
 	err := host.InNetns(fmt.Sprintf("/proc/self/fd/%d", p.netns), func() (err error) {
-		f.front, err = clientSocket(p.Addr(), client)
+		f.front, err = clientSocket(p.Addr(), local, client)
 		return err
 	})
 	if err != nil {
@@ -276,11 +337,12 @@ func (p *UDPProxy) dialUDP(up netip.AddrPort) (*net.UDPConn, error) {
 	return uc, nil
 }
 
-// clientSocket binds to the listener's address (beside it: SO_REUSEADDR)
-// and connects to the client.
-func clientSocket(local, client netip.AddrPort) (*net.UDPConn, error) {
+// clientSocket binds to local and the listener's port (beside the
+// listener: SO_REUSEADDR), in the listener's family, and connects to the
+// client.
+func clientSocket(listener netip.AddrPort, local netip.Addr, client netip.AddrPort) (*net.UDPConn, error) {
 	fam := unix.AF_INET6
-	if local.Addr().Is4() {
+	if listener.Addr().Is4() {
 		fam = unix.AF_INET
 	}
 	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
@@ -294,7 +356,7 @@ func clientSocket(local, client netip.AddrPort) (*net.UDPConn, error) {
 		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
 	}
 	unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
-	if err := unix.Bind(fd, sockaddr(local)); err != nil {
+	if err := unix.Bind(fd, sockaddr(netip.AddrPortFrom(local, listener.Port()))); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}

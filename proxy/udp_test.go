@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -196,5 +197,56 @@ func TestUDPProxyFlowLimit(t *testing.T) {
 	}
 	if st := p.Stats(); st.Refused != 1 || st.Active != 2 {
 		t.Errorf("stats %+v: want 1 refused, 2 active", st)
+	}
+}
+
+// A wildcard listener answers each client from the address the client sent
+// to, not from the one routing would pick for the reply: a client whose
+// socket is connected to that address drops datagrams from any other.
+func TestUDPProxyWildcardAnswersFromDestination(t *testing.T) {
+	for _, tc := range []struct {
+		name, listen, addrs, client, dest string
+	}{
+		// On lo, replies to 127.0.0.2 would come from 127.0.0.1.
+		{"ipv4", "0.0.0.0:0", "", "127.0.0.2:0", "127.0.0.3"},
+		// IPv6 picks the client's own address as the reply's source.
+		{"ipv6", "[::]:0", "fd00:53::1,fd00:53::2", "[fd00:53::2]:0", "fd00:53::1"},
+		{"ipv4 client of a dual-stack listener", "[::]:0", "", "127.0.0.2:0", "127.0.0.3"},
+	} {
+		for _, mode := range []proxy.Mode{proxy.Kernel, proxy.Copy} {
+			t.Run(tc.name+"/"+mode.String(), func(t *testing.T) {
+				ns := testenv.MustNetNS(t)
+				for _, a := range strings.Split(tc.addrs, ",") {
+					if a != "" {
+						ns.Do(t, func() {
+							if out, err := exec.Command("ip", "addr", "add", a+"/128", "dev", "lo", "nodad").CombinedOutput(); err != nil {
+								t.Fatalf("ip addr add %s: %v %s", a, err, out)
+							}
+						})
+					}
+				}
+				up := udpEcho(t, ns, "127.0.0.1:0", "a")
+				p := mustUDPProxy(t, ns, proxy.Config{Listen: netip.MustParseAddrPort(tc.listen), Upstreams: []netip.AddrPort{up}, Mode: mode}, time.Minute)
+				var c *net.UDPConn
+				ns.Do(t, func() {
+					var err error
+					dest := netip.AddrPortFrom(netip.MustParseAddr(tc.dest), p.Addr().Port())
+					c, err = net.DialUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(tc.client)), net.UDPAddrFromAddrPort(dest))
+					if err != nil {
+						t.Fatal(err)
+					}
+				})
+				defer c.Close()
+				buf := make([]byte, 64)
+				for i := 0; i < 3; i++ {
+					c.Write([]byte("hi"))
+					c.SetReadDeadline(time.Now().Add(time.Second))
+					n, err := c.Read(buf)
+					if err != nil || string(buf[:n]) != "a:hi" {
+						t.Fatalf("round %d: %q %v (answered from another address?)", i, buf[:n], err)
+					}
+				}
+			})
+		}
 	}
 }
