@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -13,17 +14,40 @@ import (
 type pool struct {
 	ups  []netip.AddrPort
 	next atomic.Uint64
+
+	mu   sync.Mutex
+	down map[netip.AddrPort]time.Time // refused lately: tried last until then
 }
 
 // order returns every upstream, starting at the next in turn, so a caller
-// can fall through to the others when one refuses.
+// can fall through to the others when one refuses. Upstreams marked down
+// come last.
 func (p *pool) order() []netip.AddrPort {
 	start := int(p.next.Add(1)-1) % len(p.ups)
 	out := make([]netip.AddrPort, 0, len(p.ups))
+	var down []netip.AddrPort
+	now := time.Now()
+	p.mu.Lock()
 	for i := range p.ups {
-		out = append(out, p.ups[(start+i)%len(p.ups)])
+		u := p.ups[(start+i)%len(p.ups)]
+		if until, ok := p.down[u]; ok && now.Before(until) {
+			down = append(down, u)
+			continue
+		}
+		out = append(out, u)
 	}
-	return out
+	p.mu.Unlock()
+	return append(out, down...)
+}
+
+// markDown puts u last in the order for d.
+func (p *pool) markDown(u netip.AddrPort, d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.down == nil {
+		p.down = map[netip.AddrPort]time.Time{}
+	}
+	p.down[u] = time.Now().Add(d)
 }
 
 // readHead reads what the client sends first, up to the end of an HTTP

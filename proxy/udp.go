@@ -41,7 +41,19 @@ type UDPStats struct {
 	Down    uint64 `json:"datagrams_down"`
 	Kernel  uint64 `json:"datagrams_kernel"` // of those, moved by the kernel
 	Dropped uint64 `json:"datagrams_dropped"`
+	// UpstreamRefused counts flows whose upstream refused a datagram
+	// (ICMP port unreachable); each such flow is closed, and reopened on
+	// the next upstream with what it had sent if it had no answer yet.
+	UpstreamRefused uint64 `json:"upstream_refused"`
 }
+
+// udpRefusedCooldown is how long an upstream that refused a datagram is
+// tried last by new flows.
+const udpRefusedCooldown = 10 * time.Second
+
+// maxReplay bounds what a flow keeps of the datagrams it sent before its
+// upstream answered, to send again to the next upstream if that one refuses.
+const maxReplay = 64 << 10
 
 // UDPProxy relays UDP flows.
 type UDPProxy struct {
@@ -60,11 +72,14 @@ type UDPProxy struct {
 
 	seen, refused           atomic.Uint64
 	up, down, kernel, drops atomic.Uint64 // of flows that ended
+	upRefused               atomic.Uint64
 }
 
 type udpFlow struct {
 	client      netip.AddrPort
 	local       netip.Addr // the address the client sent to: the front socket answers from it
+	upstream    netip.AddrPort
+	tries       int // upstreams this client's flows have tried in a row, this one included
 	front, back *net.UDPConn
 	pair        *splice.UDPPair // Kernel mode
 	// Datagrams relayed in user space: by the loop before the join, and
@@ -74,6 +89,26 @@ type udpFlow struct {
 	lastMove  time.Time
 	settled   chan struct{} // closed once settle has started the flow (or given up)
 	closed    sync.Once
+	done      chan struct{} // closed when the flow ends
+	refused   sync.Once
+
+	mu     sync.Mutex
+	sent   [][]byte // what user space sent upstream before an answer (up to maxReplay)
+	nbytes int
+}
+
+// remember keeps a datagram sent upstream while nothing came back, to send
+// it again to another upstream if this one refuses.
+func (f *udpFlow) remember(b []byte) {
+	if f.down.Load() > 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.nbytes+len(b) <= maxReplay {
+		f.sent = append(f.sent, append([]byte(nil), b...))
+		f.nbytes += len(b)
+	}
 }
 
 // NewUDP checks cfg and listens on its UDP address. idle 0 means
@@ -206,13 +241,14 @@ func (p *UDPProxy) Run(ctx context.Context) error {
 				local = to
 			}
 		}
-		p.dispatch(from, local, buf[:n])
+		p.dispatch(from, local, buf[:n], 0)
 	}
 }
 
 // dispatch sends a datagram that reached the listener (sent to local) on to
-// its client's flow, opening the flow if it is the client's first.
-func (p *UDPProxy) dispatch(from netip.AddrPort, local netip.Addr, b []byte) {
+// its client's flow, opening the flow if it is the client's first. tried is
+// how many upstreams refused this client just before (0 for a new client).
+func (p *UDPProxy) dispatch(from netip.AddrPort, local netip.Addr, b []byte, tried int) {
 	from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
 	p.mu.Lock()
 	f := p.flows[from]
@@ -221,16 +257,19 @@ func (p *UDPProxy) dispatch(from netip.AddrPort, local netip.Addr, b []byte) {
 	if f != nil {
 		if _, err := f.back.Write(b); err == nil {
 			f.up.Add(1)
+			f.remember(b)
 		}
 		return
 	}
-	p.seen.Add(1)
+	if tried == 0 {
+		p.seen.Add(1)
+	}
 	if full {
 		p.refused.Add(1)
 		p.log("proxy: udp %s: refused, %d flows open (the limit)", from, p.cfg.MaxConns)
 		return
 	}
-	f, err := p.open(from, local)
+	f, err := p.open(from, local, tried+1)
 	if err != nil {
 		p.refused.Add(1)
 		p.log("proxy: udp %s: %v", from, err)
@@ -238,6 +277,7 @@ func (p *UDPProxy) dispatch(from netip.AddrPort, local netip.Addr, b []byte) {
 	}
 	if _, err := f.back.Write(b); err == nil {
 		f.up.Add(1)
+		f.remember(b)
 	}
 	p.wg.Add(1)
 	go p.settle(f)
@@ -262,10 +302,11 @@ func (p *UDPProxy) settle(f *udpFlow) {
 		if d.from == f.client {
 			if _, err := f.back.Write(d.b); err == nil {
 				f.up.Add(1)
+				f.remember(d.b)
 			}
 			continue
 		}
-		p.dispatch(d.from, f.local, d.b) // it reached the address f is bound to
+		p.dispatch(d.from, f.local, d.b, 0) // it reached the address f is bound to
 	}
 	if err := p.start(f); err != nil {
 		p.log("proxy: udp %s: %v", f.client, err)
@@ -293,8 +334,9 @@ func drain(c *net.UDPConn) []datagram {
 // open makes a flow's two sockets: one bound to the address the client sent
 // to (the listener's port) and connected to the client, one connected to the
 // next upstream.
-func (p *UDPProxy) open(client netip.AddrPort, local netip.Addr) (*udpFlow, error) {
-	f := &udpFlow{client: client, local: local, lastMove: time.Now(), settled: make(chan struct{})}
+func (p *UDPProxy) open(client netip.AddrPort, local netip.Addr, tries int) (*udpFlow, error) {
+	f := &udpFlow{client: client, local: local, tries: tries, lastMove: time.Now(),
+		settled: make(chan struct{}), done: make(chan struct{})}
 	err := host.InNetns(fmt.Sprintf("/proc/self/fd/%d", p.netns), func() (err error) {
 		f.front, err = clientSocket(p.Addr(), local, client)
 		return err
@@ -308,7 +350,7 @@ func (p *UDPProxy) open(client netip.AddrPort, local netip.Addr) (*udpFlow, erro
 		f.front.Close()
 		return nil, fmt.Errorf("upstream %s: %w", up, err)
 	}
-	f.back = c
+	f.back, f.upstream = c, up
 	p.mu.Lock()
 	p.flows[client] = f
 	p.mu.Unlock()
@@ -396,9 +438,24 @@ func (p *UDPProxy) start(f *udpFlow) error {
 		p.mu.Lock()
 		f.pair = pair
 		p.mu.Unlock()
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for {
+				select {
+				case i := <-pair.Refusals():
+					if i == 1 { // the upstream socket
+						p.upstreamRefused(f)
+						return
+					}
+				case <-f.done:
+					return
+				}
+			}
+		}()
 		return nil
 	}
-	relay := func(from, to *net.UDPConn, n *atomic.Uint64) {
+	relay := func(from, to *net.UDPConn, n *atomic.Uint64, up bool) {
 		defer p.wg.Done()
 		buf := make([]byte, 1<<16)
 		for {
@@ -406,18 +463,51 @@ func (p *UDPProxy) start(f *udpFlow) error {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			if errors.Is(err, syscall.ECONNREFUSED) && from == f.back {
+				p.upstreamRefused(f)
+				return
+			}
 			if err != nil {
-				continue // ECONNREFUSED after an ICMP error: UDP goes on
+				continue // ECONNREFUSED from the client: UDP goes on
 			}
 			if _, err := to.Write(buf[:m]); err == nil {
 				n.Add(1)
+				if up {
+					f.remember(buf[:m])
+				}
 			}
 		}
 	}
 	p.wg.Add(2)
-	go relay(f.front, f.back, &f.up)
-	go relay(f.back, f.front, &f.down)
+	go relay(f.front, f.back, &f.up, true)
+	go relay(f.back, f.front, &f.down, false)
 	return nil
+}
+
+// upstreamRefused ends a flow whose upstream refused a datagram (nobody
+// listens there), puts that upstream last for new flows for a while, and,
+// if it never answered, sends what the flow had sent to the next upstream,
+// until each has been tried once.
+func (p *UDPProxy) upstreamRefused(f *udpFlow) {
+	f.refused.Do(func() {
+		p.upRefused.Add(1)
+		p.ups.markDown(f.upstream, udpRefusedCooldown)
+		p.mu.Lock()
+		_, down, _, _ := f.counts()
+		p.mu.Unlock()
+		f.mu.Lock()
+		replay := f.sent
+		f.mu.Unlock()
+		p.closeFlow(f)
+		if down > 0 || f.tries >= len(p.cfg.Upstreams) {
+			p.log("proxy: udp %s: upstream %s refused (port unreachable); flow closed", f.client, f.upstream)
+			return
+		}
+		p.log("proxy: udp %s: upstream %s refused (port unreachable); trying the next one", f.client, f.upstream)
+		for _, b := range replay {
+			p.dispatch(f.client, f.local, b, f.tries)
+		}
+	})
 }
 
 // counts is a flow's datagrams each way, and of them the kernel's, and
@@ -459,6 +549,7 @@ func (p *UDPProxy) endFlow(f *udpFlow) {
 	}
 	f.front.Close()
 	f.back.Close()
+	close(f.done)
 }
 
 // reapIdle closes flows that carried nothing for the idle time.
@@ -491,7 +582,8 @@ func (p *UDPProxy) reapIdle(ctx context.Context) {
 
 // Stats returns the counters now.
 func (p *UDPProxy) Stats() UDPStats {
-	st := UDPStats{Flows: p.seen.Load(), Refused: p.refused.Load(), Up: p.up.Load(), Down: p.down.Load(), Kernel: p.kernel.Load(), Dropped: p.drops.Load()}
+	st := UDPStats{Flows: p.seen.Load(), Refused: p.refused.Load(), Up: p.up.Load(), Down: p.down.Load(),
+		Kernel: p.kernel.Load(), Dropped: p.drops.Load(), UpstreamRefused: p.upRefused.Load()}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st.Active = len(p.flows)

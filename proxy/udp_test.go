@@ -250,3 +250,78 @@ func TestUDPProxyWildcardAnswersFromDestination(t *testing.T) {
 		}
 	}
 }
+
+// An upstream that refuses (nobody listens: ICMP port unreachable) is left
+// for the next: the flow that found out sends what it had sent to the next
+// upstream, so the client's first datagram is answered without a retry, and
+// new flows try the refusing upstream last. When every upstream refuses, each
+// is tried once and nothing is left behind.
+func TestUDPProxyUpstreamRefuses(t *testing.T) {
+	for _, mode := range []proxy.Mode{proxy.Kernel, proxy.Copy} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ns := testenv.MustNetNS(t)
+			dead := closedUDPPort(t, ns)
+			live := udpEcho(t, ns, "127.0.0.1:0", "live")
+			p := mustUDPProxy(t, ns, proxy.Config{Upstreams: []netip.AddrPort{dead, live}, Mode: mode}, time.Minute)
+			for i := 0; i < 3; i++ {
+				c := dialUDP(t, ns, p.Addr())
+				c.Write([]byte("hi"))
+				buf := make([]byte, 64)
+				c.SetReadDeadline(time.Now().Add(2 * time.Second))
+				n, err := c.Read(buf)
+				if err != nil || string(buf[:n]) != "live:hi" {
+					t.Fatalf("client %d: %q %v", i, buf[:n], err)
+				}
+				c.Close()
+			}
+			if st := p.Stats(); st.UpstreamRefused != 1 || st.Flows != 3 {
+				t.Errorf("stats %+v: want 1 upstream refusal (later flows try it last) and 3 clients", st)
+			}
+		})
+		t.Run(mode.String()+"/all refuse", func(t *testing.T) {
+			ns := testenv.MustNetNS(t)
+			ups := []netip.AddrPort{closedUDPPort(t, ns), closedUDPPort(t, ns)}
+			p := mustUDPProxy(t, ns, proxy.Config{Upstreams: ups, Mode: mode}, time.Minute)
+			c := dialUDP(t, ns, p.Addr())
+			defer c.Close()
+			c.Write([]byte("anyone?"))
+			deadline := time.Now().Add(2 * time.Second)
+			for p.Stats().UpstreamRefused < 2 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(100 * time.Millisecond) // a third try would show by now
+			st := p.Stats()
+			socks, cookies, _ := p.MapEntries()
+			if st.UpstreamRefused != 2 || st.Active != 0 || socks+cookies != 0 {
+				t.Errorf("stats %+v, %d sockets and %d cookies in the maps: want each upstream tried once, nothing left", st, socks, cookies)
+			}
+		})
+	}
+}
+
+// closedUDPPort returns a loopback port in ns where nobody listens.
+func closedUDPPort(t *testing.T, ns *testenv.NetNS) netip.AddrPort {
+	t.Helper()
+	var ap netip.AddrPort
+	ns.Do(t, func() {
+		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ap = c.LocalAddr().(*net.UDPAddr).AddrPort()
+		c.Close()
+	})
+	return ap
+}
+
+func dialUDP(t *testing.T, ns *testenv.NetNS, to netip.AddrPort) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	ns.Do(t, func() {
+		var err error
+		if c, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(to)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	return c
+}

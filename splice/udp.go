@@ -102,6 +102,7 @@ type UDPPair struct {
 	copiedAB atomic.Uint64
 	copiedBA atomic.Uint64
 	refused  [2]atomic.Uint64 // by the socket that was refused: a, b
+	refusals chan int         // the index of a refused socket, for Refusals
 	once     sync.Once
 	mu       sync.Mutex // insert and repair against Close
 	closed   bool
@@ -132,24 +133,26 @@ func (s *UDPSplicer) Join(a, b *net.UDPConn) (*UDPPair, error) {
 	s.free = s.free[:len(s.free)-1]
 	s.mu.Unlock()
 
-	p := &UDPPair{s: s, index: index, a: a, b: b}
+	p := newUDPPair(s, index, a, b)
 	// What waits on a socket now would never reach its verdict (it reads
 	// one datagram per arrival), so it is sent on here, before and after
 	// the sockets join.
-	p.copiedAB.Add(forwardQueued(a, b))
-	p.copiedBA.Add(forwardQueued(b, a))
+	p.forwardQueued()
 	if err := p.insert(); err != nil {
 		p.remove()
 		s.release(index)
 		return nil, err
 	}
-	p.copiedAB.Add(forwardQueued(a, b))
-	p.copiedBA.Add(forwardQueued(b, a))
+	p.forwardQueued()
 	s.mu.Lock()
 	s.pairs[index] = p
 	s.mu.Unlock()
 	p.start()
 	return p, nil
+}
+
+func newUDPPair(s *UDPSplicer, index uint32, a, b *net.UDPConn) *UDPPair {
+	return &UDPPair{s: s, index: index, a: a, b: b, refusals: make(chan int, 2)}
 }
 
 func (p *UDPPair) start() {
@@ -177,7 +180,7 @@ func (p *UDPPair) watch(i int) {
 	}
 	raw.Read(func(fd uintptr) bool {
 		if soerr, _ := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR); soerr != 0 {
-			p.refused[i].Add(1)
+			p.noteRefused(i)
 			p.repair(i, int(fd))
 		}
 		return false // sleep again; Close ends the wait
@@ -195,9 +198,16 @@ func (p *UDPPair) repair(i, fd int) {
 	p.s.objs.UdpSocks.Update(slot, uint64(fd), ebpf.UpdateAny)
 	// What arrived on it meanwhile took the normal path, and what arrived
 	// on its peer while it was out waits on the peer.
-	ab, ba := forwardQueued(p.a, p.b), forwardQueued(p.b, p.a)
-	p.copiedAB.Add(ab)
-	p.copiedBA.Add(ba)
+	p.forwardQueued()
+}
+
+// noteRefused counts a refusal of socket i and reports it to Refusals.
+func (p *UDPPair) noteRefused(i int) {
+	p.refused[i].Add(1)
+	select {
+	case p.refusals <- i:
+	default: // the owner has not taken the last ones; counted anyway
+	}
 }
 
 func (p *UDPPair) insert() error {
@@ -237,10 +247,21 @@ func (p *UDPPair) remove() {
 	}
 }
 
-// forwardQueued sends on every datagram waiting on from, without blocking,
-// and returns how many.
-func forwardQueued(from, to *net.UDPConn) uint64 {
-	return uint64(sockutil.DrainUDP(from, func(b []byte, _ netip.AddrPort) { to.Write(b) }))
+// forwardQueued sends on every datagram waiting on either socket, without
+// blocking. A refusal the drain takes (the read reports it, once) is noted
+// as the watcher would have.
+func (p *UDPPair) forwardQueued() {
+	for i, c := range [2]*net.UDPConn{p.a, p.b} {
+		to, copied := p.b, &p.copiedAB
+		if i == 1 {
+			to, copied = p.a, &p.copiedBA
+		}
+		n, err := sockutil.DrainUDP(c, func(b []byte, _ netip.AddrPort) { to.Write(b) })
+		copied.Add(uint64(n))
+		if errors.Is(err, unix.ECONNREFUSED) {
+			p.noteRefused(i)
+		}
+	}
 }
 
 func (s *UDPSplicer) release(index uint32) {
@@ -252,6 +273,12 @@ func (s *UDPSplicer) release(index uint32) {
 
 // Index is the pair's slot in the Splicer's maps.
 func (p *UDPPair) Index() uint32 { return p.index }
+
+// Refusals reports which socket (0: a, 1: b) the network refused what it
+// sent through (an ICMP port unreachable), as it happens; the pair has
+// repaired itself already. Reports that nobody takes are dropped (Stats
+// counts them all).
+func (p *UDPPair) Refusals() <-chan int { return p.refusals }
 
 // Stats reads both directions' counters.
 func (p *UDPPair) Stats() (ab, ba UDPStats) {

@@ -109,7 +109,7 @@ func ResumeUDP(objs UDPObjects, opts UDPOptions, states []UDPPairState) (*UDPSpl
 	used := map[uint32]bool{}
 	var pairs []*UDPPair
 	for _, st := range states {
-		p := &UDPPair{s: s, index: st.Index, a: st.A, b: st.B}
+		p := newUDPPair(s, st.Index, st.A, st.B)
 		for i, c := range []*net.UDPConn{st.A, st.B} {
 			fd, ferr := socketFD(c)
 			if ferr == nil {

@@ -44,7 +44,11 @@ With --udp it proxies UDP instead: each client's first datagram opens a flow,
 a socket connected to the client (bound beside the listener) and one
 connected to an upstream, joined in the kernel (--mode kernel: each datagram
 whole, dropped past --max-inflight of kernel memory waiting to leave) or
-relayed (--mode copy); a flow that carries nothing for --idle is closed.
+relayed (--mode copy); a flow that carries nothing for --idle is closed. A
+flow whose upstream refuses (ICMP port unreachable) is closed and, if that
+upstream never answered it, reopened on the next one with what it had sent;
+a refusing upstream is tried last by new flows for 10 s. A wildcard listener
+answers each client from the address the client sent to.
 
 It runs until interrupted (Ctrl-C, SIGTERM), then resets the connections it
 still holds. Kernel mode needs root.`,
@@ -141,8 +145,8 @@ func runUDPProxy(ctx context.Context, e *env, cfg proxy.Config, idle time.Durati
 	runErr := p.Run(ctx)
 	closeErr := p.Close()
 	st := p.Stats()
-	fmt.Fprintf(e.stderr, "proxy: stopped after %d UDP flows (%d refused); %d datagrams up, %d down, %d of them moved by the kernel, %d dropped\n",
-		st.Flows, st.Refused, st.Up, st.Down, st.Kernel, st.Dropped)
+	fmt.Fprintf(e.stderr, "proxy: stopped after %d UDP flows (%d refused, %d upstream refusals); %d datagrams up, %d down, %d of them moved by the kernel, %d dropped\n",
+		st.Flows, st.Refused, st.UpstreamRefused, st.Up, st.Down, st.Kernel, st.Dropped)
 	if runErr != nil {
 		return runErr
 	}

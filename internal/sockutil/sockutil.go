@@ -25,23 +25,27 @@ func DupUDP(c *net.UDPConn) (*net.UDPConn, error) {
 }
 
 // DrainUDP calls fn with each datagram waiting on c and its source, without
-// blocking, and returns how many there were. (A read deadline in the past
-// would not do: Go then fails the read without trying it.) b is reused
-// between calls.
-func DrainUDP(c *net.UDPConn, fn func(b []byte, from netip.AddrPort)) int {
+// blocking, and returns how many there were, and the socket error that ended
+// the drain if one did (an ICMP error, e.g. ECONNREFUSED, is reported once,
+// by the read that takes it). (A read deadline in the past would not do: Go
+// then fails the read without trying it.) b is reused between calls.
+func DrainUDP(c *net.UDPConn, fn func(b []byte, from netip.AddrPort)) (n int, sockErr error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return 0
+		return 0, nil
 	}
 	buf := make([]byte, 1<<16)
-	n := 0
 	raw.Control(func(fd uintptr) {
 		for {
 			m, sa, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
 			if err == unix.EINTR {
 				continue
 			}
+			if err == unix.EAGAIN {
+				return
+			}
 			if err != nil {
+				sockErr = err
 				return
 			}
 			var from netip.AddrPort
@@ -55,5 +59,5 @@ func DrainUDP(c *net.UDPConn, fn func(b []byte, from netip.AddrPort)) int {
 			n++
 		}
 	})
-	return n
+	return n, sockErr
 }
