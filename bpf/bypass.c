@@ -47,7 +47,7 @@ volatile const struct config {
 	__u64 pending_ttl_ns; /* a registration older than this is a dead handshake */
 	__u64 settle_ns;      /* how long a redirect decided before a switch may still be landing */
 	__u32 max_backlog;    /* unread redirected bytes a receiver may hold, unless it set SO_RCVBUF */
-	__u32 _pad;
+	__u32 trust_readers;  /* redirect before the reader was seen in recv (no splice readers here) */
 } cfg = {
 	.pending_ttl_ns = 300ULL * 1000 * 1000 * 1000,
 	.settle_ns = 100ULL * 1000 * 1000,
@@ -309,7 +309,9 @@ static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *se
 	struct tcp_sock *peer_tp = ref->sk;
 	if (!peer_tp)
 		return REDIRECT_NO_PEER;
-	if ((ref->reads & (STATE_READS | STATE_TCP_READER)) != STATE_READS)
+	if (ref->reads & STATE_TCP_READER)
+		return REDIRECT_READER;
+	if (!(ref->reads & STATE_READS) && !cfg.trust_readers)
 		return REDIRECT_READER;
 	if (BPF_CORE_READ(peer_tp, copied_seq) != self->write_seq)
 		return REDIRECT_TCP_UNREAD;

@@ -18,7 +18,7 @@ type bypassConfig struct {
 	PendingTtlNs uint64
 	SettleNs     uint64
 	MaxBacklog   uint32
-	Pad          uint32
+	TrustReaders uint32
 }
 
 type bypassControlWord struct {

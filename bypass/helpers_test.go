@@ -14,11 +14,17 @@ import (
 // the cgroup. It watches the kernel log for the whole test.
 func mustInstall(t *testing.T) (*bypass.Install, host.Cgroup) {
 	t.Helper()
+	return mustInstallWith(t, bypass.Options{})
+}
+
+// mustInstallWith is mustInstall with install options.
+func mustInstallWith(t *testing.T, opts bypass.Options) (*bypass.Install, host.Cgroup) {
+	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.WatchKernelLog(t)
 	pin := testenv.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
-	in, err := bypass.Create(pin, bypass.Options{})
+	in, err := bypass.Create(pin, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,6 +57,11 @@ type Options struct {
 	// MaxBacklog bounds the unread redirected bytes per receiving socket
 	// (flow control); 0 means DefaultMaxBacklog.
 	MaxBacklog uint32
+	// TrustReaders redirects to a socket before its reader has been seen
+	// in recv, so a connection's first exchange is bypassed too. Only for
+	// applications that never splice(2) from their sockets: bytes
+	// redirected to a splice reader never reach it.
+	TrustReaders bool
 }
 
 // Install is a bypass installation pinned in bpffs.
@@ -94,6 +99,9 @@ func build(dir string, opts Options) error {
 		opts.MaxBacklog = DefaultMaxBacklog
 	}
 	cfg := bypassConfig{PendingTtlNs: uint64(HandshakeTTL), SettleNs: uint64(redirectSettle), MaxBacklog: opts.MaxBacklog}
+	if opts.TrustReaders {
+		cfg.TrustReaders = 1
+	}
 	if err := spec.Variables["cfg"].Set(cfg); err != nil {
 		return fmt.Errorf("configure BPF: %w", err)
 	}

@@ -171,3 +171,30 @@ func TestLeaveWaitsForUnreadBytes(t *testing.T) {
 	exchange(t, s, c, "after both left")
 	exchange(t, c, s, "both ways")
 }
+
+// Without a reader seen in recv the first bytes take TCP; TrustReaders
+// redirects them too, and still moves a MSG_WAITALL reader's connection back
+// to plain TCP.
+func TestTrustReaders(t *testing.T) {
+	for _, trust := range []bool{false, true} {
+		t.Run(fmt.Sprintf("trust=%v", trust), func(t *testing.T) {
+			in, cg := mustInstallWith(t, bypass.Options{TrustReaders: trust})
+			ns := testenv.MustNetNS(t)
+			side := testenv.Side{NS: ns, CG: cg}
+			c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+			exchange(t, c, s, "first")
+			f := flowOf(t, in, testenv.Cookie(t, c))
+			if f == nil || f.Client == nil {
+				t.Fatalf("not paired: %+v", f)
+			}
+			if redirected := f.Client.TxMsgs == 1; redirected != trust {
+				t.Errorf("first send redirected: %v, want %v (%+v)", redirected, trust, f.Client)
+			}
+			go c.Write([]byte("1234"))
+			if n, err := (waitAllReader{t, s}).Read(make([]byte, 4)); n != 4 || err != nil {
+				t.Fatalf("MSG_WAITALL read: %d %v", n, err)
+			}
+			waitLeft(t, in, 2*time.Second)
+		})
+	}
+}

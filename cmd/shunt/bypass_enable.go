@@ -17,6 +17,7 @@ func newBypassEnableCmd(e *env, g *globals) *cobra.Command {
 		cgroupPath   string
 		maxBacklog   string
 		excludePorts string
+		trustReaders bool
 	)
 	c := &cobra.Command{
 		Use:   "enable [--cgroup PATH]",
@@ -32,10 +33,17 @@ bytes its reader has not read (or its SO_RCVBUF, if the application set
 one); past that its writer's sends take the TCP path for good, where TCP
 slows the writer as usual. No byte is lost or reordered by the switch.
 
+Readers: only recv/read see redirected bytes, so nothing is redirected to a
+socket until its reader has called recv (a connection's first bytes each way
+take TCP); a reader that only splices (Go's io.Copy between two connections)
+stays on TCP, and one that asks for MSG_WAITALL moves its connection back to
+plain TCP. --trust-readers redirects from the first byte instead, for
+applications known never to splice(2) from their sockets.
+
 --exclude-ports keeps new connections to those server ports on TCP, for
-applications that read in ways a redirected flow cannot serve on this kernel:
-splice(2) (HAProxy, Go's io.Copy between two TCP connections), MSG_WAITALL
-(see docs/TRANSPARENCY.md). It replaces the list set before; "none" clears it.`,
+applications that read with recv and then splice(2) (HAProxy), or switch to
+MSG_WAITALL mid-stream (see docs/TRANSPARENCY.md). It replaces the list set
+before; "none" clears it.`,
 		Example: `  shunt bypass enable --cgroup /sys/fs/cgroup/unified/myapp
   shunt bypass enable            # the root of the cgroup v2 hierarchy
   shunt bypass enable --exclude-ports 8080,9000`,
@@ -51,12 +59,14 @@ splice(2) (HAProxy, Go's io.Copy between two TCP connections), MSG_WAITALL
 					return err
 				}
 			}
-			return bypassEnable(c.Context(), e, g, cgroupPath, bypass.Options{MaxBacklog: uint32(sizes[0])}, exclude)
+			opts := bypass.Options{MaxBacklog: uint32(sizes[0]), TrustReaders: trustReaders}
+			return bypassEnable(c.Context(), e, g, cgroupPath, opts, exclude)
 		},
 	}
 	c.Flags().StringVar(&cgroupPath, "cgroup", "", "cgroup v2 directory to enable (default: the root of the cgroup v2 hierarchy)")
 	c.Flags().StringVar(&excludePorts, "exclude-ports", "", "server ports whose new connections stay on TCP, comma-separated, or none (replaces the list)")
 	c.Flags().StringVar(&maxBacklog, "max-backlog", "8M", "unread redirected bytes a receiver may hold before its writer moves to TCP (applies when shunt is first installed)")
+	c.Flags().BoolVar(&trustReaders, "trust-readers", false, "redirect before a reader has called recv, so first exchanges are bypassed too; breaks splice(2) readers (applies when shunt is first installed)")
 	return c
 }
 

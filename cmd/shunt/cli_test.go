@@ -196,3 +196,26 @@ func TestExcludePortsFlag(t *testing.T) {
 		t.Errorf("excluded ports %v after none, want none", got)
 	}
 }
+
+// --trust-readers: the first send of a connection is redirected, before its
+// reader has called recv.
+func TestBypassEnableTrustReaders(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--trust-readers", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
+		t.Fatal(stderr)
+	}
+	t.Cleanup(func() { runShunt(t, nil, "bypass", "disable", "--all", "--pin-dir", pin) })
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	c.Write([]byte("hello"))
+	if _, err := io.ReadFull(s, make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	out, _, code := runShunt(t, nil, "flows", "--pin-dir", pin)
+	if code != 0 || !strings.Contains(out, "5/1") {
+		t.Fatalf("first send not redirected with --trust-readers: %q", out)
+	}
+}
