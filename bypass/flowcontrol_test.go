@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -97,4 +99,83 @@ func boundedBacklog(t *testing.T, in *bypass.Install, cg host.Cgroup, rcvbuf int
 	}
 	c.Close()
 	s.Close()
+}
+
+// A non-blocking writer to a reader that stopped: as over plain TCP it gets
+// EAGAIN after a bounded amount and poll says not writable; once the reader
+// has read everything (in order), the socket is writable again.
+func TestFlowControlNonBlockingWriter(t *testing.T) {
+	in, enabled := mustInstall(t)
+	plain := testenv.MustCgroup(t)
+	for _, tc := range []struct {
+		name  string
+		cg    host.Cgroup
+		bound int64
+	}{
+		{"plain TCP", plain, 64 << 20},
+		{"shunt", enabled, bypass.DefaultMaxBacklog + 8<<20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testenv.MustNetNS(t)
+			side := testenv.Side{NS: ns, CG: tc.cg}
+			c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+			testenv.Warm(t, c, s)
+			s.SetDeadline(time.Now().Add(30 * time.Second))
+
+			var accepted int64
+			chunk := make([]byte, 64<<10)
+			writable := func(fd int) bool {
+				fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+				unix.Poll(fds, 0)
+				return fds[0].Revents&unix.POLLOUT != 0
+			}
+			rawFD(t, c, func(fd int) {
+				for {
+					for i := range chunk {
+						chunk[i] = byte((accepted + int64(i)) % 251)
+					}
+					n, err := unix.Write(fd, chunk)
+					if err == unix.EAGAIN {
+						break
+					}
+					if err != nil {
+						t.Fatalf("write: %v", err)
+					}
+					if accepted += int64(n); accepted > tc.bound {
+						t.Fatalf("the writer handed over %d MiB without EAGAIN, want at most %d MiB", accepted>>20, tc.bound>>20)
+					}
+				}
+				if writable(fd) {
+					t.Errorf("poll says writable right after EAGAIN")
+				}
+			})
+			t.Logf("EAGAIN after %.1f MiB", float64(accepted)/(1<<20))
+			if f := flowOf(t, in, testenv.Cookie(t, c)); tc.cg == enabled && (f == nil || f.Client.TxBytes == 0 || !f.Client.Throttled) {
+				t.Fatalf("the shunt run did not redirect, then throttle: %+v", f)
+			}
+
+			got := make([]byte, 256<<10)
+			for read := int64(0); read < accepted; {
+				n, err := s.Read(got)
+				if err != nil {
+					t.Fatalf("read at %d of %d: %v", read, accepted, err)
+				}
+				for i, b := range got[:n] {
+					if want := byte((read + int64(i)) % 251); b != want {
+						t.Fatalf("byte %d is %d, want %d", read+int64(i), b, want)
+					}
+				}
+				read += int64(n)
+			}
+			rawFD(t, c, func(fd int) {
+				deadline := time.Now().Add(2 * time.Second)
+				for !writable(fd) && time.Now().Before(deadline) {
+					time.Sleep(time.Millisecond)
+				}
+				if !writable(fd) {
+					t.Error("not writable after the reader read everything")
+				}
+			})
+		})
+	}
 }
