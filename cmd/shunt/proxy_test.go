@@ -136,7 +136,7 @@ func TestProxyUDPCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("exit: %v (%q)", err, rest)
 	}
-	if len(rest) == 0 || !strings.Contains(rest[len(rest)-1], "stopped after 1 UDP flows (0 refused); 10 datagrams up, 10 down") {
+	if len(rest) == 0 || !strings.Contains(rest[len(rest)-1], "stopped after 1 UDP flows (0 refused, 0 upstream refusals); 10 datagrams up, 10 down") {
 		t.Fatalf("summary %q", rest)
 	}
 }
