@@ -198,3 +198,34 @@ func TestTrustReaders(t *testing.T) {
 		})
 	}
 }
+
+// Both directions stream while the server's reader switches to MSG_WAITALL:
+// the connection leaves the sockhash under traffic each way, and neither
+// stream loses, repeats or reorders a byte.
+func TestLeaveUnderTrafficBothWays(t *testing.T) {
+	in, cg := mustInstall(t)
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	testenv.Warm(t, c, s)
+	for _, conn := range []*net.TCPConn{c, s} {
+		conn.SetDeadline(time.Now().Add(60 * time.Second))
+	}
+	up := testenv.Stream{Seed: 21, Size: 32 << 20, MaxChunk: 64 << 10}
+	down := testenv.Stream{Seed: 22, Size: 32 << 20, MaxChunk: 64 << 10}
+	errs := make(chan error, 4)
+	go func() { errs <- up.Write(c) }()
+	go func() { errs <- down.Write(s) }()
+	go func() { errs <- down.Check(c, false) }()
+	go func() {
+		errs <- up.Check(&switchingReader{plain: s, waitAll: waitAllReader{t, s}, switchAt: 8 << 20}, false)
+	}()
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLeft(t, in, 2*time.Second)
+	exchange(t, c, s, "plain TCP now")
+	exchange(t, s, c, "both ways")
+}
