@@ -184,11 +184,9 @@ loop:
 	secs := time.Since(start).Seconds()
 	close(stop)
 	var notBypassed error
-	if mode == ModeShunt { // before the shutdowns below end the flows
-		for _, p := range pairs {
-			if notBypassed == nil {
-				notBypassed = l.requireBypassed(p.c)
-			}
+	for _, p := range pairs { // before the shutdowns below end the flows
+		if notBypassed == nil {
+			notBypassed = l.requireBypassed(mode, p.c)
 		}
 	}
 	// Unblock producers stuck in write and consumers in read.

@@ -16,11 +16,8 @@ func (l *Lab) connect(mode, topology string) (client, server int, err error) {
 	case ModeUnix:
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		return fds[0], fds[1], err
-	case ModeTCP, ModeShunt, ModeBare:
-		if err := l.Bypass(mode != ModeTCP); err != nil {
-			return -1, -1, err
-		}
-		if err := l.install.UseBareRedirect(mode == ModeBare); err != nil {
+	case ModeTCP, ModeShunt, ModeBare, ModeTrust:
+		if err := l.bypassMode(mode); err != nil {
 			return -1, -1, err
 		}
 		return l.tcpPair(topology)
@@ -32,23 +29,41 @@ func (l *Lab) connect(mode, topology string) (client, server int, err error) {
 // over veth, the client in the client namespace and the server in the
 // server namespace; over loopback, both in the server namespace.
 func (l *Lab) tcpPair(topology string) (client, server int, err error) {
-	ln, cfd := -1, -1
-	defer func() {
-		if ln >= 0 {
-			unix.Close(ln)
-		}
-		if err != nil && cfd >= 0 {
-			unix.Close(cfd)
-		}
-	}()
+	ln, addr, err := l.listen(topology, 1)
+	if err != nil {
+		return -1, -1, err
+	}
+	defer unix.Close(ln)
+	var cfd int
+	err = l.clientNS(topology).Do(func() error {
+		return lab.InCgroup(l.Cgroup, func() (e error) {
+			cfd, e = dial(addr)
+			return e
+		})
+	})
+	if err != nil {
+		return -1, -1, fmt.Errorf("client socket: %w", err)
+	}
+	sfd, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+	if err != nil {
+		unix.Close(cfd)
+		return -1, -1, fmt.Errorf("accept: %w", err)
+	}
+	_ = unix.SetsockoptInt(sfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	return cfd, sfd, nil
+}
+
+// listen makes a listening socket in the server namespace and the lab's
+// cgroup (accepted sockets inherit both), and returns it with the address
+// clients of the topology connect to.
+func (l *Lab) listen(topology string, backlog int) (int, *unix.SockaddrInet4, error) {
 	addr := &unix.SockaddrInet4{}
-	clientNS := l.Client
 	copy(addr.Addr[:], ipv4(lab.VethIPv4B))
 	if topology == Loopback {
-		clientNS = l.Server
 		copy(addr.Addr[:], ipv4("127.0.0.1"))
 	}
-	err = l.Server.Do(func() error {
+	ln := -1
+	err := l.Server.Do(func() error {
 		return lab.InCgroup(l.Cgroup, func() error {
 			var e error
 			if ln, e = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); e != nil {
@@ -57,7 +72,7 @@ func (l *Lab) tcpPair(topology string) (client, server int, err error) {
 			if e = unix.Bind(ln, addr); e != nil {
 				return e
 			}
-			if e = unix.Listen(ln, 1); e != nil {
+			if e = unix.Listen(ln, backlog); e != nil {
 				return e
 			}
 			sa, e := unix.Getsockname(ln)
@@ -69,28 +84,35 @@ func (l *Lab) tcpPair(topology string) (client, server int, err error) {
 		})
 	})
 	if err != nil {
-		return -1, -1, fmt.Errorf("server socket: %w", err)
+		if ln >= 0 {
+			unix.Close(ln)
+		}
+		return -1, nil, fmt.Errorf("server socket: %w", err)
 	}
-	err = clientNS.Do(func() error {
-		return lab.InCgroup(l.Cgroup, func() error {
-			var e error
-			if cfd, e = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); e != nil {
-				return e
-			}
-			return unix.Connect(cfd, addr)
-		})
-	})
+	return ln, addr, nil
+}
+
+// clientNS is where a topology's clients live.
+func (l *Lab) clientNS(topology string) *lab.NetNS {
+	if topology == Loopback {
+		return l.Server
+	}
+	return l.Client
+}
+
+// dial connects a new blocking TCP socket (TCP_NODELAY) to addr from the
+// calling thread's namespace and cgroup.
+func dial(addr *unix.SockaddrInet4) (int, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return -1, -1, fmt.Errorf("client socket: %w", err)
+		return -1, err
 	}
-	sfd, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
-	if err != nil {
-		return -1, -1, fmt.Errorf("accept: %w", err)
+	if err := unix.Connect(fd, addr); err != nil {
+		unix.Close(fd)
+		return -1, err
 	}
-	for _, fd := range []int{cfd, sfd} {
-		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-	}
-	return cfd, sfd, nil
+	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	return fd, nil
 }
 
 func ipv4(s string) []byte {

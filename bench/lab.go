@@ -24,6 +24,8 @@ type Lab struct {
 	Client, Server *lab.NetNS
 	Cgroup         host.Cgroup
 	install        *bypass.Install
+	trust          *bypass.Install // made for the first shunt-trust run
+	trustAttached  bool
 	cleanup        []func() error
 }
 
@@ -75,6 +77,9 @@ func NewLab(prefix string) (l *Lab, err error) {
 
 // Bypass turns shunt on or off for connections made from now on.
 func (l *Lab) Bypass(on bool) error {
+	if err := l.useTrust(false); err != nil {
+		return err
+	}
 	var err error
 	if on {
 		_, err = l.install.Attach(l.Cgroup)
@@ -82,6 +87,59 @@ func (l *Lab) Bypass(on bool) error {
 		_, err = l.install.Detach(l.Cgroup.ID)
 	}
 	return err
+}
+
+// bypassMode sets up shunt for a TCP mode's connections made from now on.
+func (l *Lab) bypassMode(mode string) error {
+	if mode == ModeTrust {
+		if _, err := l.install.Detach(l.Cgroup.ID); err != nil {
+			return err
+		}
+		return l.useTrust(true)
+	}
+	if err := l.Bypass(mode != ModeTCP); err != nil {
+		return err
+	}
+	return l.install.UseBareRedirect(mode == ModeBare)
+}
+
+// useTrust attaches the TrustReaders install to the lab's cgroup, or
+// detaches it; the lab's own install must be detached before it attaches.
+func (l *Lab) useTrust(on bool) error {
+	if on == l.trustAttached {
+		return nil
+	}
+	if on && l.trust == nil {
+		pin := l.install.Dir() + "-trust"
+		in, err := bypass.Create(pin, bypass.Options{TrustReaders: true})
+		if err != nil {
+			return err
+		}
+		l.trust = in
+		l.cleanup = append(l.cleanup, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return in.Remove(ctx)
+		})
+	}
+	var err error
+	if on {
+		_, err = l.trust.Attach(l.Cgroup)
+	} else {
+		_, err = l.trust.Detach(l.Cgroup.ID)
+	}
+	if err == nil {
+		l.trustAttached = on
+	}
+	return err
+}
+
+// installFor is the install a shunt mode's connections are paired by.
+func (l *Lab) installFor(mode string) *bypass.Install {
+	if mode == ModeTrust {
+		return l.trust
+	}
+	return l.install
 }
 
 // Flows lists the lab's bypassed connections.
@@ -103,13 +161,17 @@ func (l *Lab) Close() error {
 }
 
 // requireBypassed fails unless the client socket fd is a bypassed flow that
-// redirected sends and never fell back to TCP.
-func (l *Lab) requireBypassed(fd int) error {
+// redirected sends and never fell back to TCP; for other modes it does
+// nothing.
+func (l *Lab) requireBypassed(mode string, fd int) error {
+	if mode != ModeShunt && mode != ModeTrust {
+		return nil
+	}
 	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
 	if err != nil {
 		return err
 	}
-	flows, err := l.Flows()
+	flows, err := l.installFor(mode).Flows()
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,9 @@ type LatencyConfig struct {
 	Count   int           // round trips measured per run (at most)
 	MaxTime time.Duration // a run stops early after this long (0: no limit)
 	Warmup  int           // round trips before measuring
+	// NewConn makes every round trip a new connection: connect, request,
+	// response, the server's close (see newConnRun).
+	NewConn bool
 }
 
 // LatencyResult is one cell, pooled over rounds.
@@ -45,6 +48,13 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 	}
 	if err := cfg.checkTools(); err != nil {
 		return nil, err
+	}
+	if cfg.NewConn {
+		for _, m := range cfg.Modes {
+			if _, _, ext := ExternalMode(m); ext || m == ModeUnix {
+				return nil, fmt.Errorf("mode %s cannot make a connection per round trip: use tcp, shunt, shunt-trust or shunt-bare with --new-conn", m)
+			}
+		}
 	}
 	type acc struct {
 		pooled
@@ -114,6 +124,9 @@ type latencySample struct {
 
 // latencyRun measures one connection.
 func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
+	if cfg.NewConn {
+		return newConnRun(l, c, cfg)
+	}
 	var res latencySample
 	cfd, sfd, err := l.connect(c.Mode, cfg.Topology)
 	if err != nil {
@@ -179,12 +192,9 @@ func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 			}
 		}
 		res.wall, res.cpu = time.Since(t0), machineCPU()-cpu0
-		if c.Mode == ModeShunt {
-			// A mode that silently fell back would measure TCP under
-			// shunt's name.
-			return l.requireBypassed(cfd)
-		}
-		return nil
+		// A mode that silently fell back would measure TCP under
+		// shunt's name.
+		return l.requireBypassed(c.Mode, cfd)
 	}()
 	unix.Shutdown(cfd, unix.SHUT_WR)
 	if err := <-srvErr; err != nil && cliErr == nil {

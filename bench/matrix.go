@@ -13,6 +13,9 @@ const (
 	// ModeBare is shunt's pairing with a redirect program stripped of its
 	// checks and counters: shunt minus ModeBare is what the checks cost.
 	ModeBare = "shunt-bare"
+	// ModeTrust is shunt installed with TrustReaders: redirected from the
+	// first byte, before a reader has called recv.
+	ModeTrust = "shunt-trust"
 )
 
 // Placements: where the two ends' threads run.

@@ -138,10 +138,7 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 				return err
 			}
 		}
-		if c.Mode == ModeShunt {
-			return l.requireBypassed(cfd)
-		}
-		return nil
+		return l.requireBypassed(c.Mode, cfd)
 	}()
 	r := <-got
 	cpu := machineCPU() - cpu0

@@ -26,14 +26,20 @@ func newBenchLatencyCmd(e *env) *cobra.Command {
 trip, over plain TCP, the same TCP connection bypassed by shunt, and an
 AF_UNIX socketpair (the floor for host-local). CPU is the whole machine's,
 from /proc/stat, divided by round trips. A run that meets a stall (a round
-trip over 10 ms, or max over 100x p50) is marked STALL.`,
-		Example: `  shunt bench latency --sizes 14,1K,16K,64K --rounds 5 --out /tmp/lat`,
+trip over 10 ms, or max over 100x p50) is marked STALL.
+
+--new-conn makes each round trip a new connection (connect, request,
+response, the server closes): what a short connection costs. Mode
+shunt-trust is shunt installed with --trust-readers, which redirects a
+connection's first request and response too.`,
+		Example: `  shunt bench latency --sizes 14,1K,16K,64K --rounds 5 --out /tmp/lat
+  shunt bench latency --new-conn --modes tcp,shunt,shunt-trust --count 2000 --warmup 100`,
 		Args:    noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if withSockperf {
 				m.modes += "," + bench.ModeSockperfTCP + "," + bench.ModeSockperfShunt
 			}
-			mx, err := m.matrix("--sizes", bench.ModeTCP, bench.ModeShunt, bench.ModeUnix, bench.ModeBare, bench.ModeSockperfTCP, bench.ModeSockperfShunt)
+			mx, err := m.matrix("--sizes", bench.ModeTCP, bench.ModeShunt, bench.ModeUnix, bench.ModeBare, bench.ModeTrust, bench.ModeSockperfTCP, bench.ModeSockperfShunt)
 			if err != nil {
 				return err
 			}
@@ -46,10 +52,11 @@ trip over 10 ms, or max over 100x p50) is marked STALL.`,
 			}, printLatency, report.Latency)
 		},
 	}
-	m.register(c.Flags(), "sizes", "14", "tcp,shunt,unix", "same-cpu,cross-cpu", "tcp, shunt, unix, shunt-bare (shunt's pairing, redirect without checks), sockperf-tcp, sockperf-shunt")
+	m.register(c.Flags(), "sizes", "14", "tcp,shunt,unix", "same-cpu,cross-cpu", "tcp, shunt, unix, shunt-bare (shunt's pairing, redirect without checks), shunt-trust (installed with --trust-readers), sockperf-tcp, sockperf-shunt")
 	c.Flags().IntVar(&cfg.Count, "count", 20000, "round trips measured per run")
 	c.Flags().DurationVar(&cfg.MaxTime, "duration", 2*time.Second, "a run stops early after this long")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 1000, "round trips before measuring")
+	c.Flags().BoolVar(&cfg.NewConn, "new-conn", false, "a new connection for every round trip (connect, request, response, close)")
 	c.Flags().BoolVar(&withSockperf, "with-sockperf", false, "also measure with sockperf ping-pong (modes sockperf-tcp, sockperf-shunt; sockperf reports RTT/2)")
 	return c
 }
