@@ -34,7 +34,7 @@ shunt-trust is shunt installed with --trust-readers, which redirects a
 connection's first request and response too.`,
 		Example: `  shunt bench latency --sizes 14,1K,16K,64K --rounds 5 --out /tmp/lat
   shunt bench latency --new-conn --modes tcp,shunt,shunt-trust --count 2000 --warmup 100`,
-		Args:    noArgs,
+		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if withSockperf {
 				m.modes += "," + bench.ModeSockperfTCP + "," + bench.ModeSockperfShunt
