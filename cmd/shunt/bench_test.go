@@ -53,6 +53,30 @@ func TestBenchLatencyTiny(t *testing.T) {
 	}
 }
 
+// --new-conn: a connection per round trip, in every TCP mode, each one
+// paired where shunt is on (the run fails otherwise).
+func TestBenchLatencyNewConnTiny(t *testing.T) {
+	testenv.RequireRoot(t)
+	out, stderr, code := runShunt(t, nil, "bench", "latency", "--json", "--new-conn", "--rounds", "1", "--count", "50",
+		"--warmup", "5", "--modes", "tcp,shunt,shunt-trust,shunt-bare", "--placement", "same-cpu")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var res []bench.LatencyResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res) != 4 {
+		t.Fatalf("want 4 modes: %v %s", err, out)
+	}
+	for _, r := range res {
+		if r.Dist.Count != 50 || r.Dist.P50 <= 0 {
+			t.Errorf("%s: implausible %+v", r.Mode, r.Dist)
+		}
+	}
+	_, stderr, code = runShunt(t, nil, "bench", "latency", "--new-conn", "--modes", "tcp,unix")
+	if code == 0 || !strings.Contains(stderr, "cannot make a connection per round trip") {
+		t.Errorf("--new-conn with unix: exit %d, %q", code, stderr)
+	}
+}
+
 func TestBenchThroughputTiny(t *testing.T) {
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
