@@ -56,12 +56,12 @@ const DefaultMaxBacklog = 8 << 20
 type Options struct {
 	// MaxBacklog bounds the unread redirected bytes per receiving socket
 	// (flow control); 0 means DefaultMaxBacklog.
-	MaxBacklog uint32
+	MaxBacklog uint32 `json:"max_backlog"`
 	// TrustReaders redirects to a socket before its reader has been seen
 	// in recv, so a connection's first exchange is bypassed too. Only for
 	// applications that never splice(2) from their sockets: bytes
 	// redirected to a splice reader never reach it.
-	TrustReaders bool
+	TrustReaders bool `json:"trust_readers"`
 }
 
 // Install is a bypass installation pinned in bpffs.

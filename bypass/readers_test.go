@@ -229,3 +229,20 @@ func TestLeaveUnderTrafficBothWays(t *testing.T) {
 	exchange(t, c, s, "plain TCP now")
 	exchange(t, s, c, "both ways")
 }
+
+// An install reports the options it was created with, also through a handle
+// opened later from the pins.
+func TestOptionsReadBack(t *testing.T) {
+	for _, want := range []bypass.Options{{MaxBacklog: bypass.DefaultMaxBacklog}, {MaxBacklog: 1 << 20, TrustReaders: true}} {
+		in, _ := mustInstallWith(t, want)
+		again, err := bypass.Open(in.Dir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := again.Options()
+		again.Close()
+		if err != nil || got != want {
+			t.Errorf("options %+v (%v), want %+v", got, err, want)
+		}
+	}
+}

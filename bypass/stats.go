@@ -44,6 +44,7 @@ type Program struct {
 
 // Stats is the state of the install.
 type Stats struct {
+	Options  Options   `json:"options"` // as the install was created
 	Programs []Program `json:"programs"`
 	Maps     []MapFill `json:"maps"`
 	Counters Counters  `json:"counters"`
@@ -56,6 +57,10 @@ type Stats struct {
 func (in *Install) Stats() (Stats, error) {
 	in.sweep()
 	s := Stats{Draining: in.Draining()}
+	var err error
+	if s.Options, err = in.Options(); err != nil {
+		return s, err
+	}
 	progs, err := in.programs()
 	if err != nil {
 		return s, err

@@ -87,6 +87,17 @@ func parseSizes(flag, list string) ([]int, error) {
 	return out, nil
 }
 
+// formatSize writes a size the way parseSizes reads it.
+func formatSize(n uint64) string {
+	switch {
+	case n > 0 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dM", n>>20)
+	case n > 0 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dK", n>>10)
+	}
+	return fmt.Sprint(n)
+}
+
 // oneOf splits a comma list and checks each item is allowed.
 func oneOf(flag, list string, allowed ...string) ([]string, error) {
 	var out []string

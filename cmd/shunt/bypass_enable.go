@@ -60,7 +60,8 @@ before; "none" clears it.`,
 				}
 			}
 			opts := bypass.Options{MaxBacklog: uint32(sizes[0]), TrustReaders: trustReaders}
-			return bypassEnable(c.Context(), e, g, cgroupPath, opts, exclude)
+			asked := c.Flags().Changed("max-backlog") || c.Flags().Changed("trust-readers")
+			return bypassEnable(c.Context(), e, g, cgroupPath, opts, asked, exclude)
 		},
 	}
 	c.Flags().StringVar(&cgroupPath, "cgroup", "", "cgroup v2 directory to enable (default: the root of the cgroup v2 hierarchy)")
@@ -86,8 +87,9 @@ func parsePorts(s string) ([]uint16, error) {
 	return ports, nil
 }
 
-// exclude is nil when the list is to stay as it is.
-func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, opts bypass.Options, exclude []uint16) error {
+// exclude is nil when the list is to stay as it is; asked says whether the
+// user gave options, which an install that exists already keeps as they were.
+func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, opts bypass.Options, asked bool, exclude []uint16) error {
 	if err := host.CheckPrivileges(); err != nil {
 		return err
 	}
@@ -108,6 +110,11 @@ func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, op
 		return err
 	}
 	defer in.Close()
+	if !fresh && asked {
+		if have, err := in.Options(); err == nil && have != opts {
+			fmt.Fprintf(e.stderr, "shunt: the install keeps the options it was created with (%s); to change them: shunt bypass disable --all, then enable again\n", describeOptions(have))
+		}
+	}
 	// Before attaching: no connection may pair in between.
 	if exclude != nil {
 		if err := in.SetExcludedPorts(exclude); err != nil {

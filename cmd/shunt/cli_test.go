@@ -218,4 +218,15 @@ func TestBypassEnableTrustReaders(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "5/1") {
 		t.Fatalf("first send not redirected with --trust-readers: %q", out)
 	}
+	out, _, code = runShunt(t, nil, "status", "--pin-dir", pin)
+	if code != 0 || !strings.Contains(out, "--max-backlog 8M, --trust-readers") {
+		t.Fatalf("status does not show the install's options: %q", out)
+	}
+	// Options apply when the install is made; a later enable says so.
+	other := testenv.MustCgroup(t)
+	_, stderr, code := runShunt(t, nil, "bypass", "enable", "--max-backlog", "4M", "--cgroup", other.Path, "--pin-dir", pin)
+	if code != 0 {
+		t.Fatalf("second enable: exit %d %s", code, stderr)
+	}
+	oneLine(t, stderr, "keeps the options it was created with (--max-backlog 8M, --trust-readers")
 }

@@ -92,6 +92,7 @@ func printStatus(e *env, r statusReport) {
 			}
 			fmt.Fprintf(w, "cgroup:\t%s (id %d)\n", p, cg.ID)
 		}
+		fmt.Fprintf(w, "options:\t%s\n", describeOptions(r.Stats.Options))
 		for _, p := range r.Stats.Programs {
 			fmt.Fprintf(w, "program %s:\tid %d, attached to %s (links %v)\n", p.Name, p.ID, p.Attached, p.Links)
 		}
@@ -129,4 +130,13 @@ func printStatus(e *env, r statusReport) {
 	} else {
 		fmt.Fprintf(w, "features:\tsockhash, sk_msg, sockops, sk_storage, sk_msg links, BTF\n")
 	}
+}
+
+// describeOptions says how an install was created, in the flags' words.
+func describeOptions(o bypass.Options) string {
+	readers := "redirect once a reader has called recv"
+	if o.TrustReaders {
+		readers = "--trust-readers (redirect from the first byte)"
+	}
+	return fmt.Sprintf("--max-backlog %s, %s", formatSize(uint64(o.MaxBacklog)), readers)
 }

@@ -1,0 +1,55 @@
+package bypass
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"strings"
+
+	"github.com/cilium/ebpf"
+)
+
+// Options reads back the options the install was created with: they live in
+// the read-only data (the volatile const cfg) of its sockops program, and
+// stay as they were for as long as the install exists.
+func (in *Install) Options() (Options, error) {
+	spec, err := loadBypass()
+	if err != nil {
+		return Options{}, err
+	}
+	v, ok := spec.Variables["cfg"]
+	if !ok {
+		return Options{}, fmt.Errorf("read install options: the BPF object has no cfg")
+	}
+	info, err := in.sockops.Info()
+	if err != nil {
+		return Options{}, fmt.Errorf("read install options: %w", err)
+	}
+	ids, _ := info.MapIDs()
+	for _, id := range ids {
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue
+		}
+		mi, err := m.Info()
+		if err != nil || !strings.HasSuffix(mi.Name, ".rodata") {
+			m.Close()
+			continue
+		}
+		data := make([]byte, m.ValueSize())
+		err = m.Lookup(uint32(0), data)
+		m.Close()
+		if err != nil {
+			return Options{}, fmt.Errorf("read install options: %w", err)
+		}
+		if int(v.Offset)+int(v.Size()) > len(data) {
+			return Options{}, fmt.Errorf("read install options: the installed programs are of another shunt version")
+		}
+		var cfg bypassConfig
+		if err := binary.Read(bytes.NewReader(data[v.Offset:v.Offset+v.Size()]), binary.NativeEndian, &cfg); err != nil {
+			return Options{}, fmt.Errorf("read install options: %w", err)
+		}
+		return Options{MaxBacklog: cfg.MaxBacklog, TrustReaders: cfg.TrustReaders != 0}, nil
+	}
+	return Options{}, fmt.Errorf("read install options: the sockops program has no read-only data")
+}
