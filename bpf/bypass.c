@@ -437,6 +437,24 @@ static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref)
 	return 0;
 }
 
+#define EAGAIN 11
+#define MSG_DONTWAIT 0x40
+
+/* A blocking read (no MSG_DONTWAIT, no O_NONBLOCK, no SO_RCVTIMEO) never
+ * fails with EAGAIN over TCP; on a sockhash socket tcp_bpf_recvmsg returns it
+ * when its wait ends without data (a signal, where TCP restarts). Counted so
+ * that the difference shows (docs/TRANSPARENCY.md). */
+static __always_inline void count_blocking_eagain(struct sock *sk, int flags)
+{
+	if (flags & MSG_DONTWAIT)
+		return;
+	if (BPF_CORE_READ(sk, sk_socket, file, f_flags) & O_NONBLOCK)
+		return;
+	if (BPF_CORE_READ(sk, sk_rcvtimeo) != MAX_SCHEDULE_TIMEOUT)
+		return;
+	count(CNT_EAGAIN);
+}
+
 /* Runs after every recvmsg on the host (read, recv, recvmsg, io_uring recv):
  * records how the reader of a paired socket reads, for its peer's sk_msg.
  * Sockets shunt does not hold have no storage and cost one pointer test. */
@@ -448,6 +466,8 @@ int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
 	if (!st)
 		return 0;
+	if (ret == -EAGAIN)
+		count_blocking_eagain(sk, flags);
 	__u32 mark = (flags & MSG_WAITALL) ? STATE_TCP_READER : STATE_READS;
 	if (st->flags & mark)
 		return 0;

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -244,5 +247,81 @@ func TestOptionsReadBack(t *testing.T) {
 		if err != nil || got != want {
 			t.Errorf("options %+v (%v), want %+v", got, err, want)
 		}
+	}
+}
+
+// A signal during a blocking read: TCP restarts the read (Go's handlers are
+// SA_RESTART) and it returns the data; a socket in the sockhash returns
+// EAGAIN instead (tcp_bpf_recvmsg, 6.18), which shunt cannot prevent and
+// counts. This pins down the open "signal" row of docs/TRANSPARENCY.md: if a
+// kernel fixes it, this test fails and the row can close.
+func TestSignalDuringBlockingRead(t *testing.T) {
+	in, enabled := mustInstall(t)
+	plain := testenv.MustCgroup(t)
+	for _, tc := range []struct {
+		name string
+		cg   host.Cgroup
+		want string
+	}{
+		{"plain TCP", plain, `"data" <nil>`},
+		{"shunt", enabled, `"" resource temporarily unavailable`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testenv.MustNetNS(t)
+			side := testenv.Side{NS: ns, CG: tc.cg}
+			c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+			testenv.Warm(t, c, s)
+			before, _ := in.Stats()
+			tids := make(chan int, 1)
+			got := make(chan string, 1)
+			go func() {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				rawFD(t, s, func(fd int) {
+					unix.SetNonblock(fd, false)
+					defer unix.SetNonblock(fd, true)
+					unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{})
+					tids <- unix.Gettid()
+					b := make([]byte, 4)
+					n, _, err := unix.Recvfrom(fd, b, 0)
+					got <- fmt.Sprintf("%q %v", b[:max(n, 0)], err)
+				})
+			}()
+			tid := <-tids
+			waitInSyscall(t, tid, unix.SYS_RECVFROM)
+			unix.Tgkill(unix.Getpid(), tid, unix.SIGURG)
+			time.Sleep(50 * time.Millisecond)
+			c.Write([]byte("data"))
+			var res string
+			select {
+			case res = <-got:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the read never returned")
+			}
+			if res != tc.want {
+				t.Errorf("read after a signal: %s, want %s", res, tc.want)
+			}
+			if after, _ := in.Stats(); tc.cg == enabled && after.Counters.EAGAIN != before.Counters.EAGAIN+1 {
+				t.Errorf("EAGAIN counted %d times, want once", after.Counters.EAGAIN-before.Counters.EAGAIN)
+			}
+		})
+	}
+}
+
+// waitInSyscall waits until thread tid of this process sleeps in syscall nr.
+func waitInSyscall(t *testing.T, tid int, nr int) {
+	t.Helper()
+	path := fmt.Sprintf("/proc/self/task/%d/syscall", tid)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, err := os.ReadFile(path)
+		if f := strings.Fields(string(b)); err == nil && len(f) > 0 && f[0] == fmt.Sprint(nr) {
+			time.Sleep(10 * time.Millisecond) // past the last check before sleeping
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("thread %d not in syscall %d after 5 s (%q, %v)", tid, nr, b, err)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

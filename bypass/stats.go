@@ -32,6 +32,7 @@ type Counters struct {
 	Excluded     uint64 `json:"connections_excluded"`   // left on TCP: the server port is excluded
 	TCPReaders   uint64 `json:"directions_tcp_reader"`  // kept on TCP: the reader asked for MSG_WAITALL
 	Left         uint64 `json:"sockets_left"`           // moved back to plain TCP (out of the sockhash) after that
+	EAGAIN       uint64 `json:"blocking_reads_eagain"`  // blocking reads that got EAGAIN where TCP would have restarted (a signal)
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -98,12 +99,12 @@ func (in *Install) Stats() (Stats, error) {
 	s.Counters = Counters{
 		Registered: sum(0), Ambiguous: sum(1), RegistryFull: sum(2), Paired: sum(3),
 		Unpaired: sum(4), InsertFailed: sum(5), FallenBack: sum(6), Throttled: sum(7),
-		Zerocopy: sum(8), Excluded: sum(9), TCPReaders: sum(10), Left: sum(11),
+		Zerocopy: sum(8), Excluded: sum(9), TCPReaders: sum(10), Left: sum(11), EAGAIN: sum(12),
 	}
 	return s, nil
 }
 
-const cntMax = 12 // enum counter in bpf/include/shunt_keys.h
+const cntMax = 13 // enum counter in bpf/include/shunt_keys.h
 
 func maxEntries(m *ebpf.Map) uint32 {
 	if m.Type() == ebpf.SkStorage {

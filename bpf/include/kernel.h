@@ -65,7 +65,13 @@ struct sock_common {
 	unsigned long skc_flags; /* sk_flags */
 };
 
-struct socket;
+struct file {
+	unsigned int f_flags;
+};
+
+struct socket {
+	struct file *file;
+};
 
 struct sock {
 	struct sock_common __sk_common;
@@ -77,6 +83,7 @@ struct sock {
 	int sk_rcvbuf;
 	int sk_sndbuf;
 	int sk_wmem_queued;
+	long sk_rcvtimeo;
 };
 
 struct tcp_sock {
@@ -165,6 +172,11 @@ enum {
 
 /* Low bits of sk_user_data are flags (include/net/sock.h). */
 #define SK_USER_DATA_PTRMASK (~7UL)
+
+/* A file's O_NONBLOCK (include/uapi/asm-generic/fcntl.h), and the receive
+ * timeout of a socket without SO_RCVTIMEO (MAX_SCHEDULE_TIMEOUT). */
+#define O_NONBLOCK 04000
+#define MAX_SCHEDULE_TIMEOUT 0x7fffffffffffffffL
 
 /* For bpf_timer_init (include/uapi/linux/time.h). */
 #define CLOCK_MONOTONIC 1

@@ -98,5 +98,6 @@ enum counter {
 	CNT_EXCLUDED,   /* connections left on TCP: server port excluded */
 	CNT_TCP_READER, /* directions kept on TCP: the reader used MSG_WAITALL */
 	CNT_LEFT,       /* sockets moved back to plain TCP (out of the sockhash) */
+	CNT_EAGAIN,     /* blocking reads that failed with EAGAIN (a signal or wake-up without data) */
 	CNT_MAX,
 };
