@@ -21,8 +21,14 @@ shunt, pin = sys.argv[1], sys.argv[2]
 ln = socket.create_server(("127.0.0.1", 0))
 c = socket.create_connection(ln.getsockname())
 s, _ = ln.accept()
+def recv_exactly(sock, n):
+    # Plain recv: a MSG_WAITALL reader would send the connection back to TCP.
+    b = b""
+    while len(b) < n:
+        b += sock.recv(n - len(b))
+    return b
 for _ in range(1000):
-    c.sendall(b"ping"); assert s.recv(4, socket.MSG_WAITALL) == b"ping"
-    s.sendall(b"pong"); assert c.recv(4, socket.MSG_WAITALL) == b"pong"
+    c.sendall(b"ping"); assert recv_exactly(s, 4) == b"ping"
+    s.sendall(b"pong"); assert recv_exactly(c, 4) == b"pong"
 subprocess.run([shunt, "flows", "--pin-dir", pin], check=True)
 PY
