@@ -162,7 +162,13 @@ func TestLeaveWaitsForUnreadBytes(t *testing.T) {
 	if n, err := (waitAllReader{t, s}).Read(make([]byte, 4)); n != 4 || err != nil {
 		t.Fatalf("MSG_WAITALL read: %d %v", n, err)
 	}
-	time.Sleep(500 * time.Millisecond) // several times the settle delay
+	// The server leaves; the client, holding unread redirected bytes, stays
+	// for as long as they are unread (here several times the settle delay).
+	deadline := time.Now().Add(2 * time.Second)
+	for mapEntries(t, in, "sock_hash") > 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
 	if n := mapEntries(t, in, "sock_hash"); n != 1 {
 		t.Fatalf("%d sockets in the sockhash, want 1: the client, holding %d unread redirected bytes", n, len(unread))
 	}
@@ -308,15 +314,22 @@ func TestSignalDuringBlockingRead(t *testing.T) {
 	}
 }
 
-// waitInSyscall waits until thread tid of this process sleeps in syscall nr.
+// waitInSyscall waits until thread tid of this process sleeps in syscall nr
+// (interruptibly: state S, where a signal ends the wait).
 func waitInSyscall(t *testing.T, tid int, nr int) {
 	t.Helper()
 	path := fmt.Sprintf("/proc/self/task/%d/syscall", tid)
+	stat := fmt.Sprintf("/proc/self/task/%d/stat", tid)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		b, err := os.ReadFile(path)
-		if f := strings.Fields(string(b)); err == nil && len(f) > 0 && f[0] == fmt.Sprint(nr) {
-			time.Sleep(10 * time.Millisecond) // past the last check before sleeping
+		st, _ := os.ReadFile(stat)
+		// stat: "tid (comm) S ...": the state follows the last ')'.
+		state := ""
+		if i := strings.LastIndexByte(string(st), ')'); i >= 0 && i+2 < len(st) {
+			state = string(st[i+2])
+		}
+		if f := strings.Fields(string(b)); err == nil && len(f) > 0 && f[0] == fmt.Sprint(nr) && state == "S" {
 			return
 		}
 		if time.Now().After(deadline) {
