@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -387,6 +388,18 @@ func testSlowSubscriberDrops(t *testing.T, path fanout.Path) {
 	}
 }
 
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n.Add(int64(n))
+	return n, err
+}
+
 // With --slow disconnect the slow subscriber is cut off and counted; the
 // others are not disturbed.
 func TestSlowSubscriberDisconnected(t *testing.T) {
@@ -406,14 +419,26 @@ func testSlowSubscriberDisconnected(t *testing.T, path fanout.Path) {
 	slow.SetReadBuffer(64 << 10)
 	c := l.subscribe()
 	var r result
+	var got atomic.Int64 // bytes the reading subscriber has read
 	done := make(chan struct{})
 	go func() {
 		c.SetReadDeadline(time.Now().Add(time.Minute))
-		r = readFramed(c, size, msgs)
+		r = readFramed(countingReader{c, &got}, size, msgs)
 		close(done)
 	}()
 	l.waitSubscribers(2)
-	l.send(u, 0, msgs, size)
+	// Sent no further ahead of the reading subscriber than 1 MB, so that a
+	// busy machine (CI tests packages in parallel) cannot make it look as
+	// slow as the stalled one, which passes the bound after ~4,000.
+	for from := uint64(0); from < msgs; from += 500 {
+		l.send(u, from, from+500, size)
+		for deadline := time.Now().Add(30 * time.Second); got.Load()+1000*(size+4) < int64(from+500)*(size+4); {
+			if time.Now().After(deadline) {
+				t.Fatalf("the reading subscriber is stuck at %d bytes", got.Load())
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
 	<-done
 	if r.err != nil || r.n != msgs {
 		t.Errorf("other subscriber: %d messages, %v", r.n, r.err)
