@@ -176,6 +176,36 @@ var coldConformance = []scenario{
 		<-done
 		tr.add("client read %d bytes, intact=%v err=%v", len(b), string(b) == payload, errName(err))
 	}},
+	{"sendfile(2) from the socket into a file, from the first byte", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
+		// Linux 6.18 refuses a socket as sendfile's source (EINVAL); were
+		// it to accept one, the payload would be checked.
+		payload := strings.Repeat("sent through ", 3000)
+		go func() {
+			c.Write([]byte(payload))
+			c.CloseWrite()
+		}()
+		f, err := os.CreateTemp(t.TempDir(), "out")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		total := 0
+		rawFD(t, s, func(fd int) {
+			unix.SetNonblock(fd, false)
+			defer unix.SetNonblock(fd, true)
+			unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5})
+			for {
+				n, err := unix.Sendfile(int(f.Fd()), fd, nil, 1<<16)
+				if n <= 0 || err != nil {
+					tr.add("sendfile end n=%d err=%v", n, errName(err))
+					return
+				}
+				total += n
+			}
+		})
+		b, _ := os.ReadFile(f.Name())
+		tr.add("copied %d, file intact=%v", total, string(b) == payload)
+	}},
 	{"MSG_WAITALL from the first read", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
 		go func() {
 			for _, m := range []string{"one ", "two ", "three"} {
