@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"golang.org/x/sys/unix"
 )
@@ -38,6 +39,9 @@ type Features struct {
 	SkStorage bool   `json:"sk_storage"`
 	SkMsgLink bool   `json:"sk_msg_link"`
 	BTF       bool   `json:"btf"`
+	// RecvTracepoint: a BTF tracepoint program can attach to
+	// sock_recv_length (the reader watch; 6.3+).
+	RecvTracepoint bool `json:"recv_tracepoint"`
 }
 
 // Missing lists the features bypass needs and the kernel lacks.
@@ -53,6 +57,7 @@ func (f Features) Missing() []string {
 		{f.SkStorage, "socket local storage"},
 		{f.SkMsgLink, fmt.Sprintf("sk_msg BPF links (kernel %d.%d or newer)", MinKernel[0], MinKernel[1])},
 		{f.BTF, "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)"},
+		{f.RecvTracepoint, "BTF tracepoint programs on sock_recv_length (kernel 6.3 or newer, not locked down)"},
 	} {
 		if !c.ok {
 			m = append(m, c.name)
@@ -81,7 +86,22 @@ func Probe() Features {
 	f.SkMsgLink = maj > MinKernel[0] || (maj == MinKernel[0] && min >= MinKernel[1])
 	_, err := os.Stat("/sys/kernel/btf/vmlinux")
 	f.BTF = err == nil
+	f.RecvTracepoint = f.BTF && canTraceRecv()
 	return f
+}
+
+// canTraceRecv loads (and drops) a do-nothing tp_btf program for the
+// sock_recv_length tracepoint.
+func canTraceRecv() bool {
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.Tracing, AttachType: ebpf.AttachTraceRawTp, AttachTo: "sock_recv_length", License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return false
+	}
+	p.Close()
+	return true
 }
 
 func kernelRelease() string {

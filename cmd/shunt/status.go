@@ -129,7 +129,7 @@ func printStatus(e *env, r statusReport) {
 	if err := f.Err(); err != nil {
 		fmt.Fprintf(w, "features:\t%v\n", err)
 	} else {
-		fmt.Fprintf(w, "features:\tsockhash, sk_msg, sockops, sk_storage, sk_msg links, BTF\n")
+		fmt.Fprintf(w, "features:\tsockhash, sk_msg, sockops, sk_storage, sk_msg links, BTF, sock_recv_length tracepoint\n")
 	}
 }
 
