@@ -179,3 +179,49 @@ func TestUnixJoinRefused(t *testing.T) {
 		t.Errorf("%d sockets, %d cookies, %d pairs left", socks, cookies, s.Active())
 	}
 }
+
+// A reset on the TCP side ends the pair with an error and closes the unix
+// side; the application sees its connection end.
+func TestUnixTCPReset(t *testing.T) {
+	s := mustSplicer(t, splice.Options{})
+	p := mustUnixProxied(t, s, true)
+	p.server.SetLinger(0)
+	p.server.Close()
+	select {
+	case <-p.pair.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pair did not end after a reset")
+	}
+	if p.pair.Err() == nil {
+		t.Error("the pair ended without an error after a reset")
+	}
+	p.app.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := p.app.Read(make([]byte, 1)); err == nil {
+		t.Errorf("the application read %d bytes after the reset, want its connection ended", n)
+	}
+}
+
+// Many short unix-TCP pairs leave no socket, cookie or pair behind.
+func TestUnixPairsLeaveNothing(t *testing.T) {
+	s := mustSplicer(t, splice.Options{})
+	for i := range 200 {
+		p := mustUnixProxied(t, s, i%2 == 0)
+		p.app.Write([]byte("ping"))
+		p.server.Write([]byte("pong"))
+		b := make([]byte, 4)
+		p.server.SetReadDeadline(time.Now().Add(5 * time.Second))
+		p.app.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := p.server.Read(b); err != nil || string(b) != "ping" {
+			t.Fatalf("pair %d: server read %q %v", i, b, err)
+		}
+		if _, err := p.app.Read(b); err != nil || string(b) != "pong" {
+			t.Fatalf("pair %d: app read %q %v", i, b, err)
+		}
+		p.app.Close()
+		p.server.Close()
+		p.waitDone(t)
+	}
+	if socks, cookies, err := s.MapEntries(); socks+cookies != 0 || s.Active() != 0 || err != nil {
+		t.Errorf("%d sockets, %d cookies, %d pairs left (%v)", socks, cookies, s.Active(), err)
+	}
+}
