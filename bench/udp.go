@@ -79,48 +79,35 @@ func RunUDP(ctx context.Context, cfg UDPConfig) ([]UDPResult, error) {
 		return nil, err
 	}
 	defer ns.Close()
-	type key struct {
-		mode string
-		size int
-	}
 	type acc struct {
 		hist            histogram
 		lost            int
 		sent, delivered []uint64
 		gbps, cpu       []float64
 	}
-	accs := map[key]*acc{}
-	var order []key
-	for round := 1; round <= cfg.Rounds; round++ {
-		for _, size := range cfg.Sizes {
-			for _, mode := range cfg.Modes {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
-				k := key{mode, size}
-				a := accs[k]
-				if a == nil {
-					a = &acc{}
-					accs[k] = a
-					order = append(order, k)
-				}
-				if cfg.Progress != nil {
-					fmt.Fprintf(cfg.Progress, "udp round %d: %s, %d B\n", round, mode, size)
-				}
-				r, err := udpRun(ns, cfg, mode, size, &a.hist)
-				if err != nil {
-					return nil, fmt.Errorf("%s, %d B: %w", mode, size, err)
-				}
-				a.lost += r.lost
-				a.sent = append(a.sent, r.sent)
-				a.delivered = append(a.delivered, r.delivered)
-				gb := float64(r.delivered) * float64(size) / 1e9
-				a.gbps = append(a.gbps, gb*8/cfg.BulkTime.Seconds())
-				if gb > 0 {
-					a.cpu = append(a.cpu, r.cpu.Seconds()/gb)
-				}
-			}
+	accs := map[cell]*acc{}
+	order, err := sweepCells(ctx, "udp", cfg.Rounds, cfg.Sizes, cfg.Modes, cfg.Progress, func(c cell) error {
+		a := accs[c]
+		if a == nil {
+			a = &acc{}
+			accs[c] = a
 		}
+		r, err := udpRun(ns, cfg, c.mode, c.size, &a.hist)
+		if err != nil {
+			return err
+		}
+		a.lost += r.lost
+		a.sent = append(a.sent, r.sent)
+		a.delivered = append(a.delivered, r.delivered)
+		gb := float64(r.delivered) * float64(c.size) / 1e9
+		a.gbps = append(a.gbps, gb*8/cfg.BulkTime.Seconds())
+		if gb > 0 {
+			a.cpu = append(a.cpu, r.cpu.Seconds()/gb)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	var out []UDPResult
 	for _, k := range order {

@@ -76,44 +76,31 @@ func RunUnix(ctx context.Context, cfg UnixConfig) ([]UnixResult, error) {
 		return nil, err
 	}
 	defer ns.Close()
-	type key struct {
-		mode string
-		size int
-	}
 	type acc struct {
 		hist              histogram
 		gbps, cpu, kshare []float64
 	}
-	accs := map[key]*acc{}
-	var order []key
-	for round := 1; round <= cfg.Rounds; round++ {
-		for _, size := range cfg.Sizes {
-			for _, mode := range cfg.Modes {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
-				k := key{mode, size}
-				a := accs[k]
-				if a == nil {
-					a = &acc{}
-					accs[k] = a
-					order = append(order, k)
-				}
-				if cfg.Progress != nil {
-					fmt.Fprintf(cfg.Progress, "unix round %d: %s, %d B\n", round, mode, size)
-				}
-				r, err := unixRun(ns, cfg, mode, size, &a.hist)
-				if err != nil {
-					return nil, fmt.Errorf("%s, %d B: %w", mode, size, err)
-				}
-				gb := float64(r.bytes) / 1e9
-				a.gbps = append(a.gbps, gb*8/r.wall.Seconds())
-				if gb > 0 {
-					a.cpu = append(a.cpu, r.cpu.Seconds()/gb)
-					a.kshare = append(a.kshare, float64(r.kernel)/float64(r.bytes))
-				}
-			}
+	accs := map[cell]*acc{}
+	order, err := sweepCells(ctx, "unix", cfg.Rounds, cfg.Sizes, cfg.Modes, cfg.Progress, func(c cell) error {
+		a := accs[c]
+		if a == nil {
+			a = &acc{}
+			accs[c] = a
 		}
+		r, err := unixRun(ns, cfg, c.mode, c.size, &a.hist)
+		if err != nil {
+			return err
+		}
+		gb := float64(r.bytes) / 1e9
+		a.gbps = append(a.gbps, gb*8/r.wall.Seconds())
+		if gb > 0 {
+			a.cpu = append(a.cpu, r.cpu.Seconds()/gb)
+			a.kshare = append(a.kshare, float64(r.kernel)/float64(r.bytes))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	var out []UnixResult
 	for _, k := range order {

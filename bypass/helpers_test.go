@@ -80,3 +80,20 @@ func mapEntries(t *testing.T, in *bypass.Install, name string) int {
 	t.Fatalf("no map %s", name)
 	return 0
 }
+
+// connPair connects a client and a server over loopback in a new namespace,
+// both in cg.
+func connPair(t *testing.T, cg host.Cgroup) (c, s *net.TCPConn) {
+	t.Helper()
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	return testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+}
+
+// warmPair is connPair after one round trip: both readers have been seen in
+// recv, so shunt redirects from here on.
+func warmPair(t *testing.T, cg host.Cgroup) (c, s *net.TCPConn) {
+	t.Helper()
+	c, s = connPair(t, cg)
+	testenv.Warm(t, c, s)
+	return c, s
+}

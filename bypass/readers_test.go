@@ -63,9 +63,7 @@ func waitLeft(t *testing.T, in *bypass.Install, within time.Duration) {
 // by TCP, here) is TCP's own again.
 func TestWaitAllReaderLeaves(t *testing.T) {
 	in, cg := mustInstall(t)
-	ns := testenv.MustNetNS(t)
-	side := testenv.Side{NS: ns, CG: cg}
-	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	c, s := connPair(t, cg)
 	before, _ := in.Stats()
 
 	go c.Write([]byte("hello"))
@@ -99,10 +97,7 @@ func TestWaitAllReaderLeaves(t *testing.T) {
 // sockhash once nothing redirected is left unread.
 func TestWaitAllSwitchMidStream(t *testing.T) {
 	in, cg := mustInstall(t)
-	ns := testenv.MustNetNS(t)
-	side := testenv.Side{NS: ns, CG: cg}
-	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
-	testenv.Warm(t, c, s)
+	c, s := warmPair(t, cg)
 	for _, conn := range []*net.TCPConn{c, s} {
 		conn.SetDeadline(time.Now().Add(30 * time.Second))
 	}
@@ -148,10 +143,7 @@ func (r *switchingReader) Read(b []byte) (int, error) {
 // it, and only then follows.
 func TestLeaveWaitsForUnreadBytes(t *testing.T) {
 	in, cg := mustInstall(t)
-	ns := testenv.MustNetNS(t)
-	side := testenv.Side{NS: ns, CG: cg}
-	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
-	testenv.Warm(t, c, s)
+	c, s := warmPair(t, cg)
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 
 	unread := strings.Repeat("redirected, not read yet ", 40)
@@ -188,9 +180,7 @@ func TestTrustReaders(t *testing.T) {
 	for _, trust := range []bool{false, true} {
 		t.Run(fmt.Sprintf("trust=%v", trust), func(t *testing.T) {
 			in, cg := mustInstallWith(t, bypass.Options{TrustReaders: trust})
-			ns := testenv.MustNetNS(t)
-			side := testenv.Side{NS: ns, CG: cg}
-			c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+			c, s := connPair(t, cg)
 			exchange(t, c, s, "first")
 			f := flowOf(t, in, testenv.Cookie(t, c))
 			if f == nil || f.Client == nil {
@@ -213,10 +203,7 @@ func TestTrustReaders(t *testing.T) {
 // stream loses, repeats or reorders a byte.
 func TestLeaveUnderTrafficBothWays(t *testing.T) {
 	in, cg := mustInstall(t)
-	ns := testenv.MustNetNS(t)
-	side := testenv.Side{NS: ns, CG: cg}
-	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
-	testenv.Warm(t, c, s)
+	c, s := warmPair(t, cg)
 	for _, conn := range []*net.TCPConn{c, s} {
 		conn.SetDeadline(time.Now().Add(60 * time.Second))
 	}
@@ -273,10 +260,7 @@ func TestSignalDuringBlockingRead(t *testing.T) {
 		{"shunt", enabled, `"" resource temporarily unavailable`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ns := testenv.MustNetNS(t)
-			side := testenv.Side{NS: ns, CG: tc.cg}
-			c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
-			testenv.Warm(t, c, s)
+			c, s := warmPair(t, tc.cg)
 			before, _ := in.Stats()
 			tids := make(chan int, 1)
 			got := make(chan string, 1)

@@ -2,7 +2,6 @@ package daemon_test
 
 import (
 	"net"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -21,11 +20,7 @@ func TestTakeOverUnixTCP(t *testing.T) {
 	old, oldDone := startOldDaemon(t, path)
 	cl := mustClient(t, path)
 
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	app, ours := unixConn(t, fds[0]), unixConn(t, fds[1])
+	app, ours := testenv.UnixPair(t, unix.SOCK_STREAM)
 	side := testenv.Side{NS: testenv.MustNetNS(t)}
 	back, server := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
 	h, err := cl.Join(ours, back)
@@ -67,16 +62,4 @@ func TestTakeOverUnixTCP(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no ended event from the new daemon")
 	}
-}
-
-func unixConn(t *testing.T, fd int) *net.UnixConn {
-	t.Helper()
-	f := os.NewFile(uintptr(fd), "unix")
-	defer f.Close()
-	c, err := net.FileConn(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c.(*net.UnixConn)
 }

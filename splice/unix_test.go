@@ -3,7 +3,6 @@ package splice_test
 import (
 	"errors"
 	"net"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,27 +12,6 @@ import (
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/splice"
 )
-
-// unixStreams returns the two ends of a unix stream socketpair: app, the
-// application's end, and ours, the one a proxy would join.
-func unixStreams(t *testing.T, typ int) (app, ours *net.UnixConn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, typ|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "unix")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c.(*net.UnixConn)
-	}
-	return conn(fds[0]), conn(fds[1])
-}
 
 // unixProxied is an application on a unix socket and a TCP server, with a
 // proxy's unix socket and its TCP socket to the server joined:
@@ -53,7 +31,7 @@ func mustUnixProxied(t *testing.T, s *splice.Splicer, unixFirst bool) *unixProxi
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns}
 	p := &unixProxied{}
-	p.app, p.ours = unixStreams(t, unix.SOCK_STREAM)
+	p.app, p.ours = testenv.UnixPair(t, unix.SOCK_STREAM)
 	p.back, p.server = testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
 	var err error
 	if unixFirst {
@@ -163,12 +141,12 @@ func TestUnixSlowReaderHoldsSender(t *testing.T) {
 // What cannot be joined says so, and nothing is left behind.
 func TestUnixJoinRefused(t *testing.T) {
 	s := mustSplicer(t, splice.Options{})
-	_, a := unixStreams(t, unix.SOCK_STREAM)
-	_, b := unixStreams(t, unix.SOCK_STREAM)
+	_, a := testenv.UnixPair(t, unix.SOCK_STREAM)
+	_, b := testenv.UnixPair(t, unix.SOCK_STREAM)
 	if _, err := s.Join(a, b); err == nil || !strings.Contains(err.Error(), "two unix sockets") {
 		t.Errorf("two unix sockets: %v", err)
 	}
-	_, d := unixStreams(t, unix.SOCK_DGRAM)
+	_, d := testenv.UnixPair(t, unix.SOCK_DGRAM)
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns}
 	c, _ := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")

@@ -3,10 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -17,10 +14,8 @@ import (
 
 func newBenchUDPCmd(e *env) *cobra.Command {
 	var (
-		cfg          bench.UDPConfig
-		sizes, modes string
-		out          string
-		asJSON       bool
+		cfg bench.UDPConfig
+		f   sweepFlags
 	)
 	c := &cobra.Command{
 		Use:   "udp",
@@ -35,39 +30,25 @@ can (datagrams sent and delivered, Gbit/s, whole-machine CPU per GB).`,
 		Example: `  shunt bench udp --sizes 64,1400 --out /tmp/udp`,
 		Args:    noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			for _, f := range strings.Split(sizes, ",") {
-				n, err := strconv.Atoi(strings.TrimSpace(f))
-				if err != nil {
-					return usageError{fmt.Errorf("--sizes: %q is not a number", f)}
-				}
-				cfg.Sizes = append(cfg.Sizes, n)
+			var err error
+			if cfg.Sizes, cfg.Modes, err = f.parse(); err != nil {
+				return err
 			}
-			for _, m := range strings.Split(modes, ",") {
-				cfg.Modes = append(cfg.Modes, strings.TrimSpace(m))
-			}
+			cfg.Requests, cfg.BulkTime, cfg.Rounds, cfg.Progress = f.requests, f.bulkTime, f.rounds, f.progress(e)
 			if err := cfg.Check(); err != nil {
 				return usageError{err}
 			}
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
-			if !asJSON {
-				cfg.Progress = e.stderr
-			}
 			res, err := bench.RunUDP(c.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			return emitBench(e, res, out, asJSON, printUDP, report.UDP)
+			return emitBench(e, res, f.out, f.asJSON, printUDP, report.UDP)
 		},
 	}
-	c.Flags().StringVar(&sizes, "sizes", "64,1400", "datagram sizes in bytes (8 to 65507)")
-	c.Flags().StringVar(&modes, "modes", strings.Join(bench.UDPModes, ","), "kernel (joined by shunt), relay (user space)")
-	c.Flags().IntVar(&cfg.Requests, "requests", 20000, "round trips per run")
-	c.Flags().DurationVar(&cfg.BulkTime, "bulk-time", 2*time.Second, "sending time per bulk run")
-	c.Flags().IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")
-	c.Flags().StringVar(&out, "out", "", "write udp.md and udp.json to this directory")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	f.register(c.Flags(), "udp", "64,1400", "datagram sizes in bytes (8 to 65507)", bench.UDPModes, "kernel (joined by shunt), relay (user space)")
 	return c
 }
 

@@ -3,9 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -16,10 +14,8 @@ import (
 
 func newBenchUnixCmd(e *env) *cobra.Command {
 	var (
-		cfg          bench.UnixConfig
-		sizes, modes string
-		out          string
-		asJSON       bool
+		cfg bench.UnixConfig
+		f   sweepFlags
 	)
 	c := &cobra.Command{
 		Use:   "unix",
@@ -36,38 +32,25 @@ then --bulk-time of the server sending to the application as fast as it can
 		Example: `  shunt bench unix --sizes 64,16K --out /tmp/unix`,
 		Args:    noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			sz, err := parseSizes("--sizes", sizes)
-			if err != nil {
+			var err error
+			if cfg.Sizes, cfg.Modes, err = f.parse(); err != nil {
 				return err
 			}
-			cfg.Sizes = sz
-			cfg.Modes = nil
-			for _, m := range strings.Split(modes, ",") {
-				cfg.Modes = append(cfg.Modes, strings.TrimSpace(m))
-			}
+			cfg.Requests, cfg.BulkTime, cfg.Rounds, cfg.Progress = f.requests, f.bulkTime, f.rounds, f.progress(e)
 			if err := cfg.Check(); err != nil {
 				return usageError{err}
 			}
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
-			if !asJSON {
-				cfg.Progress = e.stderr
-			}
 			res, err := bench.RunUnix(c.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			return emitBench(e, res, out, asJSON, printUnix, report.Unix)
+			return emitBench(e, res, f.out, f.asJSON, printUnix, report.Unix)
 		},
 	}
-	c.Flags().StringVar(&sizes, "sizes", "64,16K", "request and response sizes")
-	c.Flags().StringVar(&modes, "modes", strings.Join(bench.UnixModes, ","), "kernel (joined by shunt), copy (user space)")
-	c.Flags().IntVar(&cfg.Requests, "requests", 20000, "round trips per run")
-	c.Flags().DurationVar(&cfg.BulkTime, "bulk-time", 2*time.Second, "sending time per bulk run")
-	c.Flags().IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")
-	c.Flags().StringVar(&out, "out", "", "write unix.md and unix.json to this directory")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	f.register(c.Flags(), "unix", "64,16K", "request and response sizes", bench.UnixModes, "kernel (joined by shunt), copy (user space)")
 	return c
 }
 
