@@ -36,11 +36,14 @@ func mustHeld(t *testing.T) (h *holder, farA, farB *net.TCPConn) {
 
 func mustHolder(t *testing.T, ns *testenv.NetNS, portA, portB int) *holder {
 	t.Helper()
-	script := fmt.Sprintf(`import socket, sys, time
-a = socket.create_connection(("127.0.0.1", %d))
-b = socket.create_connection(("127.0.0.1", %d))
-print(a.fileno(), b.fileno(), flush=True)
-sys.stdin.read()`, portA, portB)
+	return startHolder(t, ns, fmt.Sprintf(`a = socket.create_connection(("127.0.0.1", %d))
+b = socket.create_connection(("127.0.0.1", %d))`, portA, portB))
+}
+
+// startHolder runs a holder whose python lines connect sockets a and b.
+func startHolder(t *testing.T, ns *testenv.NetNS, connect string) *holder {
+	t.Helper()
+	script := "import socket, sys\n" + connect + "\nprint(a.fileno(), b.fileno(), flush=True)\nsys.stdin.read()"
 	cmd := exec.Command("ip", "netns", "exec", ns.Name, "python3", "-c", script)
 	stdin, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
@@ -213,23 +216,10 @@ func TestSpliceUnixCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lnU.Close()
-	script := fmt.Sprintf(`import socket, sys
-a = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+	h := startHolder(t, ns, fmt.Sprintf(`a = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 a.connect(%q)
-b = socket.create_connection(("127.0.0.1", %d))
-print(a.fileno(), b.fileno(), flush=True)
-sys.stdin.read()`, upath, lnT.Addr().(*net.TCPAddr).Port)
-	cmd := exec.Command("ip", "netns", "exec", ns.Name, "python3", "-c", script)
-	stdin, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
-	var fdU, fdT int
-	if _, err := fmt.Fscan(out, &fdU, &fdT); err != nil {
-		t.Fatalf("holder: %v", err)
-	}
+b = socket.create_connection(("127.0.0.1", %d))`, upath, lnT.Addr().(*net.TCPAddr).Port))
+	fdU, fdT := h.fdA, h.fdB
 	app, err := lnU.AcceptUnix()
 	if err != nil {
 		t.Fatal(err)
@@ -237,7 +227,7 @@ sys.stdin.read()`, upath, lnT.Addr().(*net.TCPAddr).Port)
 	defer app.Close()
 	far := testenv.Accept(t, lnT)
 
-	run := startShunt(t, nil, "splice: joined fd", "splice", "--pid", fmt.Sprint(cmd.Process.Pid), "--fd", fmt.Sprint(fdU), "--fd", fmt.Sprint(fdT))
+	run := startShunt(t, nil, "splice: joined fd", "splice", "--pid", fmt.Sprint(h.cmd.Process.Pid), "--fd", fmt.Sprint(fdU), "--fd", fmt.Sprint(fdT))
 	there := testenv.Stream{Seed: 35, Size: 4 << 20, MaxChunk: 40000}
 	back := testenv.Stream{Seed: 36, Size: 16 << 20, MaxChunk: 40000}
 	errs := make(chan error, 3)
