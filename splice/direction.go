@@ -443,14 +443,12 @@ func (d *direction) sockMap() *ebpf.Map {
 // unread, and the default (net.core.wmem_default, 208 KiB) would keep most
 // of a transfer in user space. The application sees TCP-like buffering.
 func (d *direction) growUnixBuffer() {
-	// The kernel doubles what is set (for its own overhead) and reports
-	// the doubled size.
-	set := int(d.p.s.maxInflight)
-	if have, err := unix.GetsockoptInt(d.dstFD, unix.SOL_SOCKET, unix.SO_SNDBUF); err != nil || have >= 2*set {
+	want := 2 * int(d.p.s.maxInflight)
+	if have, err := unix.GetsockoptInt(d.dstFD, unix.SOL_SOCKET, unix.SO_SNDBUF); err != nil || have >= want {
 		return
 	}
-	if unix.SetsockoptInt(d.dstFD, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, set) != nil {
-		unix.SetsockoptInt(d.dstFD, unix.SOL_SOCKET, unix.SO_SNDBUF, set)
+	if unix.SetsockoptInt(d.dstFD, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, want) != nil {
+		unix.SetsockoptInt(d.dstFD, unix.SOL_SOCKET, unix.SO_SNDBUF, want)
 	}
 }
 

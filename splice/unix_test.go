@@ -71,8 +71,8 @@ func (p *unixProxied) waitDone(t *testing.T) {
 	}
 }
 
-// A unix socket joined with a TCP one: 256 MiB from TCP to unix (forwarded
-// by the kernel) and 128 MiB from unix to TCP (copied in user space) at once,
+// A unix socket joined with a TCP one: 64 MiB from TCP to unix (forwarded
+// by the kernel) and 32 MiB from unix to TCP (copied in user space) at once,
 // every byte in order, each EOF forwarded after the last byte; nothing is
 // left in the maps.
 func TestUnixTCPBothWays(t *testing.T) {
@@ -87,8 +87,8 @@ func TestUnixTCPBothWays(t *testing.T) {
 			for _, c := range []net.Conn{p.app, p.server} {
 				c.SetDeadline(time.Now().Add(60 * time.Second))
 			}
-			up := testenv.Stream{Seed: 31, Size: 128 << 20, MaxChunk: 100 << 10}
-			down := testenv.Stream{Seed: 32, Size: 256 << 20, MaxChunk: 100 << 10}
+			up := testenv.Stream{Seed: 31, Size: 32 << 20, MaxChunk: 100 << 10}
+			down := testenv.Stream{Seed: 32, Size: 64 << 20, MaxChunk: 100 << 10}
 			errs := make(chan error, 2)
 			go func() { errs <- up.Through(p.app, p.server) }()
 			go func() { errs <- down.Through(p.server, p.app) }()
@@ -155,15 +155,6 @@ func TestUnixJoinRefused(t *testing.T) {
 	}
 	if socks, cookies, _ := s.MapEntries(); socks+cookies != 0 || s.Active() != 0 {
 		t.Errorf("%d sockets, %d cookies, %d pairs left", socks, cookies, s.Active())
-	}
-	// A descriptor handed over (daemon, --pid): a unix stream socket that is
-	// not connected.
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := splice.Conn(fd); err == nil || !strings.Contains(err.Error(), "not connected") {
-		t.Errorf("an unconnected unix socket: %v", err)
 	}
 }
 

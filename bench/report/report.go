@@ -325,15 +325,3 @@ func UDP(dir string, res []bench.UDPResult) error {
 	}
 	return write(dir, "udp", res, md.String())
 }
-
-// Unix writes unix.md and unix.json: a unix-TCP pair, kernel against copy.
-func Unix(dir string, res []bench.UnixResult) error {
-	var md strings.Builder
-	fmt.Fprintf(&md, "| mode | size B | round trips | p50 us | p99 us | p99.9 us | max us | bulk Gbit/s | machine CPU s/GB | bulk by the kernel |\n")
-	fmt.Fprintf(&md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, r := range res {
-		fmt.Fprintf(&md, "| %s | %d | %d | %.1f | %.1f | %.1f | %.0f | %.2f | %.2f | %.0f%% |\n", r.Mode, r.Size, r.RoundTrip.Count,
-			us(r.RoundTrip.P50), us(r.RoundTrip.P99), us(r.RoundTrip.P999), us(r.RoundTrip.Max), r.Gbps, r.CPUPerGB, 100*r.KernelShare)
-	}
-	return write(dir, "unix", res, md.String())
-}

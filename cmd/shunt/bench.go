@@ -26,7 +26,7 @@ round, rounds outermost, and both ends are pinned the same way in every mode.
 Numbers and method: docs/BENCHMARKS.md.`,
 		Args: noArgs,
 	}
-	c.AddCommand(newBenchLatencyCmd(e), newBenchThroughputCmd(e), newBenchEchoCmd(e), newBenchBackpressureCmd(e), newBenchReapCmd(e), newBenchFanoutCmd(e), newBenchProxyCmd(e), newBenchUDPCmd(e), newBenchUnixCmd(e))
+	c.AddCommand(newBenchLatencyCmd(e), newBenchThroughputCmd(e), newBenchEchoCmd(e), newBenchBackpressureCmd(e), newBenchReapCmd(e), newBenchFanoutCmd(e), newBenchProxyCmd(e), newBenchUDPCmd(e))
 	return c
 }
 

@@ -77,32 +77,6 @@ func TestBenchLatencyNewConnTiny(t *testing.T) {
 	}
 }
 
-func TestBenchUnixTiny(t *testing.T) {
-	testenv.RequireRoot(t)
-	dir := t.TempDir()
-	out, stderr, code := runShunt(t, nil, "bench", "unix", "--json", "--sizes", "64", "--requests", "200",
-		"--bulk-time", "100ms", "--rounds", "1", "--out", dir)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr)
-	}
-	var res []bench.UnixResult
-	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res) != 2 {
-		t.Fatalf("want kernel and copy: %v %s", err, out)
-	}
-	for _, r := range res {
-		if r.RoundTrip.Count != 200 || r.RoundTrip.P50 <= 0 || r.Gbps <= 0 {
-			t.Errorf("%s: implausible %+v", r.Mode, r)
-		}
-		if (r.Mode == "kernel") != (r.KernelShare > 0) {
-			t.Errorf("%s: kernel share %.2f", r.Mode, r.KernelShare)
-		}
-	}
-	requireFiles(t, dir, "unix.json", "unix.md")
-	if _, stderr, code := runShunt(t, nil, "bench", "unix", "--modes", "pigeon"); code != 2 || !strings.Contains(stderr, "want kernel or copy") {
-		t.Errorf("bad mode: exit %d, %q", code, stderr)
-	}
-}
-
 func TestBenchThroughputTiny(t *testing.T) {
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
