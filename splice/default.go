@@ -1,6 +1,9 @@
 package splice
 
-import "sync"
+import (
+	"net"
+	"sync"
+)
 
 var (
 	defaultOnce    sync.Once
@@ -12,7 +15,7 @@ var (
 // first use) and returns when the pair has ended, both connections closed:
 // nil after FIN each way, else why it ended (a reset, an error). It is the
 // kernel's io.Copy both ways for a Go proxy's connection handler.
-func Splice(a, b Stream) error {
+func Splice(a, b *net.TCPConn) error {
 	defaultOnce.Do(func() { defaultSplicer, defaultErr = New(Options{}) })
 	if defaultErr != nil {
 		return defaultErr

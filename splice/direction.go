@@ -438,20 +438,6 @@ func (d *direction) sockMap() *ebpf.Map {
 	return d.p.s.objs.Socks
 }
 
-// growUnixBuffer lets a unix dst hold what a TCP one would: the kernel
-// forwards to it while the application has less than half its send buffer
-// unread, and the default (net.core.wmem_default, 208 KiB) would keep most
-// of a transfer in user space. The application sees TCP-like buffering.
-func (d *direction) growUnixBuffer() {
-	want := 2 * int(d.p.s.maxInflight)
-	if have, err := unix.GetsockoptInt(d.dstFD, unix.SOL_SOCKET, unix.SO_SNDBUF); err != nil || have >= want {
-		return
-	}
-	if unix.SetsockoptInt(d.dstFD, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, want) != nil {
-		unix.SetsockoptInt(d.dstFD, unix.SOL_SOCKET, unix.SO_SNDBUF, want)
-	}
-}
-
 // sentSoFar is how many bytes dst has taken to send since an origin fixed
 // per connection (see the function of that name for TCP); for a unix dst,
 // what splice_sent counted.

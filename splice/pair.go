@@ -117,11 +117,6 @@ func (p *Pair) join() error {
 		return err
 	}
 	for _, d := range []*direction{p.ab, p.ba} {
-		if d.dstUnix {
-			d.growUnixBuffer()
-		}
-	}
-	for _, d := range []*direction{p.ab, p.ba} {
 		if err := d.takeQueued(); err != nil {
 			return err
 		}

@@ -1,10 +1,8 @@
 // Package splice joins two connected TCP sockets inside the kernel: bytes
 // arriving on one leave through the other with no process woken, while this
 // package keeps what a proxy must keep (ordering, half-close, reset, and a
-// bound on the memory a slow reader can pin). A unix stream socket may take
-// one side (TCP to unix in the kernel, unix to TCP copied), and UDP pairs
-// have their own Splicer (NewUDP). The programs and maps live as long as the
-// Splicer; nothing is pinned.
+// bound on the memory a slow reader can pin). The programs and maps live as
+// long as the Splicer; nothing is pinned.
 package splice
 
 import (

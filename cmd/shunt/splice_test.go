@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -200,54 +199,6 @@ sys.stdin.read()`, farA.LocalAddr().(*net.UDPAddr).Port, farB.LocalAddr().(*net.
 	}
 	want := "splice: interrupted; 10 datagrams"
 	if len(rest) != 1 || !strings.HasPrefix(rest[0], want) || !strings.Contains(rest[0], "10 (") {
-		t.Fatalf("summary %q, want %q...", rest, want)
-	}
-}
-
-// A process's unix stream socket and its TCP socket: joined the same way
-// (TCP to unix by the kernel, unix to TCP copied by splice).
-func TestSpliceUnixCommand(t *testing.T) {
-	testenv.RequireRoot(t)
-	ns := testenv.MustNetNS(t)
-	lnT := testenv.Listen(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:0")
-	upath := filepath.Join(t.TempDir(), "app.sock")
-	lnU, err := net.ListenUnix("unix", &net.UnixAddr{Name: upath, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lnU.Close()
-	h := startHolder(t, ns, fmt.Sprintf(`a = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-a.connect(%q)
-b = socket.create_connection(("127.0.0.1", %d))`, upath, lnT.Addr().(*net.TCPAddr).Port))
-	fdU, fdT := h.fdA, h.fdB
-	app, err := lnU.AcceptUnix()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Close()
-	far := testenv.Accept(t, lnT)
-
-	run := startShunt(t, nil, "splice: joined fd", "splice", "--pid", fmt.Sprint(h.cmd.Process.Pid), "--fd", fmt.Sprint(fdU), "--fd", fmt.Sprint(fdT))
-	there := testenv.Stream{Seed: 35, Size: 4 << 20, MaxChunk: 40000}
-	back := testenv.Stream{Seed: 36, Size: 16 << 20, MaxChunk: 40000}
-	errs := make(chan error, 3)
-	go func() { errs <- there.WriteAndClose(app) }()
-	go func() { errs <- back.WriteAndClose(far) }()
-	go func() { errs <- back.Check(app, true) }()
-	if err := there.Check(far, true); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	rest, err := run.wait()
-	if err != nil {
-		t.Fatalf("exit: %v (%q)", err, rest)
-	}
-	want := fmt.Sprintf("splice: both sides closed; %d bytes fd %d -> fd %d, %d bytes back", there.Size, fdU, fdT, back.Size)
-	if len(rest) != 1 || !strings.HasPrefix(rest[0], want) {
 		t.Fatalf("summary %q, want %q...", rest, want)
 	}
 }
