@@ -88,17 +88,10 @@ func (cl *Client) call(req Request, fds ...int) (Reply, error) {
 	}
 }
 
-// StreamConn is a connected stream socket the daemon can join: a
-// *net.TCPConn, or a *net.UnixConn opposite a TCP one.
-type StreamConn interface {
-	net.Conn
-	syscall.Conn
-}
-
 // Join hands a and b to the daemon, which joins them in the kernel; it
 // returns the pair's handle. The daemon holds its own descriptors: close a
 // and b afterwards, and do not read or write them.
-func (cl *Client) Join(a, b StreamConn) (uint64, error) { return cl.joinConns(a, b) }
+func (cl *Client) Join(a, b *net.TCPConn) (uint64, error) { return cl.joinConns(a, b) }
 
 // JoinUDP hands two connected UDP sockets to the daemon, which joins them
 // in the kernel (each datagram whole); as for Join, close a and b after.

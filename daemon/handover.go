@@ -181,7 +181,7 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		return nil, 0, err
 	}
 	buf := make([]byte, maxMessage)
-	oob := make([]byte, unix.CmsgSpace((len(splice.Objects{})+len(splice.UDPObjects{}))*4))
+	oob := make([]byte, unix.CmsgSpace(10*4))
 	read := func(want int) ([]byte, []int, error) {
 		n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 		if err != nil {
@@ -199,9 +199,7 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		}
 		return buf[:n], fds, nil
 	}
-	var objs splice.Objects
-	var uobjs splice.UDPObjects
-	b, fds, err := read(len(objs) + len(uobjs))
+	b, fds, err := read(10)
 	if err != nil {
 		var refusal Reply
 		if json.Unmarshal(b, &refusal) == nil && refusal.Error != "" {
@@ -216,8 +214,10 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		}
 		return nil, 0, fmt.Errorf("the running daemon refused the hand-over: %s", head.Error)
 	}
-	copy(objs[:], fds[:len(objs)])
-	copy(uobjs[:], fds[len(objs):])
+	var objs splice.Objects
+	var uobjs splice.UDPObjects
+	copy(objs[:], fds[:5])
+	copy(uobjs[:], fds[5:])
 	var states []splice.PairState
 	var infos []PairInfo
 	var owners []int
@@ -230,8 +230,8 @@ func TakeOver(path string, opts splice.Options, logf func(format string, args ..
 		if err := json.Unmarshal(b, &hp); err != nil {
 			return nil, 0, err
 		}
-		if hp.State.A, err = received[splice.Stream](fds[0], "stream socket"); err == nil {
-			hp.State.B, err = received[splice.Stream](fds[1], "stream socket")
+		if hp.State.A, err = received[*net.TCPConn](fds[0], "TCP socket"); err == nil {
+			hp.State.B, err = received[*net.TCPConn](fds[1], "TCP socket")
 		}
 		if err != nil {
 			return nil, 0, err

@@ -246,7 +246,7 @@ func receivedFDs(oob []byte, flags int) ([]int, error) {
 		fds = append(fds, got...)
 	}
 	if flags&unix.MSG_CTRUNC != 0 {
-		return fds, errors.New("more descriptors sent than expected")
+		return fds, errors.New("more than two descriptors sent")
 	}
 	return fds, nil
 }
@@ -323,14 +323,8 @@ func (srv *Server) join(c *conn, fdA, fdB int) (uint64, error) {
 		b.Close()
 		return 0, err
 	}
-	proto := "tcp"
-	for _, c := range []splice.Stream{a, b} {
-		if _, ok := c.(*net.UnixConn); ok {
-			proto = "tcp+unix"
-		}
-	}
 	info := PairInfo{
-		Proto: proto, Since: time.Now(), InKernel: pair.InKernel(),
+		Proto: "tcp", Since: time.Now(), InKernel: pair.InKernel(),
 		A: a.LocalAddr().String() + " -> " + a.RemoteAddr().String(),
 		B: b.LocalAddr().String() + " -> " + b.RemoteAddr().String(),
 	}

@@ -25,8 +25,8 @@ func TakeFromProcess(pid, fd int) (*net.TCPConn, error) {
 	return nil, fmt.Errorf("descriptor %d of process %d: is not a TCP socket", fd, pid)
 }
 
-// TakeSocket is TakeFromProcess for a TCP, unix stream or UDP socket: it
-// returns a connected *net.TCPConn, *net.UnixConn or *net.UDPConn.
+// TakeSocket is TakeFromProcess for a TCP or a UDP socket: it returns a
+// connected *net.TCPConn or *net.UDPConn.
 func TakeSocket(pid, fd int) (net.Conn, error) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
@@ -58,36 +58,29 @@ func TakeSocket(pid, fd int) (net.Conn, error) {
 }
 
 // Conn wraps a descriptor that must be a connected TCP socket (half-closed
-// is fine) or a connected unix stream socket, as Join wants; it takes
-// ownership of fd (closed on error too).
-func Conn(fd int) (Stream, error) {
+// is fine), as Join wants; it takes ownership of fd (closed on error too).
+func Conn(fd int) (*net.TCPConn, error) {
 	f := os.NewFile(uintptr(fd), "socket")
 	defer f.Close()
 	typ, proto, err := socketKind(fd)
 	if err != nil {
 		return nil, err
 	}
-	domain, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
-	switch {
-	case typ == unix.SOCK_DGRAM && proto == unix.IPPROTO_UDP:
+	if typ == unix.SOCK_DGRAM && proto == unix.IPPROTO_UDP {
 		return nil, errors.New("is a UDP socket (UDP pairs join through splice.NewUDP or shunt splice --pid)")
-	case domain == unix.AF_UNIX && typ == unix.SOCK_STREAM:
-		if _, err := unix.Getpeername(fd); err != nil {
-			return nil, errors.New("is a unix socket that is not connected")
-		}
-	case typ == unix.SOCK_STREAM && proto == unix.IPPROTO_TCP:
-		info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
-		if err != nil || !connected(info.State) {
-			return nil, errors.New("is not a connected TCP socket")
-		}
-	default:
-		return nil, errors.New("is not a TCP, unix stream or UDP socket (only those can be joined)")
+	}
+	if typ != unix.SOCK_STREAM || proto != unix.IPPROTO_TCP {
+		return nil, errors.New("is not a TCP or UDP socket (only those can be joined)")
+	}
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil || !connected(info.State) {
+		return nil, errors.New("is not a connected TCP socket")
 	}
 	c, err := net.FileConn(f)
 	if err != nil {
 		return nil, err
 	}
-	return c.(Stream), nil
+	return c.(*net.TCPConn), nil
 }
 
 // connected says whether a TCP state still carries bytes one way or both:

@@ -27,9 +27,6 @@ The process keeps its descriptors but must stop reading and writing them (it
 may close them). splice runs until both directions have ended and prints
 what moved; interrupted, it resets both connections.
 
-One of the two may be a connected unix stream socket: bytes from TCP to it
-are forwarded by the kernel, bytes from it to TCP are copied by splice.
-
 Two connected UDP sockets are joined the same way, each datagram whole; UDP
 has no end, so splice runs until interrupted, then takes the pair out of the
 kernel and prints what moved and what was dropped. Needs root.`,
@@ -63,12 +60,12 @@ kernel and prints what moved and what was dropped. Needs root.`,
 			if aUDP != bUDP {
 				ca.Close()
 				cb.Close()
-				return fmt.Errorf("fd %d and fd %d of process %d are one stream and one UDP socket: join two UDP sockets, or TCP and TCP or unix stream", fds[0], fds[1], pid)
+				return fmt.Errorf("fd %d and fd %d of process %d are one TCP and one UDP socket: a pair must be two of a kind", fds[0], fds[1], pid)
 			}
 			if aUDP {
 				return spliceUDP(c.Context(), e, pid, fds, ua, ub, uint32(sizes[0]))
 			}
-			a, b := ca.(splice.Stream), cb.(splice.Stream)
+			a, b := ca.(*net.TCPConn), cb.(*net.TCPConn)
 			s, err := splice.New(splice.Options{MaxInflight: uint32(sizes[0]), MaxPairs: 1})
 			if err != nil {
 				a.Close()
