@@ -19,7 +19,6 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
-#include <bpf/bpf_tracing.h>
 
 #include "include/kernel.h"
 #include "include/splice_maps.h"
@@ -27,7 +26,6 @@
 char __license[] SEC("license") = "GPL";
 
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
 /* Keeps struct splice_dir in BTF for bpf2go. */
 const struct splice_dir *unused_splice_dir __attribute__((unused));
@@ -49,44 +47,10 @@ static __always_inline int to_user(struct splice_dir *d)
 	return SK_PASS;
 }
 
-/* forward() for a unix peer: bytes handed to it and not yet read by the
- * application at its other end are those not yet sent through it (its psock
- * backlog) plus those waiting in the application's receive queue (the unix
- * socket's wmem, in truesize). */
-static __always_inline int forward_unix(struct __sk_buff *skb, struct splice_dir *d)
-{
-	__u32 peer_slot = d->peer;
-	struct bpf_sock *peer = bpf_map_lookup_elem(&dsts, &peer_slot);
-	if (!peer)
-		return to_user(d);
-	struct sock *sk = bpf_rdonly_cast(peer, bpf_core_type_id_kernel(struct sock));
-	__u32 unread = (__u32)BPF_CORE_READ(sk, sk_wmem_alloc.refs.counter);
-	__u32 half = (__u32)BPF_CORE_READ(sk, sk_sndbuf) / 2;
-	bpf_sk_release(peer);
-
-	__u64 sent = __sync_fetch_and_add(&d->peer_sent, 0);
-	if (!d->base_valid) {
-		d->sent_base = sent;
-		d->period = 0;
-		d->base_valid = 1;
-	}
-	__s64 backlog = (__s64)(d->sent_base + d->period - sent);
-	if (backlog < 0)
-		backlog = 0;
-	__u32 limit = half < d->max_inflight ? half : d->max_inflight;
-	if ((__u64)backlog + unread + skb->len > limit)
-		return to_user(d);
-	d->period += skb->len;
-	d->redirected += skb->len;
-	return bpf_sk_redirect_map(skb, &dsts, peer_slot, 0);
-}
-
 /* Forward in the kernel if the peer has room; otherwise give the direction to
  * user space. Returns the verdict. */
 static __always_inline int forward(struct __sk_buff *skb, struct splice_dir *d)
 {
-	if (d->peer_unix)
-		return forward_unix(skb, d);
 	__u32 peer_slot = d->peer;
 	/* A peer that left the map was reset or closed: user space finds out
 	 * when it writes these bytes, and resets our side too. */
@@ -194,26 +158,4 @@ int splice_verdict(struct __sk_buff *skb)
 	if (old & DIR_USER)
 		return SK_PASS;
 	return forward(skb, d);
-}
-
-#define AF_UNIX 1
-
-/* Counts what is sent through each joined unix socket: the psock worker's
- * sends of redirected bytes go through sock_sendmsg too. It gives user space
- * what bytes_acked + SIOCOUTQ give it for TCP: when the kernel's bytes have
- * left the socket's backlog. Other sockets cost a family test. */
-SEC("tp_btf/sock_send_length")
-int BPF_PROG(splice_sent, struct sock *sk, int ret, int flags)
-{
-	if (ret <= 0 || sk->__sk_common.skc_family != AF_UNIX)
-		return 0;
-	__u64 cookie = sk->__sk_common.skc_cookie.counter;
-	__u32 *slot = bpf_map_lookup_elem(&slots, &cookie);
-	if (!slot)
-		return 0;
-	__u32 src = *slot ^ 1; /* the direction whose bytes leave through sk */
-	struct splice_dir *d = bpf_map_lookup_elem(&dirs, &src);
-	if (d)
-		__sync_fetch_and_add(&d->peer_sent, ret);
-	return 0;
 }

@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -22,9 +21,7 @@ import (
 type direction struct {
 	p         *Pair
 	name      string // "a->b" or "b->a", for errors
-	src, dst  Stream
-	srcUnix   bool // src is a unix socket: in dsts, never seen by the verdict; copied in user space
-	dstUnix   bool // dst is a unix socket: what left through it is counted by splice_sent
+	src, dst  *net.TCPConn
 	srcRaw    syscall.RawConn
 	srcFD     int
 	dstFD     int
@@ -40,9 +37,8 @@ type direction struct {
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
-func newDirection(p *Pair, name string, src, dst Stream, slot, peerSlot uint32) (*direction, error) {
+func newDirection(p *Pair, name string, src, dst *net.TCPConn, slot, peerSlot uint32) (*direction, error) {
 	d := &direction{p: p, name: name, src: src, dst: dst, slot: slot}
-	d.setKinds()
 	var err error
 	if d.srcFD, err = socketFD(src); err != nil {
 		return nil, fmt.Errorf("splice: %w", err)
@@ -56,14 +52,11 @@ func newDirection(p *Pair, name string, src, dst Stream, slot, peerSlot uint32) 
 	if d.cookie, err = unix.GetsockoptUint64(d.srcFD, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
 		return nil, fmt.Errorf("splice: SO_COOKIE: %w", err)
 	}
-	d.shared = p.s.dir(slot)
-	*d.shared = spliceSpliceDir{Peer: peerSlot, MaxInflight: p.s.maxInflight}
-	if d.dstUnix {
-		d.shared.PeerUnix = 1
-	}
-	if d.dstOrigin, err = d.sentSoFar(); err != nil {
+	if d.dstOrigin, err = sentSoFar(d.dstFD); err != nil {
 		return nil, fmt.Errorf("splice: socket is not a connected TCP socket: %w", err)
 	}
+	d.shared = p.s.dir(slot)
+	*d.shared = spliceSpliceDir{Peer: peerSlot, MaxInflight: p.s.maxInflight}
 	// Start in user mode: the hand-back below first makes sure no byte
 	// queued before the join is left behind the kernel's.
 	atomic.StoreUint64(&d.shared.State, dirUser)
@@ -77,7 +70,7 @@ func (d *direction) stats() Stats {
 		Kernel:    k,
 		ToUser:    atomic.LoadUint32(&d.shared.ToUser),
 		Repeated:  atomic.LoadUint32(&d.shared.Overlaps),
-		KernelNow: d.kernel() && atomic.LoadUint64(&d.shared.State)&dirUser == 0,
+		KernelNow: !d.p.userOnly && atomic.LoadUint64(&d.shared.State)&dirUser == 0,
 	}
 }
 
@@ -95,7 +88,7 @@ func (d *direction) run() error {
 		if err != nil {
 			return d.wrap("read", err)
 		}
-		if n == 0 && d.kernel() && !d.allSeenRead(atomic.LoadUint64(&d.shared.State)) {
+		if n == 0 && !d.p.userOnly && !d.allSeenRead(atomic.LoadUint64(&d.shared.State)) {
 			// EOF can come before bytes the verdict passed just ahead
 			// of the FIN: they wait in the psock's backlog when it was
 			// busy sending for the other direction. Read on, but do
@@ -285,7 +278,7 @@ const drainWindow = 256 << 10
 // control gave it to user space, would stay there. The window is restored
 // on the way out, whether or not the hand-back succeeded.
 func (d *direction) drainAndHandBack() error {
-	if !d.kernel() || !d.dstHasRoom() {
+	if d.p.userOnly || !d.dstHasRoom() {
 		return nil
 	}
 	clamp, err := unix.GetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP)
@@ -356,7 +349,7 @@ func (d *direction) allSeenRead(state uint64) bool {
 // peerFlushed says whether dst's psock has sent on everything the kernel
 // redirected to it (nothing of ours waits in its backlog).
 func (d *direction) peerFlushed() (bool, error) {
-	sent, err := d.sentSoFar()
+	sent, err := sentSoFar(d.dstFD)
 	if err != nil {
 		return false, err
 	}
@@ -367,7 +360,7 @@ func (d *direction) peerFlushed() (bool, error) {
 // verdict passed to us and dst holds nothing of the kernel's in its backlog.
 // The compare-and-swap fails if a verdict ran since state was read.
 func (d *direction) handBack() bool {
-	if !d.kernel() {
+	if d.p.userOnly {
 		return false
 	}
 	state := atomic.LoadUint64(&d.shared.State)
@@ -388,7 +381,7 @@ func (d *direction) handBack() bool {
 // backlog. The psock worker usually takes microseconds; when dst's buffer is
 // full it retries once a jiffy.
 func (d *direction) waitPeerFlushed() error {
-	if !d.kernel() {
+	if d.p.userOnly {
 		return nil
 	}
 	for i := 0; ; i++ {
@@ -419,33 +412,6 @@ func (d *direction) finish() error {
 		return err
 	}
 	return nil
-}
-
-// setKinds notes which ends are unix sockets.
-func (d *direction) setKinds() {
-	d.srcUnix, d.dstUnix = isUnix(d.src), isUnix(d.dst)
-}
-
-// kernel says whether the verdict may forward this direction at all: not
-// when the pair is copied in user space, nor from a unix socket.
-func (d *direction) kernel() bool { return !d.p.userOnly && !d.srcUnix }
-
-// sockMap is the map src joins: the verdict's for TCP, dsts for unix.
-func (d *direction) sockMap() *ebpf.Map {
-	if d.srcUnix {
-		return d.p.s.objs.Dsts
-	}
-	return d.p.s.objs.Socks
-}
-
-// sentSoFar is how many bytes dst has taken to send since an origin fixed
-// per connection (see the function of that name for TCP); for a unix dst,
-// what splice_sent counted.
-func (d *direction) sentSoFar() (uint64, error) {
-	if d.dstUnix {
-		return atomic.LoadUint64(&d.shared.PeerSent), nil
-	}
-	return sentSoFar(d.dstFD)
 }
 
 // backoff spins briefly, then sleeps up to a millisecond.

@@ -3,6 +3,7 @@ package splice
 import (
 	"errors"
 	"fmt"
+	"net"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -24,9 +25,8 @@ func StateVersion() string {
 }
 
 // Objects are the descriptors of a Splicer's BPF objects, in this order:
-// socks, dirs, slots, dsts, the verdict program, its link, the unix send
-// counter program, its link.
-type Objects [8]int
+// socks, dirs, slots, the verdict program, its link.
+type Objects [5]int
 
 // DirState is what a direction's user-space half knows.
 type DirState struct {
@@ -39,12 +39,12 @@ type DirState struct {
 
 // PairState is a frozen pair.
 type PairState struct {
-	Index    uint32   `json:"index"`
-	UserOnly bool     `json:"user_only,omitempty"`
-	AB       DirState `json:"ab"`
-	BA       DirState `json:"ba"`
-	A        Stream   `json:"-"`
-	B        Stream   `json:"-"`
+	Index    uint32       `json:"index"`
+	UserOnly bool         `json:"user_only,omitempty"`
+	AB       DirState     `json:"ab"`
+	BA       DirState     `json:"ba"`
+	A        *net.TCPConn `json:"-"`
+	B        *net.TCPConn `json:"-"`
 }
 
 // Freeze stops every pair and returns their state and the object
@@ -65,8 +65,7 @@ func (s *Splicer) Freeze() (Objects, []PairState) {
 		}
 		out = append(out, PairState{Index: p.index, UserOnly: p.userOnly, A: p.a, B: p.b, AB: p.ab.state(), BA: p.ba.state()})
 	}
-	return Objects{s.objs.Socks.FD(), s.objs.Dirs.FD(), s.objs.Slots.FD(), s.objs.Dsts.FD(), s.objs.SpliceVerdict.FD(),
-		s.link.(interface{ FD() int }).FD(), s.objs.SpliceSent.FD(), s.sentLink.(interface{ FD() int }).FD()}, out
+	return Objects{s.objs.Socks.FD(), s.objs.Dirs.FD(), s.objs.Slots.FD(), s.objs.SpliceVerdict.FD(), s.link.(interface{ FD() int }).FD()}, out
 }
 
 // Release lets go of a frozen Splicer's objects and sockets without
@@ -76,8 +75,7 @@ func (s *Splicer) Release() {
 	s.released = true
 	s.mu.Unlock()
 	unix.Munmap(s.mem)
-	s.link.Close() // the new owner's descriptors keep the links
-	s.sentLink.Close()
+	s.link.Close() // the new owner's descriptor keeps the link
 	s.objs.Close()
 	s.mu.Lock()
 	for _, p := range s.pairs {
@@ -105,22 +103,16 @@ func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, 
 		return nil, nil, err
 	}
 	var err error
-	maps := []**ebpf.Map{&s.objs.Socks, &s.objs.Dirs, &s.objs.Slots, &s.objs.Dsts}
+	maps := []**ebpf.Map{&s.objs.Socks, &s.objs.Dirs, &s.objs.Slots}
 	for i, m := range maps {
 		if *m, err = ebpf.NewMapFromFD(objs[i]); err != nil {
 			return fail(fmt.Errorf("splice: take over map: %w", err))
 		}
 	}
-	if s.objs.SpliceVerdict, err = ebpf.NewProgramFromFD(objs[4]); err != nil {
+	if s.objs.SpliceVerdict, err = ebpf.NewProgramFromFD(objs[3]); err != nil {
 		return fail(fmt.Errorf("splice: take over program: %w", err))
 	}
-	if s.link, err = link.NewFromFD(objs[5]); err != nil {
-		return fail(fmt.Errorf("splice: take over link: %w", err))
-	}
-	if s.objs.SpliceSent, err = ebpf.NewProgramFromFD(objs[6]); err != nil {
-		return fail(fmt.Errorf("splice: take over program: %w", err))
-	}
-	if s.sentLink, err = link.NewFromFD(objs[7]); err != nil {
+	if s.link, err = link.NewFromFD(objs[4]); err != nil {
 		return fail(fmt.Errorf("splice: take over link: %w", err))
 	}
 	slots := s.objs.Socks.MaxEntries()
@@ -131,7 +123,6 @@ func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, 
 	size := int(slots) * int(unsafe.Sizeof(spliceSpliceDir{}))
 	if s.mem, err = unix.Mmap(s.objs.Dirs.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
 		s.link.Close()
-		s.sentLink.Close()
 		s.objs.Close()
 		return nil, nil, fmt.Errorf("splice: map state: %w", err)
 	}
@@ -158,9 +149,8 @@ func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, 
 	return s, pairs, nil
 }
 
-func resumeDirection(p *Pair, name string, src, dst Stream, slot uint32, st DirState) (*direction, error) {
+func resumeDirection(p *Pair, name string, src, dst *net.TCPConn, slot uint32, st DirState) (*direction, error) {
 	d := &direction{p: p, name: name, src: src, dst: dst, slot: slot, dstOrigin: st.DstOrigin, pending: st.Pending, ended: st.Ended}
-	d.setKinds()
 	var err error
 	if d.srcFD, err = socketFD(src); err != nil {
 		return nil, err

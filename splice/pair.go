@@ -33,7 +33,7 @@ type Stats struct {
 type Pair struct {
 	s     *Splicer
 	index uint32
-	a, b  Stream
+	a, b  *net.TCPConn
 	ab    *direction // bytes arriving on a, leaving through b
 	ba    *direction
 
@@ -53,20 +53,7 @@ type Pair struct {
 // one is sent out of the other. The Splicer owns both connections and closes
 // them when the pair ends. Bytes already read from a or b by the caller are
 // the caller's; bytes queued and not yet read are forwarded.
-//
-// One of the two may be a unix stream socket: bytes from TCP to it are
-// forwarded by the kernel, bytes from it to TCP are copied in user space
-// (the kernel would take them off the unix sender's buffer and let it run
-// without bound).
-func (s *Splicer) Join(a, b Stream) (*Pair, error) {
-	if isUnix(a) && isUnix(b) {
-		return nil, errors.New("splice: two unix sockets: nothing for the kernel to forward (join a unix socket with a TCP one)")
-	}
-	for i, c := range []Stream{a, b} {
-		if err := checkStream(c); err != nil {
-			return nil, fmt.Errorf("splice: socket %d %w", i+1, err)
-		}
-	}
+func (s *Splicer) Join(a, b *net.TCPConn) (*Pair, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -130,9 +117,9 @@ func (p *Pair) join() error {
 		}
 	}
 	for i, d := range []*direction{p.ab, p.ba} {
-		if err := d.sockMap().Update(d.slot, uint64(d.srcFD), ebpf.UpdateAny); err != nil {
+		if err := p.s.objs.Socks.Update(d.slot, uint64(d.srcFD), ebpf.UpdateAny); err != nil {
 			if i == 1 {
-				p.ab.sockMap().Delete(p.ab.slot)
+				p.s.objs.Socks.Delete(p.ab.slot)
 			}
 			p.forget()
 			if errors.Is(err, unix.EOPNOTSUPP) {
@@ -186,7 +173,7 @@ func (p *Pair) freeze() bool {
 	p.frozen.Store(true)
 	close(p.frozenCh)
 	past := time.Unix(1, 0)
-	for _, c := range []Stream{p.a, p.b} {
+	for _, c := range []*net.TCPConn{p.a, p.b} {
 		c.SetDeadline(past) // wakes goroutines asleep in the poller
 	}
 	select {
@@ -194,7 +181,7 @@ func (p *Pair) freeze() bool {
 	case <-p.done: // both directions had ended before the flag was seen
 		return false
 	}
-	for _, c := range []Stream{p.a, p.b} {
+	for _, c := range []*net.TCPConn{p.a, p.b} {
 		c.SetDeadline(time.Time{})
 	}
 	return true
@@ -215,10 +202,8 @@ func (p *Pair) fail(err error) {
 func (p *Pair) Abort() {
 	p.once.Do(func() {
 		p.aborted.Store(true)
-		for _, c := range []Stream{p.a, p.b} {
-			if tc, ok := c.(*net.TCPConn); ok {
-				tc.SetLinger(0)
-			}
+		for _, c := range []*net.TCPConn{p.a, p.b} {
+			c.SetLinger(0)
 			c.Close()
 		}
 	})
@@ -228,8 +213,8 @@ func (p *Pair) Abort() {
 // and are closed, and the slots are reused.
 func (p *Pair) release() {
 	if !p.userOnly {
-		p.ab.sockMap().Delete(p.ab.slot)
-		p.ba.sockMap().Delete(p.ba.slot)
+		p.s.objs.Socks.Delete(p.ab.slot)
+		p.s.objs.Socks.Delete(p.ba.slot)
 		p.forget()
 	}
 	p.a.Close()
@@ -289,28 +274,4 @@ func sentSoFar(fd int) (uint64, error) {
 		return 0, err
 	}
 	return info.Bytes_acked + uint64(outq), nil
-}
-
-func isUnix(c Stream) bool {
-	_, ok := c.(*net.UnixConn)
-	return ok
-}
-
-// checkStream makes sure a unix socket is a connected stream socket (TCP
-// sockets are checked when their directions are made).
-func checkStream(c Stream) error {
-	if !isUnix(c) {
-		return nil
-	}
-	fd, err := socketFD(c)
-	if err != nil {
-		return err
-	}
-	if typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || typ != unix.SOCK_STREAM {
-		return errors.New("is a unix socket but not SOCK_STREAM (only stream sockets can be joined)")
-	}
-	if _, err := unix.Getpeername(fd); err != nil {
-		return errors.New("is a unix socket that is not connected")
-	}
-	return nil
 }

@@ -8,9 +8,7 @@ package splice
 import (
 	"errors"
 	"fmt"
-	"net"
 	"sync"
-	"syscall"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -36,20 +34,11 @@ type Options struct {
 	MaxPairs    int    // 0: DefaultMaxPairs
 }
 
-// Stream is a connected stream socket a Splicer joins: a *net.TCPConn, or a
-// *net.UnixConn (SOCK_STREAM) opposite a TCP socket.
-type Stream interface {
-	net.Conn
-	syscall.Conn
-	CloseWrite() error
-}
-
 // Splicer owns the verdict program and its maps, and the pairs joined by it.
 type Splicer struct {
 	objs        spliceObjects
 	link        link.Link
-	sentLink    link.Link // counts what leaves through joined unix sockets
-	mem         []byte    // dirs, shared with the verdict
+	mem         []byte // dirs, shared with the verdict
 	maxInflight uint32
 
 	mu       sync.Mutex
@@ -75,7 +64,7 @@ func New(opts Options) (*Splicer, error) {
 		return nil, err
 	}
 	slots := uint32(2 * opts.MaxPairs)
-	for _, name := range []string{"socks", "dsts", "dirs", "slots"} {
+	for _, name := range []string{"socks", "dirs", "slots"} {
 		spec.Maps[name].MaxEntries = slots
 	}
 	s := &Splicer{maxInflight: opts.MaxInflight, pairs: map[uint32]*Pair{}}
@@ -91,15 +80,9 @@ func New(opts Options) (*Splicer, error) {
 		s.objs.Close()
 		return nil, fmt.Errorf("attach splice verdict: %w", err)
 	}
-	if s.sentLink, err = link.AttachTracing(link.TracingOptions{Program: s.objs.SpliceSent}); err != nil {
-		s.link.Close()
-		s.objs.Close()
-		return nil, fmt.Errorf("attach the unix send counter (tp_btf/sock_send_length): %w", err)
-	}
 	size := int(slots) * int(unsafe.Sizeof(spliceSpliceDir{}))
 	s.mem, err = unix.Mmap(s.objs.Dirs.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		s.sentLink.Close()
 		s.link.Close()
 		s.objs.Close()
 		return nil, fmt.Errorf("map splice state: %w", err)
@@ -134,7 +117,7 @@ func (s *Splicer) Close() error {
 			<-p.Done()
 		}
 	}
-	err := errors.Join(s.link.Close(), s.sentLink.Close())
+	err := s.link.Close()
 	unix.Munmap(s.mem)
 	return errors.Join(err, s.objs.Close())
 }
@@ -149,11 +132,7 @@ func (s *Splicer) Active() int {
 // MapEntries counts the socket and cookie entries in the kernel maps (what a
 // leak would show).
 func (s *Splicer) MapEntries() (socks, cookies int, err error) {
-	if socks, cookies, err = countEntries(s.objs.Socks, s.objs.Slots); err != nil {
-		return 0, 0, err
-	}
-	unixSocks, _, err := countEntries(s.objs.Dsts, nil)
-	return socks + unixSocks, cookies, err
+	return countEntries(s.objs.Socks, s.objs.Slots)
 }
 
 // countEntries counts the sockets in a sockmap and the cookies in its
@@ -167,9 +146,6 @@ func countEntries(sockmap, slots *ebpf.Map) (socks, cookies int, err error) {
 		case !errors.Is(err, ebpf.ErrKeyNotExist):
 			return 0, 0, err
 		}
-	}
-	if slots == nil {
-		return socks, 0, nil
 	}
 	var slot uint32
 	it := slots.Iterate()

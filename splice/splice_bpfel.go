@@ -35,10 +35,6 @@ type spliceSpliceDir struct {
 		Len uint32
 		Pad uint32
 	}
-	PeerUnix uint32
-	Pad      uint32
-	PeerSent uint64
-	SentBase uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -46,10 +42,8 @@ type spliceSpliceDir struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	spliceMapDirs            = "dirs"
-	spliceMapDsts            = "dsts"
 	spliceMapSlots           = "slots"
 	spliceMapSocks           = "socks"
-	spliceProgSpliceSent     = "splice_sent"
 	spliceProgSpliceVerdict  = "splice_verdict"
 	spliceVarUnusedSpliceDir = "unused_splice_dir"
 )
@@ -96,7 +90,6 @@ type spliceSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type spliceProgramSpecs struct {
-	SpliceSent    *ebpf.ProgramSpec `ebpf:"splice_sent"`
 	SpliceVerdict *ebpf.ProgramSpec `ebpf:"splice_verdict"`
 }
 
@@ -105,7 +98,6 @@ type spliceProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type spliceMapSpecs struct {
 	Dirs  *ebpf.MapSpec `ebpf:"dirs"`
-	Dsts  *ebpf.MapSpec `ebpf:"dsts"`
 	Slots *ebpf.MapSpec `ebpf:"slots"`
 	Socks *ebpf.MapSpec `ebpf:"socks"`
 }
@@ -138,7 +130,6 @@ func (o *spliceObjects) Close() error {
 // It can be passed to loadSpliceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type spliceMaps struct {
 	Dirs  *ebpf.Map `ebpf:"dirs"`
-	Dsts  *ebpf.Map `ebpf:"dsts"`
 	Slots *ebpf.Map `ebpf:"slots"`
 	Socks *ebpf.Map `ebpf:"socks"`
 }
@@ -146,7 +137,6 @@ type spliceMaps struct {
 func (m *spliceMaps) Close() error {
 	return _SpliceClose(
 		m.Dirs,
-		m.Dsts,
 		m.Slots,
 		m.Socks,
 	)
@@ -163,13 +153,11 @@ type spliceVariables struct {
 //
 // It can be passed to loadSpliceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type splicePrograms struct {
-	SpliceSent    *ebpf.Program `ebpf:"splice_sent"`
 	SpliceVerdict *ebpf.Program `ebpf:"splice_verdict"`
 }
 
 func (p *splicePrograms) Close() error {
 	return _SpliceClose(
-		p.SpliceSent,
 		p.SpliceVerdict,
 	)
 }

@@ -63,9 +63,6 @@ struct sock_common {
 	struct in6_addr skc_v6_daddr;
 	struct in6_addr skc_v6_rcv_saddr;
 	unsigned long skc_flags; /* sk_flags */
-	struct {
-		__s64 counter;
-	} skc_cookie; /* atomic64_t: the socket cookie, once someone asked for it */
 };
 
 struct file {
@@ -87,11 +84,6 @@ struct sock {
 	int sk_sndbuf;
 	int sk_wmem_queued;
 	long sk_rcvtimeo;
-	struct {
-		struct {
-			int counter;
-		} refs;
-	} sk_wmem_alloc; /* refcount_t: for unix, what the peer has not read yet (truesize) */
 };
 
 struct tcp_sock {

@@ -36,14 +36,6 @@ struct splice_dir {
 	__u32 skip_head;    /* next ring slot the verdict fills */
 	__u32 skip_tail;    /* next ring slot user space reads */
 	struct skip skips[SKIP_RING];
-	/* A unix socket as the peer: it sits in `dsts` (it is never a source
-	 * for the verdict), and has no acknowledged-bytes counter, so the
-	 * send tracepoint counts what is sent through it (psock worker and user
-	 * space alike). */
-	__u32 peer_unix;
-	__u32 _pad;
-	__u64 peer_sent;    /* bytes sent through the peer socket, counted by splice_sent */
-	__u64 sent_base;    /* peer_sent when kernel forwarding last began */
 };
 
 /* Sockets by slot. Slot 2i and 2i+1 are the two sockets of pair i. */
@@ -53,17 +45,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } socks SEC(".maps");
-
-/* Unix sockets by slot: redirect targets only. No program is attached to
- * this map, so what a unix socket receives takes its normal path (user space
- * copies it on), where the unix sender is held back by its own buffer; a
- * verdict would take each skb off that accounting and let the sender run. */
-struct {
-	__uint(type, BPF_MAP_TYPE_SOCKMAP);
-	__uint(max_entries, 1 << 16);
-	__type(key, __u32);
-	__type(value, __u64);
-} dsts SEC(".maps");
 
 /* Direction state by the receiving socket's slot; mapped into user space. */
 struct {
