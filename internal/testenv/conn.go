@@ -4,7 +4,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"syscall"
 	"testing"
@@ -160,25 +159,4 @@ func Warm(t testing.TB, c, s net.Conn) {
 			t.Fatalf("warm-up read: %q %v", b, err)
 		}
 	}
-}
-
-// UnixPair returns the two ends of a unix socketpair of type typ
-// (unix.SOCK_STREAM or SOCK_DGRAM), closed when the test ends.
-func UnixPair(t testing.TB, typ int) (a, b *net.UnixConn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, typ|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "unix")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c.(*net.UnixConn)
-	}
-	return conn(fds[0]), conn(fds[1])
 }
