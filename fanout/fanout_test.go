@@ -337,17 +337,19 @@ func testSlowSubscriberDrops(t *testing.T, path fanout.Path) {
 	slow.SetReadBuffer(64 << 10)
 	var wg sync.WaitGroup
 	fast := make([]result, 3)
+	got := make([]*atomic.Int64, len(fast))
 	for i := range fast {
+		got[i] = new(atomic.Int64)
 		c := l.subscribe()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			c.SetReadDeadline(time.Now().Add(time.Minute))
-			fast[i] = readFramed(c, size, msgs)
+			fast[i] = readFramed(countingReader{c, got[i]}, size, msgs)
 		}()
 	}
 	l.waitSubscribers(4)
-	l.send(u, 0, msgs, size)
+	l.sendPaced(u, msgs, size, got...)
 	wg.Wait()
 	for i, r := range fast {
 		if r.err != nil || r.n != msgs || r.lost != 0 {
@@ -400,6 +402,31 @@ func (c countingReader) Read(b []byte) (int, error) {
 	return n, err
 }
 
+// sendPaced sends msgs messages no further ahead of the reading subscribers
+// (bytes read so far in read) than 1 MB, so that a busy machine (CI tests
+// packages in parallel) cannot make one of them look as slow as a stalled
+// one, which passes a 4 MiB bound after ~4,000 messages.
+func (l *lab) sendPaced(u *net.UDPConn, msgs uint64, size int, read ...*atomic.Int64) {
+	l.t.Helper()
+	behind := func() int64 {
+		least := read[0].Load()
+		for _, r := range read[1:] {
+			least = min(least, r.Load())
+		}
+		return least
+	}
+	for from := uint64(0); from < msgs; from += 500 {
+		to := min(from+500, msgs)
+		l.send(u, from, to, size)
+		for deadline := time.Now().Add(30 * time.Second); behind()+1000*int64(size+4) < int64(to)*int64(size+4); {
+			if time.Now().After(deadline) {
+				l.t.Fatalf("a reading subscriber is stuck at %d bytes", behind())
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
+}
+
 // With --slow disconnect the slow subscriber is cut off and counted; the
 // others are not disturbed.
 func TestSlowSubscriberDisconnected(t *testing.T) {
@@ -427,18 +454,7 @@ func testSlowSubscriberDisconnected(t *testing.T, path fanout.Path) {
 		close(done)
 	}()
 	l.waitSubscribers(2)
-	// Sent no further ahead of the reading subscriber than 1 MB, so that a
-	// busy machine (CI tests packages in parallel) cannot make it look as
-	// slow as the stalled one, which passes the bound after ~4,000.
-	for from := uint64(0); from < msgs; from += 500 {
-		l.send(u, from, from+500, size)
-		for deadline := time.Now().Add(30 * time.Second); got.Load()+1000*(size+4) < int64(from+500)*(size+4); {
-			if time.Now().After(deadline) {
-				t.Fatalf("the reading subscriber is stuck at %d bytes", got.Load())
-			}
-			time.Sleep(200 * time.Microsecond)
-		}
-	}
+	l.sendPaced(u, msgs, size, &got)
 	<-done
 	if r.err != nil || r.n != msgs {
 		t.Errorf("other subscriber: %d messages, %v", r.n, r.err)
