@@ -7,7 +7,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -86,44 +85,6 @@ func parseSizes(flag, list string) ([]int, error) {
 		out = append(out, n*mult)
 	}
 	return out, nil
-}
-
-// sweepFlags are the flags of the benchmarks that sweep sizes and modes over
-// interleaved rounds, with round trips and a bulk run each (udp, unix).
-type sweepFlags struct {
-	sizes, modes, out string
-	asJSON            bool
-	requests, rounds  int
-	bulkTime          time.Duration
-}
-
-func (f *sweepFlags) register(fs *pflag.FlagSet, name, sizes, sizesHelp string, modes []string, modesHelp string) {
-	fs.StringVar(&f.sizes, "sizes", sizes, sizesHelp)
-	fs.StringVar(&f.modes, "modes", strings.Join(modes, ","), modesHelp)
-	fs.IntVar(&f.requests, "requests", 20000, "round trips per run")
-	fs.DurationVar(&f.bulkTime, "bulk-time", 2*time.Second, "sending time per bulk run")
-	fs.IntVar(&f.rounds, "rounds", 3, "interleaved rounds")
-	fs.StringVar(&f.out, "out", "", "write "+name+".md and "+name+".json to this directory")
-	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
-}
-
-// parse reads --sizes and --modes.
-func (f *sweepFlags) parse() (sizes []int, modes []string, err error) {
-	if sizes, err = parseSizes("--sizes", f.sizes); err != nil {
-		return nil, nil, err
-	}
-	for _, m := range strings.Split(f.modes, ",") {
-		modes = append(modes, strings.TrimSpace(m))
-	}
-	return sizes, modes, nil
-}
-
-// progress is where a sweep reports its runs: stderr, unless it prints JSON.
-func (f *sweepFlags) progress(e *env) io.Writer {
-	if f.asJSON {
-		return nil
-	}
-	return e.stderr
 }
 
 // formatSize writes a size the way parseSizes reads it.

@@ -3,9 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/shunt-project/shunt/bench"
 	"github.com/shunt-project/shunt/bench/report"
@@ -15,7 +18,7 @@ import (
 func newBenchUDPCmd(e *env) *cobra.Command {
 	var (
 		cfg bench.UDPConfig
-		f   sweepFlags
+		f   udpFlags
 	)
 	c := &cobra.Command{
 		Use:   "udp",
@@ -60,4 +63,42 @@ func printUDP(out io.Writer, res []bench.UDPResult) {
 			r.Lost, r.Sent, r.Delivered, r.Gbps, r.CPUPerGB)
 	}
 	w.Flush()
+}
+
+// udpFlags are bench udp's flags: sizes and modes swept over interleaved
+// rounds, with round trips and a bulk run each.
+type udpFlags struct {
+	sizes, modes, out string
+	asJSON            bool
+	requests, rounds  int
+	bulkTime          time.Duration
+}
+
+func (f *udpFlags) register(fs *pflag.FlagSet, name, sizes, sizesHelp string, modes []string, modesHelp string) {
+	fs.StringVar(&f.sizes, "sizes", sizes, sizesHelp)
+	fs.StringVar(&f.modes, "modes", strings.Join(modes, ","), modesHelp)
+	fs.IntVar(&f.requests, "requests", 20000, "round trips per run")
+	fs.DurationVar(&f.bulkTime, "bulk-time", 2*time.Second, "sending time per bulk run")
+	fs.IntVar(&f.rounds, "rounds", 3, "interleaved rounds")
+	fs.StringVar(&f.out, "out", "", "write "+name+".md and "+name+".json to this directory")
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+}
+
+// parse reads --sizes and --modes.
+func (f *udpFlags) parse() (sizes []int, modes []string, err error) {
+	if sizes, err = parseSizes("--sizes", f.sizes); err != nil {
+		return nil, nil, err
+	}
+	for _, m := range strings.Split(f.modes, ",") {
+		modes = append(modes, strings.TrimSpace(m))
+	}
+	return sizes, modes, nil
+}
+
+// progress is where a sweep reports its runs: stderr, unless it prints JSON.
+func (f *udpFlags) progress(e *env) io.Writer {
+	if f.asJSON {
+		return nil
+	}
+	return e.stderr
 }
