@@ -20,12 +20,13 @@
  * so its peer can check this, and the peer's backlog (flow control).
  *
  * Readers: only recv/read see redirected bytes (splice(2) reads the TCP queue
- * alone; MSG_WAITALL returns what one redirected message holds). So nothing is
- * redirected to a socket until its reader has been seen in recvmsg without
- * MSG_WAITALL (shunt_reads); a reader that asks for MSG_WAITALL keeps its
- * direction on TCP for good, and the connection leaves the sockhash (plain TCP
- * again) once no redirected byte is left for either reader. A reader that only
- * splices is never seen.
+ * alone; MSG_WAITALL returns what one redirected message holds; a blocking
+ * read that a signal interrupts fails with EAGAIN). So nothing is redirected
+ * to a socket until its reader has been seen in a non-blocking recvmsg without
+ * MSG_WAITALL (shunt_reads); a reader that blocks or asks for MSG_WAITALL keeps
+ * its direction on TCP for good, and the connection leaves the sockhash (plain
+ * TCP again) once no redirected byte is left for either reader. A reader that
+ * only splices is never seen.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -440,23 +441,43 @@ static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref)
 #define EAGAIN 11
 #define MSG_DONTWAIT 0x40
 
-/* A blocking read (no MSG_DONTWAIT, no O_NONBLOCK, no SO_RCVTIMEO) never
- * fails with EAGAIN over TCP; on a sockhash socket tcp_bpf_recvmsg returns it
- * when its wait ends without data (a signal, where TCP restarts). Counted so
- * that the difference shows (docs/TRANSPARENCY.md). */
-static __always_inline void count_blocking_eagain(struct sock *sk, int flags)
+/* The read may sleep: neither MSG_DONTWAIT nor O_NONBLOCK. */
+static __always_inline int may_wait(struct sock *sk, int flags)
 {
 	if (flags & MSG_DONTWAIT)
-		return;
-	if (BPF_CORE_READ(sk, sk_socket, file, f_flags) & O_NONBLOCK)
+		return 0;
+	return !(BPF_CORE_READ(sk, sk_socket, file, f_flags) & O_NONBLOCK);
+}
+
+/* A blocking read without SO_RCVTIMEO never fails with EAGAIN over TCP; on a
+ * sockhash socket tcp_bpf_recvmsg returns it when its wait ends without data
+ * (a signal, a stop, ptrace, where TCP restarts). Counted so that the
+ * difference shows (docs/TRANSPARENCY.md). */
+static __always_inline void count_blocking_eagain(struct sock *sk, int flags)
+{
+	if (!may_wait(sk, flags))
 		return;
 	if (BPF_CORE_READ(sk, sk_rcvtimeo) != MAX_SCHEDULE_TIMEOUT)
 		return;
 	count(CNT_EAGAIN);
 }
 
+/* How a read asks to be served: STATE_TCP_READER if only TCP serves it as
+ * TCP would (MSG_WAITALL; a read that may sleep, whose sleep a signal ends
+ * with EAGAIN on a sockhash socket), else STATE_READS. */
+static __always_inline __u32 reader_mark(struct sock *sk, int flags)
+{
+	if (flags & MSG_WAITALL)
+		return STATE_TCP_READER;
+	if (!cfg.trust_readers && may_wait(sk, flags))
+		return STATE_TCP_READER;
+	return STATE_READS;
+}
+
 /* Runs after every recvmsg on the host (read, recv, recvmsg, io_uring recv):
  * records how the reader of a paired socket reads, for its peer's sk_msg.
+ * A reader that blocks or asks for MSG_WAITALL sends its connection back to
+ * TCP; event-loop readers (non-blocking) keep the bypass.
  * Sockets shunt does not hold have no storage and cost one pointer test. */
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
@@ -468,7 +489,7 @@ int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 		return 0;
 	if (ret == -EAGAIN)
 		count_blocking_eagain(sk, flags);
-	__u32 mark = (flags & MSG_WAITALL) ? STATE_TCP_READER : STATE_READS;
+	__u32 mark = reader_mark(sk, flags);
 	if (st->flags & mark)
 		return 0;
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);

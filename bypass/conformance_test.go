@@ -175,9 +175,33 @@ type scenario struct {
 	run  func(t *testing.T, tr *transcript, c, s *net.TCPConn)
 }
 
-// coldConformance: readers that never call recv, or ask for MSG_WAITALL, from
-// the first byte; shunt keeps their direction on TCP.
+// coldConformance: readers that never call recv, block in it, or ask for
+// MSG_WAITALL, from the first byte; shunt keeps their direction on TCP.
 var coldConformance = []scenario{
+	{"a blocking reader: recv, then MSG_WAITALL", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
+		// A C program on a blocking socket. Were its first recv taken as a
+		// reader of redirected bytes, the MSG_WAITALL after it would return
+		// "one " alone.
+		go func() {
+			for _, m := range []string{"head", "one ", "two ", "three"} {
+				c.Write([]byte(m))
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		rawFD(t, s, func(fd int) {
+			unix.SetNonblock(fd, false)
+			defer unix.SetNonblock(fd, true)
+			unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5})
+			defer blockSignals(t)() // see the MSG_WAITALL scenario below
+			for _, rd := range []struct {
+				size, flags int
+			}{{4, 0}, {13, unix.MSG_WAITALL}} {
+				b := make([]byte, rd.size)
+				n, _, err := unix.Recvfrom(fd, b, rd.flags)
+				tr.add("recv(%d, flags %#x): %q err=%v", rd.size, rd.flags, b[:max(n, 0)], errName(err))
+			}
+		})
+	}},
 	{"splice(2) from the socket: Go io.Copy echo from the first byte", func(t *testing.T, tr *transcript, c, s *net.TCPConn) {
 		// TCPConn.ReadFrom(*TCPConn) splices, so the server never calls recv.
 		done := make(chan error, 1)

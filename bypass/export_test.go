@@ -21,3 +21,6 @@ func (in *Install) InjectHandshake(client, server netip.AddrPort, serverNetns ui
 
 // HandshakeEntries counts the registrations in the registry.
 func (in *Install) HandshakeEntries() int { return countKeys(in.maps["handshakes"]) }
+
+// RedirectSettle is how long a leave or a removal waits for redirects in flight.
+const RedirectSettle = redirectSettle

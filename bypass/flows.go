@@ -36,8 +36,8 @@ type Reader string
 
 const (
 	ReaderUnseen Reader = "unseen" // no recvmsg yet (perhaps a splice(2) reader): the peer's sends take TCP
-	ReaderRecv   Reader = "recv"   // reads with recv/read: the peer's sends may be redirected
-	ReaderTCP    Reader = "tcp"    // asked for MSG_WAITALL: the peer's sends stay on TCP
+	ReaderRecv   Reader = "recv"   // reads with non-blocking recv/read: the peer's sends may be redirected
+	ReaderTCP    Reader = "tcp"    // blocks in recv or asked for MSG_WAITALL: the connection goes back to TCP
 )
 
 func readerOf(flags uint32) Reader {

@@ -30,9 +30,9 @@ type Counters struct {
 	Throttled    uint64 `json:"directions_throttled"`   // ... of which because their reader fell behind
 	Zerocopy     uint64 `json:"connections_zerocopy"`   // left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)
 	Excluded     uint64 `json:"connections_excluded"`   // left on TCP: the server port is excluded
-	TCPReaders   uint64 `json:"directions_tcp_reader"`  // kept on TCP: the reader asked for MSG_WAITALL
+	TCPReaders   uint64 `json:"directions_tcp_reader"`  // kept on TCP: the reader blocks in recv or asked for MSG_WAITALL
 	Left         uint64 `json:"sockets_left"`           // moved back to plain TCP (out of the sockhash) after that
-	EAGAIN       uint64 `json:"blocking_reads_eagain"`  // blocking reads that got EAGAIN where TCP would have restarted (a signal)
+	EAGAIN       uint64 `json:"blocking_reads_eagain"`  // blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)
 }
 
 // Program is a BPF program of the install and where it is attached.

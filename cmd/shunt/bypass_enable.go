@@ -30,15 +30,19 @@ this command exits. Enabling a cgroup twice is harmless.
 
 Flow control: a receiving socket may hold at most --max-backlog redirected
 bytes its reader has not read (or its SO_RCVBUF, if the application set
-one); past that its writer's sends take the TCP path for good, where TCP
-slows the writer as usual. No byte is lost or reordered by the switch.
+one); past that its writer's sends take the TCP path, where TCP slows the
+writer as usual, until the reader has caught up. No byte is lost or
+reordered by the switch.
 
-Readers: only recv/read see redirected bytes, so nothing is redirected to a
-socket until its reader has called recv (a connection's first bytes each way
-take TCP); a reader that only splices (Go's io.Copy between two connections)
-stays on TCP, and one that asks for MSG_WAITALL moves its connection back to
-plain TCP. --trust-readers redirects from the first byte instead, for
-applications known never to splice(2) from their sockets.
+Readers: only non-blocking recv/read (event loops: epoll, poll, io_uring, Go)
+are served by redirected bytes as by TCP, so nothing is redirected to a
+socket until its reader has called recv that way (a connection's first bytes
+each way take TCP); a reader that only splices (Go's io.Copy between two
+connections) stays on TCP, and one that blocks in recv (a signal would end
+its wait with EAGAIN) or asks for MSG_WAITALL moves its connection back to
+plain TCP. --trust-readers redirects from the first byte and keeps blocking
+readers, for applications known never to splice(2) from their sockets nor
+to be signalled, stopped or traced in a blocking read.
 
 --exclude-ports keeps new connections to those server ports on TCP, for
 applications that read with recv and then splice(2) (HAProxy), or switch to
@@ -67,7 +71,7 @@ before; "none" clears it.`,
 	c.Flags().StringVar(&cgroupPath, "cgroup", "", "cgroup v2 directory to enable (default: the root of the cgroup v2 hierarchy)")
 	c.Flags().StringVar(&excludePorts, "exclude-ports", "", "server ports whose new connections stay on TCP, comma-separated, or none (replaces the list)")
 	c.Flags().StringVar(&maxBacklog, "max-backlog", "8M", "unread redirected bytes a receiver may hold before its writer moves to TCP (applies when shunt is first installed)")
-	c.Flags().BoolVar(&trustReaders, "trust-readers", false, "redirect before a reader has called recv, so first exchanges are bypassed too; breaks splice(2) readers (applies when shunt is first installed)")
+	c.Flags().BoolVar(&trustReaders, "trust-readers", false, "redirect before a reader has called recv, and to blocking readers: first exchanges and blocking programs are bypassed too; breaks splice(2) readers, and a signal in a blocking read returns EAGAIN (applies when shunt is first installed)")
 	return c
 }
 

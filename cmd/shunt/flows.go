@@ -109,7 +109,7 @@ func traffic(p, peer *bypass.Endpoint) string {
 	case !p.Redirecting:
 		s += " (TCP only)"
 	case peer != nil && peer.Reader == bypass.ReaderTCP:
-		s += " (TCP only: the reader uses MSG_WAITALL)"
+		s += " (TCP only: the reader blocks or uses MSG_WAITALL)"
 	case p.Throttled:
 		s += " (throttled)"
 	case peer != nil && peer.Reader == bypass.ReaderUnseen:

@@ -107,7 +107,7 @@ func printStatus(e *env, r statusReport) {
 		fmt.Fprintf(w, "connections:\t%d paired, %d local peers not paired, %d ambiguous handshakes, %d registry full, %d insert failures\n",
 			c.Paired, c.Unpaired, c.Ambiguous, c.RegistryFull, c.InsertFailed)
 		fmt.Fprintf(w, "fallbacks:\t%d directions moved to the TCP path, %d throttled by flow control\n", c.FallenBack, c.Throttled)
-		fmt.Fprintf(w, "kept on TCP:\t%d connections with an SO_ZEROCOPY end, %d to excluded ports, %d directions whose reader uses MSG_WAITALL (%d sockets back on plain TCP)\n", c.Zerocopy, c.Excluded, c.TCPReaders, c.Left)
+		fmt.Fprintf(w, "kept on TCP:\t%d connections with an SO_ZEROCOPY end, %d to excluded ports, %d directions whose reader blocks or uses MSG_WAITALL (%d sockets back on plain TCP)\n", c.Zerocopy, c.Excluded, c.TCPReaders, c.Left)
 		fmt.Fprintf(w, "differences:\t%d blocking reads failed with EAGAIN where TCP would have restarted them (a signal; docs/TRANSPARENCY.md)\n", c.EAGAIN)
 		if len(r.Stats.ExcludedPorts) > 0 {
 			fmt.Fprintf(w, "excluded ports:\t%v\n", r.Stats.ExcludedPorts)
