@@ -130,20 +130,19 @@ func backpressureRun(ctx context.Context, l *Lab, mode string, cfg BackpressureC
 	var wg sync.WaitGroup
 	for i, p := range pairs {
 		wg.Add(2)
-		go func() { // producer: blocking writes, as an application would
+		go func() { // producer: writes that wait for room, as an application's would
 			defer wg.Done()
 			buf := make([]byte, 64<<10)
 			errs <- paced(cfg.ProducerKBps[i], tick, stop, &produced[i], func(n int) (int, error) {
-				return unix.Write(p.c, buf[:min(n, len(buf))])
+				return writeSome(p.c, buf[:min(n, len(buf))])
 			})
 		}()
 		go func() { // consumer of this producer
 			defer wg.Done()
 			buf := make([]byte, 64<<10)
-			var eagain int
 			errs <- paced(cfg.ConsumerKBps, tick, stop, &consumed, func(n int) (int, error) {
 				n = min(n, len(buf))
-				return n, readFull(p.s, buf[:n], &eagain)
+				return n, readFull(p.s, buf[:n])
 			})
 		}()
 	}

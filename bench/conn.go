@@ -10,11 +10,11 @@ import (
 
 // connect returns a connected client and server fd for a mode: an AF_UNIX
 // socketpair, or TCP with bypass on (shunt, shunt-bare) or off (tcp). The fds
-// are blocking: measured loops make plain syscalls on them.
+// are non-blocking: measured loops use readSome/writeSome and friends.
 func (l *Lab) connect(mode, topology string) (client, server int, err error) {
 	switch mode {
 	case ModeUnix:
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 		return fds[0], fds[1], err
 	case ModeTCP, ModeShunt, ModeBare, ModeTrust:
 		if err := l.bypassMode(mode); err != nil {
@@ -44,7 +44,7 @@ func (l *Lab) tcpPair(topology string) (client, server int, err error) {
 	if err != nil {
 		return -1, -1, fmt.Errorf("client socket: %w", err)
 	}
-	sfd, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+	sfd, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
 	if err != nil {
 		unix.Close(cfd)
 		return -1, -1, fmt.Errorf("accept: %w", err)
@@ -100,8 +100,8 @@ func (l *Lab) clientNS(topology string) *lab.NetNS {
 	return l.Client
 }
 
-// dial connects a new blocking TCP socket (TCP_NODELAY) to addr from the
-// calling thread's namespace and cgroup.
+// dial connects a new TCP socket (TCP_NODELAY) to addr from the calling
+// thread's namespace and cgroup, and leaves it non-blocking.
 func dial(addr *unix.SockaddrInet4) (int, error) {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -112,6 +112,10 @@ func dial(addr *unix.SockaddrInet4) (int, error) {
 		return -1, err
 	}
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
 	return fd, nil
 }
 
@@ -124,27 +128,75 @@ func ipv4(s string) []byte {
 // warm sends one byte each way, as an established connection has done: shunt
 // bypass redirects to a socket only once its reader has called recv.
 func warm(client, server int) error {
-	var eagain int
 	b := []byte{'w'}
 	for _, p := range [][2]int{{client, server}, {server, client}} {
 		if err := writeFull(p[0], b); err != nil {
 			return err
 		}
-		if err := readFull(p[1], b, &eagain); err != nil {
+		if err := readFull(p[1], b); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// Bench sockets are non-blocking and are read and written as an event loop
+// does: try, and on EAGAIN wait in poll(2). shunt bypass redirects only to
+// such readers; one that sleeps in read(2) sends its connection back to TCP
+// (a signal would end its sleep with EAGAIN on a sockhash socket;
+// docs/TRANSPARENCY.md), so blocking reads would measure plain TCP.
+
+// waitFor waits until fd is ready for events (POLLIN, POLLOUT).
+func waitFor(fd int, events int16) error {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: events}}
+	for {
+		if _, err := unix.Poll(fds, -1); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// readSome reads what fd holds, waiting for it if it holds nothing; 0 at EOF.
+func readSome(fd int, b []byte) (int, error) {
+	for {
+		n, err := unix.Read(fd, b)
+		switch err {
+		case nil:
+			return n, nil
+		case unix.EINTR:
+		case unix.EAGAIN:
+			if err := waitFor(fd, unix.POLLIN); err != nil {
+				return 0, fmt.Errorf("poll: %w", err)
+			}
+		default:
+			return 0, fmt.Errorf("read: %w", err)
+		}
+	}
+}
+
+// writeSome writes what fd takes, waiting for room if it takes nothing.
+func writeSome(fd int, b []byte) (int, error) {
+	for {
+		n, err := unix.Write(fd, b)
+		switch err {
+		case nil:
+			return n, nil
+		case unix.EINTR:
+		case unix.EAGAIN:
+			if err := waitFor(fd, unix.POLLOUT); err != nil {
+				return 0, fmt.Errorf("poll: %w", err)
+			}
+		default:
+			return 0, fmt.Errorf("write: %w", err)
+		}
+	}
+}
+
 func writeFull(fd int, b []byte) error {
 	for len(b) > 0 {
-		n, err := unix.Write(fd, b)
-		if err == unix.EINTR {
-			continue
-		}
+		n, err := writeSome(fd, b)
 		if err != nil {
-			return fmt.Errorf("write: %w", err)
+			return err
 		}
 		b = b[n:]
 	}
@@ -152,23 +204,11 @@ func writeFull(fd int, b []byte) error {
 }
 
 // readFull reads len(b) bytes; it returns errEOF on a clean close.
-//
-// A blocking read of a bypassed socket that a signal interrupts fails with
-// EAGAIN on 6.18 (tcp_bpf_recvmsg; plain TCP restarts it), and Go's runtime
-// signals threads to preempt them. Such reads are retried and counted in
-// *eagain, so results say how often an application would have seen it.
-func readFull(fd int, b []byte, eagain *int) error {
+func readFull(fd int, b []byte) error {
 	for len(b) > 0 {
-		n, err := unix.Read(fd, b)
-		if err == unix.EINTR {
-			continue
-		}
-		if err == unix.EAGAIN {
-			*eagain++
-			continue
-		}
+		n, err := readSome(fd, b)
 		if err != nil {
-			return fmt.Errorf("read: %w", err)
+			return err
 		}
 		if n == 0 {
 			return errEOF

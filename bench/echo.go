@@ -134,6 +134,14 @@ func echoRun(l *Lab, ke *kecho.Echo, c Cell, cfg EchoConfig) ([]time.Duration, t
 		return nil, 0, err
 	}
 	defer unix.Close(cfd)
+	// The echo loops block in their syscalls, as in the 2019 experiment;
+	// bypass is not involved.
+	for _, fd := range []int{cfd, sfd} {
+		if err := unix.SetNonblock(fd, false); err != nil {
+			unix.Close(sfd)
+			return nil, 0, err
+		}
+	}
 	kind, busy := strings.CutSuffix(c.Mode, BusyPoll)
 	if busy {
 		for _, fd := range []int{cfd, sfd} {
@@ -270,13 +278,12 @@ func echoClient(fd, cpu, size int, cfg EchoConfig) ([]time.Duration, time.Durati
 	defer unpin()
 	out := make([]byte, size)
 	in := make([]byte, size)
-	var eagain int
 	if size <= soloBlock {
 		return timeEchoes(cfg, func() error {
 			if err := writeFull(fd, out); err != nil {
 				return err
 			}
-			return readFull(fd, in, &eagain)
+			return readFull(fd, in)
 		})
 	}
 
@@ -297,7 +304,7 @@ func echoClient(fd, cpu, size int, cfg EchoConfig) ([]time.Duration, time.Durati
 
 	return timeEchoes(cfg, func() error {
 		start <- struct{}{}
-		if err := readFull(fd, in, &eagain); err != nil {
+		if err := readFull(fd, in); err != nil {
 			return err
 		}
 		return <-wrote

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shunt-project/shunt/bypass"
 	"math/rand/v2"
 	"net"
 	"os/exec"
@@ -18,12 +19,15 @@ import (
 )
 
 // Modes run by real tools instead of shunt's own loops. The suffix says
-// whether bypass is on for the tool's connections.
+// whether bypass is on for the tool's connections. Both tools read with
+// blocking calls, which the default install keeps on TCP (a signal would end
+// such a read with EAGAIN; docs/TRANSPARENCY.md), so their bypass runs use
+// an install made with TrustReaders.
 const (
 	ModeSockperfTCP   = "sockperf-tcp"
-	ModeSockperfShunt = "sockperf-shunt"
+	ModeSockperfShunt = "sockperf-" + ModeTrust
 	ModeIperfTCP      = "iperf3-tcp"
-	ModeIperfShunt    = "iperf3-shunt"
+	ModeIperfShunt    = "iperf3-" + ModeTrust
 )
 
 // baseline names the mode a mode's ratio is taken against: a tool's own
@@ -35,11 +39,12 @@ func baseline(mode string) string {
 	return ModeTCP
 }
 
-// ExternalMode splits "sockperf-shunt" into the tool and whether bypass is on.
+// ExternalMode splits "sockperf-shunt-trust" into the tool and whether
+// bypass is on.
 func ExternalMode(mode string) (tool string, bypass bool, ok bool) {
 	for _, t := range []string{"sockperf", "iperf3"} {
 		if rest, found := strings.CutPrefix(mode, t+"-"); found {
-			return t, rest == ModeShunt, true
+			return t, rest == ModeTrust, true
 		}
 	}
 	return "", false, false
@@ -113,37 +118,48 @@ func (cfg LatencyConfig) checkTools() error {
 // up), so that no outgoing connection in the lab's namespaces holds it.
 func freePort() int { return 20000 + rand.IntN(12000) }
 
-// paired returns how many connections the lab's install has bypassed.
-func (l *Lab) paired() (uint64, error) {
-	st, err := l.install.Stats()
-	return st.Counters.Paired, err
+// pairedCount is how many connections the lab's installs have paired.
+func (l *Lab) pairedCount() (uint64, error) {
+	var n uint64
+	for _, in := range []*bypass.Install{l.install, l.trust} {
+		if in == nil {
+			continue
+		}
+		st, err := in.Stats()
+		if err != nil {
+			return 0, err
+		}
+		n += st.Counters.Paired
+	}
+	return n, nil
 }
 
 // withTool runs one client run of a tool with bypass set for its mode and
 // checks afterwards that a shunt run really was bypassed.
 func (l *Lab) withTool(mode string, run func() error) error {
-	_, bypass, _ := ExternalMode(mode)
-	if err := l.Bypass(bypass); err != nil {
+	_, on, _ := ExternalMode(mode)
+	setup := ModeTCP
+	if on {
+		setup = ModeTrust
+	}
+	if err := l.bypassMode(setup); err != nil {
 		return err
 	}
-	if err := l.install.UseBareRedirect(false); err != nil {
-		return err
-	}
-	before, err := l.paired()
+	before, err := l.pairedCount()
 	if err != nil {
 		return err
 	}
 	if err := run(); err != nil {
 		return err
 	}
-	after, err := l.paired()
+	after, err := l.pairedCount()
 	if err != nil {
 		return err
 	}
-	if bypass && after == before {
+	if on && after == before {
 		return fmt.Errorf("the tool's connection was not bypassed")
 	}
-	if !bypass && after != before {
+	if !on && after != before {
 		return fmt.Errorf("a plain-TCP run was bypassed")
 	}
 	return nil

@@ -33,9 +33,6 @@ type LatencyResult struct {
 	CPUPerRT     time.Duration   `json:"machine_cpu_per_round_trip_ns"`
 	Stalled      bool            `json:"stalled"`
 	RatioToTCP   float64         `json:"p50_ratio_to_tcp,omitempty"` // median round p50 over tcp's
-	// SpuriousEAGAIN counts blocking reads that failed with EAGAIN (see
-	// readFull); plain TCP never does this.
-	SpuriousEAGAIN int `json:"spurious_eagain"`
 }
 
 // RunLatency runs request/response ping-pong over every cell of the matrix.
@@ -58,8 +55,7 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 	}
 	type acc struct {
 		pooled
-		dists  []Dist // per round, from tools that report only percentiles
-		eagain int
+		dists []Dist // per round, from tools that report only percentiles
 	}
 	accs := map[Cell]*acc{}
 	err := cfg.run(ctx, func(c Cell) error {
@@ -78,7 +74,6 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 			return err
 		}
 		a.add(r.samples, r.cpu, r.wall)
-		a.eagain += r.eagain
 		return nil
 	})
 	if err != nil {
@@ -90,7 +85,6 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 		r := LatencyResult{
 			Topology: cfg.Topology, Placement: c.Placement, Mode: c.Mode, Size: c.Size,
 			Dist: distOf(a.samples), RoundP50: a.p50s, MedianP50: median(a.p50s),
-			SpuriousEAGAIN: a.eagain,
 		}
 		if len(a.dists) > 0 {
 			// A tool's own summary: its rate and CPU are not comparable
@@ -119,7 +113,6 @@ func RunLatency(ctx context.Context, l *Lab, cfg LatencyConfig) ([]LatencyResult
 type latencySample struct {
 	samples   []time.Duration
 	cpu, wall time.Duration
-	eagain    int
 }
 
 // latencyRun measures one connection.
@@ -136,7 +129,6 @@ func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 	ccpu, scpu := cpusFor(c.Placement)
 
 	srvErr := make(chan error, 1)
-	var srvEagain int
 	go func() {
 		defer unix.Close(sfd)
 		unpin, err := pinThread(scpu)
@@ -147,7 +139,7 @@ func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 		defer unpin()
 		buf := make([]byte, c.Size)
 		for {
-			if err := readFull(sfd, buf, &srvEagain); err != nil {
+			if err := readFull(sfd, buf); err != nil {
 				if err == errEOF {
 					err = nil
 				}
@@ -173,7 +165,7 @@ func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 			if err := writeFull(cfd, buf); err != nil {
 				return err
 			}
-			return readFull(cfd, buf, &res.eagain)
+			return readFull(cfd, buf)
 		}
 		for i := 0; i < cfg.Warmup; i++ {
 			if err := rt(); err != nil {
@@ -200,6 +192,5 @@ func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 	if err := <-srvErr; err != nil && cliErr == nil {
 		cliErr = err
 	}
-	res.eagain += srvEagain
 	return res, cliErr
 }

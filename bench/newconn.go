@@ -38,7 +38,6 @@ func newConnRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 	ccpu, scpu := cpusFor(c.Placement)
 
 	srvErr := make(chan error, 1)
-	var srvEagain int
 	go func() {
 		unpin, err := pinThread(scpu)
 		if err != nil {
@@ -48,13 +47,13 @@ func newConnRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 		defer unpin()
 		buf := make([]byte, c.Size)
 		for {
-			sfd, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC)
+			sfd, _, err := unix.Accept4(ln, unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
 			if err != nil {
 				srvErr <- nil // the listener was shut down: the run is over
 				return
 			}
 			_ = unix.SetsockoptInt(sfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-			err = readFull(sfd, buf, &srvEagain)
+			err = readFull(sfd, buf)
 			if err == nil {
 				err = writeFull(sfd, buf)
 			}
@@ -84,10 +83,10 @@ func newConnRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 				if err := writeFull(fd, buf); err != nil {
 					return err
 				}
-				if err := readFull(fd, buf, &res.eagain); err != nil {
+				if err := readFull(fd, buf); err != nil {
 					return err
 				}
-				if err := readFull(fd, buf[:1], &res.eagain); err != errEOF {
+				if err := readFull(fd, buf[:1]); err != errEOF {
 					return fmt.Errorf("want the server's close after its response, got %v", err)
 				}
 				return nil
@@ -119,7 +118,6 @@ func newConnRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 		cliErr = err
 	}
 	unix.Close(ln)
-	res.eagain += srvEagain
 	if cliErr != nil || c.Mode == ModeTCP {
 		return res, cliErr
 	}

@@ -163,7 +163,6 @@ func requestResponse(ns *lab.NetNS, addr string, size, count int, maxTime time.D
 	defer unpin()
 	fd := int(f.Fd())
 	req, resp := make([]byte, size), make([]byte, size)
-	var eagain int
 	samples := make([]time.Duration, 0, count)
 	end := time.Now().Add(maxTime)
 	for i := 0; i < count && time.Now().Before(end); i++ {
@@ -171,7 +170,7 @@ func requestResponse(ns *lab.NetNS, addr string, size, count int, maxTime time.D
 		if err := writeFull(fd, req); err != nil {
 			return nil, err
 		}
-		if err := readFull(fd, resp, &eagain); err != nil {
+		if err := readFull(fd, resp); err != nil {
 			return nil, err
 		}
 		samples = append(samples, time.Since(t0))

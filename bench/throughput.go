@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -108,12 +107,9 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 		buf := make([]byte, 256<<10)
 		var n int64
 		for {
-			m, err := unix.Read(sfd, buf)
-			if err == unix.EINTR || err == unix.EAGAIN { // EAGAIN: see readFull
-				continue
-			}
+			m, err := readSome(sfd, buf)
 			if err != nil {
-				got <- result{err: fmt.Errorf("read: %w", err)}
+				got <- result{err: err}
 				return
 			}
 			if m == 0 {

@@ -21,8 +21,13 @@ shunt, pin = sys.argv[1], sys.argv[2]
 ln = socket.create_server(("127.0.0.1", 0))
 c = socket.create_connection(ln.getsockname())
 s, _ = ln.accept()
+# A timeout makes Python wait in poll on a non-blocking socket, as event loops
+# do. A reader that blocks in recv (Python's default without a timeout), or
+# asks for MSG_WAITALL, would send the connection back to TCP: a signal would
+# end such a read with EAGAIN on a bypassed socket.
+c.settimeout(10)
+s.settimeout(10)
 def recv_exactly(sock, n):
-    # Plain recv: a MSG_WAITALL reader would send the connection back to TCP.
     b = b""
     while len(b) < n:
         b += sock.recv(n - len(b))

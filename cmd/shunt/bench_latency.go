@@ -52,12 +52,12 @@ connection's first request and response too.`,
 			}, printLatency, report.Latency)
 		},
 	}
-	m.register(c.Flags(), "sizes", "14", "tcp,shunt,unix", "same-cpu,cross-cpu", "tcp, shunt, unix, shunt-bare (shunt's pairing, redirect without checks), shunt-trust (installed with --trust-readers), sockperf-tcp, sockperf-shunt")
+	m.register(c.Flags(), "sizes", "14", "tcp,shunt,unix", "same-cpu,cross-cpu", "tcp, shunt, unix, shunt-bare (shunt's pairing, redirect without checks), shunt-trust (installed with --trust-readers), sockperf-tcp, sockperf-shunt-trust (sockperf reads with blocking calls, which the default install keeps on TCP)")
 	c.Flags().IntVar(&cfg.Count, "count", 20000, "round trips measured per run")
 	c.Flags().DurationVar(&cfg.MaxTime, "duration", 2*time.Second, "a run stops early after this long")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 1000, "round trips before measuring")
 	c.Flags().BoolVar(&cfg.NewConn, "new-conn", false, "a new connection for every round trip (connect, request, response, close)")
-	c.Flags().BoolVar(&withSockperf, "with-sockperf", false, "also measure with sockperf ping-pong (modes sockperf-tcp, sockperf-shunt; sockperf reports RTT/2)")
+	c.Flags().BoolVar(&withSockperf, "with-sockperf", false, "also measure with sockperf ping-pong (modes sockperf-tcp, sockperf-shunt-trust; sockperf reports RTT/2)")
 	return c
 }
 
@@ -66,9 +66,8 @@ func us(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e3) }
 func printLatency(w io.Writer, res []bench.LatencyResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "size\tplacement\tmode\tp50 us\tp99 us\tp99.9 us\tmax us\tround trips/s\tCPU us/RT\tp50 vs tcp\t")
-	stalls, eagain := 0, 0
+	stalls := 0
 	for _, r := range res {
-		eagain += r.SpuriousEAGAIN
 		ratio := "-"
 		if r.RatioToTCP > 0 {
 			ratio = fmt.Sprintf("%.2f", r.RatioToTCP)
@@ -95,9 +94,6 @@ func printLatency(w io.Writer, res []bench.LatencyResult) {
 			fmt.Fprintln(w, "sockperf rows are sockperf's own figures: half round trips (RTT/2), ratio against sockperf-tcp.")
 			break
 		}
-	}
-	if eagain > 0 {
-		fmt.Fprintf(w, "EAGAIN: %d blocking read(s) of bypassed sockets failed with EAGAIN after a signal (a kernel difference from TCP, docs/ARCHITECTURE.md); retried\n", eagain)
 	}
 	if stalls > 0 {
 		fmt.Fprintf(w, "STALL: %d run(s) had a round trip over %v or a max over 100x p50\n", stalls, bench.StallLimit)

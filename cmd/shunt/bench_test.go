@@ -152,12 +152,12 @@ func TestBenchEchoTiny(t *testing.T) {
 func TestBenchWithToolsTiny(t *testing.T) {
 	testenv.RequireRoot(t)
 	out, stderr, code := runShunt(t, nil, "bench", "latency", "--json", "--rounds", "1", "--duration", "1s",
-		"--placement", "cross-cpu", "--modes", "sockperf-tcp,sockperf-shunt")
+		"--placement", "cross-cpu", "--modes", "sockperf-tcp,sockperf-shunt-trust")
 	var lat []bench.LatencyResult
 	if code != 0 || json.Unmarshal([]byte(out), &lat) != nil || len(lat) != 2 || lat[1].Dist.P50 <= 0 || lat[1].RatioToTCP <= 0 {
 		t.Fatalf("sockperf: exit %d: %s %s", code, stderr, out)
 	}
-	out, stderr, code = runShunt(t, nil, "bench", "throughput", "--json", "--rounds", "1", "--duration", "1s", "--modes", "iperf3-tcp,iperf3-shunt")
+	out, stderr, code = runShunt(t, nil, "bench", "throughput", "--json", "--rounds", "1", "--duration", "1s", "--modes", "iperf3-tcp,iperf3-shunt-trust")
 	var thr []bench.ThroughputResult
 	if code != 0 || json.Unmarshal([]byte(out), &thr) != nil || len(thr) != 2 || thr[1].MedianGbps <= 0 {
 		t.Fatalf("iperf3: exit %d: %s %s", code, stderr, out)

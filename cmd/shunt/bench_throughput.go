@@ -44,8 +44,8 @@ AF_UNIX socketpair. CPU is the whole machine's, from /proc/stat, per GB.`,
 			}, printThroughput, report.Throughput)
 		},
 	}
-	m.register(c.Flags(), "write-sizes", "64K", "tcp,shunt,unix", "cross-cpu", "tcp, shunt, unix, shunt-bare (redirect without checks or flow control), iperf3-tcp, iperf3-shunt")
-	c.Flags().BoolVar(&withIperf, "with-iperf3", false, "also measure with iperf3 (modes iperf3-tcp, iperf3-shunt; whole seconds)")
+	m.register(c.Flags(), "write-sizes", "64K", "tcp,shunt,unix", "cross-cpu", "tcp, shunt, unix, shunt-bare (redirect without checks or flow control), iperf3-tcp, iperf3-shunt-trust (iperf3 reads with blocking calls, which the default install keeps on TCP)")
+	c.Flags().BoolVar(&withIperf, "with-iperf3", false, "also measure with iperf3 (modes iperf3-tcp, iperf3-shunt-trust; whole seconds)")
 	c.Flags().DurationVar(&cfg.Duration, "duration", time.Second, "how long the sender writes, per run")
 	return c
 }
