@@ -40,6 +40,8 @@
 
 char __license[] SEC("license") = "GPL";
 
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+
 /* Keeps struct flow_record in BTF so bpf2go generates its Go twin. */
 const struct flow_record *unused_flow_record __attribute__((unused));
 
@@ -307,28 +309,32 @@ static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *se
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->peer);
 	if (!ref)
 		return REDIRECT_NO_PEER;
-	struct tcp_sock *peer_tp = ref->sk;
-	if (!peer_tp)
+	if (!ref->sk)
 		return REDIRECT_NO_PEER;
+	/* clang 14 emits no BTF type tags, so the verifier sees the stored
+	 * pointer as a number; the cast makes its fields loadable. */
+	struct tcp_sock *peer_tp = bpf_rdonly_cast(ref->sk, bpf_core_type_id_kernel(struct tcp_sock));
 	if (ref->reads & STATE_TCP_READER)
 		return REDIRECT_READER;
 	if (!(ref->reads & STATE_READS) && !cfg.trust_readers)
 		return REDIRECT_READER;
-	if (BPF_CORE_READ(peer_tp, copied_seq) != self->write_seq)
+	/* Direct loads (fault-safe, as bpf_probe_read_kernel is, but without
+	 * a helper call each): this runs on every send. */
+	if (peer_tp->copied_seq != self->write_seq)
 		return REDIRECT_TCP_UNREAD;
 
 	/* Redirected bytes are bounded only by tcp_mem, not the receiver's
 	 * buffer: without this a slow reader lets a fast writer fill memory.
 	 * Over TCP the writer blocks or gets EAGAIN as TCP decides. */
 	struct sock *peer = (struct sock *)peer_tp;
-	unsigned long ud = (unsigned long)BPF_CORE_READ(peer, sk_user_data);
-	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
-	if (!psock)
+	unsigned long ud = (unsigned long)peer->sk_user_data & SK_USER_DATA_PTRMASK;
+	if (!ud)
 		return REDIRECT_NO_PEER;
+	struct sk_psock *psock = bpf_rdonly_cast((void *)ud, bpf_core_type_id_kernel(struct sk_psock));
 	__u32 limit = cfg.max_backlog;
-	if (BPF_CORE_READ(peer, sk_userlocks) & SOCK_RCVBUF_LOCK)
-		limit = (__u32)BPF_CORE_READ(peer, sk_rcvbuf);
-	if (BPF_CORE_READ(psock, msg_tot_len) > limit)
+	if (peer->sk_userlocks & SOCK_RCVBUF_LOCK)
+		limit = (__u32)peer->sk_rcvbuf;
+	if (psock->msg_tot_len > limit)
 		return REDIRECT_BACKLOG;
 	return REDIRECT_OK;
 }
@@ -446,7 +452,10 @@ static __always_inline int may_wait(struct sock *sk, int flags)
 {
 	if (flags & MSG_DONTWAIT)
 		return 0;
-	return !(BPF_CORE_READ(sk, sk_socket, file, f_flags) & O_NONBLOCK);
+	struct socket *sock = sk->sk_socket;
+	if (!sock || !sock->file)
+		return 1; /* no file to say O_NONBLOCK: take the safe side */
+	return !(sock->file->f_flags & O_NONBLOCK);
 }
 
 /* A blocking read without SO_RCVTIMEO never fails with EAGAIN over TCP; on a
@@ -457,7 +466,7 @@ static __always_inline void count_blocking_eagain(struct sock *sk, int flags)
 {
 	if (!may_wait(sk, flags))
 		return;
-	if (BPF_CORE_READ(sk, sk_rcvtimeo) != MAX_SCHEDULE_TIMEOUT)
+	if (sk->sk_rcvtimeo != MAX_SCHEDULE_TIMEOUT)
 		return;
 	count(CNT_EAGAIN);
 }
