@@ -1,8 +1,6 @@
 package bench
 
 import (
-	"github.com/shunt-project/shunt/internal/uring"
-
 	"context"
 	"fmt"
 	"strings"
@@ -11,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bench/kecho"
+	"github.com/shunt-project/shunt/internal/uring"
 )
 
 // Echo server kinds. A "+bp" suffix on a user-space kind turns on busy

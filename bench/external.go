@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/shunt-project/shunt/bypass"
 	"math/rand/v2"
 	"net"
 	"os/exec"
@@ -15,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/internal/lab"
 )
 
