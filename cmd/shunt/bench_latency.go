@@ -31,7 +31,8 @@ trip over 10 ms, or max over 100x p50) is marked STALL.
 --new-conn makes each round trip a new connection (connect, request,
 response, the server closes): what a short connection costs. Mode
 shunt-trust is shunt installed with --trust-readers, which redirects a
-connection's first request and response too.`,
+connection's first request and response too, and keeps readers that block
+in recv (sockperf's) on the bypass.`,
 		Example: `  shunt bench latency --sizes 14,1K,16K,64K --rounds 5 --out /tmp/lat
   shunt bench latency --new-conn --modes tcp,shunt,shunt-trust --count 2000 --warmup 100`,
 		Args: noArgs,
