@@ -7,6 +7,8 @@ command -v clang >/dev/null || need+=(clang llvm)
 [ -f /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)
 command -v ip >/dev/null || need+=(iproute2)
 command -v unshare >/dev/null || need+=(util-linux)
+# Tests that stand in for programs on blocking sockets (splice --pid, Ctrl-Z).
+command -v python3 >/dev/null || need+=(python3)
 # Benchmark cross-checks (shunt bench --with-sockperf, --with-iperf3).
 command -v sockperf >/dev/null || need+=(sockperf)
 command -v iperf3 >/dev/null || need+=(iperf3)
