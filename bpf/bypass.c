@@ -462,23 +462,20 @@ static __always_inline int may_wait(struct sock *sk, int flags)
  * sockhash socket tcp_bpf_recvmsg returns it when its wait ends without data
  * (a signal, a stop, ptrace, where TCP restarts). Counted so that the
  * difference shows (docs/TRANSPARENCY.md). */
-static __always_inline void count_blocking_eagain(struct sock *sk, int flags)
+static __always_inline void count_blocking_eagain(struct sock *sk, int waits)
 {
-	if (!may_wait(sk, flags))
-		return;
-	if (sk->sk_rcvtimeo != MAX_SCHEDULE_TIMEOUT)
-		return;
-	count(CNT_EAGAIN);
+	if (waits && sk->sk_rcvtimeo == MAX_SCHEDULE_TIMEOUT)
+		count(CNT_EAGAIN);
 }
 
 /* How a read asks to be served: STATE_TCP_READER if only TCP serves it as
  * TCP would (MSG_WAITALL; a read that may sleep, whose sleep a signal ends
  * with EAGAIN on a sockhash socket), else STATE_READS. */
-static __always_inline __u32 reader_mark(struct sock *sk, int flags)
+static __always_inline __u32 reader_mark(int flags, int waits)
 {
 	if (flags & MSG_WAITALL)
 		return STATE_TCP_READER;
-	if (!cfg.trust_readers && may_wait(sk, flags))
+	if (!cfg.trust_readers && waits)
 		return STATE_TCP_READER;
 	return STATE_READS;
 }
@@ -496,9 +493,12 @@ int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
 	if (!st)
 		return 0;
+	if (st->flags & STATE_TCP_READER)
+		return 0; /* on its way back to TCP: nothing more to record */
+	int waits = may_wait(sk, flags);
 	if (ret == -EAGAIN)
-		count_blocking_eagain(sk, flags);
-	__u32 mark = reader_mark(sk, flags);
+		count_blocking_eagain(sk, waits);
+	__u32 mark = reader_mark(flags, waits);
 	if (st->flags & mark)
 		return 0;
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
