@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -58,8 +59,10 @@ func (l *Lab) toolCmd(ctx context.Context, ns *lab.NetNS, cpu int, tool string, 
 	return exec.CommandContext(ctx, "sh", full...)
 }
 
-// serve starts a tool's server in the server namespace and waits until its
-// port accepts connections.
+// serve starts a tool's server in the server namespace and waits until it
+// listens on port. It looks rather than connects: a probe connection would be
+// taken for a client (iperf3 serves one at a time, and a real client arriving
+// while it is still busy with the probe is refused).
 func (l *Lab) serve(ctx context.Context, cpu int, tool, ip string, port int, args ...string) (*exec.Cmd, error) {
 	if _, err := exec.LookPath(tool); err != nil {
 		return nil, fmt.Errorf("%s is not installed (apt-get install %s)", tool, tool)
@@ -68,26 +71,41 @@ func (l *Lab) serve(ctx context.Context, cpu int, tool, ip string, port int, arg
 	if err := srv.Start(); err != nil {
 		return nil, fmt.Errorf("start %s server: %w", tool, err)
 	}
-	addr := net.JoinHostPort(ip, strconv.Itoa(port))
 	deadline := time.Now().Add(5 * time.Second)
-	for {
-		var c net.Conn
-		err := l.Server.Do(func() error {
-			var err error
-			c, err = net.DialTimeout("tcp", addr, 200*time.Millisecond)
-			return err
-		})
-		if err == nil {
-			c.Close()
-			return srv, nil
-		}
+	for !listening(srv.Process.Pid, tool, port) {
 		if time.Now().After(deadline) {
 			srv.Process.Kill()
 			srv.Wait()
-			return nil, fmt.Errorf("%s server did not start listening on %s", tool, addr)
+			return nil, fmt.Errorf("%s server did not start listening on %s", tool, net.JoinHostPort(ip, strconv.Itoa(port)))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	return srv, nil
+}
+
+// listening says whether process pid, once it runs tool (the shell and `ip
+// netns exec` before it exec into it, after entering the namespace), has a
+// TCP socket listening on port in its network namespace.
+func listening(pid int, tool string, port int) bool {
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if err != nil || strings.TrimSpace(string(comm)) != tool {
+		return false
+	}
+	want := fmt.Sprintf(":%04X ", port)
+	for _, table := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, table))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			// "sl local_address rem_address st ...": LISTEN is state 0A.
+			f := strings.Fields(line)
+			if len(f) > 3 && strings.HasSuffix(f[1]+" ", want) && f[3] == "0A" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (l *Lab) serverIP(topology string) (ip string, clientNS *lab.NetNS) {
@@ -237,7 +255,7 @@ func iperfRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, time.
 	var n int64
 	var wall, cpu time.Duration
 	err := l.withTool(c.Mode, func() error {
-		// Not one-off (-1): serve's readiness probe would use up the session.
+		// One client per server: the server is killed after the run.
 		srv, err := l.serve(ctx, scpu, "iperf3", ip, port, "-s", "-B", ip, "-p", strconv.Itoa(port))
 		if err != nil {
 			return err

@@ -1,6 +1,9 @@
 package bench
 
 import (
+	"net"
+	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -35,5 +38,38 @@ func TestBaseline(t *testing.T) {
 		if got := baseline(mode); got != want {
 			t.Errorf("baseline(%s) = %s, want %s", mode, got, want)
 		}
+	}
+}
+
+// listening finds a listening socket by port in a process's namespace, once
+// the process runs the named program, and nothing else.
+func TestListening(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	comm, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := strings.TrimSpace(string(comm))
+	if !listening(os.Getpid(), self, port) {
+		t.Errorf("port %d of %s not found listening", port, self)
+	}
+	if listening(os.Getpid(), "someone-else", port) {
+		t.Error("found listening under another program's name")
+	}
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if local := c.LocalAddr().(*net.TCPAddr).Port; listening(os.Getpid(), self, local) {
+		t.Errorf("a connected socket (port %d) taken for a listener", local)
+	}
+	ln.Close()
+	if listening(os.Getpid(), self, port) {
+		t.Errorf("port %d still found listening after close", port)
 	}
 }
