@@ -311,13 +311,13 @@ static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *se
 		return REDIRECT_NO_PEER;
 	if (!ref->sk)
 		return REDIRECT_NO_PEER;
-	/* clang 14 emits no BTF type tags, so the verifier sees the stored
-	 * pointer as a number; the cast makes its fields loadable. */
-	struct tcp_sock *peer_tp = bpf_rdonly_cast(ref->sk, bpf_core_type_id_kernel(struct tcp_sock));
 	if (ref->reads & STATE_TCP_READER)
 		return REDIRECT_READER;
 	if (!(ref->reads & STATE_READS) && !cfg.trust_readers)
 		return REDIRECT_READER;
+	/* clang 14 emits no BTF type tags, so the verifier sees the stored
+	 * pointer as a number; the cast makes its fields loadable. */
+	struct tcp_sock *peer_tp = bpf_rdonly_cast(ref->sk, bpf_core_type_id_kernel(struct tcp_sock));
 	/* Direct loads (fault-safe, as bpf_probe_read_kernel is, but without
 	 * a helper call each): this runs on every send. */
 	if (peer_tp->copied_seq != self->write_seq)
@@ -432,10 +432,8 @@ static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref)
 		return 0;
 	}
 	struct peer_ref *peer = bpf_map_lookup_elem(&peer_refs, &ref->peer);
-	if (peer && !peer->peer_left_ns) {
-		peer->peer_left_ns = bpf_ktime_get_ns();
+	if (peer && !__sync_fetch_and_or(&peer->leaving, 1))
 		bpf_timer_start(&peer->leave, cfg.settle_ns, 0);
-	}
 	/* Gone from peer_refs first: the peer's sends see no peer and take TCP. */
 	struct sock_key k = *key;
 	bpf_map_delete_elem(&peer_refs, &k);

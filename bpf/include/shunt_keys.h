@@ -66,7 +66,7 @@ enum state_flags {
 	STATE_FALLBACK = 1,  /* this direction left the redirect path for good (shunt is being removed) */
 	STATE_THROTTLED = 2, /* the peer's reader is behind: sends take TCP until it catches up */
 	STATE_READS = 4,     /* this socket's reader used recv/read: its peer may redirect to it */
-	STATE_TCP_READER = 8, /* its reader asked for MSG_WAITALL: its peer's sends stay on TCP */
+	STATE_TCP_READER = 8, /* its reader blocks in recv or asked for MSG_WAITALL: its peer's sends stay on TCP */
 };
 
 /* Record written by the flows iterator. */
@@ -96,7 +96,7 @@ enum counter {
 	CNT_THROTTLED,  /* times a direction was throttled */
 	CNT_ZEROCOPY,   /* connections left on TCP: an end set SO_ZEROCOPY */
 	CNT_EXCLUDED,   /* connections left on TCP: server port excluded */
-	CNT_TCP_READER, /* directions kept on TCP: the reader used MSG_WAITALL */
+	CNT_TCP_READER, /* directions kept on TCP: the reader blocks in recv or used MSG_WAITALL */
 	CNT_LEFT,       /* sockets moved back to plain TCP (out of the sockhash) */
 	CNT_EAGAIN,     /* blocking reads that failed with EAGAIN (a signal or wake-up without data) */
 	CNT_MAX,

@@ -53,9 +53,8 @@ struct peer_ref {
 	struct tcp_sock __kptr_untrusted *sk;
 	struct sock_key peer;  /* the peer's key: it follows once this socket left */
 	struct bpf_timer leave;
-	__u64 peer_left_ns;    /* when the peer left the sockhash (0: it has not) */
 	__u32 reads;
-	__u32 _pad;
+	__u32 leaving;         /* the leave timer was started by the peer's leave */
 };
 
 struct {
