@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/shunt-project/shunt/bench"
 	"github.com/shunt-project/shunt/bench/report"
@@ -17,8 +16,10 @@ import (
 
 func newBenchUDPCmd(e *env) *cobra.Command {
 	var (
-		cfg bench.UDPConfig
-		f   udpFlags
+		cfg          bench.UDPConfig
+		sizes, modes string
+		out          string
+		asJSON       bool
 	)
 	c := &cobra.Command{
 		Use:   "udp",
@@ -34,24 +35,35 @@ can (datagrams sent and delivered, Gbit/s, whole-machine CPU per GB).`,
 		Args:    noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
-			if cfg.Sizes, cfg.Modes, err = f.parse(); err != nil {
+			if cfg.Sizes, err = parseSizes("--sizes", sizes); err != nil {
 				return err
 			}
-			cfg.Requests, cfg.BulkTime, cfg.Rounds, cfg.Progress = f.requests, f.bulkTime, f.rounds, f.progress(e)
+			for _, m := range strings.Split(modes, ",") {
+				cfg.Modes = append(cfg.Modes, strings.TrimSpace(m))
+			}
 			if err := cfg.Check(); err != nil {
 				return usageError{err}
 			}
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
+			if !asJSON {
+				cfg.Progress = e.stderr
+			}
 			res, err := bench.RunUDP(c.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			return emitBench(e, res, f.out, f.asJSON, printUDP, report.UDP)
+			return emitBench(e, res, out, asJSON, printUDP, report.UDP)
 		},
 	}
-	f.register(c.Flags(), "udp", "64,1400", "datagram sizes in bytes (8 to 65507)", bench.UDPModes, "kernel (joined by shunt), relay (user space)")
+	c.Flags().StringVar(&sizes, "sizes", "64,1400", "datagram sizes in bytes (8 to 65507)")
+	c.Flags().StringVar(&modes, "modes", strings.Join(bench.UDPModes, ","), "kernel (joined by shunt), relay (user space)")
+	c.Flags().IntVar(&cfg.Requests, "requests", 20000, "round trips per run")
+	c.Flags().DurationVar(&cfg.BulkTime, "bulk-time", 2*time.Second, "sending time per bulk run")
+	c.Flags().IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")
+	c.Flags().StringVar(&out, "out", "", "write udp.md and udp.json to this directory")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }
 
@@ -63,42 +75,4 @@ func printUDP(out io.Writer, res []bench.UDPResult) {
 			r.Lost, r.Sent, r.Delivered, r.Gbps, r.CPUPerGB)
 	}
 	w.Flush()
-}
-
-// udpFlags are bench udp's flags: sizes and modes swept over interleaved
-// rounds, with round trips and a bulk run each.
-type udpFlags struct {
-	sizes, modes, out string
-	asJSON            bool
-	requests, rounds  int
-	bulkTime          time.Duration
-}
-
-func (f *udpFlags) register(fs *pflag.FlagSet, name, sizes, sizesHelp string, modes []string, modesHelp string) {
-	fs.StringVar(&f.sizes, "sizes", sizes, sizesHelp)
-	fs.StringVar(&f.modes, "modes", strings.Join(modes, ","), modesHelp)
-	fs.IntVar(&f.requests, "requests", 20000, "round trips per run")
-	fs.DurationVar(&f.bulkTime, "bulk-time", 2*time.Second, "sending time per bulk run")
-	fs.IntVar(&f.rounds, "rounds", 3, "interleaved rounds")
-	fs.StringVar(&f.out, "out", "", "write "+name+".md and "+name+".json to this directory")
-	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
-}
-
-// parse reads --sizes and --modes.
-func (f *udpFlags) parse() (sizes []int, modes []string, err error) {
-	if sizes, err = parseSizes("--sizes", f.sizes); err != nil {
-		return nil, nil, err
-	}
-	for _, m := range strings.Split(f.modes, ",") {
-		modes = append(modes, strings.TrimSpace(m))
-	}
-	return sizes, modes, nil
-}
-
-// progress is where a sweep reports its runs: stderr, unless it prints JSON.
-func (f *udpFlags) progress(e *env) io.Writer {
-	if f.asJSON {
-		return nil
-	}
-	return e.stderr
 }
