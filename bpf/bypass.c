@@ -527,19 +527,37 @@ int shunt_sk_msg_bare(struct sk_msg_md *msg)
 	return bpf_msg_redirect_hash(msg, &sock_hash, &st->peer, BPF_F_INGRESS);
 }
 
-SEC("iter/bpf_sk_storage_map")
-int shunt_iter_flows(struct bpf_iter__bpf_sk_storage_map *ctx)
+/* The socket behind an open file and its bypass state, if shunt holds it
+ * (in the sockhash: a client whose server declined, release_client, keeps
+ * its storage until it closes but has no psock). A socket several processes
+ * hold is seen once per process: user space counts it once. */
+static __always_inline struct sock_state *held_socket(struct bpf_iter__task_file *ctx, struct sock **skp)
 {
-	struct sock *sk = ctx->sk;
-	struct sock_state *st = ctx->value;
-	if (!sk || !st)
+	struct file *f = ctx->file;
+	if (!f)
 		return 0;
-
-	/* A client whose server declined (release_client) keeps its storage
-	 * until it closes but is no longer in the sockhash: not a flow. */
-	if (!BPF_CORE_READ(sk, sk_user_data))
+	struct socket *sock = bpf_sock_from_file(f);
+	if (!sock)
 		return 0;
+	struct sock *sk = sock->sk;
+	if (!sk)
+		return 0;
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (!st || !BPF_CORE_READ(sk, sk_user_data))
+		return 0;
+	*skp = sk;
+	return st;
+}
 
+/* One record per socket shunt holds that some process has open. A server
+ * socket its listener has not accepted yet has no file and is not listed. */
+SEC("iter/task_file")
+int shunt_iter_flows(struct bpf_iter__task_file *ctx)
+{
+	struct sock *sk = 0;
+	struct sock_state *st = held_socket(ctx, &sk);
+	if (!st || !sk)
+		return 0;
 	struct flow_record r = {};
 	r.cookie = bpf_get_socket_cookie(sk);
 	r.cgroup_id = BPF_CORE_READ(sk, sk_cgrp_data.cgroup, kn, id);
@@ -549,19 +567,17 @@ int shunt_iter_flows(struct bpf_iter__bpf_sk_storage_map *ctx)
 	return 0;
 }
 
-/* Removes every socket whose redirect queues are empty; reports the keys of
- * those that still hold unread bytes (deleting them would drop the bytes). */
-SEC("iter/sockmap")
-int shunt_iter_drain(struct bpf_iter__sockmap *ctx)
+/* Removes every held socket whose redirect queues are empty from the
+ * sockhash; reports the keys of those that still hold unread bytes
+ * (deleting them would drop the bytes). */
+SEC("iter/task_file")
+int shunt_iter_drain(struct bpf_iter__task_file *ctx)
 {
-	struct sock *sk = ctx->sk;
-	void *key = ctx->key;
-	if (!sk || !key)
+	struct sock *sk = 0;
+	struct sock_state *st = held_socket(ctx, &sk);
+	if (!st || !sk)
 		return 0;
-
-	struct sock_key k;
-	bpf_probe_read_kernel(&k, sizeof(k), key);
-
+	struct sock_key k = st->self;
 	if (!ingress_empty(sk)) {
 		bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 		return 0;

@@ -74,11 +74,24 @@ func (in *Install) records() ([]bypassFlowRecord, error) {
 		return nil, err
 	}
 	defer it.Close()
-	buf, err := runIter(it.Flows, in.maps["sock_states"])
+	buf, err := runIter(it.Flows)
 	if err != nil {
 		return nil, fmt.Errorf("read flows: %w", err)
 	}
-	return decodeRecords(buf)
+	recs, err := decodeRecords(buf)
+	if err != nil {
+		return nil, err
+	}
+	// A socket open in several processes is reported once per process.
+	seen := map[uint64]bool{}
+	out := recs[:0]
+	for _, r := range recs {
+		if !seen[r.Cookie] {
+			seen[r.Cookie] = true
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
 
 func decodeRecords(buf []byte) ([]bypassFlowRecord, error) {

@@ -2,6 +2,7 @@ package bypass_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -242,5 +243,42 @@ func TestShortConnectionsLeaveNoState(t *testing.T) {
 		if m.Entries != 0 {
 			t.Errorf("map %s holds %d stale entries", m.Name, m.Entries)
 		}
+	}
+}
+
+// TestRemoveWaitsForUnacceptedSocket: a server socket its listener has not
+// accepted is open in no process, so removal cannot look into its queue.
+// With --trust-readers bytes are redirected to it from the first send; it
+// must stay in the sockhash (deleting it would drop them) until accepted.
+func TestRemoveWaitsForUnacceptedSocket(t *testing.T) {
+	in, cg := mustInstallWith(t, bypass.Options{TrustReaders: true})
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	ln := testenv.Listen(t, side, "tcp4", "127.0.0.1:0")
+	c := testenv.Dial(t, side, "tcp4", ln.Addr().String(), nil)
+	const msg = "sent before accept"
+	if _, err := c.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := in.Stats(); err != nil || st.Counters.Paired != 1 {
+		t.Fatalf("connection not paired: %+v %v", st.Counters, err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	var busy bypass.ErrBusy
+	if err := in.Remove(ctx); !errors.As(err, &busy) || busy.Unheld != 1 {
+		t.Fatalf("remove with an unaccepted paired socket: %v, want ErrBusy with 1 not accepted", err)
+	}
+
+	s := testenv.Accept(t, ln)
+	s.SetDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(s, got); err != nil || string(got) != msg {
+		t.Fatalf("once accepted the server read %q, %v; want %q", got, err, msg)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := in.Remove(ctx); err != nil {
+		t.Fatalf("remove after the server read: %v", err)
 	}
 }

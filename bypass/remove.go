@@ -15,13 +15,27 @@ import (
 	"github.com/cilium/ebpf/link"
 )
 
-// ErrBusy means some bypassed sockets still hold bytes their readers have not
-// read; removing them from the sockhash now would drop those bytes.
-type ErrBusy struct{ Sockets int }
+// ErrBusy means some bypassed sockets could not leave the sockhash yet:
+// Unread of them hold bytes their readers have not read (removing them now
+// would drop those bytes), and Unheld are open in no process shunt can see
+// (a server socket its listener has not accepted yet), so shunt cannot look.
+type ErrBusy struct{ Unread, Unheld int }
 
 func (e ErrBusy) Error() string {
-	return fmt.Sprintf("%d bypassed socket(s) still hold unread data; nothing was lost: new sends already take the TCP path, run 'shunt bypass disable --all' again once their readers have caught up", e.Sockets)
+	var what string
+	switch {
+	case e.Unheld == 0:
+		what = fmt.Sprintf("%d bypassed socket(s) still hold unread data", e.Unread)
+	case e.Unread == 0:
+		what = fmt.Sprintf("%d bypassed socket(s) are not accepted by their server yet", e.Unheld)
+	default:
+		what = fmt.Sprintf("%d bypassed socket(s) still hold unread data and %d are not accepted by their server yet", e.Unread, e.Unheld)
+	}
+	return what + "; nothing was lost: new sends already take the TCP path, run 'shunt bypass disable --all' again once their readers have caught up"
 }
+
+// Sockets is how many sockets kept the install in place.
+func (e ErrBusy) Sockets() int { return e.Unread + e.Unheld }
 
 // Remove takes bypass off the host without losing a byte: it detaches every
 // cgroup, switches all sends to the TCP path, waits until no socket holds
@@ -47,12 +61,8 @@ func (in *Install) Remove(ctx context.Context) error {
 	// redirect within its own syscall; give those a moment to land.
 	time.Sleep(redirectSettle)
 
-	left, err := in.drain(ctx)
-	if err != nil {
+	if err := in.drain(ctx); err != nil {
 		return err
-	}
-	if left > 0 {
-		return ErrBusy{Sockets: left}
 	}
 
 	// Rename first so a concurrent reader never sees half an install.
@@ -68,28 +78,53 @@ func (in *Install) Remove(ctx context.Context) error {
 }
 
 // drain removes sockets with empty redirect queues from the sockhash until
-// none is left or ctx ends, and returns how many are left.
-func (in *Install) drain(ctx context.Context) (int, error) {
+// none is left, or returns ErrBusy when ctx ends first.
+func (in *Install) drain(ctx context.Context) error {
 	iter, err := in.loadIterators()
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer iter.Close()
 	for {
-		buf, err := runIter(iter.Drain, in.maps["sock_hash"])
+		buf, err := runIter(iter.Drain)
 		if err != nil {
-			return 0, fmt.Errorf("drain: %w", err)
+			return fmt.Errorf("drain: %w", err)
 		}
-		left := len(buf) / binary.Size(bypassSockKey{})
-		if left == 0 {
-			return 0, nil
+		unread := map[bypassSockKey]bool{}
+		for _, k := range decodeKeys(buf) {
+			unread[k] = true
+		}
+		// What the iterator did not see is open in no process: it may
+		// hold redirected bytes all the same, so it is not deleted.
+		var busy ErrBusy
+		var key bypassSockKey
+		var cookie uint64
+		it := in.maps["sock_hash"].Iterate()
+		for it.Next(&key, &cookie) {
+			if unread[key] {
+				busy.Unread++
+			} else {
+				busy.Unheld++
+			}
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("drain: read sockhash: %w", err)
+		}
+		if busy.Sockets() == 0 {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return left, nil
+			return busy
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+func decodeKeys(buf []byte) []bypassSockKey {
+	keys := make([]bypassSockKey, len(buf)/binary.Size(bypassSockKey{}))
+	_ = binary.Read(bytes.NewReader(buf), binary.NativeEndian, keys)
+	return keys
 }
 
 type iterators struct {
@@ -115,9 +150,10 @@ func (in *Install) loadIterators() (*iterators, error) {
 	return &it, nil
 }
 
-// runIter runs one pass of an iterator over m and returns what it wrote.
-func runIter(prog *ebpf.Program, m *ebpf.Map) ([]byte, error) {
-	l, err := link.AttachIter(link.IterOptions{Program: prog, Map: m})
+// runIter runs one pass of an iterator over every open file on the host
+// and returns what it wrote.
+func runIter(prog *ebpf.Program) ([]byte, error) {
+	l, err := link.AttachIter(link.IterOptions{Program: prog})
 	if err != nil {
 		return nil, err
 	}

@@ -42,6 +42,9 @@ type Features struct {
 	// RecvTracepoint: a BTF tracepoint program can attach to
 	// sock_recv_length (the reader watch; 6.3+).
 	RecvTracepoint bool `json:"recv_tracepoint"`
+	// FileIterator: an iter/task_file program loads (how shunt finds the
+	// sockets it holds, for flows and removal).
+	FileIterator bool `json:"file_iterator"`
 }
 
 // Missing lists the features bypass needs and the kernel lacks.
@@ -58,6 +61,7 @@ func (f Features) Missing() []string {
 		{f.SkMsgLink, fmt.Sprintf("sk_msg BPF links (kernel %d.%d or newer)", MinKernel[0], MinKernel[1])},
 		{f.BTF, "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)"},
 		{f.RecvTracepoint, "BTF tracepoint programs on sock_recv_length (kernel 6.3 or newer, not locked down)"},
+		{f.FileIterator, "BPF iterators over open files (iter/task_file)"},
 	} {
 		if !c.ok {
 			m = append(m, c.name)
@@ -86,15 +90,16 @@ func Probe() Features {
 	f.SkMsgLink = maj > MinKernel[0] || (maj == MinKernel[0] && min >= MinKernel[1])
 	_, err := os.Stat("/sys/kernel/btf/vmlinux")
 	f.BTF = err == nil
-	f.RecvTracepoint = f.BTF && canTraceRecv()
+	f.RecvTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "sock_recv_length")
+	f.FileIterator = f.BTF && canLoadTracing(ebpf.AttachTraceIter, "task_file")
 	return f
 }
 
-// canTraceRecv loads (and drops) a do-nothing tp_btf program for the
-// sock_recv_length tracepoint.
-func canTraceRecv() bool {
+// canLoadTracing loads (and drops) a do-nothing tracing program of this
+// attach type and target.
+func canLoadTracing(attach ebpf.AttachType, target string) bool {
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type: ebpf.Tracing, AttachType: ebpf.AttachTraceRawTp, AttachTo: "sock_recv_length", License: "GPL",
+		Type: ebpf.Tracing, AttachType: attach, AttachTo: target, License: "GPL",
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
 	})
 	if err != nil {

@@ -69,8 +69,11 @@ struct file {
 	unsigned int f_flags;
 };
 
+struct sock;
+
 struct socket {
 	struct file *file;
+	struct sock *sk;
 };
 
 struct sock {
@@ -115,18 +118,16 @@ struct bpf_iter_meta {
 
 struct bpf_map;
 
-struct bpf_iter__sockmap {
-	struct bpf_iter_meta *meta;
-	struct bpf_map *map;
-	void *key;
-	struct sock *sk;
-};
+struct task_struct;
 
-struct bpf_iter__bpf_sk_storage_map {
+/* Every open file of every task: how shunt reaches the sockets it holds
+ * (map element iterators, iter/sockmap among them, are refused on some
+ * kernels: EPERM before the verifier runs). */
+struct bpf_iter__task_file {
 	struct bpf_iter_meta *meta;
-	struct bpf_map *map;
-	struct sock *sk;
-	void *value;
+	struct task_struct *task;
+	__u32 fd;
+	struct file *file;
 };
 
 struct udp_sock;

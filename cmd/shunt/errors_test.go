@@ -121,23 +121,32 @@ mount -o remount,ro /sys/fs && exec "$0" bypass enable --cgroup %[2]s --pin-dir 
 		nothingInstalled(t, pin, cg)
 	})
 
-	t.Run("kernel-without-recv-tracepoint", func(t *testing.T) {
-		e := defaultEnv()
-		e.probe = func() host.Features {
-			f := host.Probe()
-			if !f.RecvTracepoint {
-				t.Fatalf("this kernel cannot attach to sock_recv_length: %+v", f)
+	for _, tc := range []struct {
+		name    string
+		feature func(*host.Features) *bool
+		want    string
+	}{
+		{"kernel-without-recv-tracepoint", func(f *host.Features) *bool { return &f.RecvTracepoint }, "missing BTF tracepoint programs on sock_recv_length"},
+		{"kernel-without-file-iterator", func(f *host.Features) *bool { return &f.FileIterator }, "missing BPF iterators over open files"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := defaultEnv()
+			e.probe = func() host.Features {
+				f := host.Probe()
+				if !*tc.feature(&f) {
+					t.Fatalf("this kernel lacks the feature the test takes away: %+v", f)
+				}
+				*tc.feature(&f) = false
+				return f
 			}
-			f.RecvTracepoint = false
-			return f
-		}
-		_, stderr, code := runShunt(t, e, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin)
-		if code != 1 {
-			t.Errorf("exit %d, want 1", code)
-		}
-		oneLine(t, stderr, "missing BTF tracepoint programs on sock_recv_length")
-		nothingInstalled(t, pin, cg)
-	})
+			_, stderr, code := runShunt(t, e, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin)
+			if code != 1 {
+				t.Errorf("exit %d, want 1", code)
+			}
+			oneLine(t, stderr, tc.want)
+			nothingInstalled(t, pin, cg)
+		})
+	}
 
 	for _, tc := range []struct {
 		name string
