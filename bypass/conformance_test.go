@@ -30,8 +30,73 @@ import (
 // bytes go by redirect; "cold" scenarios start on a fresh connection, to test
 // readers that never call recv or ask for MSG_WAITALL from the start.
 
-// transcript records what an application observed, in order.
-type transcript struct{ lines []string }
+// transcript records what an application observed, in order, and beside it
+// the witness of which path the bytes took: what each socket's TCP received
+// (TCP_INFO, counted by TCP itself as segments arrive: shunt cannot write
+// it, and redirected bytes never move it).
+type transcript struct {
+	lines  []string
+	base   map[*net.TCPConn]tcpIn // before the scenario
+	viaTCP map[*net.TCPConn]tcpIn // ... and what TCP received since
+	server *net.TCPConn
+}
+
+// tcpIn is what TCP received: bytes (a FIN counts as one) and segments that
+// carried data (a bare FIN is not one).
+type tcpIn struct{ bytes, dataSegs uint64 }
+
+// startWitness records the sockets' TCP counts before a scenario.
+func (tr *transcript) startWitness(conns ...*net.TCPConn) {
+	tr.base, tr.viaTCP = map[*net.TCPConn]tcpIn{}, map[*net.TCPConn]tcpIn{}
+	for _, c := range conns {
+		if n, ok := tcpReceived(c); ok {
+			tr.base[c] = n
+		}
+	}
+}
+
+// witness notes what TCP has received on c since the scenario began; it
+// must run while the application still has c open.
+func (tr *transcript) witness(c *net.TCPConn) {
+	base, ok := tr.base[c]
+	if !ok {
+		return
+	}
+	if n, ok := tcpReceived(c); ok {
+		tr.viaTCP[c] = tcpIn{n.bytes - base.bytes, n.dataSegs - base.dataSegs}
+	}
+}
+
+// dataSegs is how many data segments TCP delivered to the scenario's sockets.
+func (tr *transcript) dataSegs() uint64 {
+	var t uint64
+	for _, n := range tr.viaTCP {
+		t += n.dataSegs
+	}
+	return t
+}
+
+// waitTCPReceived waits up to 2 s until c's TCP has received n bytes.
+func waitTCPReceived(c *net.TCPConn, n uint64) {
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if got, ok := tcpReceived(c); !ok || got.bytes >= n {
+			return
+		}
+	}
+}
+
+func tcpReceived(c *net.TCPConn) (tcpIn, bool) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return tcpIn{}, false
+	}
+	var info *unix.TCPInfo
+	var gerr error
+	if err := raw.Control(func(fd uintptr) { info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil || gerr != nil {
+		return tcpIn{}, false
+	}
+	return tcpIn{info.Bytes_received, uint64(info.Data_segs_in)}, true
+}
 
 func (tr *transcript) String() string { return strings.Join(tr.lines, "\n") }
 
@@ -40,9 +105,10 @@ func (tr *transcript) add(format string, args ...any) {
 }
 
 // readAll reads until EOF or error and records both.
-func (tr *transcript) readAll(c net.Conn) {
+func (tr *transcript) readAll(c *net.TCPConn) {
 	b, err := io.ReadAll(c)
 	tr.add("read %q err=%v", b, errName(err))
+	tr.witness(c)
 }
 
 func errName(err error) string {
@@ -224,9 +290,17 @@ var coldConformance = []scenario{
 		// Linux 6.18 refuses a socket as sendfile's source (EINVAL); were
 		// it to accept one, the payload would be checked.
 		payload := strings.Repeat("sent through ", 3000)
+		wrote := make(chan struct{})
 		go func() {
+			defer close(wrote)
 			c.Write([]byte(payload))
 			c.CloseWrite()
+		}()
+		// sendfile fails at once: wait for the bytes and the FIN, so the
+		// witness sees them all in both runs.
+		defer func() {
+			<-wrote
+			waitTCPReceived(s, uint64(len(payload))+1)
 		}()
 		f, err := os.CreateTemp(t.TempDir(), "out")
 		if err != nil {
@@ -421,51 +495,78 @@ var conformance = []scenario{
 	}},
 }
 
-// TestConformance runs each scenario over plain TCP and through shunt.
+// conformanceTopologies are where the suite runs: loopback in one namespace
+// and two namespaces joined by veth, over IPv4 and IPv6.
+var conformanceTopologies = []struct {
+	name                  string
+	topo                  topology
+	network, listen, dial string
+}{
+	{"ipv4/loopback", loopback, "tcp4", "127.0.0.1:0", "127.0.0.1:0"},
+	{"ipv6/loopback", loopback, "tcp6", "[::1]:0", "[::1]:0"},
+	{"ipv4/veth", veth, "tcp4", "10.199.0.2:0", "10.199.0.2:0"},
+	{"ipv6/veth", veth, "tcp6", "[fd00:199::2]:0", "[fd00:199::2]:0"},
+}
+
+// TestConformance runs each scenario over plain TCP and through shunt, and
+// checks with TCP's own byte count that the shunt run's bytes went by
+// redirect: without that, a redirect that never happens would compare TCP
+// with TCP and pass.
 func TestConformance(t *testing.T) {
 	in, enabled := mustInstall(t)
 	plain := testenv.MustCgroup(t)
-	// Each scenario pairs exactly one connection through shunt; read the
-	// paired counter, since the sockets may be closed by the end.
-	var paired uint64
-	pairedOnce := func() bool {
-		st, err := in.Stats()
-		if err != nil {
-			t.Fatal(err)
-		}
-		grew := st.Counters.Paired == paired+1
-		paired = st.Counters.Paired
-		return grew
-	}
-	all := append([]scenario{}, conformance...)
 	cold := map[string]bool{}
 	for _, sc := range coldConformance {
-		all = append(all, sc)
 		cold[sc.name] = true
 	}
-	for _, sc := range all {
-		t.Run(sc.name, func(t *testing.T) {
-			var got [2]transcript
-			for i, cg := range []host.Cgroup{plain, enabled} {
-				ns := testenv.MustNetNS(t)
-				side := testenv.Side{NS: ns, CG: cg}
-				c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
-				for _, conn := range []*net.TCPConn{c, s} {
-					conn.SetDeadline(time.Now().Add(10 * time.Second))
-				}
-				if !cold[sc.name] {
-					testenv.Warm(t, c, s)
-					if f := flowOf(t, in, testenv.Cookie(t, c)); i == 1 && (f == nil || f.Server.Reader != bypass.ReaderRecv) {
-						t.Fatalf("after a round trip the server's reader is not seen: %+v", f)
-					}
-				}
-				sc.run(t, &got[i], c, s)
-				if i == 1 && !pairedOnce() {
-					t.Fatalf("the shunt run was not bypassed: it compared TCP with TCP")
-				}
+	all := append(append([]scenario{}, conformance...), coldConformance...)
+	for _, topo := range conformanceTopologies {
+		t.Run(topo.name, func(t *testing.T) {
+			// One pair of namespaces for every scenario: an IPv6 veth
+			// takes a second to be usable (duplicate address detection).
+			a := testenv.MustNetNS(t)
+			b := a
+			if topo.topo == veth {
+				b = testenv.MustNetNS(t)
+				testenv.Veth(t, a, b)
 			}
-			if p, b := got[0].String(), got[1].String(); p != b {
-				t.Errorf("application saw something else through shunt\n--- plain TCP:\n%s\n--- shunt:\n%s", p, b)
+			for _, sc := range all {
+				t.Run(sc.name, func(t *testing.T) {
+					var got [2]transcript
+					for i, cg := range []host.Cgroup{plain, enabled} {
+						c, s := testenv.ConnPair(t, topo.network, testenv.Side{NS: b, CG: cg}, topo.listen, testenv.Side{NS: a, CG: cg}, topo.dial)
+						for _, conn := range []*net.TCPConn{c, s} {
+							conn.SetDeadline(time.Now().Add(10 * time.Second))
+						}
+						if i == 1 && flowOf(t, in, testenv.Cookie(t, c)) == nil {
+							t.Fatalf("the shunt run's connection is not a bypassed flow")
+						}
+						if !cold[sc.name] {
+							testenv.Warm(t, c, s)
+							if f := flowOf(t, in, testenv.Cookie(t, c)); i == 1 && (f == nil || f.Server.Reader != bypass.ReaderRecv || f.Client.Reader != bypass.ReaderRecv) {
+								t.Fatalf("after a round trip the readers are not seen: %+v", f)
+							}
+						}
+						got[i].server = s
+						got[i].startWitness(c, s)
+						sc.run(t, &got[i], c, s)
+						got[i].witness(c)
+						got[i].witness(s)
+					}
+					if p, b := got[0].String(), got[1].String(); p != b {
+						t.Errorf("application saw something else through shunt\n--- plain TCP:\n%s\n--- shunt:\n%s", p, b)
+					}
+					plainRun, shuntRun := &got[0], &got[1]
+					if cold[sc.name] {
+						// The server's reader needs TCP: its bytes must take it.
+						p, b := plainRun.viaTCP[plainRun.server], shuntRun.viaTCP[shuntRun.server]
+						if p.bytes == 0 || b.bytes != p.bytes {
+							t.Errorf("the server's TCP received %+v through shunt, %+v without: its direction must stay on TCP", b, p)
+						}
+					} else if p, b := plainRun.dataSegs(), shuntRun.dataSegs(); p > 0 && b != 0 {
+						t.Errorf("TCP delivered %d data segments through shunt (%d without): the scenario's bytes did not all go by redirect", b, p)
+					}
+				})
 			}
 		})
 	}
