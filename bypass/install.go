@@ -241,6 +241,7 @@ func (in *Install) Attach(cg host.Cgroup) (bool, error) {
 // already bypassed keep working. It returns false if the cgroup was not
 // enabled.
 func (in *Install) Detach(cgroupID uint64) (bool, error) {
+	in.sweep()
 	pin := in.cgroupPin(cgroupID)
 	l, err := link.LoadPinnedLink(pin, nil)
 	if errors.Is(err, os.ErrNotExist) {

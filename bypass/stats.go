@@ -54,9 +54,9 @@ type Stats struct {
 	ExcludedPorts []uint16 `json:"excluded_ports"`
 }
 
-// Stats reads map fill and counters.
+// Stats reads map fill and counters as the kernel left them: reading
+// changes nothing (the verbs sweep; see sweep).
 func (in *Install) Stats() (Stats, error) {
-	in.sweep()
 	s := Stats{Draining: in.Draining()}
 	var err error
 	if s.Options, err = in.Options(); err != nil {
@@ -131,7 +131,8 @@ func countKeys(m *ebpf.Map) int {
 
 // sweep removes state the BPF programs could not: registrations of dead
 // handshakes, and published refs of sockets that closed after their cgroup
-// was detached (the close callback runs only while attached).
+// was detached (the close callback runs only while attached). Attach and
+// Detach run it; readers do not, so tests see what the kernel left.
 func (in *Install) sweep() {
 	in.SweepHandshakes()
 	var key bypassSockKey
