@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -95,17 +100,68 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	}
 }
 
-func TestHelpAndVersion(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"bypass", "--help"}, {"bypass", "enable", "--help"},
-		{"bypass", "disable", "--help"}, {"status", "--help"}, {"flows", "--help"}} {
-		out, _, code := runShunt(t, nil, args...)
-		if code != 0 || !strings.Contains(out, "Usage:") {
-			t.Errorf("%v: exit %d, %q", args, code, out)
+// commandPaths lists every command of the tree, root first.
+func commandPaths(c *cobra.Command, parent []string) [][]string {
+	out := [][]string{parent}
+	for _, sub := range c.Commands() {
+		if sub.Hidden || sub.Name() == "help" || sub.Name() == "completion" {
+			continue
 		}
+		out = append(out, commandPaths(sub, append(slices.Clone(parent), sub.Name()))...)
 	}
+	return out
+}
+
+// Every command answers --help with its usage, and a flag it does not know
+// with one line and exit 2 (a usage mistake, typed as one, not guessed from
+// the message).
+func TestHelpAndVersion(t *testing.T) {
+	paths := commandPaths(newRoot(defaultEnv()), nil)
+	if len(paths) < 25 {
+		t.Fatalf("found %d commands: the walk is broken", len(paths))
+	}
+	for _, path := range paths {
+		out, stderr, code := runShunt(t, nil, append(slices.Clone(path), "--help")...)
+		if code != 0 || !strings.Contains(out, "Usage:") || stderr != "" {
+			t.Errorf("%v --help: exit %d, %q, stderr %q", path, code, out, stderr)
+		}
+		_, stderr, code = runShunt(t, nil, append(slices.Clone(path), "--no-such-flag")...)
+		if code != 2 {
+			t.Errorf("%v --no-such-flag: exit %d, want 2", path, code)
+		}
+		oneLine(t, stderr, "unknown flag: --no-such-flag")
+	}
+	_, stderr, code := runShunt(t, nil, "frobnicate")
+	if code != 2 {
+		t.Errorf("unknown command: exit %d, want 2", code)
+	}
+	oneLine(t, stderr, `unknown command "frobnicate"`)
 	out, _, code := runShunt(t, nil, "version")
 	if code != 0 || !strings.HasPrefix(out, "shunt ") {
 		t.Errorf("version: exit %d, %q", code, out)
+	}
+}
+
+// A failure that is not a usage mistake exits 1 even when its message names
+// a flag, and a message over several lines is printed whole, not cut.
+func TestErrorExitCodes(t *testing.T) {
+	e := defaultEnv()
+	var errb bytes.Buffer
+	e.stderr = &errb
+	root := func(err error) int {
+		errb.Reset()
+		c := &cobra.Command{Use: "x", SilenceErrors: true, SilenceUsage: true, RunE: func(*cobra.Command, []string) error { return err }}
+		return finish(c.Execute(), e)
+	}
+	if code := root(errors.New("the --mode flag's upstream refused")); code != 1 {
+		t.Errorf("a failure naming a flag: exit %d, want 1", code)
+	}
+	if code := root(usageError{errors.New("bad value")}); code != 2 {
+		t.Errorf("a typed usage error: exit %d, want 2", code)
+	}
+	root(errors.New("first\nsecond"))
+	if got := errb.String(); got != "shunt: first\nsecond\n" {
+		t.Errorf("a two-line error printed as %q", got)
 	}
 }
 

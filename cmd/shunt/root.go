@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -39,7 +38,11 @@ func run(args []string, e *env) int {
 	root.SetArgs(args)
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
-	err := root.ExecuteContext(ctx)
+	return finish(root.ExecuteContext(ctx), e)
+}
+
+// finish prints a command's error and returns its exit code.
+func finish(err error, e *env) int {
 	if err == nil {
 		return 0
 	}
@@ -47,22 +50,15 @@ func run(args []string, e *env) int {
 		fmt.Fprintln(e.stderr, "shunt: interrupted; what this command had made is removed")
 		return 130
 	}
-	msg := err.Error()
-	// Cobra's own flag and argument errors are usage errors too.
+	// Only typed usage errors exit 2; an error is printed whole, so a
+	// message that spans lines shows (and fails the one-line tests).
 	var ue usageError
 	code := 1
-	if errors.As(err, &ue) || strings.HasPrefix(msg, "unknown ") || strings.Contains(msg, "flag") || strings.Contains(msg, "arg(s)") {
+	if errors.As(err, &ue) {
 		code = 2
 	}
-	fmt.Fprintf(e.stderr, "shunt: %s\n", firstLine(msg))
+	fmt.Fprintf(e.stderr, "shunt: %s\n", err)
 	return code
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
-	}
-	return s
 }
 
 type globals struct {
@@ -102,6 +98,15 @@ func newRoot(e *env) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
 	})
+	// With Args set (and a RunE, or cobra would print help before asking
+	// it), unknown subcommands are its to report, typed.
+	root.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
+	root.Args = func(c *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return usageError{fmt.Errorf("unknown command %q for %q (see '%s --help')", args[0], c.CommandPath(), c.CommandPath())}
+		}
+		return nil
+	}
 	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newReapCmd(e, g), newFanoutCmd(e), newProxyCmd(e), newSpliceCmd(e), newDaemonCmd(e), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
 	return root
 }
