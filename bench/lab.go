@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shunt-project/shunt/bench/bare"
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/lab"
@@ -100,7 +101,7 @@ func (l *Lab) bypassMode(mode string) error {
 	if err := l.Bypass(mode != ModeTCP); err != nil {
 		return err
 	}
-	return l.install.UseBareRedirect(mode == ModeBare)
+	return bare.Use(l.install, mode == ModeBare)
 }
 
 // useTrust attaches the TrustReaders install to the lab's cgroup, or

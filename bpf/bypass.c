@@ -34,16 +34,19 @@
 #include <bpf/bpf_tracing.h>
 
 #include "include/kernel.h"
-#include "include/shunt_keys.h"
-#include "include/shunt_maps.h"
-#include "include/shunt_helpers.h"
+#include "include/bypass_keys.h"
+#include "include/bypass_maps.h"
+#include "include/bypass_helpers.h"
 
 char __license[] SEC("license") = "GPL";
 
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
-/* Keeps struct flow_record in BTF so bpf2go generates its Go twin. */
+/* Keep these types in BTF so bpf2go generates their Go twins. */
 const struct flow_record *unused_flow_record __attribute__((unused));
+const enum counter *unused_counter __attribute__((unused));
+const enum state_flags *unused_state_flags __attribute__((unused));
+const enum role *unused_role __attribute__((unused));
 
 /* Set from Go before load. */
 volatile const struct config {
@@ -512,19 +515,6 @@ int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 	 * nothing can be on the way. */
 	bpf_timer_start(&ref->leave, (old & STATE_READS) ? cfg.settle_ns : 0, 0);
 	return 0;
-}
-
-/* The least a redirect needs with shunt's pairing: find the peer, redirect.
- * No ordering guard, no drain switch, no counters; a missing peer drops the
- * send. Only `shunt bench` attaches it, to measure what the checks above
- * cost. Never install it for real traffic. */
-SEC("sk_msg")
-int shunt_sk_msg_bare(struct sk_msg_md *msg)
-{
-	struct sock_state *st = state_of(msg->sk);
-	if (!st)
-		return SK_PASS;
-	return bpf_msg_redirect_hash(msg, &sock_hash, &st->peer, BPF_F_INGRESS);
 }
 
 /* The socket behind an open file and its bypass state, if shunt holds it

@@ -21,7 +21,7 @@
 #include <bpf/bpf_core_read.h>
 
 #include "include/kernel.h"
-#include "include/shunt_addr.h"
+#include "include/sock_addr.h"
 #include "include/sk_btf.h"
 #include "include/index_keys.h"
 #include "include/index_maps.h"

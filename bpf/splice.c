@@ -29,6 +29,7 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
 /* Keeps struct splice_dir in BTF for bpf2go. */
 const struct splice_dir *unused_splice_dir __attribute__((unused));
+const enum splice_state_bits *unused_state_bits __attribute__((unused));
 
 /* How far the peer may be behind: its own send buffer bounds what TCP would
  * hold there; half of it, because the buffer counts skb overhead too. */

@@ -27,6 +27,25 @@ type bypassControlWord struct {
 	Pad      uint32
 }
 
+type bypassCounter uint32
+
+const (
+	bypassCounterCNT_REGISTERED    bypassCounter = 0
+	bypassCounterCNT_AMBIGUOUS     bypassCounter = 1
+	bypassCounterCNT_REGISTRY_FULL bypassCounter = 2
+	bypassCounterCNT_PAIRED        bypassCounter = 3
+	bypassCounterCNT_UNPAIRED      bypassCounter = 4
+	bypassCounterCNT_INSERT_FAILED bypassCounter = 5
+	bypassCounterCNT_FALLBACK      bypassCounter = 6
+	bypassCounterCNT_THROTTLED     bypassCounter = 7
+	bypassCounterCNT_ZEROCOPY      bypassCounter = 8
+	bypassCounterCNT_EXCLUDED      bypassCounter = 9
+	bypassCounterCNT_TCP_READER    bypassCounter = 10
+	bypassCounterCNT_LEFT          bypassCounter = 11
+	bypassCounterCNT_EAGAIN        bypassCounter = 12
+	bypassCounterCNT_MAX           bypassCounter = 13
+)
+
 type bypassFlowRecord struct {
 	_        structs.HostLayout
 	Cookie   uint64
@@ -44,6 +63,13 @@ type bypassPending struct {
 	State       uint32
 	Registrants uint32
 }
+
+type bypassRole uint32
+
+const (
+	bypassRoleROLE_CLIENT bypassRole = 1
+	bypassRoleROLE_SERVER bypassRole = 2
+)
 
 type bypassSockKey struct {
 	_     structs.HostLayout
@@ -63,6 +89,15 @@ type bypassSockState struct {
 	Flags     uint32
 	Pad       uint32
 }
+
+type bypassStateFlags uint32
+
+const (
+	bypassStateFlagsSTATE_FALLBACK   bypassStateFlags = 1
+	bypassStateFlagsSTATE_THROTTLED  bypassStateFlags = 2
+	bypassStateFlagsSTATE_READS      bypassStateFlags = 4
+	bypassStateFlagsSTATE_TCP_READER bypassStateFlags = 8
+)
 
 type bypassTuple struct {
 	_          structs.HostLayout
@@ -87,10 +122,12 @@ const (
 	bypassProgShuntIterFlows  = "shunt_iter_flows"
 	bypassProgShuntReads      = "shunt_reads"
 	bypassProgShuntSkMsg      = "shunt_sk_msg"
-	bypassProgShuntSkMsgBare  = "shunt_sk_msg_bare"
 	bypassProgShuntSockops    = "shunt_sockops"
 	bypassVarCfg              = "cfg"
+	bypassVarUnusedCounter    = "unused_counter"
 	bypassVarUnusedFlowRecord = "unused_flow_record"
+	bypassVarUnusedRole       = "unused_role"
+	bypassVarUnusedStateFlags = "unused_state_flags"
 )
 
 // loadBypass returns the embedded CollectionSpec for bypass.
@@ -139,7 +176,6 @@ type bypassProgramSpecs struct {
 	ShuntIterFlows *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
 	ShuntReads     *ebpf.ProgramSpec `ebpf:"shunt_reads"`
 	ShuntSkMsg     *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
-	ShuntSkMsgBare *ebpf.ProgramSpec `ebpf:"shunt_sk_msg_bare"`
 	ShuntSockops   *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
 }
 
@@ -161,7 +197,10 @@ type bypassMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassVariableSpecs struct {
 	Cfg              *ebpf.VariableSpec `ebpf:"cfg"`
+	UnusedCounter    *ebpf.VariableSpec `ebpf:"unused_counter"`
 	UnusedFlowRecord *ebpf.VariableSpec `ebpf:"unused_flow_record"`
+	UnusedRole       *ebpf.VariableSpec `ebpf:"unused_role"`
+	UnusedStateFlags *ebpf.VariableSpec `ebpf:"unused_state_flags"`
 }
 
 // bypassObjects contains all objects after they have been loaded into the kernel.
@@ -210,7 +249,10 @@ func (m *bypassMaps) Close() error {
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassVariables struct {
 	Cfg              *ebpf.Variable `ebpf:"cfg"`
+	UnusedCounter    *ebpf.Variable `ebpf:"unused_counter"`
 	UnusedFlowRecord *ebpf.Variable `ebpf:"unused_flow_record"`
+	UnusedRole       *ebpf.Variable `ebpf:"unused_role"`
+	UnusedStateFlags *ebpf.Variable `ebpf:"unused_state_flags"`
 }
 
 // bypassPrograms contains all programs after they have been loaded into the kernel.
@@ -221,7 +263,6 @@ type bypassPrograms struct {
 	ShuntIterFlows *ebpf.Program `ebpf:"shunt_iter_flows"`
 	ShuntReads     *ebpf.Program `ebpf:"shunt_reads"`
 	ShuntSkMsg     *ebpf.Program `ebpf:"shunt_sk_msg"`
-	ShuntSkMsgBare *ebpf.Program `ebpf:"shunt_sk_msg_bare"`
 	ShuntSockops   *ebpf.Program `ebpf:"shunt_sockops"`
 }
 
@@ -231,7 +272,6 @@ func (p *bypassPrograms) Close() error {
 		p.ShuntIterFlows,
 		p.ShuntReads,
 		p.ShuntSkMsg,
-		p.ShuntSkMsgBare,
 		p.ShuntSockops,
 	)
 }

@@ -156,8 +156,8 @@ func groupFlows(recs []bypassFlowRecord, wall func(uint64) time.Time, netns map[
 }
 
 const (
-	roleClient = 1
-	roleServer = 2
+	roleClient = uint32(bypassRoleROLE_CLIENT)
+	roleServer = uint32(bypassRoleROLE_SERVER)
 )
 
 func endpoint(r *bypassFlowRecord, cgPaths map[uint64]string) *Endpoint {
@@ -186,12 +186,11 @@ func endpoint(r *bypassFlowRecord, cgPaths map[uint64]string) *Endpoint {
 	}
 }
 
-// enum state_flags in bpf/include/shunt_keys.h
 const (
-	stateFallback  = 1
-	stateThrottled = 2
-	stateReads     = 4
-	stateTCPReader = 8
+	stateFallback  = uint32(bypassStateFlagsSTATE_FALLBACK)
+	stateThrottled = uint32(bypassStateFlagsSTATE_THROTTLED)
+	stateReads     = uint32(bypassStateFlagsSTATE_READS)
+	stateTCPReader = uint32(bypassStateFlagsSTATE_TCP_READER)
 )
 
 var tcpStates = []string{"", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2",

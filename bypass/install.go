@@ -132,6 +132,9 @@ func build(dir string, opts Options) error {
 	if err := objs.Sockops.Pin(filepath.Join(dir, progsDir, "sockops")); err != nil {
 		return fmt.Errorf("pin sockops: %w", err)
 	}
+	if err := objs.SkMsg.Pin(filepath.Join(dir, progsDir, skMsgLink)); err != nil {
+		return fmt.Errorf("pin sk_msg: %w", err)
+	}
 	// The reader watch goes first: without it nothing is ever redirected.
 	reads, err := link.AttachTracing(link.TracingOptions{Program: objs.Reads})
 	if err != nil {
@@ -154,6 +157,23 @@ func build(dir string, opts Options) error {
 		return fmt.Errorf("pin sk_msg link: %w", err)
 	}
 	return nil
+}
+
+// Paths are where an install at a pin directory keeps what tools outside
+// this package may open (bpftool, the benchmarks' bare redirect).
+type Paths struct {
+	SockHash, SockStates string // the sockhash and the socket storage
+	SkMsgProg, SkMsgLink string // the sk_msg program and its link on the sockhash
+}
+
+// PinPaths lays out an install's pins below dir.
+func PinPaths(dir string) Paths {
+	return Paths{
+		SockHash:   filepath.Join(dir, mapsDir, "sock_hash"),
+		SockStates: filepath.Join(dir, mapsDir, "sock_states"),
+		SkMsgProg:  filepath.Join(dir, progsDir, skMsgLink),
+		SkMsgLink:  filepath.Join(dir, linksDir, skMsgLink),
+	}
 }
 
 func mapsOf(m *bypassMaps) map[string]*ebpf.Map {

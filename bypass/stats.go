@@ -77,15 +77,15 @@ func (in *Install) Stats() (Stats, error) {
 		return s, err
 	}
 	s.Maps[1].Entries = len(recs)
-	var vals [cntMax][]uint64
+	var vals [bypassCounterCNT_MAX][]uint64
 	for i := range vals {
 		if err := in.maps["counters"].Lookup(uint32(i), &vals[i]); err != nil {
 			return s, err
 		}
 	}
-	sum := func(i int) uint64 {
+	sum := func(c bypassCounter) uint64 {
 		var t uint64
-		for _, v := range vals[i] {
+		for _, v := range vals[c] {
 			t += v
 		}
 		return t
@@ -97,14 +97,22 @@ func (in *Install) Stats() (Stats, error) {
 		s.ExcludedPorts = []uint16{}
 	}
 	s.Counters = Counters{
-		Registered: sum(0), Ambiguous: sum(1), RegistryFull: sum(2), Paired: sum(3),
-		Unpaired: sum(4), InsertFailed: sum(5), FallenBack: sum(6), Throttled: sum(7),
-		Zerocopy: sum(8), Excluded: sum(9), TCPReaders: sum(10), Left: sum(11), EAGAIN: sum(12),
+		Registered:   sum(bypassCounterCNT_REGISTERED),
+		Ambiguous:    sum(bypassCounterCNT_AMBIGUOUS),
+		RegistryFull: sum(bypassCounterCNT_REGISTRY_FULL),
+		Paired:       sum(bypassCounterCNT_PAIRED),
+		Unpaired:     sum(bypassCounterCNT_UNPAIRED),
+		InsertFailed: sum(bypassCounterCNT_INSERT_FAILED),
+		FallenBack:   sum(bypassCounterCNT_FALLBACK),
+		Throttled:    sum(bypassCounterCNT_THROTTLED),
+		Zerocopy:     sum(bypassCounterCNT_ZEROCOPY),
+		Excluded:     sum(bypassCounterCNT_EXCLUDED),
+		TCPReaders:   sum(bypassCounterCNT_TCP_READER),
+		Left:         sum(bypassCounterCNT_LEFT),
+		EAGAIN:       sum(bypassCounterCNT_EAGAIN),
 	}
 	return s, nil
 }
-
-const cntMax = 13 // enum counter in bpf/include/shunt_keys.h
 
 func maxEntries(m *ebpf.Map) uint32 {
 	if m.Type() == ebpf.SkStorage {

@@ -13,7 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const dirUser = 1 << 63
+// dirUser is DIR_USER in bpf/include/splice_maps.h.
+const dirUser = uint64(1) << spliceSpliceStateBitsDIR_USER_BIT
 
 // Stats counts one direction's bytes.
 type Stats struct {

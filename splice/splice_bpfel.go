@@ -37,6 +37,12 @@ type spliceSpliceDir struct {
 	}
 }
 
+type spliceSpliceStateBits uint32
+
+const (
+	spliceSpliceStateBitsDIR_USER_BIT spliceSpliceStateBits = 63
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -46,6 +52,7 @@ const (
 	spliceMapSocks           = "socks"
 	spliceProgSpliceVerdict  = "splice_verdict"
 	spliceVarUnusedSpliceDir = "unused_splice_dir"
+	spliceVarUnusedStateBits = "unused_state_bits"
 )
 
 // loadSplice returns the embedded CollectionSpec for splice.
@@ -107,6 +114,7 @@ type spliceMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type spliceVariableSpecs struct {
 	UnusedSpliceDir *ebpf.VariableSpec `ebpf:"unused_splice_dir"`
+	UnusedStateBits *ebpf.VariableSpec `ebpf:"unused_state_bits"`
 }
 
 // spliceObjects contains all objects after they have been loaded into the kernel.
@@ -147,6 +155,7 @@ func (m *spliceMaps) Close() error {
 // It can be passed to loadSpliceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type spliceVariables struct {
 	UnusedSpliceDir *ebpf.Variable `ebpf:"unused_splice_dir"`
+	UnusedStateBits *ebpf.Variable `ebpf:"unused_state_bits"`
 }
 
 // splicePrograms contains all programs after they have been loaded into the kernel.

@@ -3,7 +3,7 @@
 
 #include <linux/types.h>
 
-/* A backend: where a socket is connected to. Address as in shunt_addr.h. */
+/* A backend: where a socket is connected to. Address as in sock_addr.h. */
 struct backend {
 	__u8 addr[16];
 	__u16 port;

@@ -4,7 +4,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include "kernel.h"
-#include "shunt_addr.h"
+#include "sock_addr.h"
 
 /* Local and remote address of a socket in shunt's 16-byte form. */
 static __always_inline void sk_addrs(struct sock *sk, __u8 local[16], __u16 *lport, __u8 remote[16],

@@ -4,8 +4,13 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
-/* Bit 63 of splice_dir.state: this direction's bytes go to user space. */
-#define DIR_USER (1ULL << 63)
+/* Bit DIR_USER_BIT of splice_dir.state: this direction's bytes go to user
+ * space. An enum so bpf2go hands the bit to Go (clang 14 emits no 64-bit
+ * enums, hence the bit number rather than the mask). */
+enum splice_state_bits {
+	DIR_USER_BIT = 63,
+};
+#define DIR_USER (1ULL << DIR_USER_BIT)
 
 /* Bytes user space must drop: the verdict saw them twice (see splice.c). */
 #define SKIP_RING 8

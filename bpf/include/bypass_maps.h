@@ -3,7 +3,7 @@
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
-#include "shunt_keys.h"
+#include "bypass_keys.h"
 #include "kernel.h"
 
 #define MAX_SOCKETS 65536

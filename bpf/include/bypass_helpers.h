@@ -4,9 +4,9 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
-#include "shunt_keys.h"
-#include "shunt_maps.h"
-#include "shunt_addr.h"
+#include "bypass_keys.h"
+#include "bypass_maps.h"
+#include "sock_addr.h"
 
 static __always_inline void count(__u32 which)
 {

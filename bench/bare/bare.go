@@ -1,0 +1,66 @@
+// Package bare swaps a bypass install's sk_msg program for one that only
+// redirects (bpf/bench_bare.c), for benchmarks that measure what shunt's
+// checks cost. Not for real traffic: a bare install drops sends to a
+// missing peer and has no flow control.
+package bare
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/shunt-project/shunt/bypass"
+)
+
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -target bpfel -no-global-types -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I/usr/include/x86_64-linux-gnu" bare ../../bpf/bench_bare.c
+
+// Use puts the bare program (bare) or the install's own (!bare) on the
+// install's sk_msg link.
+func Use(in *bypass.Install, bare bool) error {
+	paths := bypass.PinPaths(in.Dir())
+	if !bare {
+		return swap(paths.SkMsgLink, paths.SkMsgProg)
+	}
+	spec, err := loadBare()
+	if err != nil {
+		return err
+	}
+	maps := map[string]*ebpf.Map{}
+	for name, path := range map[string]string{"sock_hash": paths.SockHash, "sock_states": paths.SockStates} {
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if err != nil {
+			return fmt.Errorf("open pinned map %s: %w", name, err)
+		}
+		defer m.Close()
+		maps[name] = m
+	}
+	var objs bareObjects
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: maps}); err != nil {
+		return fmt.Errorf("load the bare sk_msg program: %w", err)
+	}
+	defer objs.Close()
+	return update(paths.SkMsgLink, objs.ShuntSkMsgBare)
+}
+
+// swap puts the program pinned at prog back on the link.
+func swap(linkPin, progPin string) error {
+	p, err := ebpf.LoadPinnedProgram(progPin, nil)
+	if err != nil {
+		return fmt.Errorf("open the install's sk_msg program: %w", err)
+	}
+	defer p.Close()
+	return update(linkPin, p)
+}
+
+func update(linkPin string, p *ebpf.Program) error {
+	l, err := link.LoadPinnedLink(linkPin, nil)
+	if err != nil {
+		return fmt.Errorf("open sk_msg link: %w", err)
+	}
+	defer l.Close()
+	if err := l.Update(p); err != nil {
+		return fmt.Errorf("swap sk_msg program: %w", err)
+	}
+	return nil
+}
