@@ -71,7 +71,10 @@ func NewLab(prefix string) (l *Lab, err error) {
 	l.cleanup = append(l.cleanup, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return l.install.Remove(ctx)
+		if err := l.install.Remove(ctx); err != nil {
+			return err
+		}
+		return bypass.RemoveLearned(pin, false)
 	})
 	return l, nil
 }
@@ -120,7 +123,10 @@ func (l *Lab) useTrust(on bool) error {
 		l.cleanup = append(l.cleanup, func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			return in.Remove(ctx)
+			if err := in.Remove(ctx); err != nil {
+				return err
+			}
+			return bypass.RemoveLearned(pin, false)
 		})
 	}
 	var err error

@@ -47,6 +47,9 @@ const struct flow_record *unused_flow_record __attribute__((unused));
 const enum counter *unused_counter __attribute__((unused));
 const enum state_flags *unused_state_flags __attribute__((unused));
 const enum role *unused_role __attribute__((unused));
+const struct splice_event *unused_splice_event __attribute__((unused));
+const struct splice_program *unused_splice_program __attribute__((unused));
+const struct splice_seen *unused_splice_seen __attribute__((unused));
 
 /* Set from Go before load. */
 volatile const struct config {
@@ -54,6 +57,8 @@ volatile const struct config {
 	__u64 settle_ns;      /* how long a redirect decided before a switch may still be landing */
 	__u32 max_backlog;    /* unread redirected bytes a receiver may hold, unless it set SO_RCVBUF */
 	__u32 trust_readers;  /* redirect before the reader was seen in recv (no splice readers here) */
+	__u32 splice_nr;      /* this architecture's system call number of splice(2) */
+	__u32 _pad;
 } cfg = {
 	.pending_ttl_ns = 300ULL * 1000 * 1000 * 1000,
 	.settle_ns = 100ULL * 1000 * 1000,
@@ -419,6 +424,55 @@ static __always_inline int ingress_empty(struct sock *sk)
 	return BPF_CORE_READ(psock, ingress_msg.next) == head && !BPF_CORE_READ(psock, ingress_skb.qlen);
 }
 
+/* Redirected bytes waiting in the socket's psock for a reader. */
+static __always_inline __u64 unread_redirected(struct sock *sk)
+{
+	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
+	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
+	if (!psock)
+		return 0;
+	return BPF_CORE_READ(psock, msg_tot_len);
+}
+
+/* Counts what a program's splices did; adds the program when new. */
+static __always_inline void learn(struct splice_program *prog, __u64 splices, __u64 caught)
+{
+	struct splice_seen *seen = bpf_map_lookup_elem(&splice_programs, prog);
+	__u64 now = bpf_ktime_get_ns();
+	if (!seen) {
+		struct splice_seen fresh = { .first_ns = now, .last_ns = now, .splices = splices, .caught = caught };
+		bpf_map_update_elem(&splice_programs, prog, &fresh, BPF_NOEXIST);
+		return;
+	}
+	seen->last_ns = now;
+	__sync_fetch_and_add(&seen->splices, splices);
+	if (caught)
+		__sync_fetch_and_add(&seen->caught, caught);
+}
+
+/* A splice reader with redirected bytes queued that splice(2) cannot read:
+ * without help it waits for them for ever. Reported once, to the guard,
+ * which resets the connection so the application sees an error. */
+static __always_inline void report_caught(struct peer_ref *ref, struct sock_key *key, struct sock *sk)
+{
+	if (__sync_fetch_and_or(&ref->reads, STATE_CAUGHT) & STATE_CAUGHT)
+		return;
+	count(CNT_SPLICE_CAUGHT);
+	struct splice_program prog = {};
+	__builtin_memcpy(prog.comm, ref->splicer_comm, sizeof(prog.comm));
+	learn(&prog, 0, 1);
+	struct splice_event *ev = bpf_ringbuf_reserve(&splice_events, sizeof(*ev), 0);
+	if (!ev)
+		return;
+	ev->self = *key;
+	ev->cookie = ref->cookie;
+	ev->unread = unread_redirected(sk);
+	ev->pid = ref->splicer_pid;
+	ev->_pad = 0;
+	__builtin_memcpy(ev->comm, ref->splicer_comm, sizeof(ev->comm));
+	bpf_ringbuf_submit(ev, 0);
+}
+
 /* Takes a socket whose reader needs TCP out of the sockhash, so it runs as
  * plain TCP again (the kernel restores its own receive path: FIONREAD,
  * MSG_WAITALL, splice and signals as TCP has them), then its peer likewise.
@@ -431,6 +485,10 @@ static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref)
 	if (!tp)
 		return 0;
 	if (!ingress_empty((struct sock *)tp)) {
+		/* A splice reader never reads them: a redirect decided before
+		 * it was seen splicing landed after. */
+		if (ref->reads & STATE_SPLICE)
+			report_caught(ref, key, (struct sock *)tp);
 		bpf_timer_start(&ref->leave, cfg.settle_ns, 0);
 		return 0;
 	}
@@ -481,6 +539,23 @@ static __always_inline __u32 reader_mark(int flags, int waits)
 	return STATE_READS;
 }
 
+/* The calling process, by its thread group leader's command name. */
+static __always_inline void current_program(struct splice_program *prog)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct task_struct *leader = task->group_leader;
+	if (leader)
+		bpf_probe_read_kernel_str(prog->comm, sizeof(prog->comm), leader->comm);
+}
+
+/* The calling process was seen splicing from a TCP socket before. */
+static __always_inline int learned_splicer(void)
+{
+	struct splice_program prog = {};
+	current_program(&prog);
+	return bpf_map_lookup_elem(&splice_programs, &prog) != 0;
+}
+
 /* Runs after every recvmsg on the host (read, recv, recvmsg, io_uring recv):
  * records how the reader of a paired socket reads, for its peer's sk_msg.
  * A reader that blocks or asks for MSG_WAITALL sends its connection back to
@@ -502,6 +577,12 @@ int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 	__u32 mark = reader_mark(flags, waits);
 	if (st->flags & mark)
 		return 0;
+	if (mark == STATE_READS && learned_splicer()) {
+		/* This program splices: its first recv may be followed by a
+		 * splice that could not read redirected bytes. */
+		mark = STATE_TCP_READER;
+		count(CNT_LEARNED_READER);
+	}
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
 	if (!ref)
 		return 0; /* left already, or closing */
@@ -514,6 +595,63 @@ int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 	/* Never seen in recv before: the peer never redirected to it, so
 	 * nothing can be on the way. */
 	bpf_timer_start(&ref->leave, (old & STATE_READS) ? cfg.settle_ns : 0, 0);
+	return 0;
+}
+
+/* The calling task is in splice(2). */
+static __always_inline int in_splice(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (!regs)
+		return 0;
+	return BPF_CORE_READ(regs, orig_ax) == cfg.splice_nr;
+}
+
+/* Runs when TCP accounts for what a reader took, in recvmsg and inside a
+ * splice(2) read before it waits (tcp_splice_read -> __tcp_read_sock). A
+ * splice reads the TCP queue alone, never the bytes redirected into the
+ * socket's psock. So a socket shunt holds whose reader splices goes back
+ * to TCP (and its peer's sends with it) at once; if redirected bytes were
+ * queued already, the connection is caught (report_caught). Every program
+ * seen splicing from any TCP socket is learned: its later readers stay on
+ * TCP from their first recv (shunt_reads). Costs every TCP read on the host
+ * a look at the current system call number. */
+SEC("tp_btf/tcp_rcv_space_adjust")
+int BPF_PROG(shunt_splices, struct sock *sk)
+{
+	if (!in_splice())
+		return 0;
+	struct splice_program prog = {};
+	current_program(&prog);
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (!st) {
+		learn(&prog, 1, 0);
+		return 0;
+	}
+	if (st->flags & STATE_SPLICE)
+		return 0;
+	learn(&prog, 1, 0);
+	/* The socket's own sends update flags too (sk_msg): atomics. */
+	__sync_fetch_and_or(&st->flags, STATE_SPLICE | STATE_TCP_READER);
+	count(CNT_SPLICE_READER);
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	if (!ref)
+		return 0; /* left already, or closing */
+	ref->cookie = bpf_get_socket_cookie(sk);
+	ref->splicer_pid = bpf_get_current_pid_tgid() >> 32;
+	__builtin_memcpy(ref->splicer_comm, prog.comm, sizeof(prog.comm));
+	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_SPLICE | STATE_TCP_READER);
+	struct sock_key self = st->self;
+	if (!ingress_empty(sk))
+		report_caught(ref, &self, sk);
+	if (!(old & STATE_TCP_READER)) {
+		count(CNT_TCP_READER);
+		/* Unseen in recv: nothing was ever redirected to it. Else
+		 * wait for redirects decided before the mark (leave_cb
+		 * reports them if they land). */
+		bpf_timer_start(&ref->leave, (old & STATE_READS) ? cfg.settle_ns : 0, 0);
+	}
 	return 0;
 }
 

@@ -19,6 +19,8 @@ type bypassConfig struct {
 	SettleNs     uint64
 	MaxBacklog   uint32
 	TrustReaders uint32
+	SpliceNr     uint32
+	Pad          uint32
 }
 
 type bypassControlWord struct {
@@ -30,20 +32,23 @@ type bypassControlWord struct {
 type bypassCounter uint32
 
 const (
-	bypassCounterCNT_REGISTERED    bypassCounter = 0
-	bypassCounterCNT_AMBIGUOUS     bypassCounter = 1
-	bypassCounterCNT_REGISTRY_FULL bypassCounter = 2
-	bypassCounterCNT_PAIRED        bypassCounter = 3
-	bypassCounterCNT_UNPAIRED      bypassCounter = 4
-	bypassCounterCNT_INSERT_FAILED bypassCounter = 5
-	bypassCounterCNT_FALLBACK      bypassCounter = 6
-	bypassCounterCNT_THROTTLED     bypassCounter = 7
-	bypassCounterCNT_ZEROCOPY      bypassCounter = 8
-	bypassCounterCNT_EXCLUDED      bypassCounter = 9
-	bypassCounterCNT_TCP_READER    bypassCounter = 10
-	bypassCounterCNT_LEFT          bypassCounter = 11
-	bypassCounterCNT_EAGAIN        bypassCounter = 12
-	bypassCounterCNT_MAX           bypassCounter = 13
+	bypassCounterCNT_REGISTERED     bypassCounter = 0
+	bypassCounterCNT_AMBIGUOUS      bypassCounter = 1
+	bypassCounterCNT_REGISTRY_FULL  bypassCounter = 2
+	bypassCounterCNT_PAIRED         bypassCounter = 3
+	bypassCounterCNT_UNPAIRED       bypassCounter = 4
+	bypassCounterCNT_INSERT_FAILED  bypassCounter = 5
+	bypassCounterCNT_FALLBACK       bypassCounter = 6
+	bypassCounterCNT_THROTTLED      bypassCounter = 7
+	bypassCounterCNT_ZEROCOPY       bypassCounter = 8
+	bypassCounterCNT_EXCLUDED       bypassCounter = 9
+	bypassCounterCNT_TCP_READER     bypassCounter = 10
+	bypassCounterCNT_LEFT           bypassCounter = 11
+	bypassCounterCNT_EAGAIN         bypassCounter = 12
+	bypassCounterCNT_SPLICE_READER  bypassCounter = 13
+	bypassCounterCNT_SPLICE_CAUGHT  bypassCounter = 14
+	bypassCounterCNT_LEARNED_READER bypassCounter = 15
+	bypassCounterCNT_MAX            bypassCounter = 16
 )
 
 type bypassFlowRecord struct {
@@ -90,6 +95,29 @@ type bypassSockState struct {
 	Pad       uint32
 }
 
+type bypassSpliceEvent struct {
+	_      structs.HostLayout
+	Self   bypassSockKey
+	Cookie uint64
+	Unread uint64
+	Pid    uint32
+	Pad    uint32
+	Comm   [16]int8
+}
+
+type bypassSpliceProgram struct {
+	_    structs.HostLayout
+	Comm [16]int8
+}
+
+type bypassSpliceSeen struct {
+	_       structs.HostLayout
+	FirstNs uint64
+	LastNs  uint64
+	Splices uint64
+	Caught  uint64
+}
+
 type bypassStateFlags uint32
 
 const (
@@ -97,6 +125,8 @@ const (
 	bypassStateFlagsSTATE_THROTTLED  bypassStateFlags = 2
 	bypassStateFlagsSTATE_READS      bypassStateFlags = 4
 	bypassStateFlagsSTATE_TCP_READER bypassStateFlags = 8
+	bypassStateFlagsSTATE_SPLICE     bypassStateFlags = 16
+	bypassStateFlagsSTATE_CAUGHT     bypassStateFlags = 32
 )
 
 type bypassTuple struct {
@@ -111,23 +141,29 @@ type bypassTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	bypassMapControl          = "control"
-	bypassMapCounters         = "counters"
-	bypassMapExcludedPorts    = "excluded_ports"
-	bypassMapHandshakes       = "handshakes"
-	bypassMapPeerRefs         = "peer_refs"
-	bypassMapSockHash         = "sock_hash"
-	bypassMapSockStates       = "sock_states"
-	bypassProgShuntIterDrain  = "shunt_iter_drain"
-	bypassProgShuntIterFlows  = "shunt_iter_flows"
-	bypassProgShuntReads      = "shunt_reads"
-	bypassProgShuntSkMsg      = "shunt_sk_msg"
-	bypassProgShuntSockops    = "shunt_sockops"
-	bypassVarCfg              = "cfg"
-	bypassVarUnusedCounter    = "unused_counter"
-	bypassVarUnusedFlowRecord = "unused_flow_record"
-	bypassVarUnusedRole       = "unused_role"
-	bypassVarUnusedStateFlags = "unused_state_flags"
+	bypassMapControl             = "control"
+	bypassMapCounters            = "counters"
+	bypassMapExcludedPorts       = "excluded_ports"
+	bypassMapHandshakes          = "handshakes"
+	bypassMapPeerRefs            = "peer_refs"
+	bypassMapSockHash            = "sock_hash"
+	bypassMapSockStates          = "sock_states"
+	bypassMapSpliceEvents        = "splice_events"
+	bypassMapSplicePrograms      = "splice_programs"
+	bypassProgShuntIterDrain     = "shunt_iter_drain"
+	bypassProgShuntIterFlows     = "shunt_iter_flows"
+	bypassProgShuntReads         = "shunt_reads"
+	bypassProgShuntSkMsg         = "shunt_sk_msg"
+	bypassProgShuntSockops       = "shunt_sockops"
+	bypassProgShuntSplices       = "shunt_splices"
+	bypassVarCfg                 = "cfg"
+	bypassVarUnusedCounter       = "unused_counter"
+	bypassVarUnusedFlowRecord    = "unused_flow_record"
+	bypassVarUnusedRole          = "unused_role"
+	bypassVarUnusedSpliceEvent   = "unused_splice_event"
+	bypassVarUnusedSpliceProgram = "unused_splice_program"
+	bypassVarUnusedSpliceSeen    = "unused_splice_seen"
+	bypassVarUnusedStateFlags    = "unused_state_flags"
 )
 
 // loadBypass returns the embedded CollectionSpec for bypass.
@@ -177,30 +213,36 @@ type bypassProgramSpecs struct {
 	ShuntReads     *ebpf.ProgramSpec `ebpf:"shunt_reads"`
 	ShuntSkMsg     *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
 	ShuntSockops   *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
+	ShuntSplices   *ebpf.ProgramSpec `ebpf:"shunt_splices"`
 }
 
 // bypassMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassMapSpecs struct {
-	Control       *ebpf.MapSpec `ebpf:"control"`
-	Counters      *ebpf.MapSpec `ebpf:"counters"`
-	ExcludedPorts *ebpf.MapSpec `ebpf:"excluded_ports"`
-	Handshakes    *ebpf.MapSpec `ebpf:"handshakes"`
-	PeerRefs      *ebpf.MapSpec `ebpf:"peer_refs"`
-	SockHash      *ebpf.MapSpec `ebpf:"sock_hash"`
-	SockStates    *ebpf.MapSpec `ebpf:"sock_states"`
+	Control        *ebpf.MapSpec `ebpf:"control"`
+	Counters       *ebpf.MapSpec `ebpf:"counters"`
+	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
+	Handshakes     *ebpf.MapSpec `ebpf:"handshakes"`
+	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
+	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
+	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
+	SpliceEvents   *ebpf.MapSpec `ebpf:"splice_events"`
+	SplicePrograms *ebpf.MapSpec `ebpf:"splice_programs"`
 }
 
 // bypassVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassVariableSpecs struct {
-	Cfg              *ebpf.VariableSpec `ebpf:"cfg"`
-	UnusedCounter    *ebpf.VariableSpec `ebpf:"unused_counter"`
-	UnusedFlowRecord *ebpf.VariableSpec `ebpf:"unused_flow_record"`
-	UnusedRole       *ebpf.VariableSpec `ebpf:"unused_role"`
-	UnusedStateFlags *ebpf.VariableSpec `ebpf:"unused_state_flags"`
+	Cfg                 *ebpf.VariableSpec `ebpf:"cfg"`
+	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
+	UnusedFlowRecord    *ebpf.VariableSpec `ebpf:"unused_flow_record"`
+	UnusedRole          *ebpf.VariableSpec `ebpf:"unused_role"`
+	UnusedSpliceEvent   *ebpf.VariableSpec `ebpf:"unused_splice_event"`
+	UnusedSpliceProgram *ebpf.VariableSpec `ebpf:"unused_splice_program"`
+	UnusedSpliceSeen    *ebpf.VariableSpec `ebpf:"unused_splice_seen"`
+	UnusedStateFlags    *ebpf.VariableSpec `ebpf:"unused_state_flags"`
 }
 
 // bypassObjects contains all objects after they have been loaded into the kernel.
@@ -223,13 +265,15 @@ func (o *bypassObjects) Close() error {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassMaps struct {
-	Control       *ebpf.Map `ebpf:"control"`
-	Counters      *ebpf.Map `ebpf:"counters"`
-	ExcludedPorts *ebpf.Map `ebpf:"excluded_ports"`
-	Handshakes    *ebpf.Map `ebpf:"handshakes"`
-	PeerRefs      *ebpf.Map `ebpf:"peer_refs"`
-	SockHash      *ebpf.Map `ebpf:"sock_hash"`
-	SockStates    *ebpf.Map `ebpf:"sock_states"`
+	Control        *ebpf.Map `ebpf:"control"`
+	Counters       *ebpf.Map `ebpf:"counters"`
+	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
+	Handshakes     *ebpf.Map `ebpf:"handshakes"`
+	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
+	SockHash       *ebpf.Map `ebpf:"sock_hash"`
+	SockStates     *ebpf.Map `ebpf:"sock_states"`
+	SpliceEvents   *ebpf.Map `ebpf:"splice_events"`
+	SplicePrograms *ebpf.Map `ebpf:"splice_programs"`
 }
 
 func (m *bypassMaps) Close() error {
@@ -241,6 +285,8 @@ func (m *bypassMaps) Close() error {
 		m.PeerRefs,
 		m.SockHash,
 		m.SockStates,
+		m.SpliceEvents,
+		m.SplicePrograms,
 	)
 }
 
@@ -248,11 +294,14 @@ func (m *bypassMaps) Close() error {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassVariables struct {
-	Cfg              *ebpf.Variable `ebpf:"cfg"`
-	UnusedCounter    *ebpf.Variable `ebpf:"unused_counter"`
-	UnusedFlowRecord *ebpf.Variable `ebpf:"unused_flow_record"`
-	UnusedRole       *ebpf.Variable `ebpf:"unused_role"`
-	UnusedStateFlags *ebpf.Variable `ebpf:"unused_state_flags"`
+	Cfg                 *ebpf.Variable `ebpf:"cfg"`
+	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
+	UnusedFlowRecord    *ebpf.Variable `ebpf:"unused_flow_record"`
+	UnusedRole          *ebpf.Variable `ebpf:"unused_role"`
+	UnusedSpliceEvent   *ebpf.Variable `ebpf:"unused_splice_event"`
+	UnusedSpliceProgram *ebpf.Variable `ebpf:"unused_splice_program"`
+	UnusedSpliceSeen    *ebpf.Variable `ebpf:"unused_splice_seen"`
+	UnusedStateFlags    *ebpf.Variable `ebpf:"unused_state_flags"`
 }
 
 // bypassPrograms contains all programs after they have been loaded into the kernel.
@@ -264,6 +313,7 @@ type bypassPrograms struct {
 	ShuntReads     *ebpf.Program `ebpf:"shunt_reads"`
 	ShuntSkMsg     *ebpf.Program `ebpf:"shunt_sk_msg"`
 	ShuntSockops   *ebpf.Program `ebpf:"shunt_sockops"`
+	ShuntSplices   *ebpf.Program `ebpf:"shunt_splices"`
 }
 
 func (p *bypassPrograms) Close() error {
@@ -273,6 +323,7 @@ func (p *bypassPrograms) Close() error {
 		p.ShuntReads,
 		p.ShuntSkMsg,
 		p.ShuntSockops,
+		p.ShuntSplices,
 	)
 }
 

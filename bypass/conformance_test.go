@@ -552,6 +552,11 @@ func TestConformance(t *testing.T) {
 						sc.run(t, &got[i], c, s)
 						got[i].witness(c)
 						got[i].witness(s)
+						// A splicing scenario teaches the install that this
+						// test binary splices; the next one starts afresh.
+						if _, err := in.Forget(""); err != nil {
+							t.Fatal(err)
+						}
 					}
 					if p, b := got[0].String(), got[1].String(); p != b {
 						t.Errorf("application saw something else through shunt\n--- plain TCP:\n%s\n--- shunt:\n%s", p, b)

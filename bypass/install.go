@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/pin"
@@ -37,15 +38,23 @@ var ErrNotInstalled = errors.New("bypass is not enabled")
 
 // Pin layout below the install directory.
 const (
-	mapsDir    = "maps"
-	progsDir   = "progs"
-	linksDir   = "links"
-	cgroupsDir = "cgroups"
-	skMsgLink  = "sk_msg"
-	readsLink  = "reads"
+	mapsDir     = "maps"
+	progsDir    = "progs"
+	linksDir    = "links"
+	cgroupsDir  = "cgroups"
+	skMsgLink   = "sk_msg"
+	readsLink   = "reads"
+	splicesLink = "splices"
 )
 
-var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs", "excluded_ports"}
+var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs", "excluded_ports", "splice_events"}
+
+// learnedMap is pinned beside the install (LearnedDir), not in it, so what
+// shunt learned outlives a removal and applies to the next install.
+const learnedMap = "splice_programs"
+
+// LearnedDir is where an install at dir keeps the programs it saw splicing.
+func LearnedDir(dir string) string { return dir + "-learned" }
 
 // DefaultMaxBacklog is how many redirected bytes a receiver may hold unread
 // before its writer is moved to TCP, unless the receiver set SO_RCVBUF:
@@ -84,13 +93,71 @@ func Create(dir string, opts Options) (*Install, error) {
 		return nil, err
 	}
 
-	if err := pin.Install(dir, func(tmp string) error { return build(tmp, opts) }); err != nil {
+	_, statErr := os.Stat(LearnedDir(dir))
+	learned, err := openLearned(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer learned.Close()
+	if err := pin.Install(dir, func(tmp string) error { return build(tmp, opts, learned) }); err != nil {
+		if os.IsNotExist(statErr) {
+			_ = RemoveLearned(dir, true)
+		}
 		return nil, err
 	}
 	return Open(dir)
 }
 
-func build(dir string, opts Options) error {
+// RemoveLearned unpins what shunt learned beside an install at dir (the
+// programs seen splicing), or only if it holds nothing when onlyIfEmpty:
+// for commands that remove what they made themselves.
+func RemoveLearned(dir string, onlyIfEmpty bool) error {
+	where := filepath.Join(LearnedDir(dir), learnedMap)
+	if onlyIfEmpty {
+		m, err := ebpf.LoadPinnedMap(where, nil)
+		if err != nil {
+			return nil
+		}
+		n := countKeys(m)
+		m.Close()
+		if n > 0 {
+			return nil
+		}
+	}
+	return os.RemoveAll(LearnedDir(dir))
+}
+
+// openLearned opens the programs-seen-splicing map pinned beside dir, or
+// creates and pins it there.
+func openLearned(dir string) (*ebpf.Map, error) {
+	where := filepath.Join(LearnedDir(dir), learnedMap)
+	if m, err := ebpf.LoadPinnedMap(where, nil); err == nil {
+		return m, nil
+	}
+	spec, err := loadBypass()
+	if err != nil {
+		return nil, fmt.Errorf("load BPF spec: %w", err)
+	}
+	m, err := ebpf.NewMap(spec.Maps[learnedMap])
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", learnedMap, err)
+	}
+	if err := os.MkdirAll(LearnedDir(dir), 0o700); err != nil {
+		m.Close()
+		return nil, err
+	}
+	if err := m.Pin(where); err != nil {
+		m.Close()
+		// Another install pinned it first: use that one.
+		if errors.Is(err, os.ErrExist) {
+			return ebpf.LoadPinnedMap(where, nil)
+		}
+		return nil, fmt.Errorf("pin %s: %w", where, err)
+	}
+	return m, nil
+}
+
+func build(dir string, opts Options, learned *ebpf.Map) error {
 	spec, err := loadBypass()
 	if err != nil {
 		return fmt.Errorf("load BPF spec: %w", err)
@@ -98,7 +165,7 @@ func build(dir string, opts Options) error {
 	if opts.MaxBacklog == 0 {
 		opts.MaxBacklog = DefaultMaxBacklog
 	}
-	cfg := bypassConfig{PendingTtlNs: uint64(HandshakeTTL), SettleNs: uint64(redirectSettle), MaxBacklog: opts.MaxBacklog}
+	cfg := bypassConfig{PendingTtlNs: uint64(HandshakeTTL), SettleNs: uint64(redirectSettle), MaxBacklog: opts.MaxBacklog, SpliceNr: unix.SYS_SPLICE}
 	if opts.TrustReaders {
 		cfg.TrustReaders = 1
 	}
@@ -110,13 +177,16 @@ func build(dir string, opts Options) error {
 		Sockops *ebpf.Program `ebpf:"shunt_sockops"`
 		SkMsg   *ebpf.Program `ebpf:"shunt_sk_msg"`
 		Reads   *ebpf.Program `ebpf:"shunt_reads"`
+		Splices *ebpf.Program `ebpf:"shunt_splices"`
 	}
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+	replace := map[string]*ebpf.Map{learnedMap: learned}
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace}); err != nil {
 		return fmt.Errorf("load BPF programs: %w", err)
 	}
 	defer objs.Sockops.Close()
 	defer objs.SkMsg.Close()
 	defer objs.Reads.Close()
+	defer objs.Splices.Close()
 	defer objs.bypassMaps.Close()
 
 	for _, d := range []string{mapsDir, progsDir, linksDir, cgroupsDir} {
@@ -143,6 +213,14 @@ func build(dir string, opts Options) error {
 	defer reads.Close()
 	if err := reads.Pin(filepath.Join(dir, linksDir, readsLink)); err != nil {
 		return fmt.Errorf("pin reader watch link: %w", err)
+	}
+	splices, err := link.AttachTracing(link.TracingOptions{Program: objs.Splices})
+	if err != nil {
+		return fmt.Errorf("attach the splice watch (tp_btf/tcp_rcv_space_adjust): %w", err)
+	}
+	defer splices.Close()
+	if err := splices.Pin(filepath.Join(dir, linksDir, splicesLink)); err != nil {
+		return fmt.Errorf("pin splice watch link: %w", err)
 	}
 	l, err := link.AttachRawLink(link.RawLinkOptions{
 		Target:  objs.SockHash.FD(),
@@ -185,6 +263,7 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		"counters":       m.Counters,
 		"peer_refs":      m.PeerRefs,
 		"excluded_ports": m.ExcludedPorts,
+		"splice_events":  m.SpliceEvents,
 	}
 }
 
@@ -205,6 +284,12 @@ func Open(dir string) (*Install, error) {
 		}
 		in.maps[name] = m
 	}
+	learned, err := ebpf.LoadPinnedMap(filepath.Join(LearnedDir(dir), learnedMap), nil)
+	if err != nil {
+		in.Close()
+		return nil, fmt.Errorf("open pinned map %s: %w", learnedMap, err)
+	}
+	in.maps[learnedMap] = learned
 	p, err := ebpf.LoadPinnedProgram(filepath.Join(dir, progsDir, "sockops"), nil)
 	if err != nil {
 		in.Close()

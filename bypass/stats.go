@@ -20,19 +20,22 @@ type MapFill struct {
 
 // Counters are events counted by the BPF programs since install.
 type Counters struct {
-	Registered   uint64 `json:"handshakes_registered"`  // server-side handshakes seen
-	Ambiguous    uint64 `json:"handshakes_ambiguous"`   // tuples seen from two namespaces at once: not bypassed
-	RegistryFull uint64 `json:"handshakes_dropped"`     // registry full: not bypassed
-	Paired       uint64 `json:"connections_paired"`     // connections bypassed
-	Unpaired     uint64 `json:"connections_unpaired"`   // local peers that could not be paired
-	InsertFailed uint64 `json:"insert_failed"`          // socket storage or sockhash insert failed
-	FallenBack   uint64 `json:"directions_fallen_back"` // directions that left the redirect path
-	Throttled    uint64 `json:"directions_throttled"`   // ... of which because their reader fell behind
-	Zerocopy     uint64 `json:"connections_zerocopy"`   // left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)
-	Excluded     uint64 `json:"connections_excluded"`   // left on TCP: the server port is excluded
-	TCPReaders   uint64 `json:"directions_tcp_reader"`  // kept on TCP: the reader blocks in recv or asked for MSG_WAITALL
-	Left         uint64 `json:"sockets_left"`           // moved back to plain TCP (out of the sockhash) after that
-	EAGAIN       uint64 `json:"blocking_reads_eagain"`  // blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)
+	Registered     uint64 `json:"handshakes_registered"`  // server-side handshakes seen
+	Ambiguous      uint64 `json:"handshakes_ambiguous"`   // tuples seen from two namespaces at once: not bypassed
+	RegistryFull   uint64 `json:"handshakes_dropped"`     // registry full: not bypassed
+	Paired         uint64 `json:"connections_paired"`     // connections bypassed
+	Unpaired       uint64 `json:"connections_unpaired"`   // local peers that could not be paired
+	InsertFailed   uint64 `json:"insert_failed"`          // socket storage or sockhash insert failed
+	FallenBack     uint64 `json:"directions_fallen_back"` // directions that left the redirect path
+	Throttled      uint64 `json:"directions_throttled"`   // ... of which because their reader fell behind
+	Zerocopy       uint64 `json:"connections_zerocopy"`   // left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)
+	Excluded       uint64 `json:"connections_excluded"`   // left on TCP: the server port is excluded
+	TCPReaders     uint64 `json:"directions_tcp_reader"`  // kept on TCP: the reader blocks in recv or asked for MSG_WAITALL
+	Left           uint64 `json:"sockets_left"`           // moved back to plain TCP (out of the sockhash) after that
+	EAGAIN         uint64 `json:"blocking_reads_eagain"`  // blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)
+	SpliceReaders  uint64 `json:"splice_readers"`         // sockets whose reader spliced: sent back to TCP
+	SpliceCaught   uint64 `json:"splice_readers_caught"`  // ... with redirected bytes queued that splice cannot read (the guard resets them)
+	LearnedReaders uint64 `json:"learned_readers"`        // readers kept on TCP from their first recv: their program was seen splicing
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -50,6 +53,9 @@ type Stats struct {
 	Maps     []MapFill `json:"maps"`
 	Counters Counters  `json:"counters"`
 	Draining bool      `json:"draining"`
+	// SplicePrograms were seen splicing from TCP sockets: their readers
+	// stay on TCP.
+	SplicePrograms []SpliceProgram `json:"splice_programs"`
 	// ExcludedPorts are server ports whose connections stay on TCP.
 	ExcludedPorts []uint16 `json:"excluded_ports"`
 }
@@ -96,20 +102,26 @@ func (in *Install) Stats() (Stats, error) {
 	if s.ExcludedPorts == nil {
 		s.ExcludedPorts = []uint16{}
 	}
+	if s.SplicePrograms, err = in.SplicePrograms(); err != nil {
+		return s, err
+	}
 	s.Counters = Counters{
-		Registered:   sum(bypassCounterCNT_REGISTERED),
-		Ambiguous:    sum(bypassCounterCNT_AMBIGUOUS),
-		RegistryFull: sum(bypassCounterCNT_REGISTRY_FULL),
-		Paired:       sum(bypassCounterCNT_PAIRED),
-		Unpaired:     sum(bypassCounterCNT_UNPAIRED),
-		InsertFailed: sum(bypassCounterCNT_INSERT_FAILED),
-		FallenBack:   sum(bypassCounterCNT_FALLBACK),
-		Throttled:    sum(bypassCounterCNT_THROTTLED),
-		Zerocopy:     sum(bypassCounterCNT_ZEROCOPY),
-		Excluded:     sum(bypassCounterCNT_EXCLUDED),
-		TCPReaders:   sum(bypassCounterCNT_TCP_READER),
-		Left:         sum(bypassCounterCNT_LEFT),
-		EAGAIN:       sum(bypassCounterCNT_EAGAIN),
+		Registered:     sum(bypassCounterCNT_REGISTERED),
+		Ambiguous:      sum(bypassCounterCNT_AMBIGUOUS),
+		RegistryFull:   sum(bypassCounterCNT_REGISTRY_FULL),
+		Paired:         sum(bypassCounterCNT_PAIRED),
+		Unpaired:       sum(bypassCounterCNT_UNPAIRED),
+		InsertFailed:   sum(bypassCounterCNT_INSERT_FAILED),
+		FallenBack:     sum(bypassCounterCNT_FALLBACK),
+		Throttled:      sum(bypassCounterCNT_THROTTLED),
+		Zerocopy:       sum(bypassCounterCNT_ZEROCOPY),
+		Excluded:       sum(bypassCounterCNT_EXCLUDED),
+		TCPReaders:     sum(bypassCounterCNT_TCP_READER),
+		Left:           sum(bypassCounterCNT_LEFT),
+		EAGAIN:         sum(bypassCounterCNT_EAGAIN),
+		SpliceReaders:  sum(bypassCounterCNT_SPLICE_READER),
+		SpliceCaught:   sum(bypassCounterCNT_SPLICE_CAUGHT),
+		LearnedReaders: sum(bypassCounterCNT_LEARNED_READER),
 	}
 	return s, nil
 }
@@ -216,6 +228,12 @@ func (in *Install) programs() ([]Program, error) {
 		return nil, fmt.Errorf("reader watch link info: %w", err)
 	}
 	out = append(out, Program{Name: "reads", ID: pid, Links: []uint32{lid}, Attached: "tracepoint sock_recv_length"})
+
+	lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, splicesLink))
+	if err != nil {
+		return nil, fmt.Errorf("splice watch link info: %w", err)
+	}
+	out = append(out, Program{Name: "splices", ID: pid, Links: []uint32{lid}, Attached: "tracepoint tcp_rcv_space_adjust"})
 	return out, nil
 }
 

@@ -23,6 +23,8 @@ const (
 	bareMapPeerRefs        = "peer_refs"
 	bareMapSockHash        = "sock_hash"
 	bareMapSockStates      = "sock_states"
+	bareMapSpliceEvents    = "splice_events"
+	bareMapSplicePrograms  = "splice_programs"
 	bareProgShuntSkMsgBare = "shunt_sk_msg_bare"
 )
 
@@ -75,13 +77,15 @@ type bareProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bareMapSpecs struct {
-	Control       *ebpf.MapSpec `ebpf:"control"`
-	Counters      *ebpf.MapSpec `ebpf:"counters"`
-	ExcludedPorts *ebpf.MapSpec `ebpf:"excluded_ports"`
-	Handshakes    *ebpf.MapSpec `ebpf:"handshakes"`
-	PeerRefs      *ebpf.MapSpec `ebpf:"peer_refs"`
-	SockHash      *ebpf.MapSpec `ebpf:"sock_hash"`
-	SockStates    *ebpf.MapSpec `ebpf:"sock_states"`
+	Control        *ebpf.MapSpec `ebpf:"control"`
+	Counters       *ebpf.MapSpec `ebpf:"counters"`
+	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
+	Handshakes     *ebpf.MapSpec `ebpf:"handshakes"`
+	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
+	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
+	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
+	SpliceEvents   *ebpf.MapSpec `ebpf:"splice_events"`
+	SplicePrograms *ebpf.MapSpec `ebpf:"splice_programs"`
 }
 
 // bareVariableSpecs contains global variables before they are loaded into the kernel.
@@ -110,13 +114,15 @@ func (o *bareObjects) Close() error {
 //
 // It can be passed to loadBareObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bareMaps struct {
-	Control       *ebpf.Map `ebpf:"control"`
-	Counters      *ebpf.Map `ebpf:"counters"`
-	ExcludedPorts *ebpf.Map `ebpf:"excluded_ports"`
-	Handshakes    *ebpf.Map `ebpf:"handshakes"`
-	PeerRefs      *ebpf.Map `ebpf:"peer_refs"`
-	SockHash      *ebpf.Map `ebpf:"sock_hash"`
-	SockStates    *ebpf.Map `ebpf:"sock_states"`
+	Control        *ebpf.Map `ebpf:"control"`
+	Counters       *ebpf.Map `ebpf:"counters"`
+	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
+	Handshakes     *ebpf.Map `ebpf:"handshakes"`
+	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
+	SockHash       *ebpf.Map `ebpf:"sock_hash"`
+	SockStates     *ebpf.Map `ebpf:"sock_states"`
+	SpliceEvents   *ebpf.Map `ebpf:"splice_events"`
+	SplicePrograms *ebpf.Map `ebpf:"splice_programs"`
 }
 
 func (m *bareMaps) Close() error {
@@ -128,6 +134,8 @@ func (m *bareMaps) Close() error {
 		m.PeerRefs,
 		m.SockHash,
 		m.SockStates,
+		m.SpliceEvents,
+		m.SplicePrograms,
 	)
 }
 

@@ -66,7 +66,9 @@ enum state_flags {
 	STATE_FALLBACK = 1,  /* this direction left the redirect path for good (shunt is being removed) */
 	STATE_THROTTLED = 2, /* the peer's reader is behind: sends take TCP until it catches up */
 	STATE_READS = 4,     /* this socket's reader used recv/read: its peer may redirect to it */
-	STATE_TCP_READER = 8, /* its reader blocks in recv or asked for MSG_WAITALL: its peer's sends stay on TCP */
+	STATE_TCP_READER = 8, /* its reader blocks in recv, asked for MSG_WAITALL or splices: its peer's sends stay on TCP */
+	STATE_SPLICE = 16,    /* its reader called splice(2) on it (with STATE_TCP_READER) */
+	STATE_CAUGHT = 32,    /* ... while redirected bytes it can never splice were queued (peer_refs only) */
 };
 
 /* Record written by the flows iterator. */
@@ -99,5 +101,35 @@ enum counter {
 	CNT_TCP_READER, /* directions kept on TCP: the reader blocks in recv or used MSG_WAITALL */
 	CNT_LEFT,       /* sockets moved back to plain TCP (out of the sockhash) */
 	CNT_EAGAIN,     /* blocking reads that failed with EAGAIN (a signal or wake-up without data) */
+	CNT_SPLICE_READER, /* sockets whose reader spliced: sent back to TCP */
+	CNT_SPLICE_CAUGHT, /* ... of which had redirected bytes queued that splice cannot read */
+	CNT_LEARNED_READER, /* readers kept on TCP because their program was seen splicing */
 	CNT_MAX,
+};
+
+#define COMM_LEN 16
+
+/* A program seen calling splice(2) on a TCP socket, by the command name of
+ * its process (the thread group leader's comm). Its readers stay on TCP. */
+struct splice_program {
+	char comm[COMM_LEN];
+};
+
+struct splice_seen {
+	__u64 first_ns; /* bpf_ktime_get_ns() when first seen splicing */
+	__u64 last_ns;
+	__u64 splices;  /* splice calls seen on TCP sockets (counted once per socket for shunt's) */
+	__u64 caught;   /* connections caught with redirected bytes queued */
+};
+
+/* A splice reader caught with redirected bytes it cannot read: the guard
+ * (user space) resets the connection so the application sees an error
+ * instead of waiting for bytes that never come. */
+struct splice_event {
+	struct sock_key self;  /* the splicing socket */
+	__u64 cookie;          /* its socket cookie */
+	__u64 unread;          /* redirected bytes queued when caught */
+	__u32 pid;             /* the process that spliced */
+	__u32 _pad;
+	char comm[COMM_LEN];
 };

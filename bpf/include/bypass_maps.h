@@ -55,6 +55,10 @@ struct peer_ref {
 	struct bpf_timer leave;
 	__u32 reads;
 	__u32 leaving;         /* the leave timer was started by the peer's leave */
+	__u32 splicer_pid;     /* who spliced from it (STATE_SPLICE), for the caught event */
+	__u32 _pad;
+	__u64 cookie;          /* its socket cookie, once it spliced */
+	char splicer_comm[COMM_LEN];
 };
 
 struct {
@@ -75,3 +79,20 @@ struct {
 	__type(key, __u16);
 	__type(value, __u8);
 } excluded_ports SEC(".maps");
+
+/* Programs seen splicing from TCP sockets. Pinned beside the install, not
+ * in it, so what shunt learned outlives `disable --all`. */
+#define MAX_SPLICE_PROGRAMS 1024
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_SPLICE_PROGRAMS);
+	__type(key, struct splice_program);
+	__type(value, struct splice_seen);
+} splice_programs SEC(".maps");
+
+/* Caught splice readers, for the guard. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 << 10);
+} splice_events SEC(".maps");

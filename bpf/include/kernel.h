@@ -118,7 +118,17 @@ struct bpf_iter_meta {
 
 struct bpf_map;
 
-struct task_struct;
+struct task_struct {
+	int pid;
+	int tgid;
+	struct task_struct *group_leader;
+	char comm[16];
+};
+
+/* x86-64: the number of the system call a task is in. */
+struct pt_regs {
+	unsigned long orig_ax;
+};
 
 /* Every open file of every task: how shunt reaches the sockets it holds
  * (map element iterators, iter/sockmap among them, are refused on some

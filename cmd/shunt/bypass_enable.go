@@ -124,6 +124,7 @@ func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, op
 		if err := in.SetExcludedPorts(exclude); err != nil {
 			if fresh {
 				_ = in.Remove(ctx)
+				_ = bypass.RemoveLearned(g.pinDir, true)
 			}
 			return err
 		}
@@ -134,6 +135,7 @@ func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, op
 			// Leave nothing behind that this command made.
 			if cgs, _ := in.Cgroups(); len(cgs) == 0 {
 				_ = in.Remove(ctx)
+				_ = bypass.RemoveLearned(g.pinDir, true)
 			}
 		}
 		return err

@@ -28,6 +28,7 @@ func MustPinDir(t testing.TB) string {
 			}
 		}
 		os.RemoveAll(dir)
+		os.RemoveAll(bypass.LearnedDir(dir))
 	})
 	return dir
 }

@@ -1,0 +1,165 @@
+package bypass
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+)
+
+// SpliceProgram is a program seen calling splice(2) on a TCP socket. A
+// splice reads only what TCP queued, never bytes shunt redirected, so every
+// later reader of that program stays on TCP from its first recv.
+type SpliceProgram struct {
+	Command string    `json:"command"` // its process's command name (comm)
+	First   time.Time `json:"first_seen"`
+	Last    time.Time `json:"last_seen"`
+	Splices uint64    `json:"splices"` // splice calls seen (once per socket shunt held)
+	Caught  uint64    `json:"caught"`  // connections caught with redirected bytes it could not read
+}
+
+func commKey(name string) bypassSpliceProgram {
+	var k bypassSpliceProgram
+	for i := 0; i < len(k.Comm)-1 && i < len(name); i++ {
+		k.Comm[i] = int8(name[i])
+	}
+	return k
+}
+
+func commString(c [16]int8) string {
+	b := make([]byte, 0, len(c))
+	for _, v := range c {
+		if v == 0 {
+			break
+		}
+		b = append(b, byte(v))
+	}
+	return string(b)
+}
+
+// SplicePrograms lists the programs shunt has seen splicing, by command.
+func (in *Install) SplicePrograms() ([]SpliceProgram, error) {
+	wall := bootOffset()
+	out := []SpliceProgram{}
+	var k bypassSpliceProgram
+	var v bypassSpliceSeen
+	it := in.maps[learnedMap].Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, SpliceProgram{Command: commString(k.Comm), First: wall(v.FirstNs), Last: wall(v.LastNs), Splices: v.Splices, Caught: v.Caught})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", learnedMap, err)
+	}
+	slices.SortFunc(out, func(a, b SpliceProgram) int { return strings.Compare(a.Command, b.Command) })
+	return out, nil
+}
+
+// ErrUnknownProgram means Forget was asked for a program shunt never saw.
+var ErrUnknownProgram = errors.New("no such program among those seen splicing")
+
+// Forget drops one program (by command name) from those seen splicing, or
+// every program with "": their readers may be bypassed again.
+func (in *Install) Forget(command string) (int, error) {
+	m := in.maps[learnedMap]
+	if command != "" {
+		if err := m.Delete(commKey(command)); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return 0, fmt.Errorf("%q: %w", command, ErrUnknownProgram)
+			}
+			return 0, err
+		}
+		return 1, nil
+	}
+	progs, err := in.SplicePrograms()
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range progs {
+		if err := m.Delete(commKey(p.Command)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return 0, err
+		}
+	}
+	return len(progs), nil
+}
+
+// Learn adds a program (by command name) to those whose readers stay on
+// TCP, before shunt has seen it splice.
+func (in *Install) Learn(command string) error {
+	if command == "" || len(command) > 15 {
+		return fmt.Errorf("%q: a command name has 1 to 15 characters (as ps -o comm shows it)", command)
+	}
+	var ts bypassSpliceSeen
+	now := uint64(monotonicNow())
+	ts.FirstNs, ts.LastNs = now, now
+	return in.maps[learnedMap].Update(commKey(command), ts, 0)
+}
+
+// Caught is a connection caught with redirected bytes its splice reader
+// cannot read.
+type Caught struct {
+	Local, Remote netip.AddrPort // the splicing socket's own address, and its peer's
+	Netns         uint64
+	Cookie        uint64
+	Unread        uint64 // redirected bytes queued when caught
+	PID           int
+	Command       string
+}
+
+// CaughtReader delivers caught connections as the BPF programs report them.
+type CaughtReader struct{ rd *ringbuf.Reader }
+
+// WatchCaught opens the install's stream of caught connections. Only one
+// reader should consume it (the guard).
+func (in *Install) WatchCaught() (*CaughtReader, error) {
+	rd, err := ringbuf.NewReader(in.maps["splice_events"])
+	if err != nil {
+		return nil, fmt.Errorf("open splice_events: %w", err)
+	}
+	return &CaughtReader{rd: rd}, nil
+}
+
+// Read waits until a connection is caught or the deadline passes
+// (os.ErrDeadlineExceeded).
+func (r *CaughtReader) Read(deadline time.Time) (Caught, error) {
+	r.rd.SetDeadline(deadline)
+	var rec ringbuf.Record
+	if err := r.rd.ReadInto(&rec); err != nil {
+		return Caught{}, err
+	}
+	var ev bypassSpliceEvent
+	if err := decodeInto(rec.RawSample, &ev); err != nil {
+		return Caught{}, err
+	}
+	t := ev.Self.Tuple
+	client := netip.AddrPortFrom(netip.AddrFrom16(t.ClientIp).Unmap(), t.ClientPort)
+	server := netip.AddrPortFrom(netip.AddrFrom16(t.ServerIp).Unmap(), t.ServerPort)
+	c := Caught{Local: server, Remote: client, Netns: ev.Self.Netns, Cookie: ev.Cookie, Unread: ev.Unread, PID: int(ev.Pid), Command: commString(ev.Comm)}
+	if ev.Self.Role == roleClient {
+		c.Local, c.Remote = client, server
+	}
+	return c, nil
+}
+
+// Close stops the reader.
+func (r *CaughtReader) Close() error { return r.rd.Close() }
+
+func decodeInto(b []byte, v any) error {
+	if len(b) < binary.Size(v) {
+		return fmt.Errorf("a %d-byte record is shorter than %d bytes", len(b), binary.Size(v))
+	}
+	return binary.Read(bytes.NewReader(b), binary.NativeEndian, v)
+}
+
+func monotonicNow() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}

@@ -1,0 +1,60 @@
+// Package guard ends connections that a splice(2) reader would wait on for
+// ever. A splice reads only what TCP queued; bytes shunt redirected into the
+// socket before its reader was seen splicing are invisible to it. The bypass
+// programs catch such a reader, send its connection back to TCP and report
+// it; on a kernel that offers no hook before the splice, the guard resets
+// the connection so the application sees an error (ECONNABORTED, and a
+// reset at the peer) within a second, instead of a silent stall.
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/reap"
+)
+
+// poll bounds how long the guard waits before it checks that it should go
+// on (its context, and the install still being there).
+const poll = 500 * time.Millisecond
+
+// Run resets every caught connection of the install until ctx ends or the
+// install is removed. report is told of each one, in one line.
+func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
+	rd, err := in.WatchCaught()
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	for ctx.Err() == nil {
+		c, err := rd.Read(time.Now().Add(poll))
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			if _, err := os.Stat(in.Dir()); err != nil {
+				return nil // removed: nothing left to guard
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("read caught connections: %w", err)
+		}
+		report(Reset(c))
+	}
+	return nil
+}
+
+// Reset aborts a caught connection's splicing socket and says what it did.
+func Reset(c bypass.Caught) string {
+	what := fmt.Sprintf("pid %d (%s) spliced from %s (peer %s) with %d redirected bytes it cannot read", c.PID, c.Command, c.Local, c.Remote, c.Unread)
+	err := reap.DestroyTCP(reap.TCPSocket{Netns: c.Netns, PID: c.PID, Local: c.Local, Remote: c.Remote, Cookie: c.Cookie})
+	if errors.Is(err, os.ErrNotExist) {
+		return what + ": closed already"
+	}
+	if err != nil {
+		return what + fmt.Sprintf(": could not reset the connection: %v", err)
+	}
+	return what + ": connection reset; its later connections stay on TCP"
+}
