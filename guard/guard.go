@@ -12,7 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/reap"
@@ -57,4 +61,57 @@ func Reset(c bypass.Caught) string {
 		return what + fmt.Sprintf(": could not reset the connection: %v", err)
 	}
 	return what + ": connection reset; its later connections stay on TCP"
+}
+
+// lockDir holds one lock file per guarded install: a guard holds it while
+// it runs, so a second one stands down and status can tell one runs.
+const lockDir = "/run/shunt"
+
+// LockPath is the guard's lock file for the install at pinDir; its log
+// (when started by `shunt bypass enable`) is beside it, ending in .log.
+func LockPath(pinDir string) string {
+	name := strings.ReplaceAll(strings.Trim(filepath.Clean(pinDir), "/"), "/", "_")
+	return filepath.Join(lockDir, "guard-"+name+".lock")
+}
+
+// LogPath is where a guard started by `shunt bypass enable` for the
+// install at pinDir writes.
+func LogPath(pinDir string) string {
+	return strings.TrimSuffix(LockPath(pinDir), ".lock") + ".log"
+}
+
+// ErrRunning means another guard watches the install already.
+var ErrRunning = errors.New("a guard already watches this install")
+
+// Lock claims the guard's place for the install at pinDir until release.
+func Lock(pinDir string) (release func(), err error) {
+	if err := os.MkdirAll(lockDir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(LockPath(pinDir), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, ErrRunning
+		}
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// Running says whether a guard watches the install at pinDir.
+func Running(pinDir string) bool {
+	f, err := os.Open(LockPath(pinDir))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		return errors.Is(err, unix.EWOULDBLOCK)
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
 }

@@ -45,19 +45,6 @@ func guarded(t *testing.T) (*bypass.Install, testenv.Side, <-chan string) {
 	return in, testenv.Side{NS: testenv.MustNetNS(t), CG: cg}, reports
 }
 
-// spliceServer reads a 4-byte header with recv, then echoes the rest of the
-// connection with io.Copy, which splices between two *net.TCPConn (Go's
-// TCPConn.ReadFrom), as a proxy that reads a header first does.
-func spliceServer(s *net.TCPConn) (copied int64, err error) {
-	head := make([]byte, 4)
-	if _, err := io.ReadFull(s, head); err != nil {
-		return 0, err
-	}
-	copied, err = io.Copy(s, s)
-	s.CloseWrite()
-	return copied, err
-}
-
 // A reader that splices after recv, with redirected bytes queued that
 // splice cannot read, must not wait for them for ever: the connection ends
 // with an error on both sides, it is counted and reported, and the
@@ -79,7 +66,7 @@ func TestSpliceAfterRecvIsCaughtThenLearned(t *testing.T) {
 	served := make(chan result, 1)
 	start := time.Now()
 	go func() {
-		n, err := spliceServer(s)
+		n, err := testenv.HeaderThenSplice(s)
 		served <- result{n, err, time.Since(start)}
 	}()
 	if _, err := c.Write([]byte("HEAD" + body)); err != nil {
@@ -124,7 +111,7 @@ func TestSpliceAfterRecvIsCaughtThenLearned(t *testing.T) {
 	}
 	testenv.Warm(t, c, s)
 	go func() {
-		n, err := spliceServer(s)
+		n, err := testenv.HeaderThenSplice(s)
 		served <- result{n, err, 0}
 	}()
 	if _, err := c.Write([]byte("HEAD" + body)); err != nil {

@@ -12,6 +12,6 @@ namespaces joined by veth) and moves each send straight into the peer's
 receive queue. Connections with a peer elsewhere are left alone.`,
 		Args: noArgs,
 	}
-	c.AddCommand(newBypassEnableCmd(e, g), newBypassDisableCmd(e, g))
+	c.AddCommand(newBypassEnableCmd(e, g), newBypassDisableCmd(e, g), newBypassGuardCmd(e, g), newBypassForgetCmd(e, g))
 	return c
 }

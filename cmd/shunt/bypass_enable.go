@@ -18,10 +18,13 @@ func newBypassEnableCmd(e *env, g *globals) *cobra.Command {
 		maxBacklog   string
 		excludePorts string
 		trustReaders bool
+		wholeHost    bool
+		noGuard      bool
+		splicers     []string
 	)
 	c := &cobra.Command{
-		Use:   "enable [--cgroup PATH]",
-		Short: "Bypass new connections of a cgroup (default: every cgroup)",
+		Use:   "enable --cgroup PATH | --host",
+		Short: "Bypass new connections of a cgroup, or of the whole host",
 		Long: `enable attaches shunt to a cgroup v2 directory and returns. New TCP
 connections whose two sockets both belong to enabled cgroups (or their
 descendants) are bypassed from then on; connections already open are not
@@ -44,13 +47,25 @@ plain TCP. --trust-readers redirects from the first byte and keeps blocking
 readers, for applications known never to splice(2) from their sockets nor
 to be signalled, stopped or traced in a blocking read.
 
+A reader that calls splice(2) after recv (HAProxy's splice-auto, a Go proxy
+that reads a header and then io.Copy's) cannot read bytes redirected before
+it spliced. shunt sees the splice, sends the connection back to TCP, and
+learns the program, whose later readers stay on TCP from their first recv
+('shunt status' lists them; 'shunt bypass forget' unlearns). A connection
+caught with such bytes already queued is reset by the guard, so the
+application sees an error instead of waiting for ever; enable starts the
+guard in the background (--no-guard: run 'shunt bypass guard' yourself).
+--splicer NAME teaches a program before it is seen.
+
 --exclude-ports keeps new connections to those server ports on TCP, for
-applications that read with recv and then splice(2) (HAProxy), or switch to
-MSG_WAITALL mid-stream (see docs/TRANSPARENCY.md). It replaces the list set
-before; "none" clears it.`,
+applications that switch to MSG_WAITALL mid-stream (see
+docs/TRANSPARENCY.md). It replaces the list set before; "none" clears it.
+
+--host enables the root of the cgroup v2 hierarchy: every process on the
+machine, shunt's own included. Say so explicitly; no cgroup is a mistake.`,
 		Example: `  shunt bypass enable --cgroup /sys/fs/cgroup/unified/myapp
-  shunt bypass enable            # the root of the cgroup v2 hierarchy
-  shunt bypass enable --exclude-ports 8080,9000`,
+  shunt bypass enable --host                 # every process on this machine
+  shunt bypass enable --cgroup /sys/fs/cgroup/unified/myapp --splicer haproxy`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			sizes, err := parseSizes("--max-backlog", maxBacklog)
@@ -63,12 +78,34 @@ before; "none" clears it.`,
 					return err
 				}
 			}
+			if wholeHost == (cgroupPath != "") {
+				return usageError{fmt.Errorf("say which processes to bypass: --cgroup PATH (a cgroup v2 directory), or --host for every process on this machine (see '%s --help')", c.CommandPath())}
+			}
+			for _, name := range splicers {
+				if name == "" || len(name) > 15 {
+					return usageError{fmt.Errorf("--splicer: %q is not a command name (1 to 15 characters, as 'ps -o comm' shows it)", name)}
+				}
+			}
 			opts := bypass.Options{MaxBacklog: uint32(sizes[0]), TrustReaders: trustReaders}
 			asked := c.Flags().Changed("max-backlog") || c.Flags().Changed("trust-readers")
-			return bypassEnable(c.Context(), e, g, cgroupPath, opts, asked, exclude)
+			if err := bypassEnable(c.Context(), e, g, cgroupPath, opts, asked, exclude, splicers); err != nil {
+				return err
+			}
+			if noGuard {
+				return nil
+			}
+			logPath, err := startGuard(e, g.pinDir)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "guard running (resets connections of splice readers that would wait for ever), log %s\n", logPath)
+			return nil
 		},
 	}
-	c.Flags().StringVar(&cgroupPath, "cgroup", "", "cgroup v2 directory to enable (default: the root of the cgroup v2 hierarchy)")
+	c.Flags().StringVar(&cgroupPath, "cgroup", "", "cgroup v2 directory whose processes' new connections are bypassed")
+	c.Flags().BoolVar(&wholeHost, "host", false, "bypass every process on this machine (the root of the cgroup v2 hierarchy)")
+	c.Flags().BoolVar(&noGuard, "no-guard", false, "do not start the guard in the background (run 'shunt bypass guard' yourself)")
+	c.Flags().StringSliceVar(&splicers, "splicer", nil, "command name of a program that splices after recv: its readers stay on TCP (repeatable)")
 	c.Flags().StringVar(&excludePorts, "exclude-ports", "", "server ports whose new connections stay on TCP, comma-separated, or none (replaces the list)")
 	c.Flags().StringVar(&maxBacklog, "max-backlog", "8M", "unread redirected bytes a receiver may hold before its writer moves to TCP (applies when shunt is first installed)")
 	c.Flags().BoolVar(&trustReaders, "trust-readers", false, "redirect before a reader has called recv, and to blocking readers: first exchanges and blocking programs are bypassed too; breaks splice(2) readers, and a signal in a blocking read returns EAGAIN (applies when shunt is first installed)")
@@ -93,7 +130,7 @@ func parsePorts(s string) ([]uint16, error) {
 
 // exclude is nil when the list is to stay as it is; asked says whether the
 // user gave options, which an install that exists already keeps as they were.
-func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, opts bypass.Options, asked bool, exclude []uint16) error {
+func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, opts bypass.Options, asked bool, exclude []uint16, splicers []string) error {
 	if err := host.CheckPrivileges(); err != nil {
 		return err
 	}
@@ -117,6 +154,11 @@ func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, op
 	if !fresh && asked {
 		if have, err := in.Options(); err == nil && have != opts {
 			fmt.Fprintf(e.stderr, "shunt: the install keeps the options it was created with (%s); to change them: shunt bypass disable --all, then enable again\n", describeOptions(have))
+		}
+	}
+	for _, name := range splicers {
+		if err := in.Learn(name); err != nil {
+			return err
 		}
 	}
 	// Before attaching: no connection may pair in between.
@@ -143,10 +185,14 @@ func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, op
 	if exclude != nil {
 		fmt.Fprintf(e.stdout, "new connections to server ports %v stay on TCP\n", exclude)
 	}
+	what := "cgroup " + cg.Path
+	if cgroupPath == "" {
+		what = fmt.Sprintf("the whole host: cgroup v2 root %s, every process on this machine, shunt's own included", cg.Path)
+	}
 	if added {
-		fmt.Fprintf(e.stdout, "bypass enabled for cgroup %s\n", cg.Path)
+		fmt.Fprintf(e.stdout, "bypass enabled for %s\n", what)
 	} else {
-		fmt.Fprintf(e.stdout, "bypass already enabled for cgroup %s\n", cg.Path)
+		fmt.Fprintf(e.stdout, "bypass already enabled for %s\n", what)
 	}
 	return nil
 }

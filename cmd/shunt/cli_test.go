@@ -5,14 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -66,8 +70,11 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	if !st.Installed || len(st.Cgroups) != 1 || st.Cgroups[0].Path != cg.Path || st.Stats.Counters.Paired != 1 {
 		t.Fatalf("status --json = %s", out)
 	}
-	if len(st.Stats.Programs) != 3 {
-		t.Fatalf("status --json programs = %+v, want sockops, sk_msg and reads", st.Stats.Programs)
+	if len(st.Stats.Programs) != 4 {
+		t.Fatalf("status --json programs = %+v, want sockops, sk_msg, reads and splices", st.Stats.Programs)
+	}
+	if st.Guard == nil || !st.Guard.Running || st.Stats.SplicePrograms == nil {
+		t.Fatalf("status --json: want the guard running (enable starts it) and a splice program list: %s", out)
 	}
 	for _, p := range st.Stats.Programs {
 		if p.ID == 0 || len(p.Links) != 1 {
@@ -85,6 +92,12 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	}
 	if _, err := os.Stat(pin); !os.IsNotExist(err) {
 		t.Fatalf("pin dir still there after disable --all")
+	}
+	// The guard enable started ends once the install is gone.
+	for deadline := time.Now().Add(5 * time.Second); guard.Running(pin); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the guard still runs 5 s after disable --all")
+		}
 	}
 	// The connection keeps working on the TCP path.
 	if _, err := s.Write([]byte("still here")); err != nil {
@@ -285,4 +298,60 @@ func TestBypassEnableTrustReaders(t *testing.T) {
 		t.Fatalf("second enable: exit %d %s", code, stderr)
 	}
 	oneLine(t, stderr, "keeps the options it was created with (--max-backlog 8M, --trust-readers")
+}
+
+// The guard `bypass enable` starts in the background resets a connection
+// whose reader splices after recv with redirected bytes queued; status
+// names the program, and forget unlearns it.
+func TestGuardResetsCaughtSplicer(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
+		t.Fatalf("enable: %s", stderr)
+	}
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	for _, conn := range []*net.TCPConn{c, s} {
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+	}
+	testenv.Warm(t, c, s)
+	served := make(chan error, 1)
+	go func() {
+		_, err := testenv.HeaderThenSplice(s)
+		served <- err
+	}()
+	if _, err := c.Write([]byte("HEAD" + strings.Repeat("body ", 10000))); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; !errors.Is(err, syscall.ECONNABORTED) {
+		t.Fatalf("the splicing server got %v, want ECONNABORTED from the guard", err)
+	}
+
+	out, _, code := runShunt(t, nil, "status", "--json", "--pin-dir", pin)
+	var st statusReport
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
+		t.Fatalf("status --json: exit %d, %q", code, out)
+	}
+	if st.Stats.Counters.SpliceCaught != 1 || len(st.Stats.SplicePrograms) != 1 || st.Stats.SplicePrograms[0].Caught != 1 {
+		t.Fatalf("status after a caught splicer: %+v, programs %+v", st.Stats.Counters, st.Stats.SplicePrograms)
+	}
+	name := st.Stats.SplicePrograms[0].Command
+	log, err := os.ReadFile(st.Guard.Log)
+	if err != nil || !strings.Contains(string(log), "("+name+")") || !strings.Contains(string(log), "connection reset") {
+		t.Fatalf("guard log %s: %q %v", st.Guard.Log, log, err)
+	}
+	out, _, code = runShunt(t, nil, "status", "--pin-dir", pin)
+	if code != 0 || !strings.Contains(out, "splicer "+name) || !strings.Contains(out, "running, log") {
+		t.Fatalf("status = %q", out)
+	}
+	out, _, code = runShunt(t, nil, "bypass", "forget", name, "--pin-dir", pin)
+	if code != 0 || !strings.Contains(out, "forgot 1") {
+		t.Fatalf("forget %s: exit %d, %q", name, code, out)
+	}
+	_, stderr, code := runShunt(t, nil, "bypass", "forget", name, "--pin-dir", pin)
+	if code != 2 {
+		t.Errorf("forget of an unknown program: exit %d, want 2", code)
+	}
+	oneLine(t, stderr, "no such program")
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -18,8 +19,10 @@ import (
 // nothingInstalled checks that a failed command left no state behind.
 func nothingInstalled(t *testing.T, pin string, cg host.Cgroup) {
 	t.Helper()
-	if _, err := os.Stat(pin); !os.IsNotExist(err) {
-		t.Errorf("pin dir %s exists after a failed command", pin)
+	for _, dir := range []string{pin, bypass.LearnedDir(pin)} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s exists after a failed command", dir)
+		}
 	}
 	f, err := os.Open(cg.Path)
 	if err != nil {
@@ -55,7 +58,7 @@ func TestEnableErrors(t *testing.T) {
 	})
 
 	t.Run("no-cgroup-v2", func(t *testing.T) {
-		script := fmt.Sprintf("umount -l %s && exec \"$0\" bypass enable --pin-dir %s", mustCgroup2Root(t), pin)
+		script := fmt.Sprintf("umount -l %s && exec \"$0\" bypass enable --host --pin-dir %s", mustCgroup2Root(t), pin)
 		out, code := combined(unshareMount(bin, script))
 		if code != 1 {
 			t.Errorf("exit %d, want 1", code)
@@ -156,6 +159,10 @@ mount -o remount,ro /sys/fs && exec "$0" bypass enable --cgroup %[2]s --pin-dir 
 		{"unknown-flag", []string{"bypass", "enable", "--bogus"}, "unknown flag: --bogus"},
 		{"stray-argument", []string{"bypass", "enable", "extra"}, "takes no arguments"},
 		{"cgroup-and-all", []string{"bypass", "disable", "--all", "--cgroup", "/x"}, "either --cgroup or --all"},
+		{"no-cgroup-nor-host", []string{"bypass", "enable"}, "--cgroup PATH (a cgroup v2 directory), or --host for every process"},
+		{"cgroup-and-host", []string{"bypass", "enable", "--host", "--cgroup", "/x"}, "--cgroup PATH (a cgroup v2 directory), or --host for every process"},
+		{"bad-splicer", []string{"bypass", "enable", "--host", "--splicer", "a-name-far-too-long"}, "--splicer: \"a-name-far-too-long\" is not a command name"},
+		{"forget-nothing", []string{"bypass", "forget"}, "give one command name or --all"},
 		{"unknown-command", []string{"frobnicate"}, "unknown command"},
 		{"bad-max-backlog", []string{"bypass", "enable", "--max-backlog", "lots"}, "--max-backlog: want one size"},
 	} {

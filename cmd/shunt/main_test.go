@@ -23,6 +23,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv("SHUNT_TEST_MAIN") == "1" {
 		os.Exit(run(os.Args[1:], defaultEnv()))
 	}
+	// Processes shunt starts (the guard) run this binary as shunt too.
+	os.Setenv("SHUNT_TEST_MAIN", "1")
 	os.Exit(m.Run())
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 
@@ -20,10 +21,11 @@ import (
 type env struct {
 	stdout, stderr io.Writer
 	probe          func() host.Features
+	shunt          func(args ...string) *exec.Cmd // this binary, for processes it starts
 }
 
 func defaultEnv() *env {
-	return &env{stdout: os.Stdout, stderr: os.Stderr, probe: host.Probe}
+	return &env{stdout: os.Stdout, stderr: os.Stderr, probe: host.Probe, shunt: selfCommand}
 }
 
 // usageError marks mistakes in how shunt was called.

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/sockindex"
 )
@@ -20,6 +22,13 @@ type statusReport struct {
 	Stats     *bypass.Stats          `json:"bypass,omitempty"`
 	Index     *sockindex.Status      `json:"index,omitempty"` // absent when not enabled
 	Features  host.Features          `json:"kernel"`
+	Guard     *guardStatus           `json:"guard,omitempty"` // absent when bypass is not enabled
+}
+
+// guardStatus says whether a guard watches the install (bypass guard).
+type guardStatus struct {
+	Running bool   `json:"running"`
+	Log     string `json:"log"` // where a guard started by enable writes
 }
 
 func newStatusCmd(e *env, g *globals) *cobra.Command {
@@ -49,6 +58,7 @@ func newStatusCmd(e *env, g *globals) *cobra.Command {
 					return err
 				}
 				rep.Stats = &st
+				rep.Guard = &guardStatus{Running: guard.Running(g.pinDir), Log: guard.LogPath(g.pinDir)}
 			}
 			ix, err := sockindex.Open(g.indexDir)
 			switch {
@@ -109,6 +119,15 @@ func printStatus(e *env, r statusReport) {
 		fmt.Fprintf(w, "fallbacks:\t%d directions moved to the TCP path, %d throttled by flow control\n", c.FallenBack, c.Throttled)
 		fmt.Fprintf(w, "kept on TCP:\t%d connections with an SO_ZEROCOPY end, %d to excluded ports, %d directions whose reader blocks or uses MSG_WAITALL (%d sockets back on plain TCP)\n", c.Zerocopy, c.Excluded, c.TCPReaders, c.Left)
 		fmt.Fprintf(w, "differences:\t%d blocking reads failed with EAGAIN where TCP would have restarted them (a signal; docs/TRANSPARENCY.md)\n", c.EAGAIN)
+		fmt.Fprintf(w, "splice readers:\t%d sockets sent back to TCP when their reader spliced, %d caught with redirected bytes queued (reset by the guard), %d readers kept on TCP because their program splices\n", c.SpliceReaders, c.SpliceCaught, c.LearnedReaders)
+		for _, p := range r.Stats.SplicePrograms {
+			fmt.Fprintf(w, "splicer %s:\tseen %s, %d splices, %d caught (shunt bypass forget %s)\n", p.Command, p.First.Format(time.RFC3339), p.Splices, p.Caught, p.Command)
+		}
+		if r.Guard.Running {
+			fmt.Fprintf(w, "guard:\trunning, log %s\n", r.Guard.Log)
+		} else {
+			fmt.Fprintf(w, "guard:\tNOT running: a caught splice reader waits until its own timeout; start one with 'shunt bypass guard'\n")
+		}
 		if len(r.Stats.ExcludedPorts) > 0 {
 			fmt.Fprintf(w, "excluded ports:\t%v\n", r.Stats.ExcludedPorts)
 		}
@@ -129,7 +148,7 @@ func printStatus(e *env, r statusReport) {
 	if err := f.Err(); err != nil {
 		fmt.Fprintf(w, "features:\t%v\n", err)
 	} else {
-		fmt.Fprintf(w, "features:\tsockhash, sk_msg, sockops, sk_storage, sk_msg links, BTF, sock_recv_length tracepoint\n")
+		fmt.Fprintf(w, "features:\tsockhash, sk_msg, sockops, sk_storage, sk_msg links, BTF, sock_recv_length tracepoint, file iterator\n")
 	}
 }
 

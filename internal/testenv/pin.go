@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/host"
 )
 
@@ -29,6 +30,13 @@ func MustPinDir(t testing.TB) string {
 		}
 		os.RemoveAll(dir)
 		os.RemoveAll(bypass.LearnedDir(dir))
+		// A guard (started by the CLI's enable) ends once the install is
+		// gone; then its lock and log go too.
+		for deadline := time.Now().Add(5 * time.Second); guard.Running(dir) && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		os.Remove(guard.LockPath(dir))
+		os.Remove(guard.LogPath(dir))
 	})
 	return dir
 }

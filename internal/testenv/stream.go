@@ -158,3 +158,16 @@ func (s Stream) Through(w HalfCloser, r io.Reader) error {
 	}
 	return <-sent
 }
+
+// HeaderThenSplice serves a connection as a proxy that reads a header
+// first does: it reads 4 bytes with recv, then echoes the rest with
+// io.Copy, which splices between two *net.TCPConn (TCPConn.ReadFrom).
+func HeaderThenSplice(s *net.TCPConn) (copied int64, err error) {
+	head := make([]byte, 4)
+	if _, err := io.ReadFull(s, head); err != nil {
+		return 0, err
+	}
+	copied, err = io.Copy(s, s)
+	s.CloseWrite()
+	return copied, err
+}

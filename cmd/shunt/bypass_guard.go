@@ -1,0 +1,102 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/guard"
+	"github.com/shunt-project/shunt/host"
+)
+
+func newBypassGuardCmd(e *env, g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "guard",
+		Short: "Reset connections a splice(2) reader would wait on for ever",
+		Long: `guard watches the install for readers caught splicing (splice(2), Go's
+io.Copy between two connections, HAProxy's splice-auto) after bytes were
+redirected to them, which splice cannot read. It resets each such
+connection at once (the application sees ECONNABORTED, its peer a reset)
+and prints one line naming the process and ports. shunt has already sent
+the program's later connections to TCP by then.
+
+'shunt bypass enable' starts a guard in the background unless one runs
+(--no-guard to leave it to you, e.g. under systemd); this command runs one
+in the foreground. It ends when the install is removed, or on Ctrl-C.`,
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if err := host.CheckPrivileges(); err != nil {
+				return err
+			}
+			in, err := bypass.Open(g.pinDir)
+			if err != nil {
+				return err
+			}
+			defer in.Close()
+			release, err := guard.Lock(g.pinDir)
+			if err != nil {
+				return err
+			}
+			defer release()
+			fmt.Fprintf(e.stdout, "%s guarding %s\n", time.Now().Format(time.RFC3339), g.pinDir)
+			err = guard.Run(c.Context(), in, func(line string) {
+				fmt.Fprintf(e.stdout, "%s %s\n", time.Now().Format(time.RFC3339), line)
+			})
+			if c.Context().Err() != nil {
+				return nil
+			}
+			return err
+		},
+	}
+}
+
+// startGuard starts `shunt bypass guard` for the install in the background,
+// in a session of its own, logging beside its lock file, unless one runs.
+func startGuard(e *env, pinDir string) (string, error) {
+	logPath := guard.LogPath(pinDir)
+	if guard.Running(pinDir) {
+		return logPath, nil
+	}
+	if err := os.MkdirAll("/run/shunt", 0o755); err != nil {
+		return "", err
+	}
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return "", err
+	}
+	defer log.Close()
+	cmd := e.shunt("bypass", "guard", "--pin-dir", pinDir)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("start the guard: %w", err)
+	}
+	// Reap it if it ends while this process still runs; it outlives us
+	// otherwise, by design.
+	go cmd.Wait()
+	// Wait until it holds its lock, so status reports it at once.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if guard.Running(pinDir) {
+			return logPath, nil
+		}
+		if cmd.ProcessState != nil {
+			break
+		}
+	}
+	return "", errors.New("the guard did not start; run 'shunt bypass guard' to see why")
+}
+
+// selfCommand runs this binary with args.
+func selfCommand(args ...string) *exec.Cmd {
+	self, err := os.Executable()
+	if err != nil {
+		self = os.Args[0]
+	}
+	return exec.Command(self, args...)
+}
