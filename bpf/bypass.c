@@ -310,6 +310,7 @@ enum redirect_check {
 	REDIRECT_TCP_UNREAD, /* bytes we sent over TCP are not all read */
 	REDIRECT_BACKLOG,    /* flow control: the reader is too far behind */
 	REDIRECT_READER,     /* the peer's reader is unproven, or needs TCP */
+	REDIRECT_REFUSE,     /* the peer splices with redirected bytes unread: neither path is in order */
 };
 
 static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *self)
@@ -319,16 +320,20 @@ static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *se
 		return REDIRECT_NO_PEER;
 	if (!ref->sk)
 		return REDIRECT_NO_PEER;
-	if (ref->reads & STATE_TCP_READER)
-		return REDIRECT_READER;
-	if (!(ref->reads & STATE_READS) && !cfg.trust_readers)
-		return REDIRECT_READER;
+	__u32 reads = ref->reads;
+	int splicer = reads & STATE_SPLICE;
+	if (!splicer) {
+		if (reads & STATE_TCP_READER)
+			return REDIRECT_READER;
+		if (!(reads & STATE_READS) && !cfg.trust_readers)
+			return REDIRECT_READER;
+	}
 	/* clang 14 emits no BTF type tags, so the verifier sees the stored
 	 * pointer as a number; the cast makes its fields loadable. */
 	struct tcp_sock *peer_tp = bpf_rdonly_cast(ref->sk, bpf_core_type_id_kernel(struct tcp_sock));
 	/* Direct loads (fault-safe, as bpf_probe_read_kernel is, but without
 	 * a helper call each): this runs on every send. */
-	if (peer_tp->copied_seq != self->write_seq)
+	if (!splicer && peer_tp->copied_seq != self->write_seq)
 		return REDIRECT_TCP_UNREAD;
 
 	/* Redirected bytes are bounded only by tcp_mem, not the receiver's
@@ -342,7 +347,18 @@ static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *se
 	__u32 limit = cfg.max_backlog;
 	if (peer->sk_userlocks & SOCK_RCVBUF_LOCK)
 		limit = (__u32)peer->sk_rcvbuf;
-	if (psock->msg_tot_len > limit)
+	__u32 unread = psock->msg_tot_len;
+	if (splicer) {
+		/* A splice reads the TCP queue alone. With nothing redirected
+		 * left unread, TCP is in order and the splice reads it. Else a
+		 * TCP send would reach the splice ahead of bytes it cannot
+		 * read: keep redirecting behind them (the connection is
+		 * caught; the guard resets it), and refuse past the bound. */
+		if (!unread)
+			return REDIRECT_READER;
+		return unread > limit ? REDIRECT_REFUSE : REDIRECT_OK;
+	}
+	if (unread > limit)
 		return REDIRECT_BACKLOG;
 	return REDIRECT_OK;
 }
@@ -387,6 +403,9 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 	switch (check_peer(st, tp)) {
 	case REDIRECT_OK:
 		break;
+	case REDIRECT_REFUSE:
+		count(CNT_REFUSED_SENDS);
+		return SK_DROP; /* sendmsg fails with EACCES */
 	case REDIRECT_BACKLOG:
 		if (!(st->flags & STATE_THROTTLED) &&
 		    !(__sync_fetch_and_or(&st->flags, STATE_THROTTLED) & STATE_THROTTLED))

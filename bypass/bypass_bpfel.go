@@ -48,7 +48,8 @@ const (
 	bypassCounterCNT_SPLICE_READER  bypassCounter = 13
 	bypassCounterCNT_SPLICE_CAUGHT  bypassCounter = 14
 	bypassCounterCNT_LEARNED_READER bypassCounter = 15
-	bypassCounterCNT_MAX            bypassCounter = 16
+	bypassCounterCNT_REFUSED_SENDS  bypassCounter = 16
+	bypassCounterCNT_MAX            bypassCounter = 17
 )
 
 type bypassFlowRecord struct {

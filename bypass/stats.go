@@ -36,6 +36,7 @@ type Counters struct {
 	SpliceReaders  uint64 `json:"splice_readers"`         // sockets whose reader spliced: sent back to TCP
 	SpliceCaught   uint64 `json:"splice_readers_caught"`  // ... with redirected bytes queued that splice cannot read (the guard resets them)
 	LearnedReaders uint64 `json:"learned_readers"`        // readers kept on TCP from their first recv: their program was seen splicing
+	RefusedSends   uint64 `json:"sends_refused"`          // sends failed with EACCES: the peer splices with redirected bytes unread (until the guard resets it)
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -122,6 +123,7 @@ func (in *Install) Stats() (Stats, error) {
 		SpliceReaders:  sum(bypassCounterCNT_SPLICE_READER),
 		SpliceCaught:   sum(bypassCounterCNT_SPLICE_CAUGHT),
 		LearnedReaders: sum(bypassCounterCNT_LEARNED_READER),
+		RefusedSends:   sum(bypassCounterCNT_REFUSED_SENDS),
 	}
 	return s, nil
 }

@@ -1,0 +1,242 @@
+package compat_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/guard"
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// env is one namespace and one cgroup with bypass enabled on it (or not:
+// the plain run) and a guard watching the install.
+type env struct {
+	in   *bypass.Install
+	side testenv.Side
+	cg   host.Cgroup
+}
+
+func newEnv(t *testing.T, shunt bool) *env {
+	t.Helper()
+	testenv.RequireRoot(t)
+	e := &env{cg: testenv.MustCgroup(t)}
+	e.side = testenv.Side{NS: testenv.MustNetNS(t), CG: e.cg}
+	if !shunt {
+		return e
+	}
+	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	if _, err := in.Attach(e.cg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- guard.Run(ctx, in, func(line string) { t.Logf("guard: %s", line) })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("guard: %v", err)
+		}
+	})
+	e.in = in
+	return e
+}
+
+// needProgram fails the test if a program the suite runs is missing (CI
+// installs them all: scripts/deps.sh), and skips it outside CI.
+func needProgram(t *testing.T, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not installed: scripts/deps.sh installs it", name)
+		}
+		t.Skipf("%s is not installed (scripts/deps.sh installs it)", name)
+	}
+}
+
+// start runs a program in the env's namespace and cgroup until the test
+// ends, and fails the test if it exits early.
+func (e *env) start(t *testing.T, argv ...string) {
+	t.Helper()
+	cg, err := os.Open(e.cg.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", e.side.NS.Name}, argv...)...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &lockedBuilder{b: &out}, &lockedBuilder{b: &out}
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %v: %v", argv, err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("%s said:\n%s", argv[0], out.String())
+		}
+	})
+}
+
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  *strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// listenerIn opens a listener in the env's namespace and cgroup.
+func (e *env) listen(t *testing.T) *net.TCPListener {
+	return testenv.Listen(t, e.side, "tcp4", "127.0.0.1:0")
+}
+
+// freePort picks a port for a program to listen on in the namespace.
+func (e *env) freePort(t *testing.T) int {
+	ln := e.listen(t)
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	return port
+}
+
+// waitListening waits until something accepts on addr in the namespace.
+func (e *env) waitListening(t *testing.T, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var c net.Conn
+		var err error
+		e.side.NS.Do(t, func() { c, err = net.DialTimeout("tcp4", addr, 200*time.Millisecond) })
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing listens on %s after 10 s", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// blob is a payload and its digest.
+type blob struct {
+	data []byte
+	sum  [32]byte
+}
+
+func newBlob(size int, seed uint64) blob {
+	r := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return blob{data: b, sum: sha256.Sum256(b)}
+}
+
+// httpOrigin serves every request on the listener with the blob as an
+// HTTP/1.0 response (then closes), reading the request with plain recv.
+func httpOrigin(t *testing.T, ln *net.TCPListener, body blob) {
+	go func() {
+		for {
+			c, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				buf := make([]byte, 4096)
+				var req []byte
+				for !strings.Contains(string(req), "\r\n\r\n") {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					req = append(req, buf[:n]...)
+				}
+				fmt.Fprintf(c, "HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", len(body.data))
+				c.Write(body.data)
+			}()
+		}
+	}()
+}
+
+// outcome of one download.
+type outcome int
+
+const (
+	intact outcome = iota
+	wrong          // bytes missing, extra or changed: never acceptable
+	reset          // ended with an error (a connection the guard reset)
+	hung           // no end within the deadline: never acceptable
+)
+
+// download fetches addr's blob over HTTP/1.0 from the env.
+func (e *env) download(t *testing.T, addr string, body blob, deadline time.Duration) (outcome, string) {
+	var c net.Conn
+	var err error
+	e.side.Make(t, func() { c, err = net.DialTimeout("tcp4", addr, 5*time.Second) })
+	if err != nil {
+		return reset, err.Error()
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(deadline))
+	if _, err := io.WriteString(c, "GET /blob HTTP/1.0\r\nHost: compat\r\n\r\n"); err != nil {
+		return reset, err.Error()
+	}
+	got, err := io.ReadAll(c)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return hung, fmt.Sprintf("no end after %v (%d bytes)", deadline, len(got))
+	}
+	if err != nil {
+		return reset, err.Error()
+	}
+	i := strings.Index(string(got), "\r\n\r\n")
+	if i < 0 {
+		if len(got) == 0 {
+			return reset, "closed before a response"
+		}
+		return wrong, fmt.Sprintf("no HTTP header in %d bytes", len(got))
+	}
+	got = got[i+4:]
+	switch {
+	case sha256.Sum256(got) == body.sum:
+		return intact, ""
+	case len(got) < len(body.data) && string(got) == string(body.data[:len(got)]):
+		// Every byte right, and fewer than Content-Length said: the
+		// client knows the response was cut short.
+		return reset, fmt.Sprintf("cut short at %d of %d bytes (Content-Length tells)", len(got), len(body.data))
+	}
+	return wrong, fmt.Sprintf("body of %d bytes differs from the %d sent", len(got), len(body.data))
+}

@@ -1,0 +1,139 @@
+package compat_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// origin serves body at /blob on 127.0.0.1 in the env and returns where:
+// "go" (a recv-and-write server of the test's) or "nginx" (sendfile on, as
+// shipped).
+func origin(t *testing.T, e *env, kind string, body blob) string {
+	t.Helper()
+	if kind == "go" {
+		ln := e.listen(t)
+		httpOrigin(t, ln, body)
+		return ln.Addr().String()
+	}
+	needProgram(t, "nginx")
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "blob"), body.data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := e.freePort(t)
+	conf := filepath.Join(dir, "nginx.conf")
+	text := fmt.Sprintf(`daemon off;
+master_process off;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log stderr;
+events { worker_connections 256; }
+http {
+	access_log off;
+	sendfile on;
+	client_body_temp_path %[1]s;
+	proxy_temp_path %[1]s;
+	fastcgi_temp_path %[1]s;
+	uwsgi_temp_path %[1]s;
+	scgi_temp_path %[1]s;
+	server {
+		listen 127.0.0.1:%[2]d;
+		root %[1]s;
+	}
+}
+`, dir, port)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.start(t, "nginx", "-c", conf, "-p", dir, "-e", "stderr")
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	e.waitListening(t, addr)
+	return addr
+}
+
+// HAProxy in front of an HTTP origin, every process in one enabled cgroup:
+// with splice on, HAProxy reads with recv and then splices, which cannot
+// read bytes shunt redirected. Through shunt no download may hang or come
+// back wrong; a connection caught that way is reset (the first one of the
+// program at most), and once HAProxy is learned every download is intact.
+func TestHAProxy(t *testing.T) {
+	needProgram(t, "haproxy")
+	body := newBlob(8<<20, 7)
+	const downloads = 12
+	for _, kind := range []string{"go", "nginx"} {
+		for _, mode := range []struct{ name, mode, splice string }{
+			{"tcp/splice-auto", "tcp", "option splice-auto"},
+			{"tcp/no-splice", "tcp", ""},
+			{"http/splice-auto", "http", "option splice-auto"},
+			{"http/splice-request", "http", "option splice-request"},
+			{"http/splice-response", "http", "option splice-response"},
+			{"http/no-splice", "http", ""},
+		} {
+			t.Run(kind+"/"+mode.name, func(t *testing.T) {
+				for _, shunt := range []bool{false, true} {
+					e := newEnv(t, shunt)
+					originAddr := origin(t, e, kind, body)
+					port := e.freePort(t)
+					conf := filepath.Join(t.TempDir(), "haproxy.cfg")
+					text := fmt.Sprintf(`global
+	nbthread 1
+	maxconn 100
+defaults
+	mode %s
+	%s
+	timeout connect 5s
+	timeout client 30s
+	timeout server 30s
+listen compat
+	bind 127.0.0.1:%d
+	server origin %s
+`, mode.mode, mode.splice, port, originAddr)
+					if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+						t.Fatal(err)
+					}
+					e.start(t, "haproxy", "-db", "-f", conf)
+					addr := fmt.Sprintf("127.0.0.1:%d", port)
+					e.waitListening(t, addr)
+					var counts [4]int
+					firstBad := -1
+					for i := 0; i < downloads; i++ {
+						o, why := e.download(t, addr, body, 10*time.Second)
+						counts[o]++
+						if o != intact {
+							t.Logf("shunt=%v download %d: %s", shunt, i, why)
+							if firstBad < 0 {
+								firstBad = i
+							}
+						}
+					}
+					what := fmt.Sprintf("shunt=%v: %d intact, %d wrong, %d reset, %d hung", shunt, counts[intact], counts[wrong], counts[reset], counts[hung])
+					t.Log(what)
+					if counts[wrong] > 0 || counts[hung] > 0 {
+						t.Errorf("%s: a download may never hang or come back wrong", what)
+					}
+					if !shunt {
+						if counts[intact] != downloads {
+							t.Errorf("%s: plain TCP must deliver every download", what)
+						}
+						continue
+					}
+					st, err := e.in.Stats()
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Logf("paired %d, splice readers %d, caught %d, learned readers %d, programs %+v", st.Counters.Paired,
+						st.Counters.SpliceReaders, st.Counters.SpliceCaught, st.Counters.LearnedReaders, st.SplicePrograms)
+					if st.Counters.Paired == 0 {
+						t.Errorf("nothing was bypassed: the run compared TCP with TCP")
+					}
+					if counts[reset] > int(st.Counters.SpliceCaught) || counts[reset] > 1 || firstBad > 0 {
+						t.Errorf("%s: every reset must be a caught splice reader (%d caught), and only the program's first download", what, st.Counters.SpliceCaught)
+					}
+				}
+			})
+		}
+	}
+}
