@@ -50,6 +50,7 @@ const enum role *unused_role __attribute__((unused));
 const struct splice_event *unused_splice_event __attribute__((unused));
 const struct splice_program *unused_splice_program __attribute__((unused));
 const struct splice_seen *unused_splice_seen __attribute__((unused));
+const enum event_kind *unused_event_kind __attribute__((unused));
 
 /* Set from Go before load. */
 volatile const struct config {
@@ -443,6 +444,23 @@ static __always_inline int ingress_empty(struct sock *sk)
 	return BPF_CORE_READ(psock, ingress_msg.next) == head && !BPF_CORE_READ(psock, ingress_skb.qlen);
 }
 
+/* The calling process, by its thread group leader's command name. */
+static __always_inline void current_program(struct splice_program *prog)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct task_struct *leader = task->group_leader;
+	if (leader)
+		bpf_probe_read_kernel_str(prog->comm, sizeof(prog->comm), leader->comm);
+}
+
+/* The calling process was seen splicing from a TCP socket before. */
+static __always_inline int learned_splicer(void)
+{
+	struct splice_program prog = {};
+	current_program(&prog);
+	return bpf_map_lookup_elem(&splice_programs, &prog) != 0;
+}
+
 /* Redirected bytes waiting in the socket's psock for a reader. */
 static __always_inline __u64 unread_redirected(struct sock *sk)
 {
@@ -487,7 +505,7 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 	ev->cookie = ref->cookie;
 	ev->unread = unread_redirected(sk);
 	ev->pid = ref->splicer_pid;
-	ev->_pad = 0;
+	ev->kind = EVENT_SPLICE_CAUGHT;
 	__builtin_memcpy(ev->comm, ref->splicer_comm, sizeof(ev->comm));
 	bpf_ringbuf_submit(ev, 0);
 }
@@ -540,10 +558,23 @@ static __always_inline int may_wait(struct sock *sk, int flags)
  * sockhash socket tcp_bpf_recvmsg returns it when its wait ends without data
  * (a signal, a stop, ptrace, where TCP restarts). Counted so that the
  * difference shows (docs/TRANSPARENCY.md). */
-static __always_inline void count_blocking_eagain(struct sock *sk, int waits)
+static __always_inline void count_blocking_eagain(struct sock *sk, struct sock_state *st, int waits)
 {
-	if (waits && sk->sk_rcvtimeo == MAX_SCHEDULE_TIMEOUT)
-		count(CNT_EAGAIN);
+	if (!waits || sk->sk_rcvtimeo != MAX_SCHEDULE_TIMEOUT)
+		return;
+	count(CNT_EAGAIN);
+	struct splice_event *ev = bpf_ringbuf_reserve(&splice_events, sizeof(*ev), 0);
+	if (!ev)
+		return;
+	ev->self = st->self;
+	ev->cookie = bpf_get_socket_cookie(sk);
+	ev->unread = 0;
+	ev->pid = bpf_get_current_pid_tgid() >> 32;
+	ev->kind = EVENT_BLOCKING_EAGAIN;
+	struct splice_program prog = {};
+	current_program(&prog);
+	__builtin_memcpy(ev->comm, prog.comm, sizeof(ev->comm));
+	bpf_ringbuf_submit(ev, 0);
 }
 
 /* How a read asks to be served: STATE_TCP_READER if only TCP serves it as
@@ -556,23 +587,6 @@ static __always_inline __u32 reader_mark(int flags, int waits)
 	if (!cfg.trust_readers && waits)
 		return STATE_TCP_READER;
 	return STATE_READS;
-}
-
-/* The calling process, by its thread group leader's command name. */
-static __always_inline void current_program(struct splice_program *prog)
-{
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct task_struct *leader = task->group_leader;
-	if (leader)
-		bpf_probe_read_kernel_str(prog->comm, sizeof(prog->comm), leader->comm);
-}
-
-/* The calling process was seen splicing from a TCP socket before. */
-static __always_inline int learned_splicer(void)
-{
-	struct splice_program prog = {};
-	current_program(&prog);
-	return bpf_map_lookup_elem(&splice_programs, &prog) != 0;
 }
 
 /* Runs after every recvmsg on the host (read, recv, recvmsg, io_uring recv):
@@ -592,7 +606,7 @@ int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 		return 0; /* on its way back to TCP: nothing more to record */
 	int waits = may_wait(sk, flags);
 	if (ret == -EAGAIN)
-		count_blocking_eagain(sk, waits);
+		count_blocking_eagain(sk, st, waits);
 	__u32 mark = reader_mark(flags, waits);
 	if (st->flags & mark)
 		return 0;

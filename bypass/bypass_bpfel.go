@@ -52,6 +52,13 @@ const (
 	bypassCounterCNT_MAX            bypassCounter = 17
 )
 
+type bypassEventKind uint32
+
+const (
+	bypassEventKindEVENT_SPLICE_CAUGHT   bypassEventKind = 1
+	bypassEventKindEVENT_BLOCKING_EAGAIN bypassEventKind = 2
+)
+
 type bypassFlowRecord struct {
 	_        structs.HostLayout
 	Cookie   uint64
@@ -102,7 +109,7 @@ type bypassSpliceEvent struct {
 	Cookie uint64
 	Unread uint64
 	Pid    uint32
-	Pad    uint32
+	Kind   uint32
 	Comm   [16]int8
 }
 
@@ -159,6 +166,7 @@ const (
 	bypassProgShuntSplices       = "shunt_splices"
 	bypassVarCfg                 = "cfg"
 	bypassVarUnusedCounter       = "unused_counter"
+	bypassVarUnusedEventKind     = "unused_event_kind"
 	bypassVarUnusedFlowRecord    = "unused_flow_record"
 	bypassVarUnusedRole          = "unused_role"
 	bypassVarUnusedSpliceEvent   = "unused_splice_event"
@@ -238,6 +246,7 @@ type bypassMapSpecs struct {
 type bypassVariableSpecs struct {
 	Cfg                 *ebpf.VariableSpec `ebpf:"cfg"`
 	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
+	UnusedEventKind     *ebpf.VariableSpec `ebpf:"unused_event_kind"`
 	UnusedFlowRecord    *ebpf.VariableSpec `ebpf:"unused_flow_record"`
 	UnusedRole          *ebpf.VariableSpec `ebpf:"unused_role"`
 	UnusedSpliceEvent   *ebpf.VariableSpec `ebpf:"unused_splice_event"`
@@ -297,6 +306,7 @@ func (m *bypassMaps) Close() error {
 type bypassVariables struct {
 	Cfg                 *ebpf.Variable `ebpf:"cfg"`
 	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
+	UnusedEventKind     *ebpf.Variable `ebpf:"unused_event_kind"`
 	UnusedFlowRecord    *ebpf.Variable `ebpf:"unused_flow_record"`
 	UnusedRole          *ebpf.Variable `ebpf:"unused_role"`
 	UnusedSpliceEvent   *ebpf.Variable `ebpf:"unused_splice_event"`

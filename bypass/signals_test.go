@@ -3,6 +3,7 @@ package bypass_test
 import (
 	"bufio"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -28,6 +29,11 @@ import (
 func TestSignalDuringBlockingRead(t *testing.T) {
 	in, enabled := mustInstall(t)
 	plain := testenv.MustCgroup(t)
+	events, err := in.WatchEvents()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer events.Close()
 	for _, tc := range []struct {
 		name       string
 		cg         host.Cgroup
@@ -80,6 +86,14 @@ func TestSignalDuringBlockingRead(t *testing.T) {
 			}
 			if after, _ := in.Stats(); after.Counters.EAGAIN-before.Counters.EAGAIN != tc.eagain {
 				t.Errorf("EAGAIN counted %d times, want %d", after.Counters.EAGAIN-before.Counters.EAGAIN, tc.eagain)
+			}
+			// Loud, not only counted: an event for the guard's log, with
+			// the pid and the socket's ports.
+			for want := tc.eagain; want > 0; want-- {
+				ev, err := events.Read(time.Now().Add(2 * time.Second))
+				if err != nil || ev.Kind != bypass.BlockingEAGAIN || ev.PID != os.Getpid() || ev.Local != s.LocalAddr().(*net.TCPAddr).AddrPort() {
+					t.Errorf("EAGAIN event: %+v %v, want one for pid %d on %v", ev, err, os.Getpid(), s.LocalAddr())
+				}
 			}
 		})
 	}

@@ -102,54 +102,67 @@ func (in *Install) Learn(command string) error {
 	return in.maps[learnedMap].Update(commKey(command), ts, 0)
 }
 
-// Caught is a connection caught with redirected bytes its splice reader
-// cannot read.
-type Caught struct {
-	Local, Remote netip.AddrPort // the splicing socket's own address, and its peer's
+// EventKind says what an Event reports.
+type EventKind uint32
+
+const (
+	// SpliceCaught: a splice reader with redirected bytes queued that
+	// splice cannot read; the guard resets the connection.
+	SpliceCaught = EventKind(bypassEventKindEVENT_SPLICE_CAUGHT)
+	// BlockingEAGAIN: a blocking read failed with EAGAIN where TCP would
+	// have restarted it (a signal, stop or ptrace ended its wait, in a
+	// connection's first read, before shunt saw the reader block).
+	BlockingEAGAIN = EventKind(bypassEventKindEVENT_BLOCKING_EAGAIN)
+)
+
+// Event is what the BPF programs tell the guard about one socket.
+type Event struct {
+	Kind          EventKind
+	Local, Remote netip.AddrPort // the reading socket's own address, and its peer's
 	Netns         uint64
 	Cookie        uint64
-	Unread        uint64 // redirected bytes queued when caught
-	PID           int
+	Unread        uint64 // SpliceCaught: redirected bytes queued when caught
+	PID           int    // the process that read
 	Command       string
 }
 
-// CaughtReader delivers caught connections as the BPF programs report them.
-type CaughtReader struct{ rd *ringbuf.Reader }
+// EventReader delivers events as the BPF programs report them.
+type EventReader struct{ rd *ringbuf.Reader }
 
-// WatchCaught opens the install's stream of caught connections. Only one
-// reader should consume it (the guard).
-func (in *Install) WatchCaught() (*CaughtReader, error) {
+// WatchEvents opens the install's stream of events. Only one reader
+// should consume it (the guard).
+func (in *Install) WatchEvents() (*EventReader, error) {
 	rd, err := ringbuf.NewReader(in.maps["splice_events"])
 	if err != nil {
 		return nil, fmt.Errorf("open splice_events: %w", err)
 	}
-	return &CaughtReader{rd: rd}, nil
+	return &EventReader{rd: rd}, nil
 }
 
-// Read waits until a connection is caught or the deadline passes
+// Read waits until an event comes or the deadline passes
 // (os.ErrDeadlineExceeded).
-func (r *CaughtReader) Read(deadline time.Time) (Caught, error) {
+func (r *EventReader) Read(deadline time.Time) (Event, error) {
 	r.rd.SetDeadline(deadline)
 	var rec ringbuf.Record
 	if err := r.rd.ReadInto(&rec); err != nil {
-		return Caught{}, err
+		return Event{}, err
 	}
 	var ev bypassSpliceEvent
 	if err := decodeInto(rec.RawSample, &ev); err != nil {
-		return Caught{}, err
+		return Event{}, err
 	}
 	t := ev.Self.Tuple
 	client := netip.AddrPortFrom(netip.AddrFrom16(t.ClientIp).Unmap(), t.ClientPort)
 	server := netip.AddrPortFrom(netip.AddrFrom16(t.ServerIp).Unmap(), t.ServerPort)
-	c := Caught{Local: server, Remote: client, Netns: ev.Self.Netns, Cookie: ev.Cookie, Unread: ev.Unread, PID: int(ev.Pid), Command: commString(ev.Comm)}
+	e := Event{Kind: EventKind(ev.Kind), Local: server, Remote: client, Netns: ev.Self.Netns, Cookie: ev.Cookie, Unread: ev.Unread, PID: int(ev.Pid), Command: commString(ev.Comm)}
 	if ev.Self.Role == roleClient {
-		c.Local, c.Remote = client, server
+		e.Local, e.Remote = client, server
 	}
-	return c, nil
+	return e, nil
 }
 
 // Close stops the reader.
-func (r *CaughtReader) Close() error { return r.rd.Close() }
+func (r *EventReader) Close() error { return r.rd.Close() }
 
 func decodeInto(b []byte, v any) error {
 	if len(b) < binary.Size(v) {

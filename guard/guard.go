@@ -26,16 +26,17 @@ import (
 // on (its context, and the install still being there).
 const poll = 500 * time.Millisecond
 
-// Run resets every caught connection of the install until ctx ends or the
-// install is removed. report is told of each one, in one line.
+// Run resets every caught connection of the install, and reports each
+// blocking read that got EAGAIN, until ctx ends or the install is removed.
+// report is told of each, in one line.
 func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
-	rd, err := in.WatchCaught()
+	rd, err := in.WatchEvents()
 	if err != nil {
 		return err
 	}
 	defer rd.Close()
 	for ctx.Err() == nil {
-		c, err := rd.Read(time.Now().Add(poll))
+		ev, err := rd.Read(time.Now().Add(poll))
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			if _, err := os.Stat(in.Dir()); err != nil {
 				return nil // removed: nothing left to guard
@@ -43,15 +44,21 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("read caught connections: %w", err)
+			return fmt.Errorf("read events: %w", err)
 		}
-		report(Reset(c))
+		switch ev.Kind {
+		case bypass.SpliceCaught:
+			report(Reset(ev))
+		case bypass.BlockingEAGAIN:
+			report(fmt.Sprintf("pid %d (%s) got EAGAIN from a blocking read on %s (peer %s): a signal, stop or ptrace ended its wait in the connection's first read, which TCP would have restarted; the connection is on TCP from now on",
+				ev.PID, ev.Command, ev.Local, ev.Remote))
+		}
 	}
 	return nil
 }
 
 // Reset aborts a caught connection's splicing socket and says what it did.
-func Reset(c bypass.Caught) string {
+func Reset(c bypass.Event) string {
 	what := fmt.Sprintf("pid %d (%s) spliced from %s (peer %s) with %d redirected bytes it cannot read", c.PID, c.Command, c.Local, c.Remote, c.Unread)
 	err := reap.DestroyTCP(reap.TCPSocket{Netns: c.Netns, PID: c.PID, Local: c.Local, Remote: c.Remote, Cookie: c.Cookie})
 	if errors.Is(err, os.ErrNotExist) {

@@ -123,14 +123,21 @@ struct splice_seen {
 	__u64 caught;   /* connections caught with redirected bytes queued */
 };
 
-/* A splice reader caught with redirected bytes it cannot read: the guard
- * (user space) resets the connection so the application sees an error
- * instead of waiting for bytes that never come. */
+enum event_kind {
+	EVENT_SPLICE_CAUGHT = 1,    /* a splice reader with redirected bytes it cannot read */
+	EVENT_BLOCKING_EAGAIN = 2,  /* a blocking read failed with EAGAIN where TCP restarts it */
+};
+
+/* What the guard (user space) hears of: a splice reader caught with
+ * redirected bytes it cannot read (it resets the connection, so the
+ * application sees an error instead of waiting for bytes that never come),
+ * or a blocking read that a signal, stop or ptrace ended with EAGAIN (it
+ * logs it: nothing on 6.18 can give that read TCP's answer). */
 struct splice_event {
-	struct sock_key self;  /* the splicing socket */
+	struct sock_key self;  /* the reading socket */
 	__u64 cookie;          /* its socket cookie */
 	__u64 unread;          /* redirected bytes queued when caught */
-	__u32 pid;             /* the process that spliced */
-	__u32 _pad;
+	__u32 pid;             /* the process that read */
+	__u32 kind;            /* enum event_kind */
 	char comm[COMM_LEN];
 };
