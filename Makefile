@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin/shunt
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: help deps build generate test vet try clean
+.PHONY: help deps build generate test vet try compat clean
 
 help:
 	@echo "make deps      install build and test dependencies (Debian 12, as root)"
@@ -11,6 +11,7 @@ help:
 	@echo "make generate  recompile the BPF programs (bpf2go)"
 	@echo "make test      go vet and every test (as root, on the real kernel)"
 	@echo "make try       build, then bypass one loopback connection and show it"
+	@echo "make compat    real programs (Redis, memcached, nginx, HAProxy, Python) through shunt (as root)"
 
 deps:
 	./scripts/deps.sh
@@ -26,6 +27,9 @@ vet:
 
 test: vet
 	$(GO) test -count=1 -timeout 20m ./...
+
+compat:
+	$(GO) test -count=1 -v -run . ./compat
 
 try: build
 	./scripts/try.sh $(BIN)

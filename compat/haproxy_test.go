@@ -18,6 +18,13 @@ func origin(t *testing.T, e *env, kind string, body blob) string {
 		httpOrigin(t, ln, body)
 		return ln.Addr().String()
 	}
+	return nginxOrigin(t, e, body, true)
+}
+
+// nginxOrigin serves body at /blob with nginx (as shipped: sendfile on,
+// unless told otherwise) and returns where.
+func nginxOrigin(t *testing.T, e *env, body blob, sendfile bool) string {
+	t.Helper()
 	needProgram(t, "nginx")
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "blob"), body.data, 0o644); err != nil {
@@ -25,6 +32,7 @@ func origin(t *testing.T, e *env, kind string, body blob) string {
 	}
 	port := e.freePort(t)
 	conf := filepath.Join(dir, "nginx.conf")
+	onOff := map[bool]string{true: "on", false: "off"}[sendfile]
 	text := fmt.Sprintf(`daemon off;
 master_process off;
 worker_processes 1;
@@ -33,7 +41,7 @@ error_log stderr;
 events { worker_connections 256; }
 http {
 	access_log off;
-	sendfile on;
+	sendfile %[3]s;
 	client_body_temp_path %[1]s;
 	proxy_temp_path %[1]s;
 	fastcgi_temp_path %[1]s;
@@ -44,7 +52,7 @@ http {
 		root %[1]s;
 	}
 }
-`, dir, port)
+`, dir, port, onOff)
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,10 @@ command -v haproxy >/dev/null || need+=(haproxy)
 command -v socat >/dev/null || need+=(socat)
 command -v nginx >/dev/null || need+=(nginx-light)
 [ -f /usr/lib/nginx/modules/ngx_stream_module.so ] || need+=(libnginx-mod-stream)
+# Real programs the compatibility suite (compat/, make compat) runs through shunt.
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v memcached >/dev/null || need+=(memcached)
+command -v curl >/dev/null || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   # Installing haproxy and nginx must not start them as services.

@@ -1,0 +1,225 @@
+package compat_test
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/bypass"
+)
+
+// bothWays runs fn over plain TCP and through shunt. Through shunt, a
+// sampler reads flows while fn runs: with wantRedirect some byte must have
+// gone by redirect (else the run compared TCP with TCP); without, the
+// program's readers go back to TCP, and the sockets must have left.
+func bothWays(t *testing.T, wantRedirect bool, fn func(t *testing.T, e *env)) {
+	for _, shunt := range []bool{false, true} {
+		name := "plain"
+		if shunt {
+			name = "shunt"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, shunt)
+			if !shunt {
+				fn(t, e)
+				return
+			}
+			stop := make(chan struct{})
+			most := make(chan uint64, 1)
+			go func() {
+				var max uint64
+				defer func() { most <- max }()
+				for {
+					if flows, err := e.in.Flows(); err == nil {
+						var sum uint64
+						for _, f := range flows {
+							for _, ep := range []*bypass.Endpoint{f.Client, f.Server} {
+								if ep != nil {
+									sum += ep.TxBytes
+								}
+							}
+						}
+						max = maxOf(max, sum)
+					}
+					select {
+					case <-stop:
+						return
+					case <-time.After(5 * time.Millisecond):
+					}
+				}
+			}()
+			fn(t, e)
+			close(stop)
+			redirected := <-most
+			st, err := e.in.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("paired %d, sockets back on TCP %d, redirected bytes seen at once %d", st.Counters.Paired, st.Counters.Left, redirected)
+			switch {
+			case st.Counters.Paired == 0:
+				t.Errorf("no connection was paired: the run compared TCP with TCP")
+			case wantRedirect && redirected == 0:
+				t.Errorf("no byte was seen redirected: the run compared TCP with TCP")
+			case !wantRedirect && st.Counters.Left == 0:
+				t.Errorf("the connections of a program that needs TCP did not go back to it")
+			}
+		})
+	}
+}
+
+func maxOf(a, b uint64) uint64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// dial connects from the env, as a client in its cgroup.
+func (e *env) dial(t *testing.T, addr string) *net.TCPConn {
+	t.Helper()
+	var c net.Conn
+	var err error
+	e.side.Make(t, func() { c, err = net.DialTimeout("tcp4", addr, 5*time.Second) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	return c.(*net.TCPConn)
+}
+
+// Redis 7: SET 200 values of 100 KB, GET them back, compare digests.
+func TestRedis(t *testing.T) {
+	needProgram(t, "redis-server")
+	bothWays(t, true, func(t *testing.T, e *env) {
+		port := e.freePort(t)
+		e.start(t, "redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no")
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		e.waitListening(t, addr)
+		c := e.dial(t, addr)
+		r := bufio.NewReader(c)
+		const n = 200
+		sums := make([][32]byte, n)
+		for i := 0; i < n; i++ {
+			v := newBlob(100<<10, uint64(i)).data
+			sums[i] = sha256.Sum256(v)
+			fmt.Fprintf(c, "*3\r\n$3\r\nSET\r\n$%d\r\nk%d\r\n$%d\r\n", len(strconv.Itoa(i))+1, i, len(v))
+			c.Write(append(v, '\r', '\n'))
+			if line, err := r.ReadString('\n'); err != nil || line != "+OK\r\n" {
+				t.Fatalf("SET %d: %q %v", i, line, err)
+			}
+		}
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(c, "*2\r\n$3\r\nGET\r\n$%d\r\nk%d\r\n", len(strconv.Itoa(i))+1, i)
+			line, err := r.ReadString('\n')
+			if err != nil || !strings.HasPrefix(line, "$") {
+				t.Fatalf("GET %d: %q %v", i, line, err)
+			}
+			size, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+			v := make([]byte, size+2)
+			if _, err := io.ReadFull(r, v); err != nil || sha256.Sum256(v[:size]) != sums[i] {
+				t.Fatalf("GET %d: %d bytes, digest differs (%v)", i, size, err)
+			}
+		}
+	})
+}
+
+// memcached 1.6: set 200 values of 50 KB, get them back, compare digests.
+func TestMemcached(t *testing.T) {
+	needProgram(t, "memcached")
+	bothWays(t, true, func(t *testing.T, e *env) {
+		port := e.freePort(t)
+		e.start(t, "memcached", "-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-u", "root", "-m", "64")
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		e.waitListening(t, addr)
+		c := e.dial(t, addr)
+		r := bufio.NewReader(c)
+		const n = 200
+		sums := make([][32]byte, n)
+		for i := 0; i < n; i++ {
+			v := newBlob(50<<10, uint64(i)).data
+			sums[i] = sha256.Sum256(v)
+			fmt.Fprintf(c, "set k%d 0 0 %d\r\n", i, len(v))
+			c.Write(append(v, '\r', '\n'))
+			if line, err := r.ReadString('\n'); err != nil || line != "STORED\r\n" {
+				t.Fatalf("set %d: %q %v", i, line, err)
+			}
+		}
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(c, "get k%d\r\n", i)
+			line, err := r.ReadString('\n')
+			f := strings.Fields(line)
+			if err != nil || len(f) != 4 || f[0] != "VALUE" {
+				t.Fatalf("get %d: %q %v", i, line, err)
+			}
+			size, _ := strconv.Atoi(f[3])
+			v := make([]byte, size+2+5) // data, CRLF, END CRLF
+			if _, err := io.ReadFull(r, v); err != nil || sha256.Sum256(v[:size]) != sums[i] || string(v[size:]) != "\r\nEND\r\n" {
+				t.Fatalf("get %d: %d bytes, digest or framing differs (%v)", i, size, err)
+			}
+		}
+	})
+}
+
+// curlGet downloads url with curl from the env and returns the digest.
+func (e *env) curlGet(t *testing.T, url string) [32]byte {
+	t.Helper()
+	cg, err := os.Open(e.cg.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	cmd := exec.Command("ip", "netns", "exec", e.side.NS.Name, "curl", "-sS", "--fail", "--max-time", "20", url)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("curl %s: %v", url, err)
+	}
+	return sha256.Sum256(out)
+}
+
+// nginx 1.22 (sendfile on and off) and a Python http.server (blocking
+// sockets), each serving an 8 MiB file to curl 20 times.
+func TestHTTPServersWithCurl(t *testing.T) {
+	needProgram(t, "curl")
+	body := newBlob(8<<20, 3)
+	for _, srv := range []string{"nginx-sendfile-on", "nginx-sendfile-off", "python-http.server"} {
+		t.Run(srv, func(t *testing.T) {
+			// Python's http.server reads with blocking recv: its
+			// connections go back to TCP, which is the promise for it.
+			bothWays(t, srv != "python-http.server", func(t *testing.T, e *env) {
+				var addr string
+				switch srv {
+				case "python-http.server":
+					needProgram(t, "python3")
+					dir := t.TempDir()
+					if err := os.WriteFile(filepath.Join(dir, "blob"), body.data, 0o644); err != nil {
+						t.Fatal(err)
+					}
+					port := e.freePort(t)
+					e.start(t, "python3", "-m", "http.server", "--bind", "127.0.0.1", "--directory", dir, strconv.Itoa(port))
+					addr = fmt.Sprintf("127.0.0.1:%d", port)
+					e.waitListening(t, addr)
+				default:
+					addr = nginxOrigin(t, e, body, srv == "nginx-sendfile-on")
+				}
+				for i := 0; i < 20; i++ {
+					if got := e.curlGet(t, "http://"+addr+"/blob"); got != body.sum {
+						t.Fatalf("download %d: digest differs", i)
+					}
+				}
+			})
+		})
+	}
+}
