@@ -122,7 +122,7 @@ func groupFlows(recs []bypassFlowRecord, wall func(uint64) time.Time, netns map[
 		bySelf[recs[i].State.Self] = &recs[i]
 	}
 	done := map[bypassSockKey]bool{}
-	var flows []Flow
+	flows := []Flow{}
 	for i := range recs {
 		r := &recs[i]
 		if done[r.State.Self] {

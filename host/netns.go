@@ -6,33 +6,68 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
 
+// The inodes of the kernel's initial network and PID namespaces
+// (PROC_NET_INIT_INO, PROC_PID_INIT_INO in include/linux/proc_ns.h): the
+// host's, whichever namespace shunt runs in.
+const (
+	initNetnsIno = 0xEFFFFFF9
+	initPidnsIno = 0xEFFFFFFC
+)
+
+// isHostNetns says whether a namespace (by inode) is the host's: the
+// initial one, or, on kernels that number it like any other, that of the
+// host's PID 1 (a container's PID 1 is not the host's: its PID namespace
+// is not the initial one).
+func isHostNetns(ino uint64) bool {
+	if ino == initNetnsIno {
+		return true
+	}
+	var pidns, netns unix.Stat_t
+	return unix.Stat("/proc/1/ns/pid", &pidns) == nil && pidns.Ino == initPidnsIno &&
+		unix.Stat("/proc/1/ns/net", &netns) == nil && netns.Ino == ino
+}
+
 // NetnsNames maps network namespace cookies to names people know: "host"
-// for the namespace of PID 1, "shunt" for the one shunt runs in if that is
-// another (a container), and the names `ip netns` gives under /run/netns.
-// Namespaces it cannot enter are left out.
+// for the kernel's initial namespace, the names `ip netns` gives under
+// /run/netns, and otherwise "pid N (comm)" after the first process found
+// in it (a container's, say). Namespaces it cannot enter are left out.
 func NetnsNames() map[uint64]string {
 	names := map[uint64]string{}
-	if c, ok := netnsCookie("/proc/1/ns/net"); ok {
-		names[c] = "host"
-	}
-	if c, ok := netnsCookie("/proc/self/ns/net"); ok {
-		if _, taken := names[c]; !taken {
-			names[c] = "shunt"
+	rank := map[uint64]int{}
+	for _, ns := range AllNetns() {
+		c, ok := netnsCookie(ns.Path)
+		if !ok {
+			continue
 		}
-	}
-	ents, _ := os.ReadDir("/run/netns")
-	for _, e := range ents {
-		if c, ok := netnsCookie(filepath.Join("/run/netns", e.Name())); ok {
-			if _, taken := names[c]; !taken {
-				names[c] = e.Name()
-			}
+		// A namespace reached by several paths gets its best name.
+		name, r := netnsName(ns)
+		if _, seen := names[c]; !seen || r < rank[c] {
+			names[c], rank[c] = name, r
 		}
 	}
 	return names
+}
+
+// netnsName names a namespace and ranks the name (lower is better).
+func netnsName(ns Netns) (string, int) {
+	if isHostNetns(ns.Ino) {
+		return "host", 0
+	}
+	if dir, name := filepath.Split(ns.Path); dir == "/run/netns/" {
+		return name, 1
+	}
+	// /proc/<pid>/ns/net, or /proc/self/ns/net
+	pid := filepath.Base(filepath.Dir(filepath.Dir(ns.Path)))
+	if pid == "self" {
+		pid = strconv.Itoa(os.Getpid())
+	}
+	comm, _ := os.ReadFile(filepath.Join("/proc", pid, "comm"))
+	return fmt.Sprintf("pid %s (%s)", pid, strings.TrimSpace(string(comm))), 2
 }
 
 // netnsCookie asks a fresh socket inside the namespace at path for its
@@ -104,12 +139,12 @@ func AllNetns() []Netns {
 		seen[st.Ino] = true
 		out = append(out, Netns{Path: path, Ino: st.Ino})
 	}
-	add("/proc/self/ns/net")
 	if ents, err := os.ReadDir("/run/netns"); err == nil {
 		for _, e := range ents {
 			add(filepath.Join("/run/netns", e.Name()))
 		}
 	}
+	add("/proc/self/ns/net")
 	if ents, err := os.ReadDir("/proc"); err == nil {
 		for _, e := range ents {
 			if _, err := strconv.Atoi(e.Name()); err == nil {

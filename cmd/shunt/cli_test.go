@@ -36,6 +36,11 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 		t.Fatalf("second enable: exit %d, %q", code, out)
 	}
 
+	// Every list in JSON output is [] when empty, never null.
+	if out, _, code = runShunt(t, nil, "flows", "--json", "--pin-dir", pin); code != 0 || out != "[]\n" {
+		t.Fatalf("flows --json with nothing bypassed: exit %d, %q", code, out)
+	}
+
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
 	c, s := testenv.ConnPair(t, "tcp6", side, "[::1]:0", side, "[::1]:0")
