@@ -12,13 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/reap"
 )
 
@@ -70,16 +68,10 @@ func Reset(c bypass.Event) string {
 	return what + ": connection reset; its later connections stay on TCP"
 }
 
-// lockDir holds one lock file per guarded install: a guard holds it while
-// it runs, so a second one stands down and status can tell one runs.
-const lockDir = "/run/shunt"
-
-// LockPath is the guard's lock file for the install at pinDir; its log
-// (when started by `shunt bypass enable`) is beside it, ending in .log.
-func LockPath(pinDir string) string {
-	name := strings.ReplaceAll(strings.Trim(filepath.Clean(pinDir), "/"), "/", "_")
-	return filepath.Join(lockDir, "guard-"+name+".lock")
-}
+// LockPath is the guard's lock file for the install at pinDir: a guard
+// holds it while it runs, so a second one stands down and status can tell
+// that one runs.
+func LockPath(pinDir string) string { return runlock.Path("guard", pinDir) }
 
 // LogPath is where a guard started by `shunt bypass enable` for the
 // install at pinDir writes.
@@ -92,33 +84,12 @@ var ErrRunning = errors.New("a guard already watches this install")
 
 // Lock claims the guard's place for the install at pinDir until release.
 func Lock(pinDir string) (release func(), err error) {
-	if err := os.MkdirAll(lockDir, 0o755); err != nil {
-		return nil, err
+	release, err = runlock.Lock("guard", pinDir, 0, nil)
+	if errors.Is(err, runlock.ErrHeld) {
+		return nil, ErrRunning
 	}
-	f, err := os.OpenFile(LockPath(pinDir), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, ErrRunning
-		}
-		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
-	}
-	return func() { f.Close() }, nil
+	return release, err
 }
 
 // Running says whether a guard watches the install at pinDir.
-func Running(pinDir string) bool {
-	f, err := os.Open(LockPath(pinDir))
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
-		return errors.Is(err, unix.EWOULDBLOCK)
-	}
-	unix.Flock(int(f.Fd()), unix.LOCK_UN)
-	return false
-}
+func Running(pinDir string) bool { return runlock.Held("guard", pinDir) }

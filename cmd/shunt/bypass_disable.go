@@ -4,7 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/user"
+	"strconv"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/spf13/cobra"
 
@@ -15,11 +20,12 @@ import (
 func newBypassDisableCmd(e *env, g *globals) *cobra.Command {
 	var (
 		cgroupPath string
+		wholeHost  bool
 		all        bool
 		timeout    time.Duration
 	)
 	c := &cobra.Command{
-		Use:   "disable [--cgroup PATH | --all]",
+		Use:   "disable --cgroup PATH | --host | --all",
 		Short: "Stop bypassing new connections of a cgroup, or remove shunt",
 		Long: `disable detaches shunt from a cgroup: its new connections take the normal
 TCP path; connections already bypassed keep working.
@@ -28,16 +34,25 @@ With --all (or when the last enabled cgroup is disabled) shunt is removed:
 every send switches to the TCP path, shunt waits until each bypassed socket's
 reader has consumed what was redirected to it (so no byte is lost), and then
 nothing of shunt stays pinned or attached. If readers do not catch up within
---timeout, shunt stays installed without any cgroup and says so.`,
+--timeout, shunt stays installed without any cgroup and says so. It names
+each cgroup it detaches and its owner, and the settings that go with the
+install (--exclude-ports); what shunt learned about splice readers stays.`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			if all && c.Flags().Changed("cgroup") {
-				return usageError{errors.New("give either --cgroup or --all, not both")}
+			given := 0
+			for _, b := range []bool{cgroupPath != "", wholeHost, all} {
+				if b {
+					given++
+				}
+			}
+			if given != 1 {
+				return usageError{fmt.Errorf("give either --cgroup PATH, --host (the cgroup v2 root) or --all (see '%s --help')", c.CommandPath())}
 			}
 			return bypassDisable(c.Context(), e, g, cgroupPath, all, timeout)
 		},
 	}
-	c.Flags().StringVar(&cgroupPath, "cgroup", "", "cgroup v2 directory to disable (default: the root of the cgroup v2 hierarchy)")
+	c.Flags().StringVar(&cgroupPath, "cgroup", "", "cgroup v2 directory to disable")
+	c.Flags().BoolVar(&wholeHost, "host", false, "disable the root of the cgroup v2 hierarchy (what enable --host enabled)")
 	c.Flags().BoolVar(&all, "all", false, "disable every cgroup and remove shunt from the host")
 	c.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for readers to consume redirected bytes when removing")
 	return c
@@ -54,6 +69,11 @@ func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, a
 			return err
 		}
 	}
+	release, err := lockInstall(e, g.pinDir)
+	if err != nil {
+		return err
+	}
+	defer release()
 	in, err := bypass.Open(g.pinDir)
 	if errors.Is(err, bypass.ErrNotInstalled) {
 		fmt.Fprintln(e.stdout, "bypass is not enabled; nothing to do")
@@ -78,6 +98,9 @@ func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, a
 			return err
 		}
 	}
+	if all {
+		describeRemoval(e, in)
+	}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := in.Remove(rctx); err != nil {
@@ -89,4 +112,43 @@ func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, a
 	}
 	fmt.Fprintf(e.stdout, "shunt removed: nothing is pinned at %s or attached\n", g.pinDir)
 	return nil
+}
+
+// describeRemoval says what removing the install takes away: the cgroups
+// still enabled and whose they are, and the settings that go with it.
+func describeRemoval(e *env, in *bypass.Install) {
+	cgs, _ := in.Cgroups()
+	for _, cg := range cgs {
+		path := cg.Path
+		if path == "" {
+			path = "(removed)"
+		}
+		fmt.Fprintf(e.stdout, "detaching cgroup %s (id %d, owner %s)\n", path, cg.ID, ownerOf(cg.Path))
+	}
+	if ports, _ := in.ExcludedPorts(); len(ports) > 0 {
+		fmt.Fprintf(e.stdout, "dropped with the install: --exclude-ports %s (give it again at the next enable)\n", joinPorts(ports))
+	}
+	if progs, _ := in.SplicePrograms(); len(progs) > 0 {
+		fmt.Fprintf(e.stdout, "kept: %d program(s) seen splicing, for the next install ('shunt bypass forget --all' drops them)\n", len(progs))
+	}
+}
+
+// ownerOf names the user who owns a path.
+func ownerOf(path string) string {
+	var st unix.Stat_t
+	if path == "" || unix.Stat(path, &st) != nil {
+		return "unknown"
+	}
+	if u, err := user.LookupId(strconv.Itoa(int(st.Uid))); err == nil {
+		return u.Username
+	}
+	return "uid " + strconv.Itoa(int(st.Uid))
+}
+
+func joinPorts(ports []uint16) string {
+	s := make([]string, len(ports))
+	for i, p := range ports {
+		s[i] = strconv.Itoa(int(p))
+	}
+	return strings.Join(s, ",")
 }

@@ -144,6 +144,11 @@ func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, op
 	if err := host.EnsureBPFFS(g.pinDir); err != nil {
 		return err
 	}
+	release, err := lockInstall(e, g.pinDir)
+	if err != nil {
+		return err
+	}
+	defer release()
 	_, openErr := bypass.Open(g.pinDir)
 	fresh := openErr != nil
 	in, err := bypass.Create(g.pinDir, opts)

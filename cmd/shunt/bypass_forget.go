@@ -28,6 +28,11 @@ program, by the command name status shows, or all of them.`,
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
+			release, err := lockInstall(e, g.pinDir)
+			if err != nil {
+				return err
+			}
+			defer release()
 			in, err := bypass.Open(g.pinDir)
 			if err != nil {
 				return err

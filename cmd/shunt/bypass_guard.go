@@ -13,6 +13,7 @@ import (
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/runlock"
 )
 
 func newBypassGuardCmd(e *env, g *globals) *cobra.Command {
@@ -63,7 +64,7 @@ func startGuard(e *env, pinDir string) (string, error) {
 	if guard.Running(pinDir) {
 		return logPath, nil
 	}
-	if err := os.MkdirAll("/run/shunt", 0o755); err != nil {
+	if err := os.MkdirAll(runlock.Dir, 0o755); err != nil {
 		return "", err
 	}
 	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/guard"
+	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -359,4 +360,44 @@ func TestGuardResetsCaughtSplicer(t *testing.T) {
 		t.Errorf("forget of an unknown program: exit %d, want 2", code)
 	}
 	oneLine(t, stderr, "no such program")
+}
+
+// Two users of one machine share an install: a command that changes it
+// waits for another one that holds it, and disable --all names what it
+// takes away (cgroups and their owner, --exclude-ports) and what it keeps.
+func TestDisableWaitsForTheInstallLockAndSaysWhatItRemoves(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin, "--exclude-ports", "8080", "--splicer", "haproxy", "--no-guard"); code != 0 {
+		t.Fatalf("enable: %s", stderr)
+	}
+	release, err := runlock.Lock("install", pin, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		out, stderr string
+		code        int
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, stderr, code := runShunt(t, nil, "bypass", "disable", "--all", "--pin-dir", pin)
+		done <- result{out, stderr, code}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("disable ran while another command held the install: %+v", r)
+	case <-time.After(300 * time.Millisecond):
+	}
+	release()
+	r := <-done
+	if r.code != 0 || !strings.Contains(r.stderr, "waiting for another shunt command changing "+pin) {
+		t.Fatalf("disable after the lock was released: exit %d, stderr %q", r.code, r.stderr)
+	}
+	for _, want := range []string{"detaching cgroup " + cg.Path, "owner root", "dropped with the install: --exclude-ports 8080", "kept: 1 program(s) seen splicing", "shunt removed"} {
+		if !strings.Contains(r.out, want) {
+			t.Errorf("disable --all said %q, without %q", r.out, want)
+		}
+	}
 }

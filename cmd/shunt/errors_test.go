@@ -158,7 +158,8 @@ mount -o remount,ro /sys/fs && exec "$0" bypass enable --cgroup %[2]s --pin-dir 
 	}{
 		{"unknown-flag", []string{"bypass", "enable", "--bogus"}, "unknown flag: --bogus"},
 		{"stray-argument", []string{"bypass", "enable", "extra"}, "takes no arguments"},
-		{"cgroup-and-all", []string{"bypass", "disable", "--all", "--cgroup", "/x"}, "either --cgroup or --all"},
+		{"cgroup-and-all", []string{"bypass", "disable", "--all", "--cgroup", "/x"}, "give either --cgroup PATH, --host (the cgroup v2 root) or --all"},
+		{"disable-nothing", []string{"bypass", "disable"}, "give either --cgroup PATH, --host (the cgroup v2 root) or --all"},
 		{"no-cgroup-nor-host", []string{"bypass", "enable"}, "--cgroup PATH (a cgroup v2 directory), or --host for every process"},
 		{"cgroup-and-host", []string{"bypass", "enable", "--host", "--cgroup", "/x"}, "--cgroup PATH (a cgroup v2 directory), or --host for every process"},
 		{"bad-splicer", []string{"bypass", "enable", "--host", "--splicer", "a-name-far-too-long"}, "--splicer: \"a-name-far-too-long\" is not a command name"},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/guard"
+	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/host"
 )
 
@@ -37,6 +38,7 @@ func MustPinDir(t testing.TB) string {
 		}
 		os.Remove(guard.LockPath(dir))
 		os.Remove(guard.LogPath(dir))
+		os.Remove(runlock.Path("install", dir))
 	})
 	return dir
 }
