@@ -147,8 +147,12 @@ func backpressureRun(ctx context.Context, l *Lab, mode string, cfg BackpressureC
 		}()
 	}
 
-	base := tcpMemPages()
+	base, err := tcpMemPages()
+	if err != nil {
+		return res, err
+	}
 	start := time.Now()
+	var memErr error
 	sample := func() {
 		var in, q int64
 		for i := range pairs {
@@ -160,8 +164,12 @@ func backpressureRun(ctx context.Context, l *Lab, mode string, cfg BackpressureC
 				q += int64(n)
 			}
 		}
+		mem, err := tcpMemPages()
+		if err != nil && memErr == nil {
+			memErr = err
+		}
 		s := BackpressureSample{AtMs: time.Since(start).Milliseconds(), InFlight: in, Queued: q,
-			TCPMem: (tcpMemPages() - base) * int64(unix.Getpagesize())}
+			TCPMem: (mem - base) * int64(unix.Getpagesize())}
 		res.Samples = append(res.Samples, s)
 		res.PeakInFlight = max(res.PeakInFlight, in)
 	}
@@ -202,6 +210,9 @@ loop:
 	}
 	if notBypassed != nil {
 		return res, notBypassed
+	}
+	if memErr != nil {
+		return res, memErr
 	}
 	for i := range pairs {
 		res.ProducedKBps = append(res.ProducedKBps, float64(produced[i].Load())/1000/secs)

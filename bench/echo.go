@@ -313,7 +313,11 @@ func echoClient(fd, cpu, size int, cfg EchoConfig) ([]time.Duration, time.Durati
 // timeEchoes times echo() up to cfg.Count times or for cfg.MaxTime.
 func timeEchoes(cfg EchoConfig, echo func() error) ([]time.Duration, time.Duration, error) {
 	samples := make([]time.Duration, 0, cfg.Count)
-	cpu0, t0 := machineCPU(), time.Now()
+	clock, err := startCPU()
+	if err != nil {
+		return nil, 0, err
+	}
+	t0 := time.Now()
 	for i := 0; i < cfg.Count; i++ {
 		s := time.Now()
 		if err := echo(); err != nil {
@@ -324,5 +328,6 @@ func timeEchoes(cfg EchoConfig, echo func() error) ([]time.Duration, time.Durati
 			break
 		}
 	}
-	return samples, machineCPU() - cpu0, nil
+	cpu, err := clock.elapsed()
+	return samples, cpu, err
 }

@@ -264,9 +264,14 @@ func iperfRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, time.
 		secs := max(1, int((cfg.Duration+time.Second-1)/time.Second))
 		cli := l.toolCmd(ctx, clientNS, ccpu, "iperf3", "-c", ip, "-p", strconv.Itoa(port), "-t", strconv.Itoa(secs),
 			"-l", strconv.Itoa(c.Size), "-J")
-		cpu0 := machineCPU()
+		clock, err := startCPU()
+		if err != nil {
+			return err
+		}
 		out, err := cli.Output()
-		cpu = machineCPU() - cpu0
+		if err == nil {
+			cpu, err = clock.elapsed()
+		}
 		if err != nil {
 			return fmt.Errorf("iperf3 client: %v: %s", err, lastLine(out))
 		}

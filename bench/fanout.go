@@ -183,7 +183,10 @@ func fanoutRun(ctx context.Context, ns *lab.NetNS, dur time.Duration, path fanou
 	}
 	defer rd.close()
 
-	cpu0 := machineCPU()
+	clock, err := startCPU()
+	if err != nil {
+		return err
+	}
 	msg := make([]byte, size)
 	start := time.Now()
 	var sent uint64
@@ -203,18 +206,28 @@ func fanoutRun(ctx context.Context, ns *lab.NetNS, dur time.Duration, path fanou
 			}
 			sent++
 		}
-		rd.poll(1, &acc.hist)
+		if _, err := rd.poll(1, &acc.hist); err != nil {
+			return err
+		}
 	}
 	// Drain: stop when every subscriber has all it will get, nothing came
 	// for 0.5 s, or after 2 s (a path that fell far behind would take long).
 	want := sent * uint64(n)
 	drainEnd := time.Now().Add(2 * time.Second)
 	for quiet := time.Now(); rd.delivered < want && time.Since(quiet) < 500*time.Millisecond && time.Now().Before(drainEnd); {
-		if rd.poll(10, &acc.hist) > 0 {
+		got, err := rd.poll(10, &acc.hist)
+		if err != nil {
+			return err
+		}
+		if got > 0 {
 			quiet = time.Now()
 		}
 	}
-	acc.cpu += machineCPU() - cpu0
+	cpu, err := clock.elapsed()
+	if err != nil {
+		return err
+	}
+	acc.cpu += cpu
 	acc.sent += sent
 	acc.delivered += rd.delivered
 	acc.bytes += rd.bytes
@@ -277,18 +290,28 @@ func newFanoutReader(fds []int) (*fanoutReader, error) {
 func (r *fanoutReader) close() { unix.Close(r.ep) }
 
 // poll reads what is ready, waiting up to ms milliseconds; it returns the
-// messages it completed.
-func (r *fanoutReader) poll(ms int, h *histogram) int {
+// messages it completed. A subscriber's error or EOF is an error: a count
+// that silently stopped would read as a slow path.
+func (r *fanoutReader) poll(ms int, h *histogram) (int, error) {
 	n, err := unix.EpollWait(r.ep, r.events, ms)
+	if err == unix.EINTR {
+		return 0, nil
+	}
 	if err != nil {
-		return 0
+		return 0, fmt.Errorf("fan-out reader: epoll: %w", err)
 	}
 	got := 0
 	for _, ev := range r.events[:n] {
 		fd := int(ev.Fd)
 		k, err := unix.Read(fd, r.rbuf)
-		if k <= 0 || err != nil {
+		if err == unix.EAGAIN || err == unix.EINTR {
 			continue // level-triggered: the rest comes next poll
+		}
+		if err != nil {
+			return got, fmt.Errorf("fan-out reader: subscriber %d: %w", fd, err)
+		}
+		if k == 0 {
+			return got, fmt.Errorf("fan-out reader: subscriber %d was closed by the forwarder", fd)
 		}
 		now := monotonicNs()
 		b := r.rbuf[:k]
@@ -317,7 +340,7 @@ func (r *fanoutReader) poll(ms int, h *histogram) int {
 		}
 		r.bufs[fd] = append(r.bufs[fd][:0], b...)
 	}
-	return got
+	return got, nil
 }
 
 // histogram keeps latencies (ns) in buckets of 1/16 of a power of two, so

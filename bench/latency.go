@@ -172,7 +172,11 @@ func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 				return err
 			}
 		}
-		cpu0, t0 := machineCPU(), time.Now()
+		clock, err := startCPU()
+		if err != nil {
+			return err
+		}
+		t0 := time.Now()
 		for i := 0; i < cfg.Count; i++ {
 			s := time.Now()
 			if err := rt(); err != nil {
@@ -183,7 +187,10 @@ func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 				break
 			}
 		}
-		res.wall, res.cpu = time.Since(t0), machineCPU()-cpu0
+		res.wall = time.Since(t0)
+		if res.cpu, err = clock.elapsed(); err != nil {
+			return err
+		}
 		// A mode that silently fell back would measure TCP under
 		// shunt's name.
 		return l.requireBypassed(c.Mode, cfd)

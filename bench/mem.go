@@ -1,7 +1,7 @@
 package bench
 
 import (
-	"bufio"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -12,38 +12,46 @@ import (
 // "mem" of the TCP line in /proc/net/sockstat (the whole host, as tcp_mem
 // counts it). Bytes redirected by sk_msg into a receive queue are charged
 // here too; sk_skb redirect queues are not (kernel-notes.md).
-func tcpMemPages() int64 {
-	f, err := os.Open("/proc/net/sockstat")
+func tcpMemPages() (int64, error) {
+	b, err := os.ReadFile("/proc/net/sockstat")
 	if err != nil {
-		return 0
+		return 0, fmt.Errorf("TCP memory: %w", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
+	return parseSockstatMem(string(b))
+}
+
+func parseSockstatMem(text string) (int64, error) {
+	for _, line := range strings.Split(text, "\n") {
+		fields := strings.Fields(line)
 		if len(fields) == 0 || fields[0] != "TCP:" {
 			continue
 		}
 		for i := 1; i+1 < len(fields); i++ {
 			if fields[i] == "mem" {
-				n, _ := strconv.ParseInt(fields[i+1], 10, 64)
-				return n
+				n, err := strconv.ParseInt(fields[i+1], 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("TCP memory: sockstat says mem %q", fields[i+1])
+				}
+				return n, nil
 			}
 		}
 	}
-	return 0
+	return 0, fmt.Errorf("TCP memory: no TCP mem in /proc/net/sockstat")
 }
 
 // memPeak samples TCP memory every few milliseconds until stopped and
 // reports the peak above where it started, in bytes.
 type memPeak struct {
 	stop chan struct{}
-	done chan int64
+	done chan memResult
 }
 
-func watchTCPMem() *memPeak {
-	m := &memPeak{stop: make(chan struct{}), done: make(chan int64, 1)}
-	base := tcpMemPages()
+func watchTCPMem() (*memPeak, error) {
+	base, err := tcpMemPages()
+	if err != nil {
+		return nil, err
+	}
+	m := &memPeak{stop: make(chan struct{}), done: make(chan memResult, 1)}
 	go func() {
 		peak := base
 		t := time.NewTicker(5 * time.Millisecond)
@@ -51,18 +59,30 @@ func watchTCPMem() *memPeak {
 		for {
 			select {
 			case <-m.stop:
-				m.done <- (peak - base) * int64(os.Getpagesize())
+				m.done <- memResult{(peak - base) * int64(os.Getpagesize()), nil}
 				return
 			case <-t.C:
-				peak = max(peak, tcpMemPages())
+				n, err := tcpMemPages()
+				if err != nil {
+					m.done <- memResult{0, err}
+					<-m.stop
+					return
+				}
+				peak = max(peak, n)
 			}
 		}
 	}()
-	return m
+	return m, nil
+}
+
+type memResult struct {
+	peak int64
+	err  error
 }
 
 // Stop returns the peak in bytes.
-func (m *memPeak) Stop() int64 {
+func (m *memPeak) Stop() (int64, error) {
 	close(m.stop)
-	return max(0, <-m.done)
+	r := <-m.done
+	return max(0, r.peak), r.err
 }

@@ -94,7 +94,11 @@ func newConnRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 				}
 			}
 			res.samples = make([]time.Duration, 0, cfg.Count)
-			cpu0, t0 := machineCPU(), time.Now()
+			clock, err := startCPU()
+			if err != nil {
+				return err
+			}
+			t0 := time.Now()
 			for ; n < cfg.Count; n++ {
 				s := time.Now()
 				if err := tx(); err != nil {
@@ -106,8 +110,9 @@ func newConnRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 					break
 				}
 			}
-			res.wall, res.cpu = time.Since(t0), machineCPU()-cpu0
-			return nil
+			res.wall = time.Since(t0)
+			res.cpu, err = clock.elapsed()
+			return err
 		})
 	})
 	unix.Shutdown(ln, unix.SHUT_RDWR)

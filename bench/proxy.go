@@ -237,13 +237,26 @@ func withProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, up
 	if err := waitListening(ns, addr); err != nil {
 		return r, fmt.Errorf("%w (proxy said: %s)", err, p.log())
 	}
-	m0, p0 := machineCPU(), procTreeCPU(p.cmd.Process.Pid)
+	clock, err := startCPU()
+	if err != nil {
+		return r, err
+	}
+	p0, err := procTreeCPU(p.cmd.Process.Pid)
+	if err != nil {
+		return r, err
+	}
 	r.bytes, err = fn(addr)
-	m1, p1 := machineCPU(), procTreeCPU(p.cmd.Process.Pid)
 	if err != nil {
 		return r, fmt.Errorf("%w (proxy said: %s)", err, p.log())
 	}
-	r.machine, r.proxy = m1-m0, p1-p0
+	if r.machine, err = clock.elapsed(); err != nil {
+		return r, err
+	}
+	p1, err := procTreeCPU(p.cmd.Process.Pid)
+	if err != nil {
+		return r, err
+	}
+	r.proxy = p1 - p0
 	p.stop()
 	stopped = true
 	r.kernelShare = -1
@@ -397,30 +410,63 @@ func waitListening(ns *lab.NetNS, addr string) error {
 	}
 }
 
-// procTreeCPU is the CPU time of pid and every process below it.
-func procTreeCPU(pid int) time.Duration {
+// procTreeCPU is the CPU time of pid and every process below it. A child
+// that ends while it is read is left out (its time is gone with it); any
+// other failure is an error, not a plausible number.
+func procTreeCPU(pid int) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0
+		return 0, fmt.Errorf("CPU of pid %d: %w", pid, err)
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	var ticks int64
-	for _, i := range []int{11, 12} { // utime, stime (fields 14, 15)
-		n, _ := strconv.ParseInt(f[i], 10, 64)
-		ticks += n
+	hz, err := clockTicks()
+	if err != nil {
+		return 0, err
 	}
-	total := time.Duration(ticks) * time.Second / 100
+	total, err := parsePidStatCPU(string(b), hz)
+	if err != nil {
+		return 0, fmt.Errorf("CPU of pid %d: %w", pid, err)
+	}
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	for _, t := range tasks {
 		kids, _ := os.ReadFile(t)
 		for _, k := range strings.Fields(string(kids)) {
-			if c, err := strconv.Atoi(k); err == nil {
-				total += procTreeCPU(c)
+			c, err := strconv.Atoi(k)
+			if err != nil {
+				continue
 			}
+			d, err := procTreeCPU(c)
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return 0, err
+			}
+			total += d
 		}
 	}
-	return total
+	return total, nil
+}
+
+// parsePidStatCPU reads utime + stime (fields 14 and 15) of a
+// /proc/<pid>/stat line, in ticks of 1/hz s.
+func parsePidStatCPU(stat string, hz int64) (time.Duration, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 || i+2 > len(stat) {
+		return 0, fmt.Errorf("stat %q has no command", stat)
+	}
+	f := strings.Fields(stat[i+2:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("stat %q is short", stat)
+	}
+	var ticks int64
+	for _, j := range []int{11, 12} { // utime, stime (fields 14, 15)
+		n, err := strconv.ParseInt(f[j], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("stat field %d is %q", j+3, f[j])
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / time.Duration(hz), nil
 }
 
 func (r proxyRun) describeShare() string {

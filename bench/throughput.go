@@ -46,11 +46,17 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		if _, _, ext := ExternalMode(c.Mode); ext {
 			run = iperfRun
 		}
-		mem := watchTCPMem()
-		n, wall, cpu, err := run(l, c, cfg)
-		peak := mem.Stop()
+		mem, err := watchTCPMem()
 		if err != nil {
 			return err
+		}
+		n, wall, cpu, err := run(l, c, cfg)
+		peak, merr := mem.Stop()
+		if err != nil {
+			return err
+		}
+		if merr != nil {
+			return merr
 		}
 		a := pool(accs, c)
 		a.gbps = append(a.gbps, float64(n)*8/wall.Seconds()/1e9)
@@ -120,7 +126,11 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 		}
 	}()
 
-	cpu0, start := machineCPU(), time.Now()
+	clock, err := startCPU()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	start := time.Now()
 	werr := func() error {
 		defer unix.Close(cfd)
 		unpin, err := pinThread(ccpu)
@@ -137,9 +147,12 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 		return l.requireBypassed(c.Mode, cfd)
 	}()
 	r := <-got
-	cpu := machineCPU() - cpu0
+	cpu, cerr := clock.elapsed()
 	if werr != nil {
 		return 0, 0, 0, werr
+	}
+	if cerr != nil {
+		return 0, 0, 0, cerr
 	}
 	if r.err != nil {
 		return 0, 0, 0, r.err

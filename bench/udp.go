@@ -209,7 +209,10 @@ func udpRun(ns *lab.NetNS, cfg UDPConfig, mode string, size int, h *histogram) (
 	if err != nil {
 		return r, err
 	}
-	cpu0 := machineCPU()
+	clock, err := startCPU()
+	if err != nil {
+		return r, err
+	}
 	end := time.Now().Add(cfg.BulkTime)
 	for time.Now().Before(end) {
 		for range 64 {
@@ -219,7 +222,7 @@ func udpRun(ns *lab.NetNS, cfg UDPConfig, mode string, size int, h *histogram) (
 		}
 	}
 	time.Sleep(200 * time.Millisecond)
-	r.cpu = machineCPU() - cpu0
+	r.cpu, err = clock.elapsed()
 	unpin()
 	server.SetReadDeadline(time.Now())
 	wg.Wait()

@@ -85,6 +85,18 @@ func maxOf(a, b uint64) uint64 {
 	return b
 }
 
+// serveAndDial starts a server (argv for a free port) in the env and
+// returns one client connection to it.
+func (e *env) serveAndDial(t *testing.T, argv func(port string) []string) (*net.TCPConn, *bufio.Reader) {
+	t.Helper()
+	port := e.freePort(t)
+	e.start(t, argv(strconv.Itoa(port))...)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	e.waitListening(t, addr)
+	c := e.dial(t, addr)
+	return c, bufio.NewReader(c)
+}
+
 // dial connects from the env, as a client in its cgroup.
 func (e *env) dial(t *testing.T, addr string) *net.TCPConn {
 	t.Helper()
@@ -103,12 +115,9 @@ func (e *env) dial(t *testing.T, addr string) *net.TCPConn {
 func TestRedis(t *testing.T) {
 	needProgram(t, "redis-server")
 	bothWays(t, true, func(t *testing.T, e *env) {
-		port := e.freePort(t)
-		e.start(t, "redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no")
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		e.waitListening(t, addr)
-		c := e.dial(t, addr)
-		r := bufio.NewReader(c)
+		c, r := e.serveAndDial(t, func(port string) []string {
+			return []string{"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"}
+		})
 		const n = 200
 		sums := make([][32]byte, n)
 		for i := 0; i < n; i++ {
@@ -139,12 +148,9 @@ func TestRedis(t *testing.T) {
 func TestMemcached(t *testing.T) {
 	needProgram(t, "memcached")
 	bothWays(t, true, func(t *testing.T, e *env) {
-		port := e.freePort(t)
-		e.start(t, "memcached", "-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-u", "root", "-m", "64")
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		e.waitListening(t, addr)
-		c := e.dial(t, addr)
-		r := bufio.NewReader(c)
+		c, r := e.serveAndDial(t, func(port string) []string {
+			return []string{"memcached", "-l", "127.0.0.1", "-p", port, "-U", "0", "-u", "root", "-m", "64"}
+		})
 		const n = 200
 		sums := make([][32]byte, n)
 		for i := 0; i < n; i++ {
