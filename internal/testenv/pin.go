@@ -9,8 +9,8 @@ import (
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/guard"
-	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/runlock"
 )
 
 // MustPinDir returns a fresh pin directory path under /sys/fs/bpf (not yet
