@@ -66,12 +66,11 @@ func boundedBacklog(t *testing.T, in *bypass.Install, cg host.Cgroup, rcvbuf int
 	wrote := make(chan error, 1)
 	go func() { wrote <- stream.Write(counting{c, &accepted}) }()
 
-	time.Sleep(time.Second) // the reader reads nothing yet
-	held := accepted.Load()
-	time.Sleep(300 * time.Millisecond)
-	if now := accepted.Load(); now > bound || now != held {
-		t.Fatalf("writer handed over %d MiB then %d MiB with the reader stopped; want at most %d MiB and a blocked writer",
-			held>>20, now>>20, bound>>20)
+	// The reader reads nothing yet: wait until the writer is held (no
+	// progress for 300 ms), however long a busy machine takes to get there.
+	held := waitStalled(t, &accepted, 300*time.Millisecond, 30*time.Second)
+	if held > bound {
+		t.Fatalf("writer handed over %d MiB with the reader stopped; want at most %d MiB", held>>20, bound>>20)
 	}
 	f := flowOf(t, in, testenv.Cookie(t, c))
 	if f == nil || f.Client == nil || !f.Client.Throttled || f.Client.TxBytes == 0 {
@@ -178,4 +177,22 @@ func TestFlowControlNonBlockingWriter(t *testing.T) {
 			})
 		})
 	}
+}
+
+// waitStalled waits until n has not moved for quiet and returns it; it fails
+// the test if n still moves after limit.
+func waitStalled(t *testing.T, n *atomic.Int64, quiet, limit time.Duration) int64 {
+	t.Helper()
+	end := time.Now().Add(limit)
+	last, since := n.Load(), time.Now()
+	for time.Since(since) < quiet {
+		if time.Now().After(end) {
+			t.Fatalf("the writer still moves after %v (%d MiB): it is not held", limit, n.Load()>>20)
+		}
+		time.Sleep(10 * time.Millisecond)
+		if now := n.Load(); now != last {
+			last, since = now, time.Now()
+		}
+	}
+	return last
 }

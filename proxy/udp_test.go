@@ -72,7 +72,10 @@ func TestUDPProxy(t *testing.T) {
 				ns := testenv.MustNetNS(t)
 				any := net.JoinHostPort(fam.loopback, "0")
 				ups := []netip.AddrPort{udpEcho(t, ns, any, "a"), udpEcho(t, ns, any, "b")}
-				p := mustUDPProxy(t, ns, proxy.Config{Listen: netip.MustParseAddrPort(any), Upstreams: ups, Mode: mode}, 300*time.Millisecond)
+				// Idle for long enough that no client of a busy machine
+				// pauses that long between rounds (a new flow each time
+				// would be right, but breaks the count below).
+				p := mustUDPProxy(t, ns, proxy.Config{Listen: netip.MustParseAddrPort(any), Upstreams: ups, Mode: mode}, 1500*time.Millisecond)
 				const clients, rounds = 20, 30
 				var wg sync.WaitGroup
 				errs := make(chan error, clients)
@@ -125,7 +128,7 @@ func TestUDPProxy(t *testing.T) {
 				if mode == proxy.Kernel && st.Kernel == 0 {
 					t.Errorf("stats %+v: the kernel moved nothing", st)
 				}
-				deadline := time.Now().Add(5 * time.Second)
+				deadline := time.Now().Add(15 * time.Second)
 				for p.Stats().Active != 0 && time.Now().Before(deadline) {
 					time.Sleep(20 * time.Millisecond)
 				}
