@@ -337,7 +337,7 @@ func TestJoinHalfClosed(t *testing.T) {
 	client, front, back, server := sockets(t, testenv.MustNetNS(t))
 	io.WriteString(server, "bye")
 	server.CloseWrite()
-	time.Sleep(20 * time.Millisecond) // let the FIN arrive
+	testenv.WaitTCPState(t, back, unix.BPF_TCP_CLOSE_WAIT) // the FIN arrived
 	if _, err := cl.Join(front, back); err != nil {
 		t.Fatal(err)
 	}

@@ -297,7 +297,7 @@ func TestJoinAfterFIN(t *testing.T) {
 	p := mustSockets(t, testenv.MustNetNS(t), "tcp4", "127.0.0.1:0")
 	io.WriteString(p.server, "bye")
 	p.server.CloseWrite()
-	time.Sleep(20 * time.Millisecond) // let the FIN arrive
+	testenv.WaitTCPState(t, p.back, unix.BPF_TCP_CLOSE_WAIT) // the FIN arrived
 	p.join(t, s)
 	if p.pair.InKernel() {
 		t.Fatal("a socket in CLOSE_WAIT joined the kernel map")

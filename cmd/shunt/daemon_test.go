@@ -122,7 +122,16 @@ func TestDaemonTakeOver(t *testing.T) {
 	if got, err := io.ReadAll(client); err != nil || len(got) != 0 {
 		t.Fatalf("client read %q, %v", got, err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	// The daemon ends the pair once both directions ended: wait for it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		out, _, _ := runShunt(t, nil, "daemon", "stats", "--socket", sock, "--json")
+		if out == "[]\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pair is still held 10 s after both directions ended: %s", out)
+		}
+	}
 	next.cmd.Process.Signal(syscall.SIGINT)
 	if rest, err := next.wait(); err != nil || !strings.Contains(rest[len(rest)-1], "stopped; 0 pairs reset") {
 		t.Fatalf("new daemon: %v, %q", err, rest)

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,12 +31,18 @@ func TestProxyCommand(t *testing.T) {
 	}()
 	run := startShunt(t, ns, "listening on 127.0.0.1:17000, mode kernel", "proxy",
 		"--listen", "127.0.0.1:17000", "--upstream", upstream.Addr().String())
+	idle := openFDs(t, run.cmd.Process.Pid)
 	c := testenv.Dial(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:17000", nil)
 	stream := testenv.Stream{Seed: 21, Size: 8 << 20, MaxChunk: 50000}
 	if err := stream.Through(c, c); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // the proxy counts a connection when it ends
+	// The proxy counts a connection when it ends and closes its sockets.
+	for deadline := time.Now().Add(10 * time.Second); openFDs(t, run.cmd.Process.Pid) > idle; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy still holds the connection's sockets 10 s after it ended")
+		}
+	}
 	run.cmd.Process.Signal(syscall.SIGINT)
 	rest, err := run.wait()
 	if err != nil {
@@ -139,4 +147,14 @@ func TestProxyUDPCommand(t *testing.T) {
 	if len(rest) == 0 || !strings.Contains(rest[len(rest)-1], "stopped after 1 UDP flows (0 refused, 0 upstream refusals); 10 datagrams up, 10 down") {
 		t.Fatalf("summary %q", rest)
 	}
+}
+
+// openFDs counts a process's open file descriptors.
+func openFDs(t *testing.T, pid int) int {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
 }

@@ -160,3 +160,23 @@ func Warm(t testing.TB, c, s net.Conn) {
 		}
 	}
 }
+
+// WaitTCPState waits up to 5 s until a connection's TCP state (TCP_INFO)
+// is state, e.g. unix.BPF_TCP_CLOSE_WAIT once the peer's FIN arrived.
+func WaitTCPState(t testing.TB, c *net.TCPConn, state uint8) {
+	t.Helper()
+	var got uint8
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		onFD(t, c, "TCP_INFO", func(fd int) error {
+			info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+			if err == nil {
+				got = info.State
+			}
+			return err
+		})
+		if got == state {
+			return
+		}
+	}
+	t.Fatalf("TCP state %d after 5 s, want %d", got, state)
+}
