@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -143,13 +144,38 @@ func TestHalfCloseEachWay(t *testing.T) {
 		if !clientFirst {
 			first, second = second, first
 		}
+		// The FIN must meet the kernel path, not user space: bytes
+		// first, read to the end, then FIN once the kernel forwards.
 		a := testenv.Stream{Seed: 3, Size: 1 << 20, MaxChunk: 4096}
-		if err := a.WriteAndClose(first); err != nil {
+		if err := a.Write(first); err != nil {
 			t.Fatal(err)
 		}
-		if err := a.Check(second, true); err != nil {
-			<-p.pair.Done()
+		if err := a.Check(second, false); err != nil {
 			t.Fatalf("%v (pair: %v)", err, p.pair.Err())
+		}
+		p.waitKernel(t)
+		tail := strings.Repeat("through the kernel ", 1000)
+		if _, err := io.WriteString(first, tail); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(tail))
+		if _, err := io.ReadFull(second, got); err != nil || string(got) != tail {
+			t.Fatalf("after the hand-back: %v", err)
+		}
+		dir := func() splice.Stats {
+			ab, ba := p.pair.Stats()
+			if clientFirst {
+				return ab
+			}
+			return ba
+		}
+		if st := dir(); st.Kernel < uint64(len(tail)) || !st.KernelNow {
+			t.Fatalf("the bytes before the FIN did not go through the kernel: %+v", st)
+		}
+		first.CloseWrite()
+		second.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if rest, err := io.ReadAll(second); err != nil || len(rest) != 0 {
+			t.Fatalf("after the FIN the far end read %d more bytes, %v; want EOF", len(rest), err)
 		}
 		// The half-closed side still receives.
 		b := testenv.Stream{Seed: 4, Size: 1 << 20, MaxChunk: 4096}
@@ -183,6 +209,8 @@ func TestResetPropagates(t *testing.T) {
 		if _, err := io.ReadFull(other, buf); err != nil {
 			t.Fatal(err)
 		}
+		// The RST must meet the kernel path, not user space.
+		p.waitKernel(t)
 		resetter.SetLinger(0)
 		resetter.Close()
 		other.SetReadDeadline(time.Now().Add(5 * time.Second))
