@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 
 	"golang.org/x/sys/unix"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shunt-project/shunt/internal/lab"
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/splice"
 )
@@ -480,4 +482,65 @@ func dupConn[T net.Conn](t *testing.T, c T) T {
 		t.Fatal(err)
 	}
 	return nc.(T)
+}
+
+// TestRetransmissionsThroughTheKernel: real losses make real
+// retransmissions, some overlapping bytes already received (which a verdict
+// must not forward twice). The client reaches the proxy over a veth whose
+// queues drop (tbf with a small limit, both ways); both streams arrive
+// intact, and the stats say how many retransmissions the verdict saw.
+func TestRetransmissionsThroughTheKernel(t *testing.T) {
+	s := mustSplicer(t, splice.Options{})
+	a, b := testenv.MustNetNS(t), testenv.MustNetNS(t)
+	testenv.Veth(t, a, b)
+	for _, dev := range []struct {
+		ns  *testenv.NetNS
+		ifc string
+	}{{a, "veth-a"}, {b, "veth-b"}} {
+		// 1 Gbit/s with room for 32 KiB: a stream outruns it and loses
+		// segments, as a congested link does.
+		out, err := exec.Command("tc", "-n", dev.ns.Name, "qdisc", "add", "dev", dev.ifc, "root", "tbf", "rate", "1gbit", "burst", "32kb", "limit", "32kb").CombinedOutput()
+		if err != nil {
+			t.Fatalf("tc: %v: %s", err, out)
+		}
+	}
+	p := &proxied{}
+	p.client, p.front = testenv.ConnPair(t, "tcp4", testenv.Side{NS: b}, lab.VethIPv4B+":0", testenv.Side{NS: a}, lab.VethIPv4B+":0")
+	p.back, p.server = testenv.ConnPair(t, "tcp4", testenv.Side{NS: b}, "127.0.0.1:0", testenv.Side{NS: b}, "127.0.0.1:0")
+	p.join(t, s)
+	p.waitKernel(t)
+	retrans := func() uint32 {
+		var n uint32
+		for _, c := range []*net.TCPConn{p.client, p.front} {
+			raw, _ := c.SyscallConn()
+			raw.Control(func(fd uintptr) {
+				if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+					n += info.Total_retrans
+				}
+			})
+		}
+		return n
+	}
+	up := testenv.Stream{Seed: 31, Size: 64 << 20, MaxChunk: 256 << 10}
+	down := testenv.Stream{Seed: 32, Size: 64 << 20, MaxChunk: 256 << 10}
+	errs := make(chan error, 4)
+	go func() { errs <- up.WriteAndClose(p.client) }()
+	go func() { errs <- down.WriteAndClose(p.server) }()
+	go func() { errs <- up.Check(p.server, true) }()
+	go func() { errs <- down.Check(p.client, true) }()
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := retrans()
+	p.waitDone(t)
+	ab, ba := p.pair.Stats()
+	t.Logf("%d segments retransmitted; a->b %+v, b->a %+v", n, ab, ba)
+	if n == 0 {
+		t.Fatal("no segment was retransmitted: the lossy link is not lossy, and the test proves nothing")
+	}
+	if ab.Kernel == 0 {
+		t.Fatalf("the kernel forwarded nothing of the lossy direction: %+v", ab)
+	}
 }
