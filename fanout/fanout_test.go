@@ -825,3 +825,54 @@ func (p *pausingReader) Read(b []byte) (int, error) {
 	}
 	return n, err
 }
+
+// TestSlowSubscriberFreeRunningSender: isolation without help from the
+// test. The sender keeps its own clock (5,000 messages/s, 10 MB in all),
+// looking at no reader; a subscriber that never reads overflows its queue
+// and loses messages, and the three that read lose none.
+func TestSlowSubscriberFreeRunningSender(t *testing.T) {
+	for _, p := range allPaths {
+		t.Run(p.String(), func(t *testing.T) {
+			const msgs, size, queue, rate = 10_000, 1000, 4 << 20, 5000
+			l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Queue: queue, Path: p})
+			u := l.sender()
+			slow := l.subscribe()
+			slow.SetReadBuffer(64 << 10)
+			var wg sync.WaitGroup
+			fast := make([]result, 3)
+			for i := range fast {
+				c := l.subscribe()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c.SetReadDeadline(time.Now().Add(time.Minute))
+					fast[i] = readFramed(c, size, msgs)
+				}()
+			}
+			l.waitSubscribers(4)
+			start := time.Now()
+			for from := uint64(0); from < msgs; from += 50 {
+				l.send(u, from, min(from+50, msgs), size)
+				if ahead := time.Duration(from+50) * time.Second / rate; time.Since(start) < ahead {
+					time.Sleep(ahead - time.Since(start))
+				}
+			}
+			wg.Wait()
+			for i, r := range fast {
+				if r.err != nil || r.n != msgs || r.lost != 0 {
+					t.Errorf("reading subscriber %d: %d messages, %d lost, %v", i, r.n, r.lost, r.err)
+				}
+			}
+			var dropped uint64
+			for _, s := range l.stats().Subscribers {
+				if s.Peer == slow.LocalAddr().String() {
+					dropped = s.Dropped
+				}
+			}
+			if dropped == 0 {
+				t.Fatal("the subscriber that never reads lost nothing: the test did not fill its queue")
+			}
+			t.Logf("sent %d messages in %v; the stalled subscriber lost %d", msgs, time.Since(start).Round(time.Millisecond), dropped)
+		})
+	}
+}
