@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -450,4 +452,77 @@ func TestReapUDPThatNeverSent(t *testing.T) {
 	if v, _ := unix.GetsockoptInt(other, unix.SOL_SOCKET, unix.SO_ERROR); v != 0 {
 		t.Errorf("SO_ERROR %d on the socket to another port", v)
 	}
+}
+
+// The process that connected a socket may be gone while the socket lives on
+// in another (passed by SCM_RIGHTS, or inherited): reap then reaches the
+// socket's namespace another way (another pid the index knows, then every
+// namespace of the host) and destroys it all the same.
+func TestReapAfterTheConnectingProcessExited(t *testing.T) {
+	ix, cg, dir := mustIndex(t)
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	srv := mustServer(t, side, "tcp", "127.0.0.1:0")
+	addr := srv.ln.Addr().(*net.TCPAddr)
+
+	// A short-lived process connects, hands the socket over and exits.
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, theirs := os.NewFile(uintptr(pair[0]), "mine"), os.NewFile(uintptr(pair[1]), "theirs")
+	defer mine.Close()
+	cgf, err := os.Open(cg.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cgf.Close()
+	script := fmt.Sprintf(`import socket
+s = socket.create_connection(("127.0.0.1", %d))
+socket.send_fds(socket.socket(fileno=3), [b"x"], [s.fileno()])`, addr.Port)
+	cmd := exec.Command("ip", "netns", "exec", ns.Name, "python3", "-c", script)
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgf.Fd())}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the connecting process: %v: %s", err, out)
+	}
+	theirs.Close()
+	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(int(mine.Fd()), buf, oob, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("no descriptor came: %v", err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		t.Fatalf("no descriptor came: %v", err)
+	}
+	f := os.NewFile(uintptr(fds[0]), "handed")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	far := testenv.Accept(t, srv.ln)
+
+	if err := syscall.Kill(cmd.Process.Pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("the connecting process %d still runs: %v", cmd.Process.Pid, err)
+	}
+	socks, err := ix.Lookup(sockindex.Backend{Addr: netip.MustParseAddr("127.0.0.1"), Port: uint16(addr.Port), Proto: sockindex.TCP})
+	if err != nil || len(socks) != 1 || socks[0].Owner != cmd.Process.Pid {
+		t.Fatalf("the index holds %+v (%v); want the one socket, owned by the exited pid %d", socks, err, cmd.Process.Pid)
+	}
+	target := reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: uint16(addr.Port), Protos: []sockindex.Proto{sockindex.TCP}}
+	res, err := reap.Reap(context.Background(), target, reap.Options{IndexDir: dir, Method: reap.Index})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Destroyed() != 1 {
+		t.Fatalf("destroyed %d sockets, want the one whose connecting process exited: %+v", res.Destroyed(), res.Sockets)
+	}
+	dead(t, conn{c: c, far: far})
 }

@@ -3,6 +3,7 @@ package sockindex_test
 import (
 	"net"
 	"net/netip"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -260,5 +261,84 @@ func TestLookupManySockets(t *testing.T) {
 			t.Errorf("unexpected or repeated socket %+v", s)
 		}
 		delete(want, s.Cookie)
+	}
+}
+
+// An insert and a close of one socket racing on two CPUs remove its entry
+// exactly once: connect (non-blocking) on one CPU, whose handshake ends in
+// softirq there and inserts, while a thread on the other CPU closes the
+// socket at once, half of them with a reset.
+func TestInsertCloseRaceAcrossCPUs(t *testing.T) {
+	testenv.RequireRoot(t)
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs two CPUs")
+	}
+	cycles := 20_000
+	if testing.Short() {
+		cycles = 2_000
+	}
+	cg := testenv.MustCgroup(t)
+	ix := mustIndex(t, cg)
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	ln := testenv.Listen(t, side, "tcp", "127.0.0.1:0")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	to := ln.Addr().(*net.TCPAddr).AddrPort()
+	pin := func(cpu int) {
+		runtime.LockOSThread()
+		var set unix.CPUSet
+		set.Set(cpu)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			t.Error(err)
+		}
+	}
+	fds := make(chan int, 64)
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		pin(1)
+		i := 0
+		for fd := range fds {
+			if i++; i%2 == 0 {
+				unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+			}
+			unix.Close(fd)
+		}
+	}()
+	side.Make(t, func() {
+		var set, old unix.CPUSet
+		unix.SchedGetaffinity(0, &old)
+		set.Set(0)
+		unix.SchedSetaffinity(0, &set)
+		defer unix.SchedSetaffinity(0, &old)
+		for range cycles {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = unix.Connect(fd, &unix.SockaddrInet4{Port: int(to.Port()), Addr: to.Addr().As4()})
+			if err != nil && err != unix.EINPROGRESS && err != unix.EADDRNOTAVAIL {
+				t.Fatalf("connect: %v", err)
+			}
+			fds <- fd
+		}
+	})
+	close(fds)
+	<-closed
+	waitEmpty(t, ix)
+	c, err := ix.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d cycles: %+v", cycles, c)
+	if c.Added == 0 || c.Added != c.Removed || c.Full != 0 {
+		t.Errorf("counters %+v: want some added, each removed once, none full", c)
 	}
 }
