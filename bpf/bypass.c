@@ -638,7 +638,8 @@ static __always_inline int in_splice(void)
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	if (!regs)
 		return 0;
-	return BPF_CORE_READ(regs, orig_ax) == cfg.splice_nr;
+	/* A direct load (a trusted pointer): this runs on every TCP read. */
+	return regs->orig_ax == cfg.splice_nr;
 }
 
 /* Runs when TCP accounts for what a reader took, in recvmsg and inside a
@@ -646,24 +647,24 @@ static __always_inline int in_splice(void)
  * splice reads the TCP queue alone, never the bytes redirected into the
  * socket's psock. So a socket shunt holds whose reader splices goes back
  * to TCP (and its peer's sends with it) at once; if redirected bytes were
- * queued already, the connection is caught (report_caught). Every program
- * seen splicing from any TCP socket is learned: its later readers stay on
- * TCP from their first recv (shunt_reads). Costs every TCP read on the host
- * a look at the current system call number. */
+ * queued already, the connection is caught (report_caught). The program is
+ * learned: its later readers stay on TCP from their first recv
+ * (shunt_reads). Only splices from sockets shunt holds are looked at:
+ * checking every TCP read of the host for splice cost ~100 ns each. */
 SEC("tp_btf/tcp_rcv_space_adjust")
 int BPF_PROG(shunt_splices, struct sock *sk)
 {
+	/* Sockets shunt does not hold cost one pointer test, as in
+	 * shunt_reads: the system call check below costs a helper call. */
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (!st)
+		return 0;
+	if (st->flags & STATE_SPLICE)
+		return 0;
 	if (!in_splice())
 		return 0;
 	struct splice_program prog = {};
 	current_program(&prog);
-	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-	if (!st) {
-		learn(&prog, 1, 0);
-		return 0;
-	}
-	if (st->flags & STATE_SPLICE)
-		return 0;
 	learn(&prog, 1, 0);
 	/* The socket's own sends update flags too (sk_msg): atomics. */
 	__sync_fetch_and_or(&st->flags, STATE_SPLICE | STATE_TCP_READER);

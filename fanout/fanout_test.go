@@ -525,9 +525,29 @@ func testUnrulyPeers(t *testing.T, path fanout.Path) {
 	u2.Close()
 	l.stop()
 	l.stop = nil
-	if after := openFDs(t); after != fdsBefore {
-		t.Errorf("%d descriptors open after the forwarder closed, %d before", after, fdsBefore)
+	// Other tests' goroutines may still be closing (or briefly opening)
+	// descriptors of their own: wait for the count to settle.
+	after := openFDs(t)
+	for deadline := time.Now().Add(3 * time.Second); after != fdsBefore && time.Now().Before(deadline); after = openFDs(t) {
+		time.Sleep(10 * time.Millisecond)
 	}
+	if after != fdsBefore {
+		t.Errorf("%d descriptors open after the forwarder closed, %d before: %v", after, fdsBefore, fdTargets(t))
+	}
+}
+
+// fdTargets says what each open descriptor is.
+func fdTargets(t *testing.T) []string {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		target, _ := os.Readlink("/proc/self/fd/" + e.Name())
+		out = append(out, e.Name()+"->"+target)
+	}
+	return out
 }
 
 func openFDs(t *testing.T) int {
@@ -726,8 +746,14 @@ func TestKernelPathNoLeak(t *testing.T) {
 	u.Close()
 	l.stop()
 	l.stop = nil
-	if after := openFDs(t); after != fdsBefore {
-		t.Errorf("%d descriptors open after the forwarder closed, %d before", after, fdsBefore)
+	// Other tests' goroutines may still be closing (or briefly opening)
+	// descriptors of their own: wait for the count to settle.
+	after := openFDs(t)
+	for deadline := time.Now().Add(3 * time.Second); after != fdsBefore && time.Now().Before(deadline); after = openFDs(t) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if after != fdsBefore {
+		t.Errorf("%d descriptors open after the forwarder closed, %d before: %v", after, fdsBefore, fdTargets(t))
 	}
 }
 
