@@ -11,7 +11,7 @@ help:
 	@echo "make generate  recompile the BPF programs (bpf2go)"
 	@echo "make test      go vet and every test (as root, on the real kernel)"
 	@echo "make try       build, then bypass one loopback connection and show it"
-	@echo "make compat    real programs (Redis, memcached, nginx, HAProxy, Python) through shunt (as root)"
+	@echo "make compat    real programs (Redis, memcached, PostgreSQL, nginx, HAProxy, Python) through shunt (as root)"
 
 deps:
 	./scripts/deps.sh
