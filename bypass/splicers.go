@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 )
@@ -68,7 +70,27 @@ var ErrUnknownProgram = errors.New("no such program among those seen splicing")
 // Forget drops one program (by command name) from those seen splicing, or
 // every program with "": their readers may be bypassed again.
 func (in *Install) Forget(command string) (int, error) {
-	m := in.maps[learnedMap]
+	return forget(in.maps[learnedMap], command)
+}
+
+// ForgetAt is Forget for what was learned beside an install at dir, with or
+// without the install (what was learned outlives it).
+func ForgetAt(dir, command string) (int, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(LearnedDir(dir), learnedMap), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		if command != "" {
+			return 0, fmt.Errorf("%q: %w", command, ErrUnknownProgram)
+		}
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer m.Close()
+	return forget(m, command)
+}
+
+func forget(m *ebpf.Map, command string) (int, error) {
 	if command != "" {
 		if err := m.Delete(commKey(command)); err != nil {
 			if errors.Is(err, os.ErrNotExist) {
@@ -78,16 +100,22 @@ func (in *Install) Forget(command string) (int, error) {
 		}
 		return 1, nil
 	}
-	progs, err := in.SplicePrograms()
-	if err != nil {
+	var k bypassSpliceProgram
+	var keys []bypassSpliceProgram
+	var v bypassSpliceSeen
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
 		return 0, err
 	}
-	for _, p := range progs {
-		if err := m.Delete(commKey(p.Command)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return 0, err
 		}
 	}
-	return len(progs), nil
+	return len(keys), nil
 }
 
 // Learn adds a program (by command name) to those whose readers stay on

@@ -8,7 +8,10 @@ cg="$root/shunt-try"
 pin=/sys/fs/bpf/shunt-try
 cleanup() {
   "$shunt" bypass disable --all --pin-dir "$pin" >/dev/null 2>&1 || true
+  rm -rf "$pin-learned"
   rmdir "$cg" 2>/dev/null || true
+  sleep 1 # the guard enable started ends within a second of the removal
+  rm -f /run/shunt/*sys_fs_bpf_shunt-try*
 }
 trap cleanup EXIT
 mkdir -p "$cg"

@@ -18,7 +18,8 @@ func newBypassForgetCmd(e *env, g *globals) *cobra.Command {
 		Long: `shunt keeps the readers of every program it has seen calling splice(2)
 on a TCP socket on TCP from their first recv ('shunt status' lists them,
 and what was learned outlives 'bypass disable --all'). forget drops one
-program, by the command name status shows, or all of them.`,
+program, by the command name status shows, or all of them, with or without
+an install.`,
 		Example: `  shunt bypass forget haproxy
   shunt bypass forget --all`,
 		RunE: func(c *cobra.Command, args []string) error {
@@ -33,16 +34,11 @@ program, by the command name status shows, or all of them.`,
 				return err
 			}
 			defer release()
-			in, err := bypass.Open(g.pinDir)
-			if err != nil {
-				return err
-			}
-			defer in.Close()
 			name := ""
 			if !all {
 				name = args[0]
 			}
-			n, err := in.Forget(name)
+			n, err := bypass.ForgetAt(g.pinDir, name)
 			if errors.Is(err, bypass.ErrUnknownProgram) {
 				return usageError{err}
 			}
