@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin/shunt
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: help deps build generate test vet try compat clean
+.PHONY: help deps build generate test vet try compat compat-bench clean
 
 help:
 	@echo "make deps      install build and test dependencies (Debian 12, as root)"
@@ -12,6 +12,7 @@ help:
 	@echo "make test      go vet and every test (as root, on the real kernel)"
 	@echo "make try       build, then bypass one loopback connection and show it"
 	@echo "make compat    real programs (Redis, memcached, PostgreSQL, nginx, HAProxy, Python) through shunt (as root)"
+	@echo "make compat-bench  their own benchmark clients, plain TCP against shunt, interleaved (as root, ~5 min)"
 
 deps:
 	./scripts/deps.sh
@@ -30,6 +31,9 @@ test: vet
 
 compat:
 	$(GO) test -count=1 -v -run . ./compat
+
+compat-bench:
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -v ./compat
 
 try: build
 	./scripts/try.sh $(BIN)

@@ -30,7 +30,7 @@ type env struct {
 	cg   host.Cgroup
 }
 
-func newEnv(t *testing.T, shunt bool) *env {
+func newEnv(t testing.TB, shunt bool) *env {
 	t.Helper()
 	testenv.RequireRoot(t)
 	e := &env{cg: testenv.MustCgroup(t)}
@@ -63,7 +63,7 @@ func newEnv(t *testing.T, shunt bool) *env {
 
 // needProgram fails the test if a program the suite runs is missing (CI
 // installs them all: scripts/deps.sh), and skips it outside CI.
-func needProgram(t *testing.T, name string) {
+func needProgram(t testing.TB, name string) {
 	t.Helper()
 	if _, err := exec.LookPath(name); err != nil {
 		if os.Getenv("CI") != "" {
@@ -75,17 +75,13 @@ func needProgram(t *testing.T, name string) {
 
 // start runs a program in the env's namespace and cgroup until the test
 // ends, and fails the test if it exits early.
-func (e *env) start(t *testing.T, argv ...string) {
+func (e *env) start(t testing.TB, argv ...string) {
 	t.Helper()
-	cg, err := os.Open(e.cg.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Close()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", e.side.NS.Name}, argv...)...)
+	cmd, done := e.command(t, argv...)
+	defer done()
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &lockedBuilder{b: &out}, &lockedBuilder{b: &out}
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd()), Setpgid: true}
+	cmd.SysProcAttr.Setpgid = true
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %v: %v", argv, err)
 	}
@@ -105,6 +101,19 @@ func (e *env) start(t *testing.T, argv ...string) {
 	})
 }
 
+// command makes argv run in the env's namespace and cgroup; done releases
+// the cgroup's descriptor once the command has started.
+func (e *env) command(t testing.TB, argv ...string) (cmd *exec.Cmd, done func()) {
+	t.Helper()
+	cg, err := os.Open(e.cg.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.Command("ip", append([]string{"netns", "exec", e.side.NS.Name}, argv...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	return cmd, func() { cg.Close() }
+}
+
 type lockedBuilder struct {
 	mu sync.Mutex
 	b  *strings.Builder
@@ -117,12 +126,12 @@ func (l *lockedBuilder) Write(p []byte) (int, error) {
 }
 
 // listenerIn opens a listener in the env's namespace and cgroup.
-func (e *env) listen(t *testing.T) *net.TCPListener {
+func (e *env) listen(t testing.TB) *net.TCPListener {
 	return testenv.Listen(t, e.side, "tcp4", "127.0.0.1:0")
 }
 
 // freePort picks a port for a program to listen on in the namespace.
-func (e *env) freePort(t *testing.T) int {
+func (e *env) freePort(t testing.TB) int {
 	ln := e.listen(t)
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
@@ -130,7 +139,7 @@ func (e *env) freePort(t *testing.T) int {
 }
 
 // waitListening waits until something accepts on addr in the namespace.
-func (e *env) waitListening(t *testing.T, addr string) {
+func (e *env) waitListening(t testing.TB, addr string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

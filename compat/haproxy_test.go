@@ -23,7 +23,12 @@ func origin(t *testing.T, e *env, kind string, body blob) string {
 
 // nginxOrigin serves body at /blob with nginx (as shipped: sendfile on,
 // unless told otherwise) and returns where.
-func nginxOrigin(t *testing.T, e *env, body blob, sendfile bool) string {
+func nginxOrigin(t testing.TB, e *env, body blob, sendfile bool) string {
+	return nginxOriginOn(t, e, body, sendfile, -1)
+}
+
+// nginxOriginOn is nginxOrigin with nginx pinned to cpu (-1: not pinned).
+func nginxOriginOn(t testing.TB, e *env, body blob, sendfile bool, cpu int) string {
 	t.Helper()
 	needProgram(t, "nginx")
 	dir := t.TempDir()
@@ -56,7 +61,11 @@ http {
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e.start(t, "nginx", "-c", conf, "-p", dir, "-e", "stderr")
+	argv := []string{"nginx", "-c", conf, "-p", dir, "-e", "stderr"}
+	if cpu >= 0 {
+		argv = pinned(cpu, argv...)
+	}
+	e.start(t, argv...)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	e.waitListening(t, addr)
 	return addr

@@ -7,12 +7,9 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -250,30 +247,8 @@ func TestHTTPServersWithCurl(t *testing.T) {
 func TestPostgreSQL(t *testing.T) {
 	bin := "/usr/lib/postgresql/15/bin"
 	needProgram(t, bin+"/postgres")
-	pg, err := user.Lookup("postgres")
-	if err != nil {
-		t.Fatalf("no postgres user: %v (the postgresql package makes it)", err)
-	}
 	bothWays(t, true, 0, func(t *testing.T, e *env) {
-		dir, err := os.MkdirTemp("", "shunt-test-pg-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		uid, _ := strconv.Atoi(pg.Uid)
-		gid, _ := strconv.Atoi(pg.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-		initdb := exec.Command(bin+"/initdb", "-D", dir+"/data", "-A", "trust", "-U", "postgres")
-		initdb.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
-		if out, err := initdb.CombinedOutput(); err != nil {
-			t.Fatalf("initdb: %v: %s", err, out)
-		}
-		port := strconv.Itoa(e.freePort(t))
-		e.start(t, "setpriv", "--reuid", pg.Uid, "--regid", pg.Gid, "--clear-groups", bin+"/postgres", "-D", dir+"/data",
-			"-k", dir, "-p", port, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
-		e.waitListening(t, "127.0.0.1:"+port)
+		port := startPostgres(t, e)
 		conn := []string{"-h", "127.0.0.1", "-p", port, "-U", "postgres"}
 		e.run(t, append(append([]string{bin + "/pgbench", "-i", "-q", "-s", "1"}, conn...), "postgres")...)
 		e.run(t, append(append([]string{bin + "/pgbench", "-n", "-c", "4", "-j", "2", "-t", "300"}, conn...), "postgres")...)
@@ -289,15 +264,10 @@ func TestPostgreSQL(t *testing.T) {
 
 // run runs a client program in the env's namespace and cgroup and returns
 // its output; it fails the test if the program fails.
-func (e *env) run(t *testing.T, argv ...string) string {
+func (e *env) run(t testing.TB, argv ...string) string {
 	t.Helper()
-	cg, err := os.Open(e.cg.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Close()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", e.side.NS.Name}, argv...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	cmd, done := e.command(t, argv...)
+	defer done()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v: %v: %s", argv, err, out)

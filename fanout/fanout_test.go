@@ -351,20 +351,7 @@ func testSlowSubscriberDrops(t *testing.T, path fanout.Path) {
 	l.waitSubscribers(4)
 	l.sendPaced(u, msgs, size, got...)
 	wg.Wait()
-	for i, r := range fast {
-		if r.err != nil || r.n != msgs || r.lost != 0 {
-			t.Errorf("fast subscriber %d: %d messages, %d lost, %v", i, r.n, r.lost, r.err)
-		}
-	}
-	var dropped uint64
-	for _, s := range l.stats().Subscribers {
-		if s.Peer == slow.LocalAddr().String() {
-			dropped = s.Dropped
-		}
-	}
-	if dropped == 0 {
-		t.Fatalf("the slow subscriber lost nothing: the test did not fill its queue")
-	}
+	dropped := l.checkIsolated(fast, msgs, slow)
 	// Now read what the slow one was given: with its gap markers it must
 	// account for every message. The user-space paths send the last marker
 	// as soon as the queue drained; the kernel path puts it in front of the
@@ -400,6 +387,28 @@ func (c countingReader) Read(b []byte) (int, error) {
 	n, err := c.r.Read(b)
 	c.n.Add(int64(n))
 	return n, err
+}
+
+// checkIsolated checks that every reading subscriber got all msgs messages
+// and that the stalled one lost some (else its queue never filled and the
+// test proved nothing); it returns how many it lost.
+func (l *lab) checkIsolated(readers []result, msgs uint64, stalled *net.TCPConn) uint64 {
+	l.t.Helper()
+	for i, r := range readers {
+		if r.err != nil || r.n != msgs || r.lost != 0 {
+			l.t.Errorf("reading subscriber %d: %d messages, %d lost, %v", i, r.n, r.lost, r.err)
+		}
+	}
+	var dropped uint64
+	for _, s := range l.stats().Subscribers {
+		if s.Peer == stalled.LocalAddr().String() {
+			dropped = s.Dropped
+		}
+	}
+	if dropped == 0 {
+		l.t.Fatal("the subscriber that never reads lost nothing: the test did not fill its queue")
+	}
+	return dropped
 }
 
 // sendPaced sends msgs messages no further ahead of the reading subscribers
@@ -884,20 +893,7 @@ func TestSlowSubscriberFreeRunningSender(t *testing.T) {
 				}
 			}
 			wg.Wait()
-			for i, r := range fast {
-				if r.err != nil || r.n != msgs || r.lost != 0 {
-					t.Errorf("reading subscriber %d: %d messages, %d lost, %v", i, r.n, r.lost, r.err)
-				}
-			}
-			var dropped uint64
-			for _, s := range l.stats().Subscribers {
-				if s.Peer == slow.LocalAddr().String() {
-					dropped = s.Dropped
-				}
-			}
-			if dropped == 0 {
-				t.Fatal("the subscriber that never reads lost nothing: the test did not fill its queue")
-			}
+			dropped := l.checkIsolated(fast, msgs, slow)
 			t.Logf("sent %d messages in %v; the stalled subscriber lost %d", msgs, time.Since(start).Round(time.Millisecond), dropped)
 		})
 	}

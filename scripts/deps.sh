@@ -23,6 +23,7 @@ command -v redis-server >/dev/null || need+=(redis-server)
 command -v memcached >/dev/null || need+=(memcached)
 command -v curl >/dev/null || need+=(curl)
 [ -x /usr/lib/postgresql/15/bin/pgbench ] || need+=(postgresql)
+command -v wrk >/dev/null || need+=(wrk) # make compat-bench
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   # Installing haproxy and nginx must not start them as services.

@@ -165,17 +165,7 @@ func TestNoEntriesLeftAfterCycles(t *testing.T) {
 	cg := testenv.MustCgroup(t)
 	ix := mustIndex(t, cg)
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
-	ln := testenv.Listen(t, side, "tcp", "127.0.0.1:0")
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	tcpAddr := ln.Addr().(*net.TCPAddr).AddrPort()
+	tcpAddr := closingServer(t, side)
 
 	start := time.Now()
 	tcpOK := 0
@@ -280,17 +270,7 @@ func TestInsertCloseRaceAcrossCPUs(t *testing.T) {
 	cg := testenv.MustCgroup(t)
 	ix := mustIndex(t, cg)
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
-	ln := testenv.Listen(t, side, "tcp", "127.0.0.1:0")
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	to := ln.Addr().(*net.TCPAddr).AddrPort()
+	to := closingServer(t, side)
 	pin := func(cpu int) {
 		runtime.LockOSThread()
 		var set unix.CPUSet
@@ -341,4 +321,21 @@ func TestInsertCloseRaceAcrossCPUs(t *testing.T) {
 	if c.Added == 0 || c.Added != c.Removed || c.Full != 0 {
 		t.Errorf("counters %+v: want some added, each removed once, none full", c)
 	}
+}
+
+// closingServer accepts on 127.0.0.1 in side and closes each connection at
+// once; it returns where.
+func closingServer(t *testing.T, side testenv.Side) netip.AddrPort {
+	t.Helper()
+	ln := testenv.Listen(t, side, "tcp", "127.0.0.1:0")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
 }

@@ -86,6 +86,22 @@ func (p *proxied) waitKernel(t *testing.T) {
 	}
 }
 
+// streamBothWays sends up from client to server and down the other way at
+// once, each closed after its last byte, and checks both arrive whole.
+func (p *proxied) streamBothWays(t *testing.T, up, down testenv.Stream) {
+	t.Helper()
+	errs := make(chan error, 4)
+	go func() { errs <- up.WriteAndClose(p.client) }()
+	go func() { errs <- down.WriteAndClose(p.server) }()
+	go func() { errs <- up.Check(p.server, true) }()
+	go func() { errs <- down.Check(p.client, true) }()
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // waitDone waits for the pair to end.
 func (p *proxied) waitDone(t *testing.T) {
 	t.Helper()
@@ -109,16 +125,7 @@ func TestStreamBothWays(t *testing.T) {
 			p.waitKernel(t)
 			up := testenv.Stream{Seed: 1, Size: 256 << 20, MaxChunk: 200 << 10}
 			down := testenv.Stream{Seed: 2, Size: 256 << 20, MaxChunk: 200 << 10}
-			errs := make(chan error, 4)
-			go func() { errs <- up.WriteAndClose(p.client) }()
-			go func() { errs <- down.WriteAndClose(p.server) }()
-			go func() { errs <- up.Check(p.server, true) }()
-			go func() { errs <- down.Check(p.client, true) }()
-			for range 4 {
-				if err := <-errs; err != nil {
-					t.Fatal(err)
-				}
-			}
+			p.streamBothWays(t, up, down)
 			p.waitDone(t)
 			if err := p.pair.Err(); err != nil {
 				t.Fatal(err)
@@ -523,16 +530,7 @@ func TestRetransmissionsThroughTheKernel(t *testing.T) {
 	}
 	up := testenv.Stream{Seed: 31, Size: 64 << 20, MaxChunk: 256 << 10}
 	down := testenv.Stream{Seed: 32, Size: 64 << 20, MaxChunk: 256 << 10}
-	errs := make(chan error, 4)
-	go func() { errs <- up.WriteAndClose(p.client) }()
-	go func() { errs <- down.WriteAndClose(p.server) }()
-	go func() { errs <- up.Check(p.server, true) }()
-	go func() { errs <- down.Check(p.client, true) }()
-	for range 4 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	p.streamBothWays(t, up, down)
 	n := retrans()
 	p.waitDone(t)
 	ab, ba := p.pair.Stats()

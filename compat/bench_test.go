@@ -1,0 +1,152 @@
+package compat_test
+
+import (
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// BenchmarkPrograms measures real programs' own benchmark clients against
+// their servers over plain TCP and through shunt, interleaved (plain,
+// shunt, plain, shunt ...), server on CPU 1 and client on CPU 0 in every
+// mode, and reports the median of each mode and their ratio. A benchmark,
+// not a test: `make compat-bench` runs it (docs/COMPATIBILITY.md).
+func BenchmarkPrograms(b *testing.B) {
+	rounds := 5
+	if v, err := strconv.Atoi(os.Getenv("SHUNT_COMPAT_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	for _, p := range benchPrograms {
+		b.Run(p.name, func(b *testing.B) {
+			needProgram(b, p.needs)
+			var got [2][]float64
+			for r := 0; r < rounds; r++ {
+				for i, shunt := range []bool{false, true} {
+					e := newEnv(b, shunt)
+					got[i] = append(got[i], p.run(b, e))
+				}
+			}
+			plain, shunt := median(got[0]), median(got[1])
+			b.ReportMetric(plain, "plain-"+p.unit)
+			b.ReportMetric(shunt, "shunt-"+p.unit)
+			b.ReportMetric(shunt/plain, "ratio")
+			b.Logf("| %s | %s | %.0f | %.0f | %.2f | %s | %s |", p.name, p.unit, plain, shunt, shunt/plain, rounded(got[0]), rounded(got[1]))
+		})
+	}
+}
+
+func rounded(v []float64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.FormatFloat(x, 'f', 0, 64)
+	}
+	return strings.Join(s, " ")
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// pinned runs argv on one CPU.
+func pinned(cpu int, argv ...string) []string {
+	return append([]string{"taskset", "-c", strconv.Itoa(cpu)}, argv...)
+}
+
+const serverCPU, clientCPU = 1, 0
+
+var benchPrograms = []struct {
+	name, needs, unit string
+	run               func(b *testing.B, e *env) float64
+}{
+	{"redis-benchmark", "redis-server", "req/s", func(b *testing.B, e *env) float64 {
+		port := strconv.Itoa(e.freePort(b))
+		e.start(b, pinned(serverCPU, "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")...)
+		e.waitListening(b, "127.0.0.1:"+port)
+		out := e.run(b, pinned(clientCPU, "redis-benchmark", "-h", "127.0.0.1", "-p", port, "-q", "--csv", "-n", "200000", "-c", "50", "-d", "100", "-t", "set,get")...)
+		// "SET","123456.79",...
+		var sum float64
+		var n int
+		for _, line := range strings.Split(out, "\n") {
+			f := strings.Split(line, ",")
+			if len(f) > 1 && (f[0] == `"SET"` || f[0] == `"GET"`) {
+				v, err := strconv.ParseFloat(strings.Trim(f[1], `"`), 64)
+				if err != nil {
+					b.Fatalf("redis-benchmark said %q", line)
+				}
+				sum += v
+				n++
+			}
+		}
+		if n != 2 {
+			b.Fatalf("redis-benchmark printed no SET and GET rates: %q", out)
+		}
+		return sum / 2
+	}},
+	{"pgbench-select", "/usr/lib/postgresql/15/bin/pgbench", "tps", func(b *testing.B, e *env) float64 {
+		port := startPostgres(b, e)
+		bin := "/usr/lib/postgresql/15/bin"
+		conn := []string{"-h", "127.0.0.1", "-p", port, "-U", "postgres", "postgres"}
+		e.run(b, append([]string{bin + "/pgbench", "-i", "-q", "-s", "1"}, conn...)...)
+		out := e.run(b, pinned(clientCPU, append([]string{bin + "/pgbench", "-n", "-S", "-c", "8", "-j", "1", "-T", "5"}, conn...)...)...)
+		m := regexp.MustCompile(`tps = ([0-9.]+)`).FindStringSubmatch(out)
+		if m == nil {
+			b.Fatalf("pgbench printed no tps: %q", out)
+		}
+		v, _ := strconv.ParseFloat(m[1], 64)
+		return v
+	}},
+	{"nginx-wrk-1KB", "wrk", "req/s", func(b *testing.B, e *env) float64 {
+		addr := nginxOriginPinned(b, e, newBlob(1<<10, 1))
+		out := e.run(b, pinned(clientCPU, "wrk", "-t", "1", "-c", "20", "-d", "5s", "http://"+addr+"/blob")...)
+		m := regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`).FindStringSubmatch(out)
+		if m == nil {
+			b.Fatalf("wrk printed no rate: %q", out)
+		}
+		v, _ := strconv.ParseFloat(m[1], 64)
+		return v
+	}},
+}
+
+// startPostgres runs PostgreSQL 15 (as the postgres user, on serverCPU) in
+// the env with a fresh cluster and returns its port.
+func startPostgres(t testing.TB, e *env) string {
+	bin := "/usr/lib/postgresql/15/bin"
+	pg, err := user.Lookup("postgres")
+	if err != nil {
+		t.Fatalf("no postgres user: %v (the postgresql package makes it)", err)
+	}
+	dir, err := os.MkdirTemp("", "shunt-test-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	uid, _ := strconv.Atoi(pg.Uid)
+	gid, _ := strconv.Atoi(pg.Gid)
+	if err := os.Chown(dir, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	initdb := exec.Command(bin+"/initdb", "-D", filepath.Join(dir, "data"), "-A", "trust", "-U", "postgres")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v: %s", err, out)
+	}
+	port := strconv.Itoa(e.freePort(t))
+	e.start(t, pinned(serverCPU, "setpriv", "--reuid", pg.Uid, "--regid", pg.Gid, "--clear-groups", bin+"/postgres", "-D", filepath.Join(dir, "data"),
+		"-k", dir, "-p", port, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")...)
+	e.waitListening(t, "127.0.0.1:"+port)
+	return port
+}
+
+// nginxOriginPinned is nginxOrigin with nginx on serverCPU.
+func nginxOriginPinned(t testing.TB, e *env, body blob) string {
+	return nginxOriginOn(t, e, body, true, serverCPU)
+}
