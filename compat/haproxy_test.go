@@ -74,8 +74,8 @@ http {
 // HAProxy in front of an HTTP origin, every process in one enabled cgroup:
 // with splice on, HAProxy reads with recv and then splices, which cannot
 // read bytes shunt redirected. Through shunt no download may hang or come
-// back wrong; a connection caught that way is reset (the first one of the
-// program at most), and once HAProxy is learned every download is intact.
+// back wrong; a connection caught that way is reset (one at most: the
+// program is learned at its first splice), and every other is intact.
 func TestHAProxy(t *testing.T) {
 	needProgram(t, "haproxy")
 	body := newBlob(8<<20, 7)
@@ -115,15 +115,11 @@ listen compat
 					addr := fmt.Sprintf("127.0.0.1:%d", port)
 					e.waitListening(t, addr)
 					var counts [4]int
-					firstBad := -1
 					for i := 0; i < downloads; i++ {
 						o, why := e.download(t, addr, body, 10*time.Second)
 						counts[o]++
 						if o != intact {
 							t.Logf("shunt=%v download %d: %s", shunt, i, why)
-							if firstBad < 0 {
-								firstBad = i
-							}
 						}
 					}
 					what := fmt.Sprintf("shunt=%v: %d intact, %d wrong, %d reset, %d hung", shunt, counts[intact], counts[wrong], counts[reset], counts[hung])
@@ -146,8 +142,10 @@ listen compat
 					if st.Counters.Paired == 0 {
 						t.Errorf("nothing was bypassed: the run compared TCP with TCP")
 					}
-					if counts[reset] > int(st.Counters.SpliceCaught) || counts[reset] > 1 || firstBad > 0 {
-						t.Errorf("%s: every reset must be a caught splice reader (%d caught), and only the program's first download", what, st.Counters.SpliceCaught)
+					// HAProxy is learned at its first splice: one download
+					// at most can be caught, whichever it splices first.
+					if counts[reset] > int(st.Counters.SpliceCaught) || counts[reset] > 1 {
+						t.Errorf("%s: every reset must be a caught splice reader (%d caught), one at most", what, st.Counters.SpliceCaught)
 					}
 				}
 			})
