@@ -42,6 +42,9 @@ type Features struct {
 	// RecvTracepoint: a BTF tracepoint program can attach to
 	// sock_recv_length (the reader watch; 6.3+).
 	RecvTracepoint bool `json:"recv_tracepoint"`
+	// SpliceTracepoint: a BTF tracepoint program can attach to
+	// tcp_rcv_space_adjust (the splice watch).
+	SpliceTracepoint bool `json:"splice_tracepoint"`
 	// FileIterator: an iter/task_file program loads (how shunt finds the
 	// sockets it holds, for flows and removal).
 	FileIterator bool `json:"file_iterator"`
@@ -61,6 +64,7 @@ func (f Features) Missing() []string {
 		{f.SkMsgLink, fmt.Sprintf("sk_msg BPF links (kernel %d.%d or newer)", MinKernel[0], MinKernel[1])},
 		{f.BTF, "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)"},
 		{f.RecvTracepoint, "BTF tracepoint programs on sock_recv_length (kernel 6.3 or newer, not locked down)"},
+		{f.SpliceTracepoint, "BTF tracepoint programs on tcp_rcv_space_adjust"},
 		{f.FileIterator, "BPF iterators over open files (iter/task_file)"},
 	} {
 		if !c.ok {
@@ -91,6 +95,7 @@ func Probe() Features {
 	_, err := os.Stat("/sys/kernel/btf/vmlinux")
 	f.BTF = err == nil
 	f.RecvTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "sock_recv_length")
+	f.SpliceTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "tcp_rcv_space_adjust")
 	f.FileIterator = f.BTF && canLoadTracing(ebpf.AttachTraceIter, "task_file")
 	return f
 }

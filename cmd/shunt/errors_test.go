@@ -131,6 +131,7 @@ mount -o remount,ro /sys/fs && exec "$0" bypass enable --cgroup %[2]s --pin-dir 
 	}{
 		{"kernel-without-recv-tracepoint", func(f *host.Features) *bool { return &f.RecvTracepoint }, "missing BTF tracepoint programs on sock_recv_length"},
 		{"kernel-without-file-iterator", func(f *host.Features) *bool { return &f.FileIterator }, "missing BPF iterators over open files"},
+		{"kernel-without-splice-tracepoint", func(f *host.Features) *bool { return &f.SpliceTracepoint }, "missing BTF tracepoint programs on tcp_rcv_space_adjust"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := defaultEnv()

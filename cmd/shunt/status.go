@@ -148,7 +148,7 @@ func printStatus(e *env, r statusReport) {
 	if err := f.Err(); err != nil {
 		fmt.Fprintf(w, "features:\t%v\n", err)
 	} else {
-		fmt.Fprintf(w, "features:\tsockhash, sk_msg, sockops, sk_storage, sk_msg links, BTF, sock_recv_length tracepoint, file iterator\n")
+		fmt.Fprintf(w, "features:\tsockhash, sk_msg, sockops, sk_storage, sk_msg links, BTF, sock_recv_length and tcp_rcv_space_adjust tracepoints, file iterator\n")
 	}
 }
 
