@@ -47,7 +47,7 @@ const struct flow_record *unused_flow_record __attribute__((unused));
 const enum counter *unused_counter __attribute__((unused));
 const enum state_flags *unused_state_flags __attribute__((unused));
 const enum role *unused_role __attribute__((unused));
-const struct splice_event *unused_splice_event __attribute__((unused));
+const struct guard_event *unused_guard_event __attribute__((unused));
 const struct splice_program *unused_splice_program __attribute__((unused));
 const struct splice_seen *unused_splice_seen __attribute__((unused));
 const enum event_kind *unused_event_kind __attribute__((unused));
@@ -498,7 +498,7 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 	struct splice_program prog = {};
 	__builtin_memcpy(prog.comm, ref->splicer_comm, sizeof(prog.comm));
 	learn(&prog, 0, 1);
-	struct splice_event *ev = bpf_ringbuf_reserve(&splice_events, sizeof(*ev), 0);
+	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
 	if (!ev)
 		return;
 	ev->self = *key;
@@ -556,14 +556,15 @@ static __always_inline int may_wait(struct sock *sk, int flags)
 
 /* A blocking read without SO_RCVTIMEO never fails with EAGAIN over TCP; on a
  * sockhash socket tcp_bpf_recvmsg returns it when its wait ends without data
- * (a signal, a stop, ptrace, where TCP restarts). Counted so that the
- * difference shows (docs/TRANSPARENCY.md). */
-static __always_inline void count_blocking_eagain(struct sock *sk, struct sock_state *st, int waits)
+ * (a signal, a stop, ptrace, where TCP restarts). Counted, and told to the
+ * guard with pid and ports, so that the difference shows
+ * (docs/TRANSPARENCY.md). */
+static __always_inline void report_blocking_eagain(struct sock *sk, struct sock_state *st, int waits)
 {
 	if (!waits || sk->sk_rcvtimeo != MAX_SCHEDULE_TIMEOUT)
 		return;
 	count(CNT_EAGAIN);
-	struct splice_event *ev = bpf_ringbuf_reserve(&splice_events, sizeof(*ev), 0);
+	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
 	if (!ev)
 		return;
 	ev->self = st->self;
@@ -606,7 +607,7 @@ int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 		return 0; /* on its way back to TCP: nothing more to record */
 	int waits = may_wait(sk, flags);
 	if (ret == -EAGAIN)
-		count_blocking_eagain(sk, st, waits);
+		report_blocking_eagain(sk, st, waits);
 	__u32 mark = reader_mark(flags, waits);
 	if (st->flags & mark)
 		return 0;

@@ -68,6 +68,16 @@ type bypassFlowRecord struct {
 	State    bypassSockState
 }
 
+type bypassGuardEvent struct {
+	_      structs.HostLayout
+	Self   bypassSockKey
+	Cookie uint64
+	Unread uint64
+	Pid    uint32
+	Kind   uint32
+	Comm   [16]int8
+}
+
 type bypassPending struct {
 	_           structs.HostLayout
 	ServerNetns uint64
@@ -101,16 +111,6 @@ type bypassSockState struct {
 	PassMsgs  uint64
 	Flags     uint32
 	Pad       uint32
-}
-
-type bypassSpliceEvent struct {
-	_      structs.HostLayout
-	Self   bypassSockKey
-	Cookie uint64
-	Unread uint64
-	Pid    uint32
-	Kind   uint32
-	Comm   [16]int8
 }
 
 type bypassSpliceProgram struct {
@@ -152,11 +152,11 @@ const (
 	bypassMapControl             = "control"
 	bypassMapCounters            = "counters"
 	bypassMapExcludedPorts       = "excluded_ports"
+	bypassMapGuardEvents         = "guard_events"
 	bypassMapHandshakes          = "handshakes"
 	bypassMapPeerRefs            = "peer_refs"
 	bypassMapSockHash            = "sock_hash"
 	bypassMapSockStates          = "sock_states"
-	bypassMapSpliceEvents        = "splice_events"
 	bypassMapSplicePrograms      = "splice_programs"
 	bypassProgShuntIterDrain     = "shunt_iter_drain"
 	bypassProgShuntIterFlows     = "shunt_iter_flows"
@@ -168,8 +168,8 @@ const (
 	bypassVarUnusedCounter       = "unused_counter"
 	bypassVarUnusedEventKind     = "unused_event_kind"
 	bypassVarUnusedFlowRecord    = "unused_flow_record"
+	bypassVarUnusedGuardEvent    = "unused_guard_event"
 	bypassVarUnusedRole          = "unused_role"
-	bypassVarUnusedSpliceEvent   = "unused_splice_event"
 	bypassVarUnusedSpliceProgram = "unused_splice_program"
 	bypassVarUnusedSpliceSeen    = "unused_splice_seen"
 	bypassVarUnusedStateFlags    = "unused_state_flags"
@@ -232,11 +232,11 @@ type bypassMapSpecs struct {
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
+	GuardEvents    *ebpf.MapSpec `ebpf:"guard_events"`
 	Handshakes     *ebpf.MapSpec `ebpf:"handshakes"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
-	SpliceEvents   *ebpf.MapSpec `ebpf:"splice_events"`
 	SplicePrograms *ebpf.MapSpec `ebpf:"splice_programs"`
 }
 
@@ -248,8 +248,8 @@ type bypassVariableSpecs struct {
 	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
 	UnusedEventKind     *ebpf.VariableSpec `ebpf:"unused_event_kind"`
 	UnusedFlowRecord    *ebpf.VariableSpec `ebpf:"unused_flow_record"`
+	UnusedGuardEvent    *ebpf.VariableSpec `ebpf:"unused_guard_event"`
 	UnusedRole          *ebpf.VariableSpec `ebpf:"unused_role"`
-	UnusedSpliceEvent   *ebpf.VariableSpec `ebpf:"unused_splice_event"`
 	UnusedSpliceProgram *ebpf.VariableSpec `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.VariableSpec `ebpf:"unused_splice_seen"`
 	UnusedStateFlags    *ebpf.VariableSpec `ebpf:"unused_state_flags"`
@@ -278,11 +278,11 @@ type bypassMaps struct {
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
+	GuardEvents    *ebpf.Map `ebpf:"guard_events"`
 	Handshakes     *ebpf.Map `ebpf:"handshakes"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
-	SpliceEvents   *ebpf.Map `ebpf:"splice_events"`
 	SplicePrograms *ebpf.Map `ebpf:"splice_programs"`
 }
 
@@ -291,11 +291,11 @@ func (m *bypassMaps) Close() error {
 		m.Control,
 		m.Counters,
 		m.ExcludedPorts,
+		m.GuardEvents,
 		m.Handshakes,
 		m.PeerRefs,
 		m.SockHash,
 		m.SockStates,
-		m.SpliceEvents,
 		m.SplicePrograms,
 	)
 }
@@ -308,8 +308,8 @@ type bypassVariables struct {
 	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
 	UnusedEventKind     *ebpf.Variable `ebpf:"unused_event_kind"`
 	UnusedFlowRecord    *ebpf.Variable `ebpf:"unused_flow_record"`
+	UnusedGuardEvent    *ebpf.Variable `ebpf:"unused_guard_event"`
 	UnusedRole          *ebpf.Variable `ebpf:"unused_role"`
-	UnusedSpliceEvent   *ebpf.Variable `ebpf:"unused_splice_event"`
 	UnusedSpliceProgram *ebpf.Variable `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.Variable `ebpf:"unused_splice_seen"`
 	UnusedStateFlags    *ebpf.Variable `ebpf:"unused_state_flags"`

@@ -8,8 +8,6 @@ import (
 	"sort"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/shunt-project/shunt/host"
 )
 
@@ -108,10 +106,8 @@ func decodeRecords(buf []byte) ([]bypassFlowRecord, error) {
 
 // bootOffset converts bpf_ktime_get_ns (CLOCK_MONOTONIC) to wall time.
 func bootOffset() func(uint64) time.Time {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	now := time.Now()
-	mono := uint64(ts.Nano())
+	mono := uint64(monotonicNow())
 	return func(ns uint64) time.Time { return now.Add(-time.Duration(mono - ns)) }
 }
 

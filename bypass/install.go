@@ -47,7 +47,7 @@ const (
 	splicesLink = "splices"
 )
 
-var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs", "excluded_ports", "splice_events"}
+var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs", "excluded_ports", "guard_events"}
 
 // learnedMap is pinned beside the install (LearnedDir), not in it, so what
 // shunt learned outlives a removal and applies to the next install.
@@ -263,7 +263,7 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		"counters":       m.Counters,
 		"peer_refs":      m.PeerRefs,
 		"excluded_ports": m.ExcludedPorts,
-		"splice_events":  m.SpliceEvents,
+		"guard_events":   m.GuardEvents,
 	}
 }
 

@@ -124,10 +124,8 @@ func (in *Install) Learn(command string) error {
 	if command == "" || len(command) > 15 {
 		return fmt.Errorf("%q: a command name has 1 to 15 characters (as ps -o comm shows it)", command)
 	}
-	var ts bypassSpliceSeen
 	now := uint64(monotonicNow())
-	ts.FirstNs, ts.LastNs = now, now
-	return in.maps[learnedMap].Update(commKey(command), ts, 0)
+	return in.maps[learnedMap].Update(commKey(command), bypassSpliceSeen{FirstNs: now, LastNs: now}, 0)
 }
 
 // EventKind says what an Event reports.
@@ -160,9 +158,9 @@ type EventReader struct{ rd *ringbuf.Reader }
 // WatchEvents opens the install's stream of events. Only one reader
 // should consume it (the guard).
 func (in *Install) WatchEvents() (*EventReader, error) {
-	rd, err := ringbuf.NewReader(in.maps["splice_events"])
+	rd, err := ringbuf.NewReader(in.maps["guard_events"])
 	if err != nil {
-		return nil, fmt.Errorf("open splice_events: %w", err)
+		return nil, fmt.Errorf("open guard_events: %w", err)
 	}
 	return &EventReader{rd: rd}, nil
 }
@@ -175,7 +173,7 @@ func (r *EventReader) Read(deadline time.Time) (Event, error) {
 	if err := r.rd.ReadInto(&rec); err != nil {
 		return Event{}, err
 	}
-	var ev bypassSpliceEvent
+	var ev bypassGuardEvent
 	if err := decodeInto(rec.RawSample, &ev); err != nil {
 		return Event{}, err
 	}
@@ -199,6 +197,7 @@ func decodeInto(b []byte, v any) error {
 	return binary.Read(bytes.NewReader(b), binary.NativeEndian, v)
 }
 
+// monotonicNow reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
 func monotonicNow() int64 {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)

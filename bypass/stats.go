@@ -8,7 +8,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 )
 
 // MapFill is how full one map is.
@@ -175,11 +174,7 @@ func (in *Install) sweep() {
 // SweepHandshakes deletes handshake registrations older than HandshakeTTL:
 // handshakes that never completed (e.g. a client that went away after SYN).
 func (in *Install) SweepHandshakes() int {
-	var ts unix.Timespec
-	if unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) != nil {
-		return 0
-	}
-	now := uint64(ts.Nano())
+	now := uint64(monotonicNow())
 	m := in.maps["handshakes"]
 	var (
 		key   bypassTuple

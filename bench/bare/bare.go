@@ -35,12 +35,15 @@ func Use(in *bypass.Install, bare bool) error {
 		defer m.Close()
 		maps[name] = m
 	}
-	var objs bareObjects
+	// The program alone: the header's other maps are not loaded at all.
+	var objs struct {
+		Bare *ebpf.Program `ebpf:"shunt_sk_msg_bare"`
+	}
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: maps}); err != nil {
 		return fmt.Errorf("load the bare sk_msg program: %w", err)
 	}
-	defer objs.Close()
-	return update(paths.SkMsgLink, objs.ShuntSkMsgBare)
+	defer objs.Bare.Close()
+	return update(paths.SkMsgLink, objs.Bare)
 }
 
 // swap puts the program pinned at prog back on the link.

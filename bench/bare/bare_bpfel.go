@@ -19,11 +19,11 @@ const (
 	bareMapControl         = "control"
 	bareMapCounters        = "counters"
 	bareMapExcludedPorts   = "excluded_ports"
+	bareMapGuardEvents     = "guard_events"
 	bareMapHandshakes      = "handshakes"
 	bareMapPeerRefs        = "peer_refs"
 	bareMapSockHash        = "sock_hash"
 	bareMapSockStates      = "sock_states"
-	bareMapSpliceEvents    = "splice_events"
 	bareMapSplicePrograms  = "splice_programs"
 	bareProgShuntSkMsgBare = "shunt_sk_msg_bare"
 )
@@ -80,11 +80,11 @@ type bareMapSpecs struct {
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
+	GuardEvents    *ebpf.MapSpec `ebpf:"guard_events"`
 	Handshakes     *ebpf.MapSpec `ebpf:"handshakes"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
-	SpliceEvents   *ebpf.MapSpec `ebpf:"splice_events"`
 	SplicePrograms *ebpf.MapSpec `ebpf:"splice_programs"`
 }
 
@@ -117,11 +117,11 @@ type bareMaps struct {
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
+	GuardEvents    *ebpf.Map `ebpf:"guard_events"`
 	Handshakes     *ebpf.Map `ebpf:"handshakes"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
-	SpliceEvents   *ebpf.Map `ebpf:"splice_events"`
 	SplicePrograms *ebpf.Map `ebpf:"splice_programs"`
 }
 
@@ -130,11 +130,11 @@ func (m *bareMaps) Close() error {
 		m.Control,
 		m.Counters,
 		m.ExcludedPorts,
+		m.GuardEvents,
 		m.Handshakes,
 		m.PeerRefs,
 		m.SockHash,
 		m.SockStates,
-		m.SpliceEvents,
 		m.SplicePrograms,
 	)
 }

@@ -133,7 +133,7 @@ enum event_kind {
  * application sees an error instead of waiting for bytes that never come),
  * or a blocking read that a signal, stop or ptrace ended with EAGAIN (it
  * logs it: nothing on 6.18 can give that read TCP's answer). */
-struct splice_event {
+struct guard_event {
 	struct sock_key self;  /* the reading socket */
 	__u64 cookie;          /* its socket cookie */
 	__u64 unread;          /* redirected bytes queued when caught */

@@ -91,8 +91,8 @@ struct {
 	__type(value, struct splice_seen);
 } splice_programs SEC(".maps");
 
-/* Caught splice readers, for the guard. */
+/* What the guard hears of (struct guard_event). */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 64 << 10);
-} splice_events SEC(".maps");
+} guard_events SEC(".maps");
