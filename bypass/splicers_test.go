@@ -1,0 +1,111 @@
+package bypass_test
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// thisCommand is the command name the kernel gives this test binary.
+func thisCommand() string {
+	c := filepath.Base(os.Args[0])
+	return c[:min(len(c), 15)]
+}
+
+// A program taught as a splicer (enable --splicer) has its readers kept on
+// TCP from their first recv: nothing is ever redirected to them and their
+// connections leave the sockhash.
+func TestTaughtSplicerStaysOnTCP(t *testing.T) {
+	in, cg := mustInstall(t)
+	if err := in.Learn(thisCommand()); err != nil {
+		t.Fatal(err)
+	}
+	c, s := warmPair(t, cg)
+	waitLeft(t, in, 5*time.Second)
+	for i := 0; i < 10; i++ {
+		exchange(t, c, s, "over TCP")
+		exchange(t, s, c, "and back")
+	}
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Counters.LearnedReaders != 2 || st.Counters.Paired != 1 {
+		t.Errorf("counters %+v: want 1 paired connection whose 2 readers were kept on TCP", st.Counters)
+	}
+	if n, err := in.Forget(thisCommand()); n != 1 || err != nil {
+		t.Errorf("forget: %d, %v", n, err)
+	}
+	if _, err := in.Forget(thisCommand()); !errors.Is(err, bypass.ErrUnknownProgram) {
+		t.Errorf("forgetting it twice: %v, want ErrUnknownProgram", err)
+	}
+}
+
+// While a caught splice reader has redirected bytes it cannot read, its
+// peer's sends never take TCP (the splice would read them first, out of
+// order): they queue behind the others, and past --max-backlog they fail
+// with EACCES. No guard runs here, so nothing resets the connection: the
+// splice must have delivered nothing at all.
+func TestCaughtSplicerGetsNothingOutOfOrder(t *testing.T) {
+	in, cg := mustInstallWith(t, bypass.Options{MaxBacklog: 256 << 10})
+	c, s := warmPair(t, cg)
+	served := make(chan error, 1)
+	go func() {
+		_, err := testenv.HeaderThenSplice(s)
+		served <- err
+	}()
+	chunk := []byte(strings.Repeat("x", 64<<10))
+	if _, err := c.Write(append([]byte("HEAD"), chunk...)); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the reader is caught, then keep sending.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if st, _ := in.Stats(); st.Counters.SpliceCaught == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the splice reader was not caught")
+		}
+	}
+	var sent int
+	var err error
+	c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	for sent < 64<<20 && err == nil {
+		var n int
+		n, err = c.Write(chunk)
+		sent += n
+	}
+	if !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("after %d more bytes the sender got %v, want EACCES once the backlog passed 256 KiB", sent, err)
+	}
+	if sent > 1<<20 {
+		t.Errorf("the sender queued %d bytes behind a splice that cannot read them, want about 256 KiB", sent)
+	}
+	// What the splice read it echoes: nothing, or bytes out of order.
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := io.ReadFull(c, make([]byte, 1)); n != 0 {
+		t.Errorf("the splicing server echoed bytes (%v): they took TCP past the ones it cannot read", err)
+	}
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Counters.RefusedSends == 0 {
+		t.Errorf("counters %+v: refused sends not counted", st.Counters)
+	}
+	// End the stuck splice (the guard's job in production).
+	s.SetDeadline(time.Now())
+	select {
+	case <-served:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the splicing server did not end")
+	}
+}
