@@ -263,8 +263,9 @@ func (d *direction) wrap(step string, err error) error {
 	return fmt.Errorf("%s: %s: %w", d.name, step, err)
 }
 
-// lostAfter bounds the wait, after EOF, for passed bytes to arrive.
-const lostAfter = 5 * time.Second
+// lostAfter bounds the wait, after EOF, for passed bytes to arrive (a
+// variable for tests).
+var lostAfter = 5 * time.Second
 
 // drainWindow is the receive window while draining: small enough that the
 // sender pauses within microseconds, at least a few segments so that ACKs

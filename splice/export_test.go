@@ -1,5 +1,10 @@
 package splice
 
+import (
+	"sync/atomic"
+	"time"
+)
+
 // DropRepeated runs the user-space half of repeat removal on a direction
 // whose ring holds the given repeats (pairs of stream position and length).
 func DropRepeated(b []byte, pos uint64, repeats ...[2]uint64) (kept []byte, left int) {
@@ -12,4 +17,18 @@ func DropRepeated(b []byte, pos uint64, repeats ...[2]uint64) (kept []byte, left
 	d := &direction{shared: &shared}
 	kept = d.dropRepeated(b, pos)
 	return kept, int(shared.SkipHead - shared.SkipTail)
+}
+
+// ClaimSeen makes the verdict's count of bytes seen on a->b (arriving on a)
+// claim n bytes more than arrived, as if the verdict had passed them to user
+// space and they were still held in the psock's backlog; n < 0 takes the
+// claim back.
+func (p *Pair) ClaimSeen(n int64) { atomic.AddUint64(&p.ab.shared.State, uint64(n)) }
+
+// SetLostAfter shortens how long EOF waits for passed bytes, for the
+// duration of a test.
+func SetLostAfter(d time.Duration) (restore func()) {
+	old := lostAfter
+	lostAfter = d
+	return func() { lostAfter = old }
 }

@@ -234,6 +234,62 @@ func TestResetPropagates(t *testing.T) {
 	}
 }
 
+// TestEOFWaitsForPassedBytes: EOF can reach user space before bytes the
+// verdict passed just ahead of the FIN (they wait in the psock's backlog
+// while it sends for the other direction). The count of bytes seen is made
+// to claim bytes that have not arrived: the FIN must wait for them, go on
+// once the count agrees, and if they never come both ends are reset: a
+// clean FIN would end the stream short without anyone knowing.
+func TestEOFWaitsForPassedBytes(t *testing.T) {
+	testenv.RequireRoot(t)
+	defer splice.SetLostAfter(time.Second)()
+	s := mustSplicer(t, splice.Options{})
+	ns := testenv.MustNetNS(t)
+	start := func(t *testing.T) *proxied {
+		p := mustProxied(t, s, ns, "tcp4", "127.0.0.1:0")
+		if _, err := p.client.Write([]byte("hello")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(p.server, make([]byte, 5)); err != nil {
+			t.Fatal(err)
+		}
+		p.waitKernel(t)
+		p.pair.ClaimSeen(100)
+		p.client.CloseWrite()
+		return p
+	}
+	t.Run("late", func(t *testing.T) {
+		p := start(t)
+		p.server.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		if n, err := p.server.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("with bytes missing the far end read %d bytes, %v; want nothing yet", n, err)
+		}
+		p.pair.ClaimSeen(-100) // they came
+		p.server.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if rest, err := io.ReadAll(p.server); err != nil || len(rest) != 0 {
+			t.Fatalf("read %d bytes, %v; want EOF", len(rest), err)
+		}
+		p.server.Close()
+		p.waitDone(t)
+		if err := p.pair.Err(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("never", func(t *testing.T) {
+		p := start(t)
+		for _, c := range []*net.TCPConn{p.server, p.client} {
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("%v read %v, want a reset", c.LocalAddr(), err)
+			}
+		}
+		p.waitDone(t)
+		if err := p.pair.Err(); err == nil || !strings.Contains(err.Error(), "never arrived") {
+			t.Fatalf("pair error %v, want the missing bytes named", err)
+		}
+	})
+}
+
 // TestHandOffAfterFirstBytes: the proxy reads the first bytes itself, writes
 // its own header and those bytes to the server, then joins while the client
 // keeps sending; the server sees header, then the whole stream in order.
