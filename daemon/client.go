@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -85,8 +86,14 @@ func (cl *Client) call(req Request, fds ...int) (Reply, error) {
 		return r, nil
 	case <-cl.done:
 		return Reply{}, cl.err
+	case <-time.After(replyTimeout):
+		return Reply{}, fmt.Errorf("the daemon did not answer %q within %v", req.Op, replyTimeout)
 	}
 }
+
+// replyTimeout bounds the wait for a reply: longer than a hand-over may
+// hold a client's requests (handoverWait).
+const replyTimeout = 2 * handoverWait
 
 // Join hands a and b to the daemon, which joins them in the kernel; it
 // returns the pair's handle. The daemon holds its own descriptors: close a

@@ -396,3 +396,121 @@ func takeOver(t *testing.T, path string, want int, oldDone chan error) {
 		t.Fatal(err)
 	}
 }
+
+// TestTakeOverFailsHalfway: a new daemon that dies or fails anywhere before
+// the commit takes nothing: the old daemon thaws its pairs where they stand
+// and serves on. A stream in flight through every failed attempt ends
+// intact; the joining client keeps its connection, is answered and gets the
+// pair's end; a UDP pair still forwards; new joins work; no descriptor is
+// left over; and a later take-over still succeeds.
+func TestTakeOverFailsHalfway(t *testing.T) {
+	testenv.RequireRoot(t)
+	path := filepath.Join(t.TempDir(), "shunt.sock")
+	_, oldDone := startOldDaemon(t, path)
+	cl := mustClient(t, path)
+	client, server, h := mustJoined(t, cl)
+	ns := testenv.MustNetNS(t)
+	uclient, front := testenv.UDPConnPair(t, ns, "127.0.0.1:0")
+	back, userver := testenv.UDPConnPair(t, ns, "127.0.0.1:0")
+	if _, err := cl.JoinUDP(front, back); err != nil {
+		t.Fatal(err)
+	}
+	front.Close()
+	back.Close()
+	up := testenv.Stream{Seed: 85, Size: 256 << 20, MaxChunk: 64 << 10}
+	down := testenv.Stream{Seed: 86, Size: 16 << 20, MaxChunk: 8 << 10}
+	errs := make(chan error, 4)
+	go func() { errs <- up.WriteAndClose(client) }()
+	go func() { errs <- down.WriteAndClose(server) }()
+	go func() { errs <- up.Check(server, true) }()
+	go func() { errs <- down.Check(client, true) }()
+
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := fds()
+	for _, attempt := range []struct {
+		name string
+		take func() error
+	}{
+		{"dies after the head", func() error { return daemon.TakeOverAndDie(path, 1) }},
+		{"dies after a pair", func() error { return daemon.TakeOverAndDie(path, 2) }},
+		{"dies before ready", func() error { return daemon.TakeOverAndDie(path, -1) }},
+		{"cannot listen", func() error {
+			// A directory where the new daemon binds its socket first.
+			if err := os.MkdirAll(path+".new/in-the-way", 0o755); err != nil {
+				return err
+			}
+			defer os.RemoveAll(path + ".new")
+			srv, _, err := daemon.TakeOver(path, splice.Options{}, t.Logf)
+			if err == nil {
+				srv.Close()
+				return errors.New("took over")
+			}
+			t.Logf("cannot listen: %v", err)
+			return nil
+		}},
+	} {
+		time.Sleep(20 * time.Millisecond) // let the stream move between attempts
+		if err := attempt.take(); err != nil {
+			t.Fatalf("%s: %v", attempt.name, err)
+		}
+		// Answered on the connection that joined: the old daemon serves.
+		st, err := statsWithin(t, cl, 10*time.Second)
+		if err != nil || len(st) != 2 || st[0].Handle != h {
+			t.Fatalf("%s: stats %+v, %v; want the TCP pair %d and the UDP pair", attempt.name, st, err, h)
+		}
+		select {
+		case err := <-oldDone:
+			t.Fatalf("%s: the old daemon stopped serving (%v)", attempt.name, err)
+		default:
+		}
+		uclient.Write([]byte(attempt.name))
+		userver.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 100)
+		if n, err := userver.Read(buf); err != nil || string(buf[:n]) != attempt.name {
+			t.Fatalf("%s: the UDP pair forwarded %q, %v", attempt.name, buf[:n], err)
+		}
+	}
+	if after := fds(); after != before {
+		t.Errorf("%d descriptors open after the failed hand-overs, %d before", after, before)
+	}
+	c2, s2, _ := mustJoined(t, cl)
+	testenv.Warm(t, c2, s2)
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case ev := <-cl.Events():
+		if ev.Event != "ended" || ev.Handle != h || ev.BytesAB != uint64(up.Size) || ev.BytesBA != uint64(down.Size) || ev.Error != "" {
+			t.Fatalf("event %+v", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ended event from the old daemon")
+	}
+	takeOver(t, path, 2, oldDone) // the UDP pair and the new TCP pair
+}
+
+// statsWithin asks for stats, failing the test if no answer comes in time.
+func statsWithin(t *testing.T, cl *daemon.Client, d time.Duration) ([]daemon.PairInfo, error) {
+	t.Helper()
+	type result struct {
+		st  []daemon.PairInfo
+		err error
+	}
+	got := make(chan result, 1)
+	go func() { st, err := cl.Stats(); got <- result{st, err} }()
+	select {
+	case r := <-got:
+		return r.st, r.err
+	case <-time.After(d):
+		t.Fatalf("no answer to stats within %v", d)
+		return nil, nil
+	}
+}

@@ -202,10 +202,7 @@ func (srv *Server) serveConn(c *conn) {
 			if err := srv.handOver(c, req); err != nil {
 				srv.log("daemon: hand-over failed: %v", err)
 			}
-			if _, handed := srv.HandedOver(); handed {
-				return
-			}
-			continue
+			return // the taker's connection serves nothing else
 		}
 		c.send(srv.handle(c, buf[:n], fds, ferr))
 	}
@@ -344,13 +341,22 @@ func (srv *Server) track(owner *conn, pair *splice.Pair, info PairInfo) uint64 {
 	e := &entry{pair: pair, owner: owner, info: info, index: pair.Index()}
 	srv.pairs[h] = e
 	srv.mu.Unlock()
+	srv.watch(h, e)
+	return h
+}
+
+// watch waits for a TCP pair to end and reports it to its owner; it stops
+// when the pair is frozen for a hand-over.
+func (srv *Server) watch(h uint64, e *entry) {
+	pair := e.pair
+	stopped := pair.Stopped()
 	srv.wg.Add(1)
 	go func() {
 		defer srv.wg.Done()
 		select {
 		case <-pair.Done():
-		case <-pair.Stopped():
-			return // handed over
+		case <-stopped:
+			return // frozen: handed over, or watched again after a thaw
 		}
 		srv.mu.Lock()
 		delete(srv.pairs, h)
@@ -364,7 +370,6 @@ func (srv *Server) track(owner *conn, pair *splice.Pair, info PairInfo) uint64 {
 			owner.send(ev)
 		}
 	}()
-	return h
 }
 
 func (e *entry) current() PairInfo {

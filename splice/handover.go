@@ -74,7 +74,7 @@ func (s *Splicer) Release() {
 	s.mu.Lock()
 	s.released = true
 	s.mu.Unlock()
-	unix.Munmap(s.mem)
+	s.unmap()
 	s.link.Close() // the new owner's descriptor keeps the link
 	s.objs.Close()
 	s.mu.Lock()
@@ -85,17 +85,39 @@ func (s *Splicer) Release() {
 	s.mu.Unlock()
 }
 
+// Thaw restarts a frozen Splicer's pairs where they stand, when the
+// hand-over they were frozen for did not happen; the Splicer takes joins
+// again. It returns the pairs restarted (their Stopped channels are new).
+func (s *Splicer) Thaw() []*Pair {
+	s.mu.Lock()
+	s.closed = false
+	var pairs []*Pair
+	for _, p := range s.pairs {
+		if p.frozen.Load() {
+			pairs = append(pairs, p)
+		}
+	}
+	s.mu.Unlock()
+	for _, p := range pairs {
+		p.frozen.Store(false)
+		p.start()
+	}
+	return pairs
+}
+
 func (d *direction) state() DirState {
 	return DirState{UserRead: d.userRead.Load(), UserWrote: d.userWrote.Load(), DstOrigin: d.dstOrigin, Pending: d.pending, Ended: d.ended}
 }
 
 // Resume takes over a frozen Splicer's objects (descriptors received from
-// its process; Resume owns them) and pairs, and restarts the pairs.
+// its process; Resume owns them) and pairs. The pairs stay frozen, and the
+// Splicer takes no joins, until Thaw: until then Release gives all of it
+// up without touching a pair.
 func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, error) {
 	if opts.MaxInflight == 0 {
 		opts.MaxInflight = DefaultMaxInflight
 	}
-	s := &Splicer{maxInflight: opts.MaxInflight, pairs: map[uint32]*Pair{}}
+	s := &Splicer{maxInflight: opts.MaxInflight, pairs: map[uint32]*Pair{}, closed: true}
 	fail := func(err error) (*Splicer, []*Pair, error) {
 		for _, fd := range objs {
 			unix.Close(fd)
@@ -130,6 +152,7 @@ func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, 
 	var pairs []*Pair
 	for _, st := range states {
 		p := &Pair{s: s, index: st.Index, a: st.A, b: st.B, userOnly: st.UserOnly, done: make(chan struct{})}
+		p.frozen.Store(true)
 		if p.ab, err = resumeDirection(p, "a->b", st.A, st.B, 2*st.Index, st.AB); err == nil {
 			p.ba, err = resumeDirection(p, "b->a", st.B, st.A, 2*st.Index+1, st.BA)
 		}
@@ -143,9 +166,6 @@ func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, 
 		pairs = append(pairs, p)
 	}
 	s.free = freeIndices(int(slots/2), used)
-	for _, p := range pairs {
-		p.start()
-	}
 	return s, pairs, nil
 }
 

@@ -48,6 +48,7 @@ type Pair struct {
 	errMu    sync.Mutex
 	err      error
 	finished sync.WaitGroup
+	final    atomic.Pointer[[2]Stats] // Stats once the Splicer's shared state is gone
 }
 
 // Join hands a and b to the kernel: from now on every byte that arrives on
@@ -220,6 +221,7 @@ func (p *Pair) release() {
 	}
 	p.a.Close()
 	p.b.Close()
+	p.seal()
 	p.unregister()
 	close(p.done)
 }
@@ -245,8 +247,27 @@ func (p *Pair) Err() error {
 // socket could not join the map; the pair is then copied in user space).
 func (p *Pair) InKernel() bool { return !p.userOnly }
 
-// Stats returns bytes moved a->b and b->a so far.
-func (p *Pair) Stats() (ab, ba Stats) { return p.ab.stats(), p.ba.stats() }
+// Stats returns bytes moved a->b and b->a so far; after the Splicer let go
+// of its shared state (Close, or Release after a hand-over), the last
+// counts it had.
+func (p *Pair) Stats() (ab, ba Stats) {
+	p.s.memMu.RLock()
+	defer p.s.memMu.RUnlock()
+	if p.s.mem == nil {
+		if f := p.final.Load(); f != nil {
+			return f[0], f[1]
+		}
+		return Stats{}, Stats{}
+	}
+	return p.ab.stats(), p.ba.stats()
+}
+
+// seal keeps the counts for Stats once the shared state is gone.
+func (p *Pair) seal() {
+	ab, ba := p.ab.stats(), p.ba.stats()
+	ab.KernelNow, ba.KernelNow = false, false
+	p.final.Store(&[2]Stats{ab, ba})
+}
 
 // socketFD returns the descriptor behind c without taking it from Go's
 // poller.

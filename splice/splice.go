@@ -38,7 +38,8 @@ type Options struct {
 type Splicer struct {
 	objs        spliceObjects
 	link        link.Link
-	mem         []byte // dirs, shared with the verdict
+	mem         []byte       // dirs, shared with the verdict; nil once unmapped
+	memMu       sync.RWMutex // Stats against unmap
 	maxInflight uint32
 
 	mu       sync.Mutex
@@ -118,8 +119,28 @@ func (s *Splicer) Close() error {
 		}
 	}
 	err := s.link.Close()
-	unix.Munmap(s.mem)
+	s.unmap()
 	return errors.Join(err, s.objs.Close())
+}
+
+// unmap lets go of the shared direction state; every pair's counts are
+// sealed first, for Stats.
+func (s *Splicer) unmap() {
+	s.mu.Lock()
+	pairs := make([]*Pair, 0, len(s.pairs))
+	for _, p := range s.pairs {
+		pairs = append(pairs, p)
+	}
+	s.mu.Unlock()
+	s.memMu.Lock()
+	defer s.memMu.Unlock()
+	for _, p := range pairs {
+		if p.ab != nil && p.ba != nil && p.final.Load() == nil {
+			p.seal()
+		}
+	}
+	unix.Munmap(s.mem)
+	s.mem = nil
 }
 
 // Active is the number of pairs joined now.

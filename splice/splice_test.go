@@ -443,6 +443,7 @@ func TestHandOverMidStream(t *testing.T) {
 		if err != nil || len(pairs) != 1 {
 			t.Fatalf("resume: %d pairs, %v", len(pairs), err)
 		}
+		next.Thaw()
 		s, pair = next, pairs[0]
 		t.Cleanup(func() { s.Close() })
 	}

@@ -75,13 +75,35 @@ func (s *UDPSplicer) Release() {
 	}
 }
 
+// Thaw restarts a frozen UDPSplicer's repair goroutines when the hand-over
+// did not happen; it takes joins again and returns the pairs.
+func (s *UDPSplicer) Thaw() []*UDPPair {
+	s.mu.Lock()
+	s.closed = false
+	pairs := make([]*UDPPair, 0, len(s.pairs))
+	for _, p := range s.pairs {
+		pairs = append(pairs, p)
+	}
+	s.mu.Unlock()
+	for _, p := range pairs {
+		p.mu.Lock()
+		p.closed = false
+		p.mu.Unlock()
+		p.a.SetReadDeadline(time.Time{})
+		p.b.SetReadDeadline(time.Time{})
+		p.start()
+	}
+	return pairs
+}
+
 // ResumeUDP takes over a frozen UDPSplicer's objects (descriptors received
-// from its process; ResumeUDP owns them) and pairs.
+// from its process; ResumeUDP owns them) and pairs, frozen until Thaw, as
+// Resume does.
 func ResumeUDP(objs UDPObjects, opts UDPOptions, states []UDPPairState) (*UDPSplicer, []*UDPPair, error) {
 	if opts.MaxQueue == 0 {
 		opts.MaxQueue = DefaultUDPMaxQueue
 	}
-	s := &UDPSplicer{maxQueue: opts.MaxQueue, pairs: map[uint32]*UDPPair{}}
+	s := &UDPSplicer{maxQueue: opts.MaxQueue, pairs: map[uint32]*UDPPair{}, closed: true}
 	fail := func(err error) (*UDPSplicer, []*UDPPair, error) {
 		for _, fd := range objs {
 			unix.Close(fd)
@@ -110,6 +132,7 @@ func ResumeUDP(objs UDPObjects, opts UDPOptions, states []UDPPairState) (*UDPSpl
 	var pairs []*UDPPair
 	for _, st := range states {
 		p := newUDPPair(s, st.Index, st.A, st.B)
+		p.closed = true // until Thaw
 		for i, c := range []*net.UDPConn{st.A, st.B} {
 			fd, ferr := socketFD(c)
 			if ferr == nil {
@@ -134,8 +157,5 @@ func ResumeUDP(objs UDPObjects, opts UDPOptions, states []UDPPairState) (*UDPSpl
 		pairs = append(pairs, p)
 	}
 	s.free = freeIndices(int(slots/2), used)
-	for _, p := range pairs {
-		p.start()
-	}
 	return s, pairs, nil
 }

@@ -266,6 +266,7 @@ func TestUDPHandOver(t *testing.T) {
 		if err != nil || len(pairs) != 1 {
 			t.Fatalf("resume: %d pairs, %v", len(pairs), err)
 		}
+		next.Thaw()
 		s, pair = next, pairs[0]
 		t.Cleanup(func() { s.Close() })
 	}
