@@ -16,14 +16,14 @@ import (
 // polling (SO_BUSY_POLL) on both sockets.
 const (
 	EchoRW      = "rw"       // read/write loop
-	EchoSplice  = "splice"   // splice(2) socket -> pipe -> socket
+	EchoPipe    = "pipe"     // splice(2) socket -> pipe -> socket
 	EchoIOURing = "io_uring" // one RECV then SEND per chunk through io_uring
 	EchoSockmap = "sockmap"  // sk_skb verdict sends input back out; no process
 	BusyPoll    = "+bp"
 )
 
 // EchoModes lists every mode the echo scenario knows.
-var EchoModes = []string{EchoRW, EchoRW + BusyPoll, EchoSplice, EchoSplice + BusyPoll, EchoIOURing, EchoIOURing + BusyPoll, EchoSockmap}
+var EchoModes = []string{EchoRW, EchoRW + BusyPoll, EchoPipe, EchoPipe + BusyPoll, EchoIOURing, EchoIOURing + BusyPoll, EchoSockmap}
 
 // busyPollUsec is what "+bp" sets SO_BUSY_POLL to.
 const busyPollUsec = 50
@@ -207,7 +207,7 @@ func echoServe(kind string, fd int) error {
 				return err
 			}
 		}
-	case EchoSplice:
+	case EchoPipe:
 		var p [2]int
 		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
 			return err

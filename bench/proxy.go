@@ -21,7 +21,7 @@ import (
 const (
 	ProxyKernel  = "shunt-kernel"
 	ProxyCopy    = "shunt-copy"
-	ProxySplice  = "shunt-splice"
+	ProxyPipe    = "shunt-pipe"
 	ProxyHAProxy = "haproxy" // splice on (option splice-auto)
 	ProxyNginx   = "nginx"   // stream module
 	ProxySocat   = "socat"
@@ -31,7 +31,7 @@ const (
 const nginxStream = "/usr/lib/nginx/modules/ngx_stream_module.so"
 
 // ProxyModes lists every proxy the benchmark knows.
-var ProxyModes = []string{ProxyKernel, ProxyCopy, ProxySplice, ProxyHAProxy, ProxyNginx, ProxySocat}
+var ProxyModes = []string{ProxyKernel, ProxyCopy, ProxyPipe, ProxyHAProxy, ProxyNginx, ProxySocat}
 
 // CPU placement: the proxy on one CPU, client and upstream on the other,
 // the same for every proxy. Kernel work runs where the kernel puts it
@@ -81,7 +81,7 @@ type ProxyResult struct {
 func (cfg ProxyConfig) validate() error {
 	for _, m := range cfg.Modes {
 		switch m {
-		case ProxyKernel, ProxyCopy, ProxySplice:
+		case ProxyKernel, ProxyCopy, ProxyPipe:
 			if cfg.Shunt == "" {
 				return errors.New("the shunt modes need the shunt binary")
 			}
@@ -333,7 +333,7 @@ func startProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, p
 	up := fmt.Sprintf("127.0.0.1:%d", upstream)
 	var argv []string
 	switch m {
-	case ProxyKernel, ProxyCopy, ProxySplice:
+	case ProxyKernel, ProxyCopy, ProxyPipe:
 		argv = []string{cfg.Shunt, "proxy", "--listen", listen, "--upstream", up, "--mode", strings.TrimPrefix(m, "shunt-")}
 	case ProxyHAProxy:
 		conf := filepath.Join(dir, "haproxy.cfg")

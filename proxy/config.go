@@ -18,8 +18,8 @@ const (
 	Kernel Mode = iota
 	// Copy moves bytes through a user-space buffer: read, then write.
 	Copy
-	// Splice moves bytes through a pipe with splice(2), as HAProxy does.
-	Splice
+	// Pipe moves bytes through a pipe with splice(2), as HAProxy does.
+	Pipe
 )
 
 func (m Mode) String() string {
@@ -28,20 +28,25 @@ func (m Mode) String() string {
 		return "kernel"
 	case Copy:
 		return "copy"
-	case Splice:
-		return "splice"
+	case Pipe:
+		return "pipe"
 	}
 	return fmt.Sprintf("mode(%d)", int(m))
 }
 
-// ParseMode reads "kernel", "copy" or "splice".
+// ParseMode reads "kernel", "copy" or "pipe".
 func ParseMode(s string) (Mode, error) {
-	for _, m := range []Mode{Kernel, Copy, Splice} {
+	for _, m := range []Mode{Kernel, Copy, Pipe} {
 		if s == m.String() {
 			return m, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown mode %q: want kernel, copy or splice", s)
+	if s == "splice" {
+		// In shunt "splice" names the kernel join (package splice,
+		// shunt splice): splice(2) through a pipe is "pipe".
+		return 0, fmt.Errorf(`unknown mode "splice": splice(2) through a pipe is --mode pipe; the kernel join is --mode kernel`)
+	}
+	return 0, fmt.Errorf("unknown mode %q: want kernel, copy or pipe", s)
 }
 
 // ProxyProtocol is the PROXY protocol header sent to the upstream first.
@@ -150,7 +155,7 @@ func (c *Config) check() error {
 			return fmt.Errorf("route %s has no upstream", r.Host)
 		}
 	}
-	if c.Mode < Kernel || c.Mode > Splice {
+	if c.Mode < Kernel || c.Mode > Pipe {
 		return fmt.Errorf("unknown mode %d", c.Mode)
 	}
 	if c.DialTimeout == 0 {

@@ -211,7 +211,7 @@ func (p *Proxy) handle(client *net.TCPConn) {
 		r = p.joinInKernel(client, upstream)
 	} else {
 		p.track(client, upstream, true)
-		r = relay(client, upstream, p.cfg.Mode == Splice)
+		r = relay(client, upstream, p.cfg.Mode == Pipe)
 		p.track(client, upstream, false)
 	}
 	p.up.Add(r.up)

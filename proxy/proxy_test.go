@@ -21,7 +21,7 @@ import (
 	"github.com/shunt-project/shunt/proxy"
 )
 
-var modes = []proxy.Mode{proxy.Kernel, proxy.Copy, proxy.Splice}
+var modes = []proxy.Mode{proxy.Kernel, proxy.Copy, proxy.Pipe}
 
 var families = []struct{ name, loopback string }{
 	{"ipv4", "127.0.0.1"},

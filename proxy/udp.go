@@ -122,7 +122,7 @@ func NewUDP(cfg Config, idle time.Duration, logf func(format string, args ...any
 		return nil, errors.New("UDP has no Host header to route on: drop the routes")
 	case cfg.Proxy != NoProxyProtocol:
 		return nil, errors.New("a PROXY protocol header is for TCP streams: use none with UDP")
-	case cfg.Mode == Splice:
+	case cfg.Mode == Pipe:
 		return nil, errors.New("splice(2) moves stream bytes: use kernel or copy mode with UDP")
 	}
 	if idle == 0 {

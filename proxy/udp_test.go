@@ -147,7 +147,7 @@ func TestUDPProxyRefusesTCPOnlyOptions(t *testing.T) {
 		change func(*proxy.Config)
 		want   string
 	}{
-		{func(c *proxy.Config) { c.Mode = proxy.Splice }, "use kernel or copy mode"},
+		{func(c *proxy.Config) { c.Mode = proxy.Pipe }, "use kernel or copy mode"},
 		{func(c *proxy.Config) { c.Proxy = proxy.ProxyV2 }, "PROXY protocol"},
 		{func(c *proxy.Config) { c.Routes = []proxy.Route{{Host: "x", Upstreams: base.Upstreams}} }, "route"},
 	} {

@@ -32,7 +32,7 @@ connection's bytes:
                   wake-up per chunk; user space only forwards FIN and RST and
                   takes over while the far reader is slow (flow control)
   --mode copy     through a user-space buffer (read, then write)
-  --mode splice   through a pipe with splice(2), as HAProxy does
+  --mode pipe     through a pipe with splice(2), as HAProxy does
 
 With --route HOST=ADDR:PORT[,...] the proxy reads the first request head
 (HTTP/1) and sends requests for that Host to those upstreams; others, and
@@ -124,7 +124,7 @@ still holds. Kernel mode needs root.`,
 	f := c.Flags()
 	f.StringVar(&listen, "listen", "", "address to accept connections on, like 127.0.0.1:8080 or [::]:8080")
 	f.StringVar(&upstreams, "upstream", "", "upstream addresses, comma separated, taken in turn")
-	f.StringVar(&mode, "mode", "kernel", "kernel, copy or splice: how bytes move once connected")
+	f.StringVar(&mode, "mode", "kernel", "kernel (joined in the kernel), copy (read and write) or pipe (splice(2) through a pipe): how bytes move once connected")
 	f.StringVar(&proxyProto, "proxy-protocol", "none", "none, v1 or v2: announce the client to the upstream")
 	f.StringArrayVar(&routes, "route", nil, "HOST=ADDR:PORT[,ADDR:PORT]: HTTP requests for HOST go there (repeatable)")
 	f.StringVar(&maxInflight, "max-inflight", "4M", "kernel mode: bytes one direction may have unacknowledged in the outgoing socket before user space paces it")

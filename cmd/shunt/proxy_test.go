@@ -70,7 +70,8 @@ func TestProxyErrors(t *testing.T) {
 		{"bad-proxy-protocol", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1", "--proxy-protocol", "v3"}, 2, "unknown PROXY protocol version"},
 		{"unspecified-upstream", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "0.0.0.0:80"}, 1, "want a concrete address"},
 		{"listen-not-permitted", []string{"proxy", "--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:2", "--mode", "copy"}, 1, "listen on 127.0.0.1:1"},
-		{"udp-splice", []string{"proxy", "--udp", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:2", "--mode", "splice"}, 1, "use kernel or copy mode with UDP"},
+		{"udp-pipe", []string{"proxy", "--udp", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:2", "--mode", "pipe"}, 1, "use kernel or copy mode with UDP"},
+		{"old-splice-mode", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:2", "--mode", "splice"}, 2, "is --mode pipe"},
 		{"udp-idle", []string{"proxy", "--udp", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:2", "--idle", "0s"}, 2, "--idle: want a positive duration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
