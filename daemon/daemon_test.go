@@ -95,26 +95,10 @@ func TestJoinByHandOver(t *testing.T) {
 	}
 	up := testenv.Stream{Seed: 51, Size: 32 << 20, MaxChunk: 30000}
 	down := testenv.Stream{Seed: 52, Size: 1 << 20, MaxChunk: 3000}
-	errs := make(chan error, 3)
-	go func() { errs <- up.WriteAndClose(client) }()
-	go func() { errs <- down.WriteAndClose(server) }()
-	go func() { errs <- down.Check(client, true) }()
-	if err := up.Check(server, true); err != nil {
+	if err := testenv.BothWays(client, server, up, down)(); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case ev := <-cl.Events():
-		if ev.Event != "ended" || ev.Handle != h || ev.BytesAB != uint64(up.Size) || ev.BytesBA != uint64(down.Size) || ev.Error != "" {
-			t.Fatalf("event %+v", ev)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no ended event")
-	}
+	wantEnded(t, cl, h, up, down)
 	if st, err := cl.Stats(); err != nil || len(st) != 0 {
 		t.Fatalf("stats after the end: %+v, %v", st, err)
 	}
@@ -259,11 +243,7 @@ func TestTakeOver(t *testing.T) {
 	client, server, h := mustJoined(t, cl)
 	up := testenv.Stream{Seed: 81, Size: 256 << 20, MaxChunk: 64 << 10}
 	down := testenv.Stream{Seed: 82, Size: 16 << 20, MaxChunk: 8 << 10}
-	errs := make(chan error, 4)
-	go func() { errs <- up.WriteAndClose(client) }()
-	go func() { errs <- down.WriteAndClose(server) }()
-	go func() { errs <- up.Check(server, true) }()
-	go func() { errs <- down.Check(client, true) }()
+	wait := testenv.BothWays(client, server, up, down)
 	time.Sleep(50 * time.Millisecond)
 
 	takeOver(t, path, 1, oldDone)
@@ -284,19 +264,10 @@ func TestTakeOver(t *testing.T) {
 	if st, err := cl.Stats(); err != nil || len(st) != 1 || st[0].Handle != h {
 		t.Fatalf("the joining client's stats after the take-over: %+v, %v", st, err)
 	}
-	for range 4 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
+	if err := wait(); err != nil {
+		t.Fatal(err)
 	}
-	select {
-	case ev := <-cl.Events():
-		if ev.Event != "ended" || ev.Handle != h || ev.BytesAB != uint64(up.Size) || ev.BytesBA != uint64(down.Size) || ev.Error != "" {
-			t.Fatalf("event %+v", ev)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no ended event from the new daemon")
-	}
+	wantEnded(t, cl, h, up, down)
 }
 
 // TestTakeOverRefusedAcrossVersions: a daemon whose state layout differs
@@ -419,11 +390,7 @@ func TestTakeOverFailsHalfway(t *testing.T) {
 	back.Close()
 	up := testenv.Stream{Seed: 85, Size: 256 << 20, MaxChunk: 64 << 10}
 	down := testenv.Stream{Seed: 86, Size: 16 << 20, MaxChunk: 8 << 10}
-	errs := make(chan error, 4)
-	go func() { errs <- up.WriteAndClose(client) }()
-	go func() { errs <- down.WriteAndClose(server) }()
-	go func() { errs <- up.Check(server, true) }()
-	go func() { errs <- down.Check(client, true) }()
+	wait := testenv.BothWays(client, server, up, down)
 
 	fds := func() int {
 		ents, err := os.ReadDir("/proc/self/fd")
@@ -481,19 +448,10 @@ func TestTakeOverFailsHalfway(t *testing.T) {
 	}
 	c2, s2, _ := mustJoined(t, cl)
 	testenv.Warm(t, c2, s2)
-	for range 4 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
+	if err := wait(); err != nil {
+		t.Fatal(err)
 	}
-	select {
-	case ev := <-cl.Events():
-		if ev.Event != "ended" || ev.Handle != h || ev.BytesAB != uint64(up.Size) || ev.BytesBA != uint64(down.Size) || ev.Error != "" {
-			t.Fatalf("event %+v", ev)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no ended event from the old daemon")
-	}
+	wantEnded(t, cl, h, up, down)
 	takeOver(t, path, 2, oldDone) // the UDP pair and the new TCP pair
 }
 
@@ -512,5 +470,19 @@ func statsWithin(t *testing.T, cl *daemon.Client, d time.Duration) ([]daemon.Pai
 	case <-time.After(d):
 		t.Fatalf("no answer to stats within %v", d)
 		return nil, nil
+	}
+}
+
+// wantEnded waits for the "ended" event of pair h after up and down went
+// through it whole, without error.
+func wantEnded(t *testing.T, cl *daemon.Client, h uint64, up, down testenv.Stream) {
+	t.Helper()
+	select {
+	case ev := <-cl.Events():
+		if ev.Event != "ended" || ev.Handle != h || ev.BytesAB != uint64(up.Size) || ev.BytesBA != uint64(down.Size) || ev.Error != "" {
+			t.Fatalf("event %+v, want pair %d ended after %d and %d bytes", ev, h, up.Size, down.Size)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no ended event for pair %d within 10 s", h)
 	}
 }

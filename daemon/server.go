@@ -302,47 +302,65 @@ func (srv *Server) join(c *conn, fdA, fdB int) (uint64, error) {
 		return 0, errors.New("one UDP socket and one that is not: a pair must be two of a kind")
 	}
 	if udpA {
-		return srv.joinUDP(c, fdA, fdB)
+		a, b, pair, err := joinFDs(fdA, fdB, splice.UDPConn, srv.u.Join)
+		if err != nil {
+			return 0, err
+		}
+		return srv.trackUDP(c, pair, newPairInfo("udp", a, b, true)), nil
 	}
-	a, err := splice.Conn(fdA)
+	a, b, pair, err := joinFDs(fdA, fdB, splice.Conn, srv.s.Join)
 	if err != nil {
-		unix.Close(fdB)
-		return 0, fmt.Errorf("first descriptor %w", err)
-	}
-	b, err := splice.Conn(fdB)
-	if err != nil {
-		a.Close()
-		return 0, fmt.Errorf("second descriptor %w", err)
-	}
-	pair, err := srv.s.Join(a, b)
-	if err != nil {
-		a.Close()
-		b.Close()
 		return 0, err
 	}
-	info := PairInfo{
-		Proto: "tcp", Since: time.Now(), InKernel: pair.InKernel(),
+	return srv.track(c, pair, newPairInfo("tcp", a, b, pair.InKernel())), nil
+}
+
+// joinFDs wraps two received descriptors as connections and joins them;
+// on error it closes whatever it holds.
+func joinFDs[C net.Conn, P any](fdA, fdB int, wrap func(int) (C, error), join func(a, b C) (P, error)) (a, b C, pair P, err error) {
+	if a, err = wrap(fdA); err != nil {
+		unix.Close(fdB)
+		return a, b, pair, fmt.Errorf("first descriptor %w", err)
+	}
+	if b, err = wrap(fdB); err != nil {
+		a.Close()
+		return a, b, pair, fmt.Errorf("second descriptor %w", err)
+	}
+	if pair, err = join(a, b); err != nil {
+		a.Close()
+		b.Close()
+	}
+	return a, b, pair, err
+}
+
+func newPairInfo(proto string, a, b net.Conn, inKernel bool) PairInfo {
+	return PairInfo{
+		Proto: proto, Since: time.Now(), InKernel: inKernel,
 		A: a.LocalAddr().String() + " -> " + a.RemoteAddr().String(),
 		B: b.LocalAddr().String() + " -> " + b.RemoteAddr().String(),
 	}
-	return srv.track(c, pair, info), nil
 }
 
-// track registers a pair (info.Handle 0: a new handle) and reports its end
-// to owner.
+// track registers a TCP pair (info.Handle 0: a new handle) and reports its
+// end to owner.
 func (srv *Server) track(owner *conn, pair *splice.Pair, info PairInfo) uint64 {
-	srv.mu.Lock()
-	if info.Handle == 0 {
-		srv.next++
-		info.Handle = srv.next
-	}
-	srv.next = max(srv.next, info.Handle)
-	h := info.Handle
 	e := &entry{pair: pair, owner: owner, info: info, index: pair.Index()}
-	srv.pairs[h] = e
-	srv.mu.Unlock()
+	h := srv.register(e)
 	srv.watch(h, e)
 	return h
+}
+
+// register gives e its handle (its own if it has one) and lists it.
+func (srv *Server) register(e *entry) uint64 {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if e.info.Handle == 0 {
+		srv.next++
+		e.info.Handle = srv.next
+	}
+	srv.next = max(srv.next, e.info.Handle)
+	srv.pairs[e.info.Handle] = e
+	return e.info.Handle
 }
 
 // watch waits for a TCP pair to end and reports it to its owner; it stops
@@ -391,43 +409,10 @@ func isUDP(fd int) bool {
 	return err == nil && typ == unix.SOCK_DGRAM
 }
 
-func (srv *Server) joinUDP(c *conn, fdA, fdB int) (uint64, error) {
-	a, err := splice.UDPConn(fdA)
-	if err != nil {
-		unix.Close(fdB)
-		return 0, fmt.Errorf("first descriptor %w", err)
-	}
-	b, err := splice.UDPConn(fdB)
-	if err != nil {
-		a.Close()
-		return 0, fmt.Errorf("second descriptor %w", err)
-	}
-	pair, err := srv.u.Join(a, b)
-	if err != nil {
-		a.Close()
-		b.Close()
-		return 0, err
-	}
-	info := PairInfo{
-		Proto: "udp", Since: time.Now(), InKernel: true,
-		A: a.LocalAddr().String() + " -> " + a.RemoteAddr().String(),
-		B: b.LocalAddr().String() + " -> " + b.RemoteAddr().String(),
-	}
-	return srv.trackUDP(c, pair, info), nil
-}
-
 // trackUDP registers a UDP pair (info.Handle 0: a new handle). A UDP pair
 // has no end of its own: it ends by the close op or with the daemon.
 func (srv *Server) trackUDP(owner *conn, pair *splice.UDPPair, info PairInfo) uint64 {
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	if info.Handle == 0 {
-		srv.next++
-		info.Handle = srv.next
-	}
-	srv.next = max(srv.next, info.Handle)
-	srv.pairs[info.Handle] = &entry{udp: pair, owner: owner, info: info, index: pair.Index()}
-	return info.Handle
+	return srv.register(&entry{udp: pair, owner: owner, info: info, index: pair.Index()})
 }
 
 // closeUDP ends a UDP pair and reports it to its owner, as a TCP pair's end

@@ -3,7 +3,9 @@ package splice
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -53,10 +55,7 @@ type PairState struct {
 func (s *Splicer) Freeze() (Objects, []PairState) {
 	s.mu.Lock()
 	s.closed = true
-	pairs := make([]*Pair, 0, len(s.pairs))
-	for _, p := range s.pairs {
-		pairs = append(pairs, p)
-	}
+	pairs := slices.Collect(maps.Values(s.pairs))
 	s.mu.Unlock()
 	var out []PairState
 	for _, p := range pairs {
@@ -118,24 +117,9 @@ func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, 
 		opts.MaxInflight = DefaultMaxInflight
 	}
 	s := &Splicer{maxInflight: opts.MaxInflight, pairs: map[uint32]*Pair{}, closed: true}
-	fail := func(err error) (*Splicer, []*Pair, error) {
-		for _, fd := range objs {
-			unix.Close(fd)
-		}
-		return nil, nil, err
-	}
 	var err error
-	maps := []**ebpf.Map{&s.objs.Socks, &s.objs.Dirs, &s.objs.Slots}
-	for i, m := range maps {
-		if *m, err = ebpf.NewMapFromFD(objs[i]); err != nil {
-			return fail(fmt.Errorf("splice: take over map: %w", err))
-		}
-	}
-	if s.objs.SpliceVerdict, err = ebpf.NewProgramFromFD(objs[3]); err != nil {
-		return fail(fmt.Errorf("splice: take over program: %w", err))
-	}
-	if s.link, err = link.NewFromFD(objs[4]); err != nil {
-		return fail(fmt.Errorf("splice: take over link: %w", err))
+	if s.link, err = adopt(objs[:], []**ebpf.Map{&s.objs.Socks, &s.objs.Dirs, &s.objs.Slots}, &s.objs.SpliceVerdict); err != nil {
+		return nil, nil, err
 	}
 	slots := s.objs.Socks.MaxEntries()
 	if s.objs.Dirs.MaxEntries() != slots || s.objs.Dirs.ValueSize() != uint32(unsafe.Sizeof(spliceSpliceDir{})) {
@@ -188,4 +172,38 @@ func resumeDirection(p *Pair, name string, src, dst *net.TCPConn, slot uint32, s
 	d.userRead.Store(st.UserRead)
 	d.userWrote.Store(st.UserWrote)
 	return d, nil
+}
+
+// adopt wraps object descriptors received from another process: the maps,
+// then the program, then its link. It owns fds: on error none is left open.
+func adopt(fds []int, maps []**ebpf.Map, prog **ebpf.Program) (link.Link, error) {
+	taken := 0 // fds[:taken] belong to the objects made so far
+	fail := func(what string, err error) (link.Link, error) {
+		for _, m := range maps[:min(taken, len(maps))] {
+			(*m).Close()
+		}
+		if taken > len(maps) {
+			(*prog).Close()
+		}
+		for _, fd := range fds[taken:] {
+			unix.Close(fd)
+		}
+		return nil, fmt.Errorf("splice: take over %s: %w", what, err)
+	}
+	var err error
+	for _, m := range maps {
+		if *m, err = ebpf.NewMapFromFD(fds[taken]); err != nil {
+			return fail("map", err)
+		}
+		taken++
+	}
+	if *prog, err = ebpf.NewProgramFromFD(fds[taken]); err != nil {
+		return fail("program", err)
+	}
+	taken++
+	l, err := link.NewFromFD(fds[taken])
+	if err != nil {
+		return fail("link", err)
+	}
+	return l, nil
 }

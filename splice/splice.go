@@ -8,6 +8,8 @@ package splice
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -107,10 +109,7 @@ func (s *Splicer) Close() error {
 		return nil
 	}
 	s.closed = true
-	pairs := make([]*Pair, 0, len(s.pairs))
-	for _, p := range s.pairs {
-		pairs = append(pairs, p)
-	}
+	pairs := slices.Collect(maps.Values(s.pairs))
 	s.mu.Unlock()
 	for _, p := range pairs {
 		p.Abort()
@@ -127,10 +126,7 @@ func (s *Splicer) Close() error {
 // sealed first, for Stats.
 func (s *Splicer) unmap() {
 	s.mu.Lock()
-	pairs := make([]*Pair, 0, len(s.pairs))
-	for _, p := range s.pairs {
-		pairs = append(pairs, p)
-	}
+	pairs := slices.Collect(maps.Values(s.pairs))
 	s.mu.Unlock()
 	s.memMu.Lock()
 	defer s.memMu.Unlock()

@@ -90,15 +90,8 @@ func (p *proxied) waitKernel(t *testing.T) {
 // once, each closed after its last byte, and checks both arrive whole.
 func (p *proxied) streamBothWays(t *testing.T, up, down testenv.Stream) {
 	t.Helper()
-	errs := make(chan error, 4)
-	go func() { errs <- up.WriteAndClose(p.client) }()
-	go func() { errs <- down.WriteAndClose(p.server) }()
-	go func() { errs <- up.Check(p.server, true) }()
-	go func() { errs <- down.Check(p.client, true) }()
-	for range 4 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
+	if err := testenv.BothWays(p.client, p.server, up, down)(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -422,11 +415,7 @@ func TestHandOverMidStream(t *testing.T) {
 	p := mustProxied(t, s, testenv.MustNetNS(t), "tcp4", "127.0.0.1:0")
 	up := testenv.Stream{Seed: 71, Size: 256 << 20, MaxChunk: 100 << 10}
 	down := testenv.Stream{Seed: 72, Size: 64 << 20, MaxChunk: 10 << 10}
-	errs := make(chan error, 4)
-	go func() { errs <- up.WriteAndClose(p.client) }()
-	go func() { errs <- down.WriteAndClose(p.server) }()
-	go func() { errs <- up.Check(p.server, true) }()
-	go func() { errs <- down.Check(p.client, true) }()
+	wait := testenv.BothWays(p.client, p.server, up, down)
 
 	var pair *splice.Pair
 	for range 10 {
@@ -447,10 +436,8 @@ func TestHandOverMidStream(t *testing.T) {
 		s, pair = next, pairs[0]
 		t.Cleanup(func() { s.Close() })
 	}
-	for range 4 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
+	if err := wait(); err != nil {
+		t.Fatal(err)
 	}
 	select {
 	case <-pair.Done():

@@ -3,9 +3,11 @@ package splice
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -329,10 +331,7 @@ func (s *UDPSplicer) Close() error {
 		return nil
 	}
 	s.closed = true
-	pairs := make([]*UDPPair, 0, len(s.pairs))
-	for _, p := range s.pairs {
-		pairs = append(pairs, p)
-	}
+	pairs := slices.Collect(maps.Values(s.pairs))
 	s.mu.Unlock()
 	for _, p := range pairs {
 		p.Close()

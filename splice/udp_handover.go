@@ -3,12 +3,13 @@ package splice
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -39,10 +40,7 @@ func UDPStateVersion() string {
 func (s *UDPSplicer) Freeze() (UDPObjects, []UDPPairState) {
 	s.mu.Lock()
 	s.closed = true
-	pairs := make([]*UDPPair, 0, len(s.pairs))
-	for _, p := range s.pairs {
-		pairs = append(pairs, p)
-	}
+	pairs := slices.Collect(maps.Values(s.pairs))
 	s.mu.Unlock()
 	var out []UDPPairState
 	for _, p := range pairs {
@@ -80,10 +78,7 @@ func (s *UDPSplicer) Release() {
 func (s *UDPSplicer) Thaw() []*UDPPair {
 	s.mu.Lock()
 	s.closed = false
-	pairs := make([]*UDPPair, 0, len(s.pairs))
-	for _, p := range s.pairs {
-		pairs = append(pairs, p)
-	}
+	pairs := slices.Collect(maps.Values(s.pairs))
 	s.mu.Unlock()
 	for _, p := range pairs {
 		p.mu.Lock()
@@ -104,23 +99,9 @@ func ResumeUDP(objs UDPObjects, opts UDPOptions, states []UDPPairState) (*UDPSpl
 		opts.MaxQueue = DefaultUDPMaxQueue
 	}
 	s := &UDPSplicer{maxQueue: opts.MaxQueue, pairs: map[uint32]*UDPPair{}, closed: true}
-	fail := func(err error) (*UDPSplicer, []*UDPPair, error) {
-		for _, fd := range objs {
-			unix.Close(fd)
-		}
-		return nil, nil, err
-	}
 	var err error
-	for i, m := range []**ebpf.Map{&s.objs.UdpSocks, &s.objs.UdpDirs, &s.objs.UdpSlots} {
-		if *m, err = ebpf.NewMapFromFD(objs[i]); err != nil {
-			return fail(fmt.Errorf("splice: take over UDP map: %w", err))
-		}
-	}
-	if s.objs.SpliceUdpVerdict, err = ebpf.NewProgramFromFD(objs[3]); err != nil {
-		return fail(fmt.Errorf("splice: take over UDP program: %w", err))
-	}
-	if s.link, err = link.NewFromFD(objs[4]); err != nil {
-		return fail(fmt.Errorf("splice: take over UDP link: %w", err))
+	if s.link, err = adopt(objs[:], []**ebpf.Map{&s.objs.UdpSocks, &s.objs.UdpDirs, &s.objs.UdpSlots}, &s.objs.SpliceUdpVerdict); err != nil {
+		return nil, nil, err
 	}
 	slots := s.objs.UdpSocks.MaxEntries()
 	if s.objs.UdpDirs.ValueSize() != uint32(unsafe.Sizeof(spliceudpSpliceUdpDir{})) {

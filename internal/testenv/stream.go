@@ -171,3 +171,29 @@ func HeaderThenSplice(s *net.TCPConn) (copied int64, err error) {
 	s.CloseWrite()
 	return copied, err
 }
+
+// Conn is one end of a stream: it reads, writes and sends FIN.
+type Conn interface {
+	io.Reader
+	HalfCloser
+}
+
+// BothWays sends up from a to b and down from b to a at once, each closed
+// after its last byte, and checks that both arrive whole and end in EOF.
+// The returned wait gives the first error once all four are done.
+func BothWays(a, b Conn, up, down Stream) (wait func() error) {
+	errs := make(chan error, 4)
+	go func() { errs <- up.WriteAndClose(a) }()
+	go func() { errs <- down.WriteAndClose(b) }()
+	go func() { errs <- up.Check(b, true) }()
+	go func() { errs <- down.Check(a, true) }()
+	return func() error {
+		var first error
+		for range 4 {
+			if err := <-errs; err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	}
+}
