@@ -33,8 +33,7 @@ Numbers and method: docs/BENCHMARKS.md.`,
 type matrixFlags struct {
 	sizes, modes, placements, topology string
 	rounds                             int
-	asJSON                             bool
-	out                                string
+	output                             benchOutput
 }
 
 func (m *matrixFlags) register(fs *pflag.FlagSet, sizeName, sizes, modes, placements, modeHelp string) {
@@ -43,8 +42,7 @@ func (m *matrixFlags) register(fs *pflag.FlagSet, sizeName, sizes, modes, placem
 	fs.StringVar(&m.placements, "placement", placements, "CPU placement: same-cpu (both on CPU 1), cross-cpu (client/sender on 0, server/receiver on 1)")
 	fs.StringVar(&m.topology, "topology", bench.Veth, "veth (two namespaces joined by veth) or loopback (one namespace, 127.0.0.1)")
 	fs.IntVar(&m.rounds, "rounds", 5, "interleaved rounds")
-	fs.BoolVar(&m.asJSON, "json", false, "print JSON")
-	fs.StringVar(&m.out, "out", "", "also write JSON, a markdown table and PNG plots to this directory")
+	m.output.flags(fs, "also write JSON, a markdown table and PNG plots to this directory")
 }
 
 func (m *matrixFlags) matrix(sizeFlag string, modes ...string) (bench.Matrix, error) {
@@ -124,7 +122,7 @@ func runBench[T any](ctx context.Context, e *env, m *matrixFlags, mx *bench.Matr
 		return err
 	}
 	defer l.Close()
-	if !m.asJSON {
+	if !m.output.json {
 		mx.Progress = progress(e)
 	}
 	res, err := run(ctx, l)
@@ -132,18 +130,30 @@ func runBench[T any](ctx context.Context, e *env, m *matrixFlags, mx *bench.Matr
 	if err != nil {
 		return err
 	}
-	return emitBench(e, res, m.out, m.asJSON, table, report)
+	return emitBench(e, m.output, res, table, report)
 }
 
-// emitBench writes a benchmark's report to out (if given) and prints its
+// benchOutput is the --out and --json of a bench command.
+type benchOutput struct {
+	dir  string
+	json bool
+}
+
+// flags registers --out (outHelp says what it writes) and --json.
+func (o *benchOutput) flags(f *pflag.FlagSet, outHelp string) {
+	f.StringVar(&o.dir, "out", "", outHelp)
+	f.BoolVar(&o.json, "json", false, "print JSON")
+}
+
+// emitBench writes a benchmark's report to --out (if given) and prints its
 // result as JSON or as a table.
-func emitBench[T any](e *env, res T, out string, asJSON bool, table func(io.Writer, T), report func(dir string, res T) error) error {
-	if out != "" {
-		if err := report(out, res); err != nil {
+func emitBench[T any](e *env, o benchOutput, res T, table func(io.Writer, T), report func(dir string, res T) error) error {
+	if o.dir != "" {
+		if err := report(o.dir, res); err != nil {
 			return err
 		}
 	}
-	if asJSON {
+	if o.json {
 		return writeJSON(e.stdout, res)
 	}
 	table(e.stdout, res)

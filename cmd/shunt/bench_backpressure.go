@@ -16,9 +16,9 @@ import (
 
 func newBenchBackpressureCmd(e *env) *cobra.Command {
 	var (
-		cfg               bench.BackpressureConfig
-		modes, rates, out string
-		asJSON            bool
+		cfg          bench.BackpressureConfig
+		modes, rates string
+		output       benchOutput
 	)
 	c := &cobra.Command{
 		Use:   "backpressure",
@@ -56,7 +56,7 @@ its backlog limit plus what TCP buffers.`,
 				return err
 			}
 			defer l.Close()
-			if !asJSON {
+			if !output.json {
 				cfg.Progress = progress(e)
 			}
 			res, err := bench.RunBackpressure(c.Context(), l, cfg)
@@ -64,7 +64,7 @@ its backlog limit plus what TCP buffers.`,
 			if err != nil {
 				return err
 			}
-			return emitBench(e, res, out, asJSON, printBackpressure, report.Backpressure)
+			return emitBench(e, output, res, printBackpressure, report.Backpressure)
 		},
 	}
 	c.Flags().StringVar(&modes, "modes", "tcp,shunt-bare,shunt", "modes to compare: tcp, shunt-bare (redirect without flow control), shunt (bypass with flow control)")
@@ -74,8 +74,7 @@ its backlog limit plus what TCP buffers.`,
 	c.Flags().DurationVar(&cfg.Interval, "interval", 100*time.Millisecond, "sampling interval")
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 1, "interleaved rounds")
 	c.Flags().StringVar(&cfg.Topology, "topology", bench.Veth, "veth or loopback")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	c.Flags().StringVar(&out, "out", "", "also write JSON, a markdown table and a PNG plot to this directory")
+	output.flags(c.Flags(), "also write JSON, a markdown table and a PNG plot to this directory")
 	return c
 }
 

@@ -19,8 +19,7 @@ func newBenchFanoutCmd(e *env) *cobra.Command {
 	var (
 		cfg                             bench.FanoutConfig
 		sizes, rates, subs, paths, slow string
-		out                             string
-		asJSON                          bool
+		output                          benchOutput
 	)
 	c := &cobra.Command{
 		Use:   "fanout",
@@ -72,14 +71,14 @@ delivered to subscribers.`,
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
-			if !asJSON {
+			if !output.json {
 				cfg.Progress = e.stderr
 			}
 			res, err := bench.RunFanout(c.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			return emitBench(e, res, out, asJSON, printFanout, report.Fanout)
+			return emitBench(e, output, res, printFanout, report.Fanout)
 		},
 	}
 	c.Flags().StringVar(&sizes, "sizes", "100,1400", "message sizes in bytes (at least 16)")
@@ -89,8 +88,7 @@ delivered to subscribers.`,
 	c.Flags().StringVar(&slow, "slow", "0", "extra subscribers that never read, one run per value (e.g. 0,1): what a stalled subscriber costs the others")
 	c.Flags().DurationVar(&cfg.Duration, "duration", 1e9, "sending time per run")
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")
-	c.Flags().StringVar(&out, "out", "", "write fanout.md, fanout.json and fanout.png to this directory")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	output.flags(c.Flags(), "write fanout.md, fanout.json and fanout.png to this directory")
 	return c
 }
 

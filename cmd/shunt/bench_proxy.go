@@ -19,8 +19,7 @@ func newBenchProxyCmd(e *env) *cobra.Command {
 	var (
 		cfg                  bench.ProxyConfig
 		modes, sizes, blocks string
-		out                  string
-		asJSON               bool
+		output               benchOutput
 	)
 	c := &cobra.Command{
 		Use:   "proxy",
@@ -62,14 +61,14 @@ with fork; each is left out with a clear message if it is not installed.`,
 				return err
 			}
 			var progress io.Writer = io.Discard
-			if !asJSON {
+			if !output.json {
 				progress = e.stderr
 			}
 			res, err := bench.RunProxy(c.Context(), cfg, progress)
 			if err != nil {
 				return err
 			}
-			return emitBench(e, res, out, asJSON, printProxy, report.Proxy)
+			return emitBench(e, output, res, printProxy, report.Proxy)
 		},
 	}
 	f := c.Flags()
@@ -80,8 +79,7 @@ with fork; each is left out with a clear message if it is not installed.`,
 	f.IntVar(&cfg.Requests, "requests", 20000, "round trips per request/response run (at most)")
 	f.DurationVar(&cfg.MaxTime, "max-time", 5*time.Second, "a request/response run stops after this long")
 	f.DurationVar(&cfg.BulkTime, "bulk-time", 2*time.Second, "sending time per bulk run")
-	f.StringVar(&out, "out", "", "write proxy.md, proxy.json and plots to this directory")
-	f.BoolVar(&asJSON, "json", false, "print JSON")
+	output.flags(f, "write proxy.md, proxy.json and plots to this directory")
 	return c
 }
 

@@ -18,8 +18,7 @@ func newBenchReapCmd(e *env) *cobra.Command {
 	var (
 		cfg          bench.ReapConfig
 		sizes, proto string
-		out          string
-		asJSON       bool
+		output       benchOutput
 	)
 	c := &cobra.Command{
 		Use:   "reap",
@@ -54,14 +53,14 @@ UDP first, then TCP. A million TCP sockets take a few GiB of kernel memory.`,
 				return err
 			}
 			var prog io.Writer = io.Discard
-			if !asJSON {
+			if !output.json {
 				prog = e.stderr
 			}
 			res, err := bench.RunReap(c.Context(), cfg, prog)
 			if err != nil {
 				return err
 			}
-			return emitBench(e, res, out, asJSON, printReapBench, report.Reap)
+			return emitBench(e, output, res, printReapBench, report.Reap)
 		},
 	}
 	c.Flags().StringVar(&sizes, "sizes", "100,1000,10000,100000", "sockets on the host at each step (1000000 works; give it memory)")
@@ -70,8 +69,7 @@ UDP first, then TCP. A million TCP sockets take a few GiB of kernel memory.`,
 	c.Flags().IntVar(&cfg.VictimNetns, "victim-netns", 0, "namespaces the victims are spread over (default: one victim per namespace)")
 	c.Flags().StringVar(&proto, "proto", "udp,tcp", "protocols, in order")
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 5, "reaps per method and size (interleaved)")
-	c.Flags().StringVar(&out, "out", "", "write reap.md, reap.json and reap.png to this directory")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	output.flags(c.Flags(), "write reap.md, reap.json and reap.png to this directory")
 	return c
 }
 

@@ -18,8 +18,7 @@ func newBenchUDPCmd(e *env) *cobra.Command {
 	var (
 		cfg          bench.UDPConfig
 		sizes, modes string
-		out          string
-		asJSON       bool
+		output       benchOutput
 	)
 	c := &cobra.Command{
 		Use:   "udp",
@@ -47,14 +46,14 @@ can (datagrams sent and delivered, Gbit/s, whole-machine CPU per GB).`,
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
-			if !asJSON {
+			if !output.json {
 				cfg.Progress = e.stderr
 			}
 			res, err := bench.RunUDP(c.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			return emitBench(e, res, out, asJSON, printUDP, report.UDP)
+			return emitBench(e, output, res, printUDP, report.UDP)
 		},
 	}
 	c.Flags().StringVar(&sizes, "sizes", "64,1400", "datagram sizes in bytes (8 to 65507)")
@@ -62,8 +61,7 @@ can (datagrams sent and delivered, Gbit/s, whole-machine CPU per GB).`,
 	c.Flags().IntVar(&cfg.Requests, "requests", 20000, "round trips per run")
 	c.Flags().DurationVar(&cfg.BulkTime, "bulk-time", 2*time.Second, "sending time per bulk run")
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds")
-	c.Flags().StringVar(&out, "out", "", "write udp.md and udp.json to this directory")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	output.flags(c.Flags(), "write udp.md and udp.json to this directory")
 	return c
 }
 
