@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin/shunt
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: help deps build generate test vet try compat compat-bench clean
+.PHONY: help deps build generate test test-kernels vet try compat compat-bench clean
 
 help:
 	@echo "make deps      install build and test dependencies (Debian 12, as root)"
@@ -13,6 +13,7 @@ help:
 	@echo "make try       build, then bypass one loopback connection and show it"
 	@echo "make compat    real programs (Redis, memcached, PostgreSQL, nginx, HAProxy, Python) through shunt (as root)"
 	@echo "make compat-bench  their own benchmark clients, plain TCP against shunt, interleaved (as root, ~5 min)"
+	@echo "make test-kernels  the kernel-dependent tests on Debian's 6.1 and 6.12 kernels under qemu (as root, ~25 min)"
 
 deps:
 	./scripts/deps.sh
@@ -28,6 +29,10 @@ vet:
 
 test: vet
 	$(GO) test -count=1 -timeout 20m ./...
+
+test-kernels:
+	./scripts/kernels.sh setup
+	./scripts/kernels.sh test
 
 compat:
 	$(GO) test -count=1 -v -run . ./compat

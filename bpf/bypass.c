@@ -690,6 +690,37 @@ int BPF_PROG(shunt_splices, struct sock *sk)
 	return 0;
 }
 
+#define MAY_READ 0x4 /* include/linux/fs.h */
+#define EINVAL 22
+
+/* Runs before a file is read or written (lsm/file_permission; a splice(2)
+ * from a socket checks it before it reads): a splice from a socket shunt
+ * holds fails with EINVAL and reads nothing. A splice reads the TCP queue
+ * alone and would miss redirected bytes; told EINVAL on their first splice,
+ * Go's io.Copy and HAProxy read with read/recv instead, which see them, so
+ * the connection stays bypassed. Loaded only where the kernel runs BPF LSM
+ * programs; elsewhere the splice watch above is what catches a splice.
+ * Every file read and write on the host passes here: other files cost the
+ * mask test and one helper call. */
+SEC("lsm/file_permission")
+int BPF_PROG(shunt_refuse_splice, struct file *file, int mask, int ret)
+{
+	if (ret || !(mask & MAY_READ))
+		return ret;
+	struct socket *sock = bpf_sock_from_file(file);
+	if (!sock)
+		return 0;
+	struct sock *sk = sock->sk;
+	if (!sk)
+		return 0;
+	if (!bpf_sk_storage_get(&sock_states, sk, 0, 0))
+		return 0;
+	if (!in_splice())
+		return 0;
+	count(CNT_SPLICE_REFUSED);
+	return -EINVAL;
+}
+
 /* The socket behind an open file and its bypass state, if shunt holds it
  * (in the sockhash: a client whose server declined, release_client, keeps
  * its storage until it closes but has no psock). A socket several processes

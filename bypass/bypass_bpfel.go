@@ -49,7 +49,8 @@ const (
 	bypassCounterCNT_SPLICE_CAUGHT  bypassCounter = 14
 	bypassCounterCNT_LEARNED_READER bypassCounter = 15
 	bypassCounterCNT_REFUSED_SENDS  bypassCounter = 16
-	bypassCounterCNT_MAX            bypassCounter = 17
+	bypassCounterCNT_SPLICE_REFUSED bypassCounter = 17
+	bypassCounterCNT_MAX            bypassCounter = 18
 )
 
 type bypassEventKind uint32
@@ -161,6 +162,7 @@ const (
 	bypassProgShuntIterDrain     = "shunt_iter_drain"
 	bypassProgShuntIterFlows     = "shunt_iter_flows"
 	bypassProgShuntReads         = "shunt_reads"
+	bypassProgShuntRefuseSplice  = "shunt_refuse_splice"
 	bypassProgShuntSkMsg         = "shunt_sk_msg"
 	bypassProgShuntSockops       = "shunt_sockops"
 	bypassProgShuntSplices       = "shunt_splices"
@@ -217,12 +219,13 @@ type bypassSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassProgramSpecs struct {
-	ShuntIterDrain *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
-	ShuntIterFlows *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
-	ShuntReads     *ebpf.ProgramSpec `ebpf:"shunt_reads"`
-	ShuntSkMsg     *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
-	ShuntSockops   *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
-	ShuntSplices   *ebpf.ProgramSpec `ebpf:"shunt_splices"`
+	ShuntIterDrain    *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
+	ShuntIterFlows    *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
+	ShuntReads        *ebpf.ProgramSpec `ebpf:"shunt_reads"`
+	ShuntRefuseSplice *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
+	ShuntSkMsg        *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
+	ShuntSockops      *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
+	ShuntSplices      *ebpf.ProgramSpec `ebpf:"shunt_splices"`
 }
 
 // bypassMapSpecs contains maps before they are loaded into the kernel.
@@ -319,12 +322,13 @@ type bypassVariables struct {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassPrograms struct {
-	ShuntIterDrain *ebpf.Program `ebpf:"shunt_iter_drain"`
-	ShuntIterFlows *ebpf.Program `ebpf:"shunt_iter_flows"`
-	ShuntReads     *ebpf.Program `ebpf:"shunt_reads"`
-	ShuntSkMsg     *ebpf.Program `ebpf:"shunt_sk_msg"`
-	ShuntSockops   *ebpf.Program `ebpf:"shunt_sockops"`
-	ShuntSplices   *ebpf.Program `ebpf:"shunt_splices"`
+	ShuntIterDrain    *ebpf.Program `ebpf:"shunt_iter_drain"`
+	ShuntIterFlows    *ebpf.Program `ebpf:"shunt_iter_flows"`
+	ShuntReads        *ebpf.Program `ebpf:"shunt_reads"`
+	ShuntRefuseSplice *ebpf.Program `ebpf:"shunt_refuse_splice"`
+	ShuntSkMsg        *ebpf.Program `ebpf:"shunt_sk_msg"`
+	ShuntSockops      *ebpf.Program `ebpf:"shunt_sockops"`
+	ShuntSplices      *ebpf.Program `ebpf:"shunt_splices"`
 }
 
 func (p *bypassPrograms) Close() error {
@@ -332,6 +336,7 @@ func (p *bypassPrograms) Close() error {
 		p.ShuntIterDrain,
 		p.ShuntIterFlows,
 		p.ShuntReads,
+		p.ShuntRefuseSplice,
 		p.ShuntSkMsg,
 		p.ShuntSockops,
 		p.ShuntSplices,

@@ -43,6 +43,7 @@ const (
 	linksDir    = "links"
 	cgroupsDir  = "cgroups"
 	skMsgLink   = "sk_msg"
+	refuseLink  = "refuse_splice"
 	readsLink   = "reads"
 	splicesLink = "splices"
 )
@@ -181,7 +182,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	}
 	replace := map[string]*ebpf.Map{learnedMap: learned}
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace}); err != nil {
-		return fmt.Errorf("load BPF programs: %w", err)
+		return host.Explain(fmt.Errorf("load BPF programs: %w", err), "shunt bypass", host.MinKernel)
 	}
 	defer objs.Sockops.Close()
 	defer objs.SkMsg.Close()
@@ -222,19 +223,75 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if err := splices.Pin(filepath.Join(dir, linksDir, splicesLink)); err != nil {
 		return fmt.Errorf("pin splice watch link: %w", err)
 	}
-	l, err := link.AttachRawLink(link.RawLinkOptions{
-		Target:  objs.SockHash.FD(),
-		Program: objs.SkMsg,
-		Attach:  ebpf.AttachSkMsgVerdict,
-	})
+	if err := attachSkMsg(dir, objs.SockHash, objs.SkMsg); err != nil {
+		return err
+	}
+	if !host.CanRefuseSplice() {
+		return nil // the splice watch is all there is
+	}
+	return attachSpliceRefusal(dir, spec, &objs.bypassMaps)
+}
+
+// attachSpliceRefusal loads and attaches the LSM program that refuses a
+// splice from a bypassed socket (kernels that run BPF LSM programs).
+func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps) error {
+	var objs struct {
+		Refuse *ebpf.Program `ebpf:"shunt_refuse_splice"`
+	}
+	replace := map[string]*ebpf.Map{"sock_states": maps.SockStates, "counters": maps.Counters}
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace}); err != nil {
+		return fmt.Errorf("load the splice refusal (lsm/file_permission): %w", err)
+	}
+	defer objs.Refuse.Close()
+	if err := objs.Refuse.Pin(filepath.Join(dir, progsDir, refuseLink)); err != nil {
+		return fmt.Errorf("pin the splice refusal: %w", err)
+	}
+	l, err := link.AttachLSM(link.LSMOptions{Program: objs.Refuse})
 	if err != nil {
-		return fmt.Errorf("attach sk_msg to sockhash: %w", err)
+		return fmt.Errorf("attach the splice refusal (lsm/file_permission): %w", err)
 	}
 	defer l.Close()
-	if err := l.Pin(filepath.Join(dir, linksDir, skMsgLink)); err != nil {
-		return fmt.Errorf("pin sk_msg link: %w", err)
+	if err := l.Pin(filepath.Join(dir, linksDir, refuseLink)); err != nil {
+		return fmt.Errorf("pin the splice refusal link: %w", err)
 	}
 	return nil
+}
+
+// AttachEnv, set to "map", attaches sk_msg to the sockhash the pre-6.10 way
+// even where the kernel has links, so that both ways are tested on one
+// kernel.
+const AttachEnv = "SHUNT_SK_MSG_ATTACH"
+
+// attachSkMsg attaches the sk_msg program to the sockhash: as a pinned BPF
+// link where the kernel has them (6.10), else on the map itself (the older
+// attach, which lasts as long as the map; the pinned program says so).
+func attachSkMsg(dir string, sockhash *ebpf.Map, prog *ebpf.Program) error {
+	if os.Getenv(AttachEnv) != "map" {
+		l, err := link.AttachRawLink(link.RawLinkOptions{Target: sockhash.FD(), Program: prog, Attach: ebpf.AttachSkMsgVerdict})
+		if err == nil {
+			defer l.Close()
+			if err := l.Pin(filepath.Join(dir, linksDir, skMsgLink)); err != nil {
+				return fmt.Errorf("pin sk_msg link: %w", err)
+			}
+			return nil
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("attach sk_msg to sockhash: %w", err)
+		}
+	}
+	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: sockhash.FD(), Program: prog, Attach: ebpf.AttachSkMsgVerdict}); err != nil {
+		return fmt.Errorf("attach sk_msg to sockhash (on the map): %w", err)
+	}
+	return nil
+}
+
+// SkMsgAttach says how the install's sk_msg program is attached: "link"
+// (a pinned BPF link, 6.10+) or "map" (on the sockhash itself).
+func (in *Install) SkMsgAttach() string {
+	if _, err := os.Stat(filepath.Join(in.dir, linksDir, skMsgLink)); err == nil {
+		return "link"
+	}
+	return "map"
 }
 
 // Paths are where an install at a pin directory keeps what tools outside
@@ -269,7 +326,8 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 
 // Open loads the install pinned at dir.
 func Open(dir string) (*Install, error) {
-	if _, err := os.Stat(filepath.Join(dir, linksDir, skMsgLink)); err != nil {
+	// The install is renamed into place whole: any pin means all of it.
+	if _, err := os.Stat(filepath.Join(dir, progsDir, skMsgLink)); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, ErrNotInstalled
 		}

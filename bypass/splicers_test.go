@@ -3,6 +3,7 @@ package bypass_test
 import (
 	"errors"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -107,5 +109,77 @@ func TestCaughtSplicerGetsNothingOutOfOrder(t *testing.T) {
 	case <-served:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the splicing server did not end")
+	}
+}
+
+// TestSpliceAfterRecvOnThisKernel: where the kernel runs BPF LSM programs,
+// a splice from a bypassed socket is refused with EINVAL before it reads,
+// and a Go server that reads a header and then io.Copy's (splice(2)
+// underneath) goes back to read/write without knowing: every byte comes
+// back in order, by redirect, and nothing is caught or reset. Elsewhere no
+// refusal may be installed (the splice watch and the guard act instead:
+// TestCaughtSplicerGetsNothingOutOfOrder, guard's tests).
+func TestSpliceAfterRecvOnThisKernel(t *testing.T) {
+	in, cg := mustInstall(t)
+	lsm := host.CanRefuseSplice()
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	installed := false
+	for _, p := range st.Programs {
+		installed = installed || p.Name == "refuse_splice"
+	}
+	if installed != lsm {
+		t.Fatalf("BPF LSM on this kernel: %v; splice refusal installed: %v", lsm, installed)
+	}
+	if !lsm {
+		t.Logf("kernel %s runs no BPF LSM programs: no refusal installed, as it must be", host.Probe().Kernel)
+		return
+	}
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	for _, conn := range []net.Conn{c, s} {
+		conn.SetDeadline(time.Now().Add(60 * time.Second))
+	}
+	testenv.Warm(t, c, s) // both readers seen in recv: sends are redirected
+	type result struct {
+		n   int64
+		err error
+	}
+	served := make(chan result, 1)
+	go func() {
+		n, err := testenv.HeaderThenSplice(s)
+		served <- result{n, err}
+	}()
+	body := testenv.Stream{Seed: 31, Size: 4 << 20, MaxChunk: 64 << 10}
+	errs := make(chan error, 1)
+	go func() {
+		if _, err := c.Write([]byte("HEAD")); err != nil {
+			errs <- err
+			return
+		}
+		errs <- body.WriteAndClose(c)
+	}()
+	if err := body.Check(c, true); err != nil {
+		t.Fatalf("echo through the header-then-io.Copy server: %v", err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	if r := <-served; r.err != nil || r.n != body.Size {
+		t.Fatalf("server copied %d bytes, %v; want %d", r.n, r.err, body.Size)
+	}
+	f := flowOf(t, in, testenv.Cookie(t, c))
+	if st, err = in.Stats(); err != nil {
+		t.Fatal(err)
+	}
+	cn := st.Counters
+	t.Logf("splices refused %d, caught %d, sent back %d; flow %+v %+v", cn.SplicesRefused, cn.SpliceCaught, cn.SpliceReaders, f.Client, f.Server)
+	if cn.SplicesRefused == 0 || cn.SpliceCaught != 0 || cn.SpliceReaders != 0 {
+		t.Fatalf("splices refused %d, caught %d, sockets sent back to TCP %d; want refusals only", cn.SplicesRefused, cn.SpliceCaught, cn.SpliceReaders)
+	}
+	if f == nil || f.Client == nil || f.Client.TxBytes < uint64(body.Size) {
+		t.Fatalf("the upload was not redirected: %+v", f)
 	}
 }

@@ -1,7 +1,9 @@
 package bypass
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -36,6 +38,7 @@ type Counters struct {
 	SpliceCaught   uint64 `json:"splice_readers_caught"`  // ... with redirected bytes queued that splice cannot read (the guard resets them)
 	LearnedReaders uint64 `json:"learned_readers"`        // readers kept on TCP from their first recv: their program was seen splicing
 	RefusedSends   uint64 `json:"sends_refused"`          // sends failed with EACCES: the peer splices with redirected bytes unread (until the guard resets it)
+	SplicesRefused uint64 `json:"splices_refused"`        // splice(2) from a bypassed socket refused with EINVAL before reading (BPF LSM kernels): the application read instead
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -123,6 +126,7 @@ func (in *Install) Stats() (Stats, error) {
 		SpliceCaught:   sum(bypassCounterCNT_SPLICE_CAUGHT),
 		LearnedReaders: sum(bypassCounterCNT_LEARNED_READER),
 		RefusedSends:   sum(bypassCounterCNT_REFUSED_SENDS),
+		SplicesRefused: sum(bypassCounterCNT_SPLICE_REFUSED),
 	}
 	return s, nil
 }
@@ -214,13 +218,21 @@ func (in *Install) programs() ([]Program, error) {
 	sockops.Attached = fmt.Sprintf("%d cgroup(s)", len(sockops.Links))
 	out = append(out, sockops)
 
-	lid, pid, err := pinnedLinkIDs(filepath.Join(in.dir, linksDir, skMsgLink))
-	if err != nil {
-		return nil, fmt.Errorf("sk_msg link info: %w", err)
+	if in.SkMsgAttach() == "link" {
+		lid, pid, err := pinnedLinkIDs(filepath.Join(in.dir, linksDir, skMsgLink))
+		if err != nil {
+			return nil, fmt.Errorf("sk_msg link info: %w", err)
+		}
+		out = append(out, Program{Name: "sk_msg", ID: pid, Links: []uint32{lid}, Attached: "map sock_hash"})
+	} else {
+		pid, err := pinnedProgID(filepath.Join(in.dir, progsDir, skMsgLink))
+		if err != nil {
+			return nil, fmt.Errorf("sk_msg program info: %w", err)
+		}
+		out = append(out, Program{Name: "sk_msg", ID: pid, Links: []uint32{}, Attached: "map sock_hash (attached to the map, no link)"})
 	}
-	out = append(out, Program{Name: "sk_msg", ID: pid, Links: []uint32{lid}, Attached: "map sock_hash"})
 
-	lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, readsLink))
+	lid, pid, err := pinnedLinkIDs(filepath.Join(in.dir, linksDir, readsLink))
 	if err != nil {
 		return nil, fmt.Errorf("reader watch link info: %w", err)
 	}
@@ -231,6 +243,15 @@ func (in *Install) programs() ([]Program, error) {
 		return nil, fmt.Errorf("splice watch link info: %w", err)
 	}
 	out = append(out, Program{Name: "splices", ID: pid, Links: []uint32{lid}, Attached: "tracepoint tcp_rcv_space_adjust"})
+
+	lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, refuseLink))
+	switch {
+	case errors.Is(err, os.ErrNotExist): // no BPF LSM on this kernel
+	case err != nil:
+		return nil, fmt.Errorf("splice refusal link info: %w", err)
+	default:
+		out = append(out, Program{Name: "refuse_splice", ID: pid, Links: []uint32{lid}, Attached: "lsm file_permission"})
+	}
 	return out, nil
 }
 
@@ -245,4 +266,18 @@ func pinnedLinkIDs(pin string) (linkID, progID uint32, err error) {
 		return 0, 0, err
 	}
 	return uint32(info.ID), uint32(info.Program), nil
+}
+
+func pinnedProgID(pin string) (uint32, error) {
+	p, err := ebpf.LoadPinnedProgram(pin, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer p.Close()
+	info, err := p.Info()
+	if err != nil {
+		return 0, err
+	}
+	id, _ := info.ID()
+	return uint32(id), nil
 }

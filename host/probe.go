@@ -11,13 +11,20 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
-// MinKernel is the oldest kernel shunt runs on: sk_msg programs attach to a
-// sockhash as pinnable BPF links since 6.10.
-var MinKernel = [2]int{6, 10}
+// MinKernel is the oldest kernel shunt bypass runs on: the reader watch's
+// tracepoint, sock_recv_length, came in 6.3. Features are probed, not
+// inferred from the version; this names the version in messages.
+var MinKernel = [2]int{6, 3}
+
+// LinkKernel is the first kernel where sk_msg and sk_skb programs attach to
+// a sockmap as BPF links; before it they attach to the map itself.
+var LinkKernel = [2]int{6, 10}
 
 // ErrNotRoot is returned when shunt lacks the privileges it needs.
 var ErrNotRoot = errors.New("permission denied: run shunt as root (it needs CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN)")
@@ -37,8 +44,13 @@ type Features struct {
 	SkMsg     bool   `json:"sk_msg"`
 	SockOps   bool   `json:"sockops"`
 	SkStorage bool   `json:"sk_storage"`
-	SkMsgLink bool   `json:"sk_msg_link"`
-	BTF       bool   `json:"btf"`
+	// SkMsgLink: sk_msg attaches to a sockhash as a BPF link (6.10+);
+	// without it shunt attaches to the map itself.
+	SkMsgLink bool `json:"sk_msg_link"`
+	BTF       bool `json:"btf"`
+	// RdonlyCast: the kfunc bpf_rdonly_cast (6.2+), with which sk_msg
+	// reads the peer's TCP state.
+	RdonlyCast bool `json:"rdonly_cast"`
 	// RecvTracepoint: a BTF tracepoint program can attach to
 	// sock_recv_length (the reader watch; 6.3+).
 	RecvTracepoint bool `json:"recv_tracepoint"`
@@ -48,6 +60,10 @@ type Features struct {
 	// FileIterator: an iter/task_file program loads (how shunt finds the
 	// sockets it holds, for flows and removal).
 	FileIterator bool `json:"file_iterator"`
+	// LSM: BPF LSM programs attach (lsm/file_permission: "bpf" among the
+	// kernel's active LSMs, not locked down). Optional: with it a splice
+	// from a bypassed socket is refused before it reads.
+	LSM bool `json:"bpf_lsm"`
 }
 
 // Missing lists the features bypass needs and the kernel lacks.
@@ -61,8 +77,8 @@ func (f Features) Missing() []string {
 		{f.SkMsg, "sk_msg programs (CONFIG_NET_SOCK_MSG)"},
 		{f.SockOps, "sockops programs (CONFIG_CGROUP_BPF)"},
 		{f.SkStorage, "socket local storage"},
-		{f.SkMsgLink, fmt.Sprintf("sk_msg BPF links (kernel %d.%d or newer)", MinKernel[0], MinKernel[1])},
 		{f.BTF, "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)"},
+		{f.RdonlyCast, "the kfunc bpf_rdonly_cast (kernel 6.2 or newer)"},
 		{f.RecvTracepoint, "BTF tracepoint programs on sock_recv_length (kernel 6.3 or newer, not locked down)"},
 		{f.SpliceTracepoint, "BTF tracepoint programs on tcp_rcv_space_adjust"},
 		{f.FileIterator, "BPF iterators over open files (iter/task_file)"},
@@ -90,14 +106,102 @@ func Probe() Features {
 	f.SkStorage = features.HaveMapType(ebpf.SkStorage) == nil
 	f.SkMsg = features.HaveProgramType(ebpf.SkMsg) == nil
 	f.SockOps = features.HaveProgramType(ebpf.SockOps) == nil
-	maj, min := kernelVersion(f.Kernel)
-	f.SkMsgLink = maj > MinKernel[0] || (maj == MinKernel[0] && min >= MinKernel[1])
+	f.SkMsgLink = f.SockHash && f.SkMsg && canLinkSkMsg()
 	_, err := os.Stat("/sys/kernel/btf/vmlinux")
 	f.BTF = err == nil
+	f.RdonlyCast = f.BTF && kernelHasFunc("bpf_rdonly_cast")
 	f.RecvTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "sock_recv_length")
 	f.SpliceTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "tcp_rcv_space_adjust")
 	f.FileIterator = f.BTF && canLoadTracing(ebpf.AttachTraceIter, "task_file")
+	f.LSM = f.BTF && CanRefuseSplice()
 	return f
+}
+
+// Mechanism is how the running kernel gives shunt one feature.
+type Mechanism struct {
+	Feature string `json:"feature"`
+	Via     string `json:"via"` // "" when the kernel lacks it
+}
+
+// Mechanisms lists, per feature, the mechanism this kernel offers.
+func (f Features) Mechanisms() []Mechanism {
+	pick := func(ok bool, via string) string {
+		if ok {
+			return via
+		}
+		return ""
+	}
+	splice := pick(f.SpliceTracepoint, "seen by the splice watch: the socket goes back to TCP, or is reset by the guard if redirected bytes were queued")
+	if f.LSM {
+		splice = "refused with EINVAL by lsm/file_permission before it reads: the application reads instead"
+	}
+	attach := "on the sockhash itself (no link: kernels before 6.10)"
+	if f.SkMsgLink {
+		attach = "a pinned BPF link"
+	}
+	return []Mechanism{
+		{"bypass: sk_msg on the sockhash", pick(f.SkMsg && f.SockHash, attach)},
+		{"bypass: pairing", pick(f.SockOps && f.SkStorage, "sockops on the cgroup, socket storage")},
+		{"bypass: the peer's TCP state", pick(f.RdonlyCast, "kfunc bpf_rdonly_cast")},
+		{"bypass: reader watch", pick(f.RecvTracepoint, "tp_btf/sock_recv_length")},
+		{"bypass: splice(2) watch", pick(f.SpliceTracepoint, "tp_btf/tcp_rcv_space_adjust")},
+		{"bypass: finding held sockets", pick(f.FileIterator, "iter/task_file")},
+		{"bypass: splice(2) after recv", splice},
+	}
+}
+
+// CanRefuseSplice says whether a BPF LSM program attaches to
+// file_permission, where shunt refuses a splice from a bypassed socket.
+func CanRefuseSplice() bool {
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.LSM, AttachType: ebpf.AttachLSMMac, AttachTo: "file_permission", License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return false
+	}
+	defer p.Close()
+	l, err := link.AttachLSM(link.LSMOptions{Program: p})
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}
+
+// canLinkSkMsg says whether an sk_msg program attaches to a sockhash as a
+// BPF link.
+func canLinkSkMsg() bool {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.SockHash, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		return false
+	}
+	defer m.Close()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.SkMsg, AttachType: ebpf.AttachSkMsgVerdict, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
+	})
+	if err != nil {
+		return false
+	}
+	defer p.Close()
+	l, err := link.AttachRawLink(link.RawLinkOptions{Target: m.FD(), Program: p, Attach: ebpf.AttachSkMsgVerdict})
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}
+
+// kernelHasFunc says whether the kernel's BTF has a function of this name
+// (a kfunc, for instance).
+func kernelHasFunc(name string) bool {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false
+	}
+	var fn *btf.Func
+	return spec.TypeByName(name, &fn) == nil
 }
 
 // canLoadTracing loads (and drops) a do-nothing tracing program of this
@@ -130,4 +234,20 @@ func kernelVersion(release string) (int, int) {
 	maj, _ := strconv.Atoi(parts[0])
 	min, _ := strconv.Atoi(strings.TrimFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
 	return maj, min
+}
+
+// OlderThan says whether the running kernel is older than v.
+func OlderThan(v [2]int) bool {
+	maj, min := kernelVersion(kernelRelease())
+	return maj < v[0] || (maj == v[0] && min < v[1])
+}
+
+// Explain adds to a load error of what on a kernel older than need, which
+// kernel it needs: the verifier's own words name a helper or kfunc, not a
+// version.
+func Explain(err error, what string, need [2]int) error {
+	if err == nil || !OlderThan(need) {
+		return err
+	}
+	return fmt.Errorf("%w (%s needs Linux %d.%d or newer; this is %s)", err, what, need[0], need[1], kernelRelease())
 }

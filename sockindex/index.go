@@ -87,7 +87,9 @@ func build(dir string, cg host.Cgroup) (int, error) {
 	}
 	var objs indexObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
-		return 0, fmt.Errorf("load BPF programs: %w", err)
+		// Its sockops program records the connecting pid, which sockops
+		// programs may read since 6.10.
+		return 0, host.Explain(fmt.Errorf("load BPF programs: %w", err), "the socket index", host.LinkKernel)
 	}
 	defer objs.Close()
 

@@ -16,6 +16,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/host"
 )
 
 // DefaultMaxInflight caps the bytes one direction may hand to its outgoing
@@ -72,7 +74,7 @@ func New(opts Options) (*Splicer, error) {
 	}
 	s := &Splicer{maxInflight: opts.MaxInflight, pairs: map[uint32]*Pair{}}
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
-		return nil, fmt.Errorf("load splice program: %w", err)
+		return nil, host.Explain(fmt.Errorf("load splice program: %w", err), "joining sockets in the kernel", host.LinkKernel)
 	}
 	s.link, err = link.AttachRawLink(link.RawLinkOptions{
 		Target:  s.objs.Socks.FD(),
@@ -81,7 +83,7 @@ func New(opts Options) (*Splicer, error) {
 	})
 	if err != nil {
 		s.objs.Close()
-		return nil, fmt.Errorf("attach splice verdict: %w", err)
+		return nil, host.Explain(fmt.Errorf("attach splice verdict: %w", err), "joining sockets in the kernel", host.LinkKernel)
 	}
 	size := int(slots) * int(unsafe.Sizeof(spliceSpliceDir{}))
 	s.mem, err = unix.Mmap(s.objs.Dirs.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)

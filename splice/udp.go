@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/internal/sockutil"
+
+	"github.com/shunt-project/shunt/host"
 )
 
 // DefaultUDPMaxQueue bounds the kernel memory the datagrams waiting to leave
@@ -65,14 +67,14 @@ func NewUDP(opts UDPOptions) (*UDPSplicer, error) {
 	}
 	s := &UDPSplicer{maxQueue: opts.MaxQueue, pairs: map[uint32]*UDPPair{}}
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
-		return nil, fmt.Errorf("load UDP splice program: %w", err)
+		return nil, host.Explain(fmt.Errorf("load UDP splice program: %w", err), "joining sockets in the kernel", host.LinkKernel)
 	}
 	s.link, err = link.AttachRawLink(link.RawLinkOptions{
 		Target: s.objs.UdpSocks.FD(), Program: s.objs.SpliceUdpVerdict, Attach: ebpf.AttachSkSKBVerdict,
 	})
 	if err != nil {
 		s.objs.Close()
-		return nil, fmt.Errorf("attach UDP splice verdict: %w", err)
+		return nil, host.Explain(fmt.Errorf("attach UDP splice verdict: %w", err), "joining sockets in the kernel", host.LinkKernel)
 	}
 	s.free = freeIndices(opts.MaxPairs, nil)
 	return s, nil

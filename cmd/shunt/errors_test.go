@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -132,6 +133,7 @@ mount -o remount,ro /sys/fs && exec "$0" bypass enable --cgroup %[2]s --pin-dir 
 		{"kernel-without-recv-tracepoint", func(f *host.Features) *bool { return &f.RecvTracepoint }, "missing BTF tracepoint programs on sock_recv_length"},
 		{"kernel-without-file-iterator", func(f *host.Features) *bool { return &f.FileIterator }, "missing BPF iterators over open files"},
 		{"kernel-without-splice-tracepoint", func(f *host.Features) *bool { return &f.SpliceTracepoint }, "missing BTF tracepoint programs on tcp_rcv_space_adjust"},
+		{"kernel-without-rdonly-cast", func(f *host.Features) *bool { return &f.RdonlyCast }, "missing the kfunc bpf_rdonly_cast"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := defaultEnv()
@@ -195,4 +197,60 @@ func combined(cmd *exec.Cmd) (string, int) {
 		return err.Error(), -1
 	}
 	return strings.TrimSpace(string(out)) + "\n", code
+}
+
+// TestThisKernel: on the kernel the tests run on (the host's, or one of
+// `make test-kernels`), bypass either installs and works, with every feature
+// named by the mechanism that gives it, or, where the kernel lacks one, enable
+// refuses with one line naming what is missing and leaves nothing behind;
+// the kernel join and the index do the same, naming the kernel they need.
+func TestThisKernel(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	f := host.Probe()
+	t.Logf("kernel %s: %+v", f.Kernel, f)
+	stdout, _, code := runShunt(t, nil, "status", "--pin-dir", pin)
+	if code != 0 {
+		t.Fatalf("status exited %d", code)
+	}
+	for _, m := range f.Mechanisms() {
+		want := m.Via
+		if want == "" {
+			want = "MISSING"
+		}
+		if !strings.Contains(stdout, m.Feature+":") || !strings.Contains(stdout, want) {
+			t.Errorf("status does not say %q: %q\n%s", m.Feature, want, stdout)
+		}
+	}
+	_, stderr, code := runShunt(t, nil, "bypass", "enable", "--no-guard", "--cgroup", cg.Path, "--pin-dir", pin)
+	if missing := f.Err(); missing != nil {
+		if code != 1 {
+			t.Errorf("enable on a kernel without %v: exit %d, want 1", f.Missing(), code)
+		}
+		oneLine(t, stderr, missing.Error())
+		nothingInstalled(t, pin, cg)
+	} else {
+		if code != 0 {
+			t.Fatalf("enable: exit %d: %s", code, stderr)
+		}
+		side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+		c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+		testenv.Warm(t, c, s)
+		stdout, _, _ := runShunt(t, nil, "status", "--json", "--pin-dir", pin)
+		var rep statusReport
+		if err := json.Unmarshal([]byte(stdout), &rep); err != nil || rep.Stats == nil || rep.Stats.Counters.Paired == 0 {
+			t.Errorf("status after a connection: %v, %s", err, stdout)
+		}
+		if _, stderr, code := runShunt(t, nil, "bypass", "disable", "--all", "--pin-dir", pin); code != 0 {
+			t.Fatalf("disable: exit %d: %s", code, stderr)
+		}
+	}
+	if host.OlderThan(host.LinkKernel) {
+		_, stderr, code := runShunt(t, nil, "proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1", "--mode", "kernel")
+		if code != 1 {
+			t.Errorf("proxy --mode kernel: exit %d, want 1", code)
+		}
+		oneLine(t, stderr, fmt.Sprintf("joining sockets in the kernel needs Linux %d.%d or newer", host.LinkKernel[0], host.LinkKernel[1]))
+	}
 }

@@ -22,7 +22,9 @@ type statusReport struct {
 	Stats     *bypass.Stats          `json:"bypass,omitempty"`
 	Index     *sockindex.Status      `json:"index,omitempty"` // absent when not enabled
 	Features  host.Features          `json:"kernel"`
-	Guard     *guardStatus           `json:"guard,omitempty"` // absent when bypass is not enabled
+	// Mechanisms says, per feature, how this kernel gives it.
+	Mechanisms []host.Mechanism `json:"mechanisms"`
+	Guard      *guardStatus     `json:"guard,omitempty"` // absent when bypass is not enabled
 }
 
 // guardStatus says whether a guard watches the install (bypass guard).
@@ -42,6 +44,7 @@ func newStatusCmd(e *env, g *globals) *cobra.Command {
 				return err
 			}
 			rep := statusReport{PinDir: g.pinDir, Cgroups: []bypass.EnabledCgroup{}, Features: e.probe()}
+			rep.Mechanisms = rep.Features.Mechanisms()
 			in, err := bypass.Open(g.pinDir)
 			switch {
 			case errors.Is(err, bypass.ErrNotInstalled):
@@ -119,7 +122,7 @@ func printStatus(e *env, r statusReport) {
 		fmt.Fprintf(w, "fallbacks:\t%d directions moved to the TCP path, %d throttled by flow control\n", c.FallenBack, c.Throttled)
 		fmt.Fprintf(w, "kept on TCP:\t%d connections with an SO_ZEROCOPY end, %d to excluded ports, %d directions whose reader blocks or uses MSG_WAITALL (%d sockets back on plain TCP)\n", c.Zerocopy, c.Excluded, c.TCPReaders, c.Left)
 		fmt.Fprintf(w, "differences:\t%d blocking reads failed with EAGAIN where TCP would have restarted them (a signal; docs/TRANSPARENCY.md)\n", c.EAGAIN)
-		fmt.Fprintf(w, "splice readers:\t%d sockets sent back to TCP when their reader spliced, %d caught with redirected bytes queued (reset by the guard), %d readers kept on TCP because their program splices\n", c.SpliceReaders, c.SpliceCaught, c.LearnedReaders)
+		fmt.Fprintf(w, "splice readers:\t%d splices refused with EINVAL (the application read instead), %d sockets sent back to TCP when their reader spliced, %d caught with redirected bytes queued (reset by the guard), %d readers kept on TCP because their program splices\n", c.SplicesRefused, c.SpliceReaders, c.SpliceCaught, c.LearnedReaders)
 		for _, p := range r.Stats.SplicePrograms {
 			fmt.Fprintf(w, "splicer %s:\tseen %s, %d splices, %d caught (shunt bypass forget %s)\n", p.Command, p.First.Format(time.RFC3339), p.Splices, p.Caught, p.Command)
 		}
@@ -145,10 +148,17 @@ func printStatus(e *env, r statusReport) {
 	}
 	f := r.Features
 	fmt.Fprintf(w, "kernel:\t%s\n", f.Kernel)
+	for _, m := range r.Mechanisms {
+		via := m.Via
+		if via == "" {
+			via = "MISSING"
+		}
+		fmt.Fprintf(w, "%s:\t%s\n", m.Feature, via)
+	}
 	if err := f.Err(); err != nil {
 		fmt.Fprintf(w, "features:\t%v\n", err)
 	} else {
-		fmt.Fprintf(w, "features:\tsockhash, sk_msg, sockops, sk_storage, sk_msg links, BTF, sock_recv_length and tcp_rcv_space_adjust tracepoints, file iterator\n")
+		fmt.Fprintf(w, "features:\teverything bypass needs\n")
 	}
 }
 

@@ -1,0 +1,26 @@
+#!/bin/sh
+# Runs inside a kernel under qemu (scripts/kernels.sh test): the rows of
+# scripts/kernels/tests for kernel NAME, from the test binaries in DIR.
+# Exits non-zero if any failed, or if one ran no test at all.
+dir=$1 name=$2
+here=$(dirname "$0")
+status=0
+grep -v '^#' "$here/tests" | awk -v k="$name" 'NF >= 3 && ($1 == "all" || $1 == k) {print $2, $3}' > /tmp/shunt-kernel-rows
+while read -r pkg pattern; do
+  bin="$dir/$(echo "$pkg" | tr / _).test"
+  start=$(date +%s)
+  # Each package's tests run from its own directory, as go test runs them.
+  out=$(cd "$pkg" && "$bin" -test.run "$pattern" -test.v -test.count 1 -test.timeout 15m 2>&1)
+  rc=$?
+  passed=$(printf '%s\n' "$out" | grep -c '^--- PASS')
+  failed=$(printf '%s\n' "$out" | grep -c -E '^ *--- (FAIL|SKIP)')
+  secs=$(( $(date +%s) - start ))
+  if [ $rc -ne 0 ] || [ "$failed" -ne 0 ] || [ "$passed" -eq 0 ]; then
+    printf '%s\n' "$out" | grep -v '^=== ' | tail -40
+    echo "FAIL  $pkg $pattern: $passed passed, $failed failed or skipped, exit $rc, ${secs}s"
+    status=1
+  else
+    echo "ok    $pkg $pattern: $passed passed, ${secs}s"
+  fi
+done < /tmp/shunt-kernel-rows
+exit $status
