@@ -715,6 +715,10 @@ int BPF_PROG(shunt_refuse_splice, struct file *file, int mask, int ret)
 		return 0;
 	if (!bpf_sk_storage_get(&sock_states, sk, 0, 0))
 		return 0;
+	/* Back on plain TCP (out of the sockhash, no psock): a splice reads
+	 * all there is. */
+	if (!BPF_CORE_READ(sk, sk_user_data))
+		return 0;
 	if (!in_splice())
 		return 0;
 	count(CNT_SPLICE_REFUSED);

@@ -226,7 +226,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if err := attachSkMsg(dir, objs.SockHash, objs.SkMsg); err != nil {
 		return err
 	}
-	if !host.CanRefuseSplice() {
+	if os.Getenv(RefusalEnv) == "off" || !host.CanRefuseSplice() {
 		return nil // the splice watch is all there is
 	}
 	return attachSpliceRefusal(dir, spec, &objs.bypassMaps)
@@ -256,6 +256,11 @@ func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps
 	}
 	return nil
 }
+
+// RefusalEnv, set to "off", leaves out the splice refusal (BPF LSM) even
+// where the kernel runs it, so that the splice watch and the guard, which
+// act where it does not, are tested on such kernels too.
+const RefusalEnv = "SHUNT_SPLICE_REFUSAL"
 
 // AttachEnv, set to "map", attaches sk_msg to the sockhash the pre-6.10 way
 // even where the kernel has links, so that both ways are tested on one

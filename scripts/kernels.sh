@@ -99,9 +99,15 @@ cd "$repo"
 ( $cmd ) > "$out/output" 2>&1
 echo \$? > "$out/status"
 GUEST
+  # The guest writes its output to the shared directory: show it as it comes.
+  : > "$out/output"
+  tail -n +1 -f "$out/output" &
+  local tailer=$!
   PATH="$cache/venv/bin:$PATH" vng --run "$cache/$name/vmlinuz" --disable-kvm --memory 4G --cpus 2 \
     --rwdir "$out" --exec "sh $script" > "$out/console" 2>&1 || true
-  cat "$out/output" 2>/dev/null || true
+  sleep 1
+  kill "$tailer" 2>/dev/null || true
+  wait "$tailer" 2>/dev/null || true
   local status
   status=$(cat "$out/status" 2>/dev/null || echo boot)
   if [ "$status" = boot ]; then

@@ -16,7 +16,8 @@ while read -r pkg pattern; do
   failed=$(printf '%s\n' "$out" | grep -c -E '^ *--- (FAIL|SKIP)')
   secs=$(( $(date +%s) - start ))
   if [ $rc -ne 0 ] || [ "$failed" -ne 0 ] || [ "$passed" -eq 0 ]; then
-    printf '%s\n' "$out" | grep -v '^=== ' | tail -40
+    # What failed and why, not the passing noise around it.
+    printf '%s\n' "$out" | grep -E -A12 '^ *--- FAIL|^panic|^FAIL|timed out' | grep -v '^ *--- PASS' | head -150
     echo "FAIL  $pkg $pattern: $passed passed, $failed failed or skipped, exit $rc, ${secs}s"
     status=1
   else
