@@ -690,6 +690,28 @@ int BPF_PROG(shunt_splices, struct sock *sk)
 	return 0;
 }
 
+/* The socket behind an open file and its bypass state, if shunt holds it
+ * (in the sockhash: a client whose server declined, release_client, keeps
+ * its storage until it closes but has no psock). A socket several processes
+ * hold is seen once per process by the iterators: user space counts it
+ * once. */
+static __always_inline struct sock_state *held_socket(struct file *f, struct sock **skp)
+{
+	if (!f)
+		return 0;
+	struct socket *sock = bpf_sock_from_file(f);
+	if (!sock)
+		return 0;
+	struct sock *sk = sock->sk;
+	if (!sk)
+		return 0;
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (!st || !BPF_CORE_READ(sk, sk_user_data))
+		return 0;
+	*skp = sk;
+	return st;
+}
+
 #define MAY_READ 0x4 /* include/linux/fs.h */
 #define EINVAL 22
 
@@ -707,44 +729,15 @@ int BPF_PROG(shunt_refuse_splice, struct file *file, int mask, int ret)
 {
 	if (ret || !(mask & MAY_READ))
 		return ret;
-	struct socket *sock = bpf_sock_from_file(file);
-	if (!sock)
-		return 0;
-	struct sock *sk = sock->sk;
-	if (!sk)
-		return 0;
-	if (!bpf_sk_storage_get(&sock_states, sk, 0, 0))
-		return 0;
-	/* Back on plain TCP (out of the sockhash, no psock): a splice reads
-	 * all there is. */
-	if (!BPF_CORE_READ(sk, sk_user_data))
+	/* A socket back on plain TCP (out of the sockhash) is not held: a
+	 * splice reads all there is. */
+	struct sock *sk = 0;
+	if (!held_socket(file, &sk))
 		return 0;
 	if (!in_splice())
 		return 0;
 	count(CNT_SPLICE_REFUSED);
 	return -EINVAL;
-}
-
-/* The socket behind an open file and its bypass state, if shunt holds it
- * (in the sockhash: a client whose server declined, release_client, keeps
- * its storage until it closes but has no psock). A socket several processes
- * hold is seen once per process: user space counts it once. */
-static __always_inline struct sock_state *held_socket(struct bpf_iter__task_file *ctx, struct sock **skp)
-{
-	struct file *f = ctx->file;
-	if (!f)
-		return 0;
-	struct socket *sock = bpf_sock_from_file(f);
-	if (!sock)
-		return 0;
-	struct sock *sk = sock->sk;
-	if (!sk)
-		return 0;
-	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-	if (!st || !BPF_CORE_READ(sk, sk_user_data))
-		return 0;
-	*skp = sk;
-	return st;
 }
 
 /* One record per socket shunt holds that some process has open. A server
@@ -753,7 +746,7 @@ SEC("iter/task_file")
 int shunt_iter_flows(struct bpf_iter__task_file *ctx)
 {
 	struct sock *sk = 0;
-	struct sock_state *st = held_socket(ctx, &sk);
+	struct sock_state *st = held_socket(ctx->file, &sk);
 	if (!st || !sk)
 		return 0;
 	struct flow_record r = {};
@@ -772,7 +765,7 @@ SEC("iter/task_file")
 int shunt_iter_drain(struct bpf_iter__task_file *ctx)
 {
 	struct sock *sk = 0;
-	struct sock_state *st = held_socket(ctx, &sk);
+	struct sock_state *st = held_socket(ctx->file, &sk);
 	if (!st || !sk)
 		return 0;
 	struct sock_key k = st->self;

@@ -5,6 +5,7 @@
 #   scripts/kernels.sh setup            install qemu, virtme-ng and the kernels of scripts/kernels/matrix
 #   scripts/kernels.sh run NAME CMD     run CMD (a shell command) as root on kernel NAME
 #   scripts/kernels.sh test [NAME...]   the selection of scripts/kernels/tests on each kernel (default: all)
+#   scripts/kernels.sh clean            remove the cache and the kernels' modules
 #
 # The cache (kernels, the virtme-ng venv, apt lists) is $SHUNT_KERNEL_CACHE,
 # default /var/cache/shunt-kernels; each kernel's modules go to
@@ -119,8 +120,17 @@ GUEST
   return "$status"
 }
 
+clean() {
+  local v
+  for v in "$cache"/*/version; do
+    [ -f "$v" ] && rm -rf "/usr/lib/modules/$(cat "$v")"
+  done
+  rm -rf "$cache"
+}
+
 case ${1:-} in
 setup) setup ;;
+clean) clean ;;
 run) [ $# -eq 3 ] || die "usage: scripts/kernels.sh run NAME 'COMMAND'"; run "$2" "$3" ;;
 test)
   shift
@@ -141,5 +151,5 @@ test)
   done
   [ ${#failed[@]} -eq 0 ] || die "failed on: ${failed[*]}"
   ;;
-*) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+*) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2 ;;
 esac
