@@ -241,13 +241,6 @@ type scenario struct {
 	run  func(t *testing.T, tr *transcript, c, s *net.TCPConn)
 }
 
-// splicing names the scenarios whose server splices from its socket.
-// Where shunt refuses such splices (BPF LSM), the server reads instead,
-// and its direction may be bypassed from its first read on.
-var splicing = map[string]bool{
-	"splice(2) from the socket: Go io.Copy echo from the first byte": true,
-}
-
 // coldConformance: readers that never call recv, block in it, or ask for
 // MSG_WAITALL, from the first byte; shunt keeps their direction on TCP.
 var coldConformance = []scenario{
@@ -522,15 +515,9 @@ var conformanceTopologies = []struct {
 func TestConformance(t *testing.T) {
 	in, enabled := mustInstall(t)
 	plain := testenv.MustCgroup(t)
-	refusing := refusesSplices(t, in)
 	cold := map[string]bool{}
 	for _, sc := range coldConformance {
 		cold[sc.name] = true
-	}
-	for name := range splicing {
-		if !cold[name] {
-			t.Fatalf("splicing names %q, which is no cold scenario", name)
-		}
 	}
 	all := append(append([]scenario{}, conformance...), coldConformance...)
 	for _, topo := range conformanceTopologies {
@@ -546,7 +533,6 @@ func TestConformance(t *testing.T) {
 			for _, sc := range all {
 				t.Run(sc.name, func(t *testing.T) {
 					var got [2]transcript
-					refused := refusedSplices(t, in)
 					for i, cg := range []host.Cgroup{plain, enabled} {
 						c, s := testenv.ConnPair(t, topo.network, testenv.Side{NS: b, CG: cg}, topo.listen, testenv.Side{NS: a, CG: cg}, topo.dial)
 						for _, conn := range []*net.TCPConn{c, s} {
@@ -576,13 +562,7 @@ func TestConformance(t *testing.T) {
 						t.Errorf("application saw something else through shunt\n--- plain TCP:\n%s\n--- shunt:\n%s", p, b)
 					}
 					plainRun, shuntRun := &got[0], &got[1]
-					if cold[sc.name] && splicing[sc.name] && refusing {
-						// The server's first splice was refused and it read
-						// instead; from then on it may take redirected bytes.
-						if refusedSplices(t, in) == refused {
-							t.Errorf("the server spliced through shunt and no splice was refused")
-						}
-					} else if cold[sc.name] {
+					if cold[sc.name] {
 						// The server's reader needs TCP: its bytes must take it.
 						p, b := plainRun.viaTCP[plainRun.server], shuntRun.viaTCP[shuntRun.server]
 						if p.bytes == 0 || b.bytes != p.bytes {
@@ -672,30 +652,4 @@ func echo(c *net.TCPConn) {
 			return
 		}
 	}
-}
-
-// refusesSplices says whether the install refuses splices from bypassed
-// sockets (kernels that run BPF LSM programs).
-func refusesSplices(t *testing.T, in *bypass.Install) bool {
-	t.Helper()
-	st, err := in.Stats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range st.Programs {
-		if p.Name == "refuse_splice" {
-			return true
-		}
-	}
-	return false
-}
-
-// refusedSplices is the install's count of refused splices.
-func refusedSplices(t *testing.T, in *bypass.Install) uint64 {
-	t.Helper()
-	st, err := in.Stats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st.Counters.SplicesRefused
 }

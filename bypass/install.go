@@ -72,7 +72,17 @@ type Options struct {
 	// applications that never splice(2) from their sockets: bytes
 	// redirected to a splice reader never reach it.
 	TrustReaders bool `json:"trust_readers"`
+	// RefuseSplice refuses a splice(2) from a bypassed socket with EINVAL
+	// before it reads (lsm/file_permission; kernels that run BPF LSM
+	// programs). For applications that read instead when a splice fails
+	// with EINVAL, as Go's io.Copy does: their connections stay bypassed.
+	// HAProxy 2.6 does not: its downloads hang (docs/KERNELS.md).
+	RefuseSplice bool `json:"refuse_splice"`
 }
+
+// ErrNoSpliceRefusal: RefuseSplice asked on a kernel that runs no BPF LSM
+// programs.
+var ErrNoSpliceRefusal = errors.New("refusing splices needs a kernel that runs BPF LSM programs (\"bpf\" in /sys/kernel/security/lsm, no lockdown); this one does not")
 
 // Install is a bypass installation pinned in bpffs.
 type Install struct {
@@ -226,8 +236,11 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if err := attachSkMsg(dir, objs.SockHash, objs.SkMsg); err != nil {
 		return err
 	}
-	if os.Getenv(RefusalEnv) == "off" || !host.CanRefuseSplice() {
-		return nil // the splice watch is all there is
+	if !opts.RefuseSplice {
+		return nil // the splice watch and the guard act
+	}
+	if !host.CanRefuseSplice() {
+		return ErrNoSpliceRefusal
 	}
 	return attachSpliceRefusal(dir, spec, &objs.bypassMaps)
 }
@@ -256,11 +269,6 @@ func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps
 	}
 	return nil
 }
-
-// RefusalEnv, set to "off", leaves out the splice refusal (BPF LSM) even
-// where the kernel runs it, so that the splice watch and the guard, which
-// act where it does not, are tested on such kernels too.
-const RefusalEnv = "SHUNT_SPLICE_REFUSAL"
 
 // AttachEnv, set to "map", attaches sk_msg to the sockhash the pre-6.10 way
 // even where the kernel has links, so that both ways are tested on one

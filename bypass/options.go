@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -11,7 +13,8 @@ import (
 
 // Options reads back the options the install was created with: they live in
 // the read-only data (the volatile const cfg) of its sockops program, and
-// stay as they were for as long as the install exists.
+// the splice refusal's link, and stay as they were for as long as the
+// install exists.
 func (in *Install) Options() (Options, error) {
 	spec, err := loadBypass()
 	if err != nil {
@@ -49,7 +52,8 @@ func (in *Install) Options() (Options, error) {
 		if err := binary.Read(bytes.NewReader(data[v.Offset:v.Offset+v.Size()]), binary.NativeEndian, &cfg); err != nil {
 			return Options{}, fmt.Errorf("read install options: %w", err)
 		}
-		return Options{MaxBacklog: cfg.MaxBacklog, TrustReaders: cfg.TrustReaders != 0}, nil
+		_, refusal := os.Stat(filepath.Join(in.dir, linksDir, refuseLink))
+		return Options{MaxBacklog: cfg.MaxBacklog, TrustReaders: cfg.TrustReaders != 0, RefuseSplice: refusal == nil}, nil
 	}
 	return Options{}, fmt.Errorf("read install options: the sockops program has no read-only data")
 }

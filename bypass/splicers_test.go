@@ -57,7 +57,6 @@ func TestTaughtSplicerStaysOnTCP(t *testing.T) {
 // with EACCES. No guard runs here, so nothing resets the connection: the
 // splice must have delivered nothing at all.
 func TestCaughtSplicerGetsNothingOutOfOrder(t *testing.T) {
-	t.Setenv(bypass.RefusalEnv, "off") // a BPF LSM kernel would refuse the splice
 	in, cg := mustInstallWith(t, bypass.Options{MaxBacklog: 256 << 10})
 	c, s := warmPair(t, cg)
 	served := make(chan error, 1)
@@ -113,30 +112,31 @@ func TestCaughtSplicerGetsNothingOutOfOrder(t *testing.T) {
 	}
 }
 
-// TestSpliceAfterRecvOnThisKernel: where the kernel runs BPF LSM programs,
-// a splice from a bypassed socket is refused with EINVAL before it reads,
-// and a Go server that reads a header and then io.Copy's (splice(2)
-// underneath) goes back to read/write without knowing: every byte comes
-// back in order, by redirect, and nothing is caught or reset. Elsewhere no
-// refusal may be installed (the splice watch and the guard act instead:
-// TestCaughtSplicerGetsNothingOutOfOrder, guard's tests).
+// TestSpliceAfterRecvOnThisKernel: installed with RefuseSplice where the
+// kernel runs BPF LSM programs, a splice from a bypassed socket is refused
+// with EINVAL before it reads, and a Go server that reads a header and then
+// io.Copy's (splice(2) underneath) goes back to read/write without knowing:
+// every byte comes back in order, by redirect, and nothing is caught or
+// reset. Elsewhere asking for it fails and installs nothing.
 func TestSpliceAfterRecvOnThisKernel(t *testing.T) {
-	in, cg := mustInstall(t)
-	lsm := host.CanRefuseSplice()
-	st, err := in.Stats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	installed := false
-	for _, p := range st.Programs {
-		installed = installed || p.Name == "refuse_splice"
-	}
-	if installed != lsm {
-		t.Fatalf("BPF LSM on this kernel: %v; splice refusal installed: %v", lsm, installed)
-	}
-	if !lsm {
-		t.Logf("kernel %s runs no BPF LSM programs: no refusal installed, as it must be", host.Probe().Kernel)
+	if !host.CanRefuseSplice() {
+		testenv.RequireRoot(t)
+		pin := testenv.MustPinDir(t)
+		if in, err := bypass.Create(pin, bypass.Options{RefuseSplice: true}); !errors.Is(err, bypass.ErrNoSpliceRefusal) {
+			if in != nil {
+				in.Close()
+			}
+			t.Fatalf("RefuseSplice on a kernel without BPF LSM: %v, want ErrNoSpliceRefusal", err)
+		}
+		if _, err := os.Stat(pin); !os.IsNotExist(err) {
+			t.Fatalf("a refused install left %s behind", pin)
+		}
+		t.Logf("kernel %s runs no BPF LSM programs: RefuseSplice refused, nothing installed", host.Probe().Kernel)
 		return
+	}
+	in, cg := mustInstallWith(t, bypass.Options{RefuseSplice: true})
+	if o, err := in.Options(); err != nil || !o.RefuseSplice {
+		t.Fatalf("options read back %+v, %v; want RefuseSplice", o, err)
 	}
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
 	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
@@ -172,7 +172,8 @@ func TestSpliceAfterRecvOnThisKernel(t *testing.T) {
 		t.Fatalf("server copied %d bytes, %v; want %d", r.n, r.err, body.Size)
 	}
 	f := flowOf(t, in, testenv.Cookie(t, c))
-	if st, err = in.Stats(); err != nil {
+	st, err := in.Stats()
+	if err != nil {
 		t.Fatal(err)
 	}
 	cn := st.Counters

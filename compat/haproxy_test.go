@@ -137,8 +137,8 @@ listen compat
 					if err != nil {
 						t.Fatal(err)
 					}
-					t.Logf("paired %d, splice readers %d, caught %d, learned readers %d, programs %+v", st.Counters.Paired,
-						st.Counters.SpliceReaders, st.Counters.SpliceCaught, st.Counters.LearnedReaders, st.SplicePrograms)
+					t.Logf("paired %d, splices refused %d, splice readers %d, caught %d, learned readers %d, programs %+v", st.Counters.Paired,
+						st.Counters.SplicesRefused, st.Counters.SpliceReaders, st.Counters.SpliceCaught, st.Counters.LearnedReaders, st.SplicePrograms)
 					if st.Counters.Paired == 0 {
 						t.Errorf("nothing was bypassed: the run compared TCP with TCP")
 					}

@@ -22,9 +22,6 @@ import (
 func guarded(t *testing.T) (*bypass.Install, testenv.Side, <-chan string) {
 	t.Helper()
 	testenv.RequireRoot(t)
-	// What the guard handles comes only where no BPF LSM refuses the
-	// splice first: leave the refusal out on kernels that have it.
-	t.Setenv(bypass.RefusalEnv, "off")
 	pin := testenv.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	in, err := bypass.Create(pin, bypass.Options{})

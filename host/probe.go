@@ -132,8 +132,8 @@ func (f Features) Mechanisms() []Mechanism {
 		return ""
 	}
 	splice := pick(f.SpliceTracepoint, "seen by the splice watch: the socket goes back to TCP, or is reset by the guard if redirected bytes were queued")
-	if f.LSM {
-		splice = "refused with EINVAL by lsm/file_permission before it reads: the application reads instead"
+	if splice != "" && f.LSM {
+		splice += "; or, installed with --refuse-splice, refused with EINVAL by lsm/file_permission before it reads"
 	}
 	attach := "on the sockhash itself (no link: kernels before 6.10)"
 	if f.SkMsgLink {

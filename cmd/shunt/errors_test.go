@@ -246,6 +246,31 @@ func TestThisKernel(t *testing.T) {
 			t.Fatalf("disable: exit %d: %s", code, stderr)
 		}
 	}
+	// --refuse-splice needs BPF LSM: refused cleanly where it is missing.
+	// (A fresh pin directory: the learned programs outlive disable.)
+	pin = testenv.MustPinDir(t)
+	_, stderr, code = runShunt(t, nil, "bypass", "enable", "--no-guard", "--refuse-splice", "--cgroup", cg.Path, "--pin-dir", pin)
+	switch {
+	case f.Err() != nil:
+		// Refused for the missing features already.
+	case !f.LSM:
+		if code != 1 {
+			t.Errorf("enable --refuse-splice without BPF LSM: exit %d, want 1", code)
+		}
+		oneLine(t, stderr, bypass.ErrNoSpliceRefusal.Error())
+		nothingInstalled(t, pin, cg)
+	default:
+		if code != 0 {
+			t.Fatalf("enable --refuse-splice: exit %d: %s", code, stderr)
+		}
+		stdout, _, _ := runShunt(t, nil, "status", "--pin-dir", pin)
+		if !strings.Contains(stdout, "--refuse-splice") {
+			t.Errorf("status does not show --refuse-splice among the options:\n%s", stdout)
+		}
+		if _, stderr, code := runShunt(t, nil, "bypass", "disable", "--all", "--pin-dir", pin); code != 0 {
+			t.Fatalf("disable: exit %d: %s", code, stderr)
+		}
+	}
 	if host.OlderThan(host.LinkKernel) {
 		_, stderr, code := runShunt(t, nil, "proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:1", "--mode", "kernel")
 		if code != 1 {

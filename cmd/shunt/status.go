@@ -168,5 +168,8 @@ func describeOptions(o bypass.Options) string {
 	if o.TrustReaders {
 		readers = "--trust-readers (redirect from the first byte)"
 	}
+	if o.RefuseSplice {
+		readers += ", --refuse-splice"
+	}
 	return fmt.Sprintf("--max-backlog %s, %s", formatSize(uint64(o.MaxBacklog)), readers)
 }
