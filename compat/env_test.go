@@ -157,6 +157,28 @@ func (e *env) waitListening(t testing.TB, addr string) {
 	}
 }
 
+// waitListenSocket waits until a TCP socket listens on port in the
+// namespace, without connecting to it (a program that accepts once would
+// take the probe for its client).
+func (e *env) waitListenSocket(t testing.TB, port int) {
+	t.Helper()
+	want := fmt.Sprintf(":%04X 00000000:0000 0A ", port)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var b []byte
+		var err error
+		e.side.NS.Do(t, func() { b, err = os.ReadFile("/proc/thread-self/net/tcp") })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing listens on port %d after 10 s", port)
+		}
+	}
+}
+
 // blob is a payload and its digest.
 type blob struct {
 	data []byte

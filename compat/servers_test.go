@@ -14,15 +14,22 @@ import (
 	"time"
 )
 
-// bothWays runs fn over plain TCP and through shunt, and checks which path
-// fn's bytes took with a witness shunt does not write: the IP bytes the
-// namespace received (IpExt InOctets), against the payload fn moves. Over
-// plain TCP they carry the whole payload; through shunt, with wantRedirect,
-// less than half of it (the rest went by redirect, or the run compared TCP
-// with TCP); without (a program whose readers need TCP), all of it again.
-// A payload of 0 means what the plain run's IP carried (a workload whose
-// size is not known beforehand).
-func bothWays(t *testing.T, wantRedirect bool, payload int64, fn func(t *testing.T, e *env)) {
+// path is where a program's bytes must go through shunt.
+type path int
+
+const (
+	redirected path = iota // less than half the payload crosses IP
+	onTCP                  // a reader blocks: its direction stays on TCP
+	eitherPath             // paired; how much is redirected depends on timing
+)
+
+// bothWays runs fn over plain TCP and then through shunt, each in a fresh
+// env, and checks which path fn's bytes took with a witness shunt does not
+// write: the IP bytes the namespace received (IpExt InOctets), against the
+// payload fn moves (0: what the plain run's IP carried, for a workload
+// whose size is not known beforehand). Over plain TCP they carry the whole
+// payload; through shunt they must take the path want says.
+func bothWays(t *testing.T, want path, payload int64, fn func(t *testing.T, e *env)) {
 	measured := payload == 0
 	for _, shunt := range []bool{false, true} {
 		name := "plain"
@@ -39,20 +46,25 @@ func bothWays(t *testing.T, wantRedirect bool, payload int64, fn func(t *testing
 			}
 			t.Logf("payload %d bytes, IP received %d bytes", payload, viaIP)
 			switch {
-			case (!shunt || !wantRedirect) && viaIP < payload:
+			case (!shunt || want == onTCP) && viaIP < payload:
 				t.Errorf("IP received %d bytes of a %d-byte payload: the witness is blind", viaIP, payload)
-			case shunt && wantRedirect && viaIP > payload/2:
+			case shunt && want == redirected && viaIP > payload/2:
 				t.Errorf("IP received %d bytes of a %d-byte payload: it did not go by redirect", viaIP, payload)
 			}
-			if shunt {
-				st, err := e.in.Stats()
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Logf("paired %d, sockets back on TCP %d", st.Counters.Paired, st.Counters.Left)
-				if !wantRedirect && st.Counters.Left == 0 {
-					t.Errorf("the connections of a program that needs TCP did not go back to it")
-				}
+			if !shunt {
+				return
+			}
+			st, err := e.in.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := st.Counters
+			t.Logf("paired %d, directions kept on TCP for a blocking reader %d, sockets back on TCP %d", c.Paired, c.TCPReaders, c.Left)
+			switch {
+			case c.Paired == 0:
+				t.Errorf("no connection was paired: the run compared TCP with TCP")
+			case want == onTCP && c.TCPReaders == 0:
+				t.Errorf("no direction of a program that needs TCP was kept on it")
 			}
 		})
 	}
@@ -119,7 +131,7 @@ func (e *env) dial(t *testing.T, addr string) *net.TCPConn {
 // Redis 7: SET 200 values of 100 KB, GET them back, compare digests.
 func TestRedis(t *testing.T) {
 	needProgram(t, "redis-server")
-	bothWays(t, true, 2*200*100<<10, func(t *testing.T, e *env) {
+	bothWays(t, redirected, 2*200*100<<10, func(t *testing.T, e *env) {
 		c, r := e.serveAndDial(t, func(port string) []string {
 			return []string{"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"}
 		})
@@ -152,7 +164,7 @@ func TestRedis(t *testing.T) {
 // memcached 1.6: set 200 values of 50 KB, get them back, compare digests.
 func TestMemcached(t *testing.T) {
 	needProgram(t, "memcached")
-	bothWays(t, true, 2*200*50<<10, func(t *testing.T, e *env) {
+	bothWays(t, redirected, 2*200*50<<10, func(t *testing.T, e *env) {
 		c, r := e.serveAndDial(t, func(port string) []string {
 			return []string{"memcached", "-l", "127.0.0.1", "-p", port, "-U", "0", "-u", "root", "-m", "64"}
 		})
@@ -215,7 +227,7 @@ func TestHTTPServersWithCurl(t *testing.T) {
 		t.Run(srv, func(t *testing.T) {
 			// Python's http.server reads with blocking recv: its
 			// connections go back to TCP, which is the promise for it.
-			bothWays(t, srv != "python-http.server", 20*int64(len(body.data)), func(t *testing.T, e *env) {
+			bothWays(t, map[bool]path{true: onTCP, false: redirected}[srv == "python-http.server"], 20*int64(len(body.data)), func(t *testing.T, e *env) {
 				var addr string
 				switch srv {
 				case "python-http.server":
@@ -247,7 +259,7 @@ func TestHTTPServersWithCurl(t *testing.T) {
 func TestPostgreSQL(t *testing.T) {
 	bin := "/usr/lib/postgresql/15/bin"
 	needProgram(t, bin+"/postgres")
-	bothWays(t, true, 0, func(t *testing.T, e *env) {
+	bothWays(t, redirected, 0, func(t *testing.T, e *env) {
 		port := startPostgres(t, e)
 		conn := []string{"-h", "127.0.0.1", "-p", port, "-U", "postgres"}
 		e.run(t, append(append([]string{bin + "/pgbench", "-i", "-q", "-s", "1"}, conn...), "postgres")...)
@@ -273,4 +285,46 @@ func (e *env) run(t testing.TB, argv ...string) string {
 		t.Fatalf("%v: %v: %s", argv, err, out)
 	}
 	return string(out)
+}
+
+// netcat (OpenBSD's nc): 32 MiB uploaded to `nc -l`, then 32 MiB served by
+// `nc -l` and downloaded, over one connection each. nc reads blocking
+// sockets after poll: a blocking reader, so its connections go back to TCP,
+// which is the promise for it; the bytes must arrive whole either way.
+func TestNetcat(t *testing.T) {
+	needProgram(t, "nc")
+	body := newBlob(32<<20, 5)
+	bothWays(t, eitherPath, 2*int64(len(body.data)), func(t *testing.T, e *env) {
+		dir := t.TempDir()
+		blob := filepath.Join(dir, "blob")
+		if err := os.WriteFile(blob, body.data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, way := range []struct{ name, server, client string }{
+			{"upload", "nc -l 127.0.0.1 {port} > {got}", "nc -N 127.0.0.1 {port} < {blob}"},
+			{"download", "nc -N -l 127.0.0.1 {port} < {blob}", "nc 127.0.0.1 {port} > {got}"},
+		} {
+			port := e.freePort(t)
+			got := filepath.Join(dir, way.name)
+			r := strings.NewReplacer("{port}", strconv.Itoa(port), "{got}", got, "{blob}", blob)
+			e.start(t, "sh", "-c", r.Replace(way.server))
+			e.waitListenSocket(t, port) // nc -l takes one connection: no probe
+			e.run(t, "sh", "-c", r.Replace(way.client))
+			// The receiving nc writes its file until the sender's FIN.
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				b, err := os.ReadFile(got)
+				if err == nil && len(b) == len(body.data) {
+					if sha256.Sum256(b) != body.sum {
+						t.Fatalf("%s: %d bytes arrived, digest differs", way.name, len(b))
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: %d of %d bytes after 30 s (%v)", way.name, len(b), len(body.data), err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	})
 }

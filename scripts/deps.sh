@@ -22,6 +22,7 @@ command -v nginx >/dev/null || need+=(nginx-light)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v memcached >/dev/null || need+=(memcached)
 command -v curl >/dev/null || need+=(curl)
+command -v nc >/dev/null || need+=(netcat-openbsd)
 [ -x /usr/lib/postgresql/15/bin/pgbench ] || need+=(postgresql)
 command -v wrk >/dev/null || need+=(wrk) # make compat-bench
 if [ ${#need[@]} -gt 0 ]; then
