@@ -1,6 +1,7 @@
 package compat_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
@@ -106,14 +107,55 @@ var benchPrograms = []struct {
 	}},
 	{"nginx-wrk-1KB", "wrk", "req/s", func(b *testing.B, e *env) float64 {
 		addr := nginxOriginPinned(b, e, newBlob(1<<10, 1))
-		out := e.run(b, pinned(clientCPU, "wrk", "-t", "1", "-c", "20", "-d", "5s", "http://"+addr+"/blob")...)
-		m := regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`).FindStringSubmatch(out)
+		return wrkRate(b, e, "http://"+addr+"/blob", 20)
+	}},
+	{"nginx-wrk-1MB", "wrk", "req/s", func(b *testing.B, e *env) float64 {
+		addr := nginxOriginPinned(b, e, newBlob(1<<20, 1))
+		return wrkRate(b, e, "http://"+addr+"/blob", 4)
+	}},
+	{"nginx-wrk-1MB-p99", "wrk", "ms", func(b *testing.B, e *env) float64 {
+		addr := nginxOriginPinned(b, e, newBlob(1<<20, 1))
+		out := e.run(b, pinned(clientCPU, "wrk", "-t", "1", "-c", "4", "-d", "5s", "--latency", "http://"+addr+"/blob")...)
+		// "     99%   43.21ms" in the latency distribution
+		m := regexp.MustCompile(`(?m)^\s+99%\s+([0-9.]+)(us|ms|s)\s*$`).FindStringSubmatch(out)
 		if m == nil {
-			b.Fatalf("wrk printed no rate: %q", out)
+			b.Fatalf("wrk printed no 99th percentile: %q", out)
+		}
+		v, _ := strconv.ParseFloat(m[1], 64)
+		return v * map[string]float64{"us": 1e-3, "ms": 1, "s": 1e3}[m[2]]
+	}},
+	{"memcaslap", "memcaslap", "ops/s", func(b *testing.B, e *env) float64 {
+		port := strconv.Itoa(e.freePort(b))
+		e.start(b, pinned(serverCPU, "memcached", "-l", "127.0.0.1", "-p", port, "-U", "0", "-u", "root", "-m", "64", "-t", "1")...)
+		e.waitListening(b, "127.0.0.1:"+port)
+		out := e.run(b, pinned(clientCPU, "memcaslap", "-s", "127.0.0.1:"+port, "-T", "1", "-c", "16", "-t", "5s", "-X", "100")...)
+		m := regexp.MustCompile(`TPS: ([0-9]+)`).FindStringSubmatch(out)
+		if m == nil {
+			b.Fatalf("memcaslap printed no TPS: %q", out)
 		}
 		v, _ := strconv.ParseFloat(m[1], 64)
 		return v
 	}},
+	{"haproxy-wrk-1KB", "haproxy", "req/s", func(b *testing.B, e *env) float64 {
+		origin := nginxOriginPinned(b, e, newBlob(1<<10, 1))
+		port := e.freePort(b)
+		e.start(b, pinned(serverCPU, "haproxy", "-db", "-f", haproxyConf(b, "http", "", port, origin))...)
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		e.waitListening(b, addr)
+		return wrkRate(b, e, "http://"+addr+"/blob", 20)
+	}},
+}
+
+// wrkRate runs wrk on clientCPU for 5 s with conns connections and returns
+// its requests per second.
+func wrkRate(b *testing.B, e *env, url string, conns int) float64 {
+	out := e.run(b, pinned(clientCPU, "wrk", "-t", "1", "-c", strconv.Itoa(conns), "-d", "5s", url)...)
+	m := regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`).FindStringSubmatch(out)
+	if m == nil {
+		b.Fatalf("wrk printed no rate: %q", out)
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
 }
 
 // startPostgres runs PostgreSQL 15 (as the postgres user, on serverCPU) in

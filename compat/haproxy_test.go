@@ -94,23 +94,7 @@ func TestHAProxy(t *testing.T) {
 					e := newEnv(t, shunt)
 					originAddr := origin(t, e, kind, body)
 					port := e.freePort(t)
-					conf := filepath.Join(t.TempDir(), "haproxy.cfg")
-					text := fmt.Sprintf(`global
-	nbthread 1
-	maxconn 100
-defaults
-	mode %s
-	%s
-	timeout connect 5s
-	timeout client 30s
-	timeout server 30s
-listen compat
-	bind 127.0.0.1:%d
-	server origin %s
-`, mode.mode, mode.splice, port, originAddr)
-					if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-						t.Fatal(err)
-					}
+					conf := haproxyConf(t, mode.mode, mode.splice, port, originAddr)
 					e.start(t, "haproxy", "-db", "-f", conf)
 					addr := fmt.Sprintf("127.0.0.1:%d", port)
 					e.waitListening(t, addr)
@@ -151,4 +135,29 @@ listen compat
 			})
 		}
 	}
+}
+
+// haproxyConf writes a one-thread HAProxy configuration that listens on
+// port and forwards to origin in mode (tcp or http), with splice (an option
+// line, or "") and returns its path.
+func haproxyConf(t testing.TB, mode, splice string, port int, origin string) string {
+	t.Helper()
+	conf := filepath.Join(t.TempDir(), "haproxy.cfg")
+	text := fmt.Sprintf(`global
+	nbthread 1
+	maxconn 100
+defaults
+	mode %s
+	%s
+	timeout connect 5s
+	timeout client 30s
+	timeout server 30s
+listen compat
+	bind 127.0.0.1:%d
+	server origin %s
+`, mode, splice, port, origin)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return conf
 }

@@ -25,6 +25,7 @@ command -v curl >/dev/null || need+=(curl)
 command -v nc >/dev/null || need+=(netcat-openbsd)
 [ -x /usr/lib/postgresql/15/bin/pgbench ] || need+=(postgresql)
 command -v wrk >/dev/null || need+=(wrk) # make compat-bench
+command -v memcaslap >/dev/null || need+=(libmemcached-tools) # make compat-bench
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   # Installing haproxy and nginx must not start them as services.
