@@ -632,50 +632,6 @@ int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 	return 0;
 }
 
-/* Runs before every recvmsg on the host (lsm/socket_recvmsg; loaded only
- * where the kernel runs BPF LSM programs): a first read that may sleep, or
- * asks for MSG_WAITALL, takes its socket out of the sockhash before it
- * waits, so tcp_recvmsg serves it exactly as TCP does (a signal restarts
- * the wait instead of failing it with EAGAIN; MSG_WAITALL waits for all).
- * The reader watch would send it back to TCP after that read anyway; this
- * does it before. Nothing was redirected to a reader never seen (without
- * --trust-readers, which this leaves to the watch), so nothing can be lost.
- * Sockets shunt does not hold cost one pointer test. */
-SEC("lsm/socket_recvmsg")
-int BPF_PROG(shunt_leave_before_wait, struct socket *sock, void *msg, int size, int flags, int ret)
-{
-	if (ret || cfg.trust_readers)
-		return ret;
-	struct sock *sk = sock->sk;
-	if (!sk)
-		return 0;
-	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-	if (!st || (st->flags & (STATE_READS | STATE_TCP_READER | STATE_SPLICE)))
-		return 0; /* not ours, or its reader was seen: the watch decides */
-	if (flags & MSG_ERRQUEUE)
-		return 0;
-	if (reader_mark(flags, may_wait(sk, flags)) != STATE_TCP_READER)
-		return 0;
-	if (!ingress_empty(sk))
-		return 0;
-	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
-	if (!ref)
-		return 0;
-	__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
-	__sync_fetch_and_or(&ref->reads, STATE_TCP_READER);
-	struct peer_ref *peer = bpf_map_lookup_elem(&peer_refs, &ref->peer);
-	if (peer && !__sync_fetch_and_or(&peer->leaving, 1))
-		bpf_timer_start(&peer->leave, cfg.settle_ns, 0);
-	/* Gone from peer_refs first: the peer's sends see no peer and take TCP. */
-	struct sock_key k = st->self;
-	bpf_map_delete_elem(&peer_refs, &k);
-	bpf_map_delete_elem(&sock_hash, &k);
-	count(CNT_TCP_READER);
-	count(CNT_LEFT);
-	count(CNT_LEFT_BEFORE_WAIT);
-	return 0;
-}
-
 /* The calling task is in splice(2). */
 static __always_inline int in_splice(void)
 {

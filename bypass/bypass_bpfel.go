@@ -32,26 +32,25 @@ type bypassControlWord struct {
 type bypassCounter uint32
 
 const (
-	bypassCounterCNT_REGISTERED       bypassCounter = 0
-	bypassCounterCNT_AMBIGUOUS        bypassCounter = 1
-	bypassCounterCNT_REGISTRY_FULL    bypassCounter = 2
-	bypassCounterCNT_PAIRED           bypassCounter = 3
-	bypassCounterCNT_UNPAIRED         bypassCounter = 4
-	bypassCounterCNT_INSERT_FAILED    bypassCounter = 5
-	bypassCounterCNT_FALLBACK         bypassCounter = 6
-	bypassCounterCNT_THROTTLED        bypassCounter = 7
-	bypassCounterCNT_ZEROCOPY         bypassCounter = 8
-	bypassCounterCNT_EXCLUDED         bypassCounter = 9
-	bypassCounterCNT_TCP_READER       bypassCounter = 10
-	bypassCounterCNT_LEFT             bypassCounter = 11
-	bypassCounterCNT_EAGAIN           bypassCounter = 12
-	bypassCounterCNT_SPLICE_READER    bypassCounter = 13
-	bypassCounterCNT_SPLICE_CAUGHT    bypassCounter = 14
-	bypassCounterCNT_LEARNED_READER   bypassCounter = 15
-	bypassCounterCNT_REFUSED_SENDS    bypassCounter = 16
-	bypassCounterCNT_SPLICE_REFUSED   bypassCounter = 17
-	bypassCounterCNT_LEFT_BEFORE_WAIT bypassCounter = 18
-	bypassCounterCNT_MAX              bypassCounter = 19
+	bypassCounterCNT_REGISTERED     bypassCounter = 0
+	bypassCounterCNT_AMBIGUOUS      bypassCounter = 1
+	bypassCounterCNT_REGISTRY_FULL  bypassCounter = 2
+	bypassCounterCNT_PAIRED         bypassCounter = 3
+	bypassCounterCNT_UNPAIRED       bypassCounter = 4
+	bypassCounterCNT_INSERT_FAILED  bypassCounter = 5
+	bypassCounterCNT_FALLBACK       bypassCounter = 6
+	bypassCounterCNT_THROTTLED      bypassCounter = 7
+	bypassCounterCNT_ZEROCOPY       bypassCounter = 8
+	bypassCounterCNT_EXCLUDED       bypassCounter = 9
+	bypassCounterCNT_TCP_READER     bypassCounter = 10
+	bypassCounterCNT_LEFT           bypassCounter = 11
+	bypassCounterCNT_EAGAIN         bypassCounter = 12
+	bypassCounterCNT_SPLICE_READER  bypassCounter = 13
+	bypassCounterCNT_SPLICE_CAUGHT  bypassCounter = 14
+	bypassCounterCNT_LEARNED_READER bypassCounter = 15
+	bypassCounterCNT_REFUSED_SENDS  bypassCounter = 16
+	bypassCounterCNT_SPLICE_REFUSED bypassCounter = 17
+	bypassCounterCNT_MAX            bypassCounter = 18
 )
 
 type bypassEventKind uint32
@@ -151,32 +150,31 @@ type bypassTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	bypassMapControl               = "control"
-	bypassMapCounters              = "counters"
-	bypassMapExcludedPorts         = "excluded_ports"
-	bypassMapGuardEvents           = "guard_events"
-	bypassMapHandshakes            = "handshakes"
-	bypassMapPeerRefs              = "peer_refs"
-	bypassMapSockHash              = "sock_hash"
-	bypassMapSockStates            = "sock_states"
-	bypassMapSplicePrograms        = "splice_programs"
-	bypassProgShuntIterDrain       = "shunt_iter_drain"
-	bypassProgShuntIterFlows       = "shunt_iter_flows"
-	bypassProgShuntLeaveBeforeWait = "shunt_leave_before_wait"
-	bypassProgShuntReads           = "shunt_reads"
-	bypassProgShuntRefuseSplice    = "shunt_refuse_splice"
-	bypassProgShuntSkMsg           = "shunt_sk_msg"
-	bypassProgShuntSockops         = "shunt_sockops"
-	bypassProgShuntSplices         = "shunt_splices"
-	bypassVarCfg                   = "cfg"
-	bypassVarUnusedCounter         = "unused_counter"
-	bypassVarUnusedEventKind       = "unused_event_kind"
-	bypassVarUnusedFlowRecord      = "unused_flow_record"
-	bypassVarUnusedGuardEvent      = "unused_guard_event"
-	bypassVarUnusedRole            = "unused_role"
-	bypassVarUnusedSpliceProgram   = "unused_splice_program"
-	bypassVarUnusedSpliceSeen      = "unused_splice_seen"
-	bypassVarUnusedStateFlags      = "unused_state_flags"
+	bypassMapControl             = "control"
+	bypassMapCounters            = "counters"
+	bypassMapExcludedPorts       = "excluded_ports"
+	bypassMapGuardEvents         = "guard_events"
+	bypassMapHandshakes          = "handshakes"
+	bypassMapPeerRefs            = "peer_refs"
+	bypassMapSockHash            = "sock_hash"
+	bypassMapSockStates          = "sock_states"
+	bypassMapSplicePrograms      = "splice_programs"
+	bypassProgShuntIterDrain     = "shunt_iter_drain"
+	bypassProgShuntIterFlows     = "shunt_iter_flows"
+	bypassProgShuntReads         = "shunt_reads"
+	bypassProgShuntRefuseSplice  = "shunt_refuse_splice"
+	bypassProgShuntSkMsg         = "shunt_sk_msg"
+	bypassProgShuntSockops       = "shunt_sockops"
+	bypassProgShuntSplices       = "shunt_splices"
+	bypassVarCfg                 = "cfg"
+	bypassVarUnusedCounter       = "unused_counter"
+	bypassVarUnusedEventKind     = "unused_event_kind"
+	bypassVarUnusedFlowRecord    = "unused_flow_record"
+	bypassVarUnusedGuardEvent    = "unused_guard_event"
+	bypassVarUnusedRole          = "unused_role"
+	bypassVarUnusedSpliceProgram = "unused_splice_program"
+	bypassVarUnusedSpliceSeen    = "unused_splice_seen"
+	bypassVarUnusedStateFlags    = "unused_state_flags"
 )
 
 // loadBypass returns the embedded CollectionSpec for bypass.
@@ -221,14 +219,13 @@ type bypassSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassProgramSpecs struct {
-	ShuntIterDrain       *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
-	ShuntIterFlows       *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
-	ShuntLeaveBeforeWait *ebpf.ProgramSpec `ebpf:"shunt_leave_before_wait"`
-	ShuntReads           *ebpf.ProgramSpec `ebpf:"shunt_reads"`
-	ShuntRefuseSplice    *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
-	ShuntSkMsg           *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
-	ShuntSockops         *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
-	ShuntSplices         *ebpf.ProgramSpec `ebpf:"shunt_splices"`
+	ShuntIterDrain    *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
+	ShuntIterFlows    *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
+	ShuntReads        *ebpf.ProgramSpec `ebpf:"shunt_reads"`
+	ShuntRefuseSplice *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
+	ShuntSkMsg        *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
+	ShuntSockops      *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
+	ShuntSplices      *ebpf.ProgramSpec `ebpf:"shunt_splices"`
 }
 
 // bypassMapSpecs contains maps before they are loaded into the kernel.
@@ -325,21 +322,19 @@ type bypassVariables struct {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassPrograms struct {
-	ShuntIterDrain       *ebpf.Program `ebpf:"shunt_iter_drain"`
-	ShuntIterFlows       *ebpf.Program `ebpf:"shunt_iter_flows"`
-	ShuntLeaveBeforeWait *ebpf.Program `ebpf:"shunt_leave_before_wait"`
-	ShuntReads           *ebpf.Program `ebpf:"shunt_reads"`
-	ShuntRefuseSplice    *ebpf.Program `ebpf:"shunt_refuse_splice"`
-	ShuntSkMsg           *ebpf.Program `ebpf:"shunt_sk_msg"`
-	ShuntSockops         *ebpf.Program `ebpf:"shunt_sockops"`
-	ShuntSplices         *ebpf.Program `ebpf:"shunt_splices"`
+	ShuntIterDrain    *ebpf.Program `ebpf:"shunt_iter_drain"`
+	ShuntIterFlows    *ebpf.Program `ebpf:"shunt_iter_flows"`
+	ShuntReads        *ebpf.Program `ebpf:"shunt_reads"`
+	ShuntRefuseSplice *ebpf.Program `ebpf:"shunt_refuse_splice"`
+	ShuntSkMsg        *ebpf.Program `ebpf:"shunt_sk_msg"`
+	ShuntSockops      *ebpf.Program `ebpf:"shunt_sockops"`
+	ShuntSplices      *ebpf.Program `ebpf:"shunt_splices"`
 }
 
 func (p *bypassPrograms) Close() error {
 	return _BypassClose(
 		p.ShuntIterDrain,
 		p.ShuntIterFlows,
-		p.ShuntLeaveBeforeWait,
 		p.ShuntReads,
 		p.ShuntRefuseSplice,
 		p.ShuntSkMsg,

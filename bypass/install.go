@@ -44,7 +44,6 @@ const (
 	cgroupsDir  = "cgroups"
 	skMsgLink   = "sk_msg"
 	refuseLink  = "refuse_splice"
-	leaveLink   = "leave_before_wait"
 	readsLink   = "reads"
 	splicesLink = "splices"
 )
@@ -237,46 +236,36 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if err := attachSkMsg(dir, objs.SockHash, objs.SkMsg); err != nil {
 		return err
 	}
-	if !host.CanRunLSM() {
-		if opts.RefuseSplice {
-			return ErrNoSpliceRefusal
-		}
-		return nil // the reader watch, the splice watch and the guard act
+	if !opts.RefuseSplice {
+		return nil // the splice watch and the guard act
 	}
-	if err := attachLSM(dir, spec, &objs.bypassMaps, "shunt_leave_before_wait", leaveLink); err != nil {
-		return err
+	if !host.CanRefuseSplice() {
+		return ErrNoSpliceRefusal
 	}
-	if opts.RefuseSplice {
-		return attachLSM(dir, spec, &objs.bypassMaps, "shunt_refuse_splice", refuseLink)
-	}
-	return nil
+	return attachSpliceRefusal(dir, spec, &objs.bypassMaps)
 }
 
-// attachLSM loads one of the BPF LSM programs (kernels that run them),
-// sharing the install's maps, attaches it and pins program and link as name.
-func attachLSM(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps, prog, name string) error {
-	one := spec.Copy()
-	for p := range one.Programs {
-		if p != prog {
-			delete(one.Programs, p)
-		}
+// attachSpliceRefusal loads and attaches the LSM program that refuses a
+// splice from a bypassed socket (kernels that run BPF LSM programs).
+func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps) error {
+	var objs struct {
+		Refuse *ebpf.Program `ebpf:"shunt_refuse_splice"`
 	}
-	coll, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{MapReplacements: mapsOf(maps)})
+	replace := map[string]*ebpf.Map{"sock_states": maps.SockStates, "counters": maps.Counters}
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace}); err != nil {
+		return fmt.Errorf("load the splice refusal (lsm/file_permission): %w", err)
+	}
+	defer objs.Refuse.Close()
+	if err := objs.Refuse.Pin(filepath.Join(dir, progsDir, refuseLink)); err != nil {
+		return fmt.Errorf("pin the splice refusal: %w", err)
+	}
+	l, err := link.AttachLSM(link.LSMOptions{Program: objs.Refuse})
 	if err != nil {
-		return fmt.Errorf("load %s: %w", prog, err)
-	}
-	defer coll.Close()
-	p := coll.Programs[prog]
-	if err := p.Pin(filepath.Join(dir, progsDir, name)); err != nil {
-		return fmt.Errorf("pin %s: %w", prog, err)
-	}
-	l, err := link.AttachLSM(link.LSMOptions{Program: p})
-	if err != nil {
-		return fmt.Errorf("attach %s: %w", prog, err)
+		return fmt.Errorf("attach the splice refusal (lsm/file_permission): %w", err)
 	}
 	defer l.Close()
-	if err := l.Pin(filepath.Join(dir, linksDir, name)); err != nil {
-		return fmt.Errorf("pin the link of %s: %w", prog, err)
+	if err := l.Pin(filepath.Join(dir, linksDir, refuseLink)); err != nil {
+		return fmt.Errorf("pin the splice refusal link: %w", err)
 	}
 	return nil
 }

@@ -119,7 +119,7 @@ func TestCaughtSplicerGetsNothingOutOfOrder(t *testing.T) {
 // every byte comes back in order, by redirect, and nothing is caught or
 // reset. Elsewhere asking for it fails and installs nothing.
 func TestSpliceAfterRecvOnThisKernel(t *testing.T) {
-	if !host.CanRunLSM() {
+	if !host.CanRefuseSplice() {
 		testenv.RequireRoot(t)
 		pin := testenv.MustPinDir(t)
 		if in, err := bypass.Create(pin, bypass.Options{RefuseSplice: true}); !errors.Is(err, bypass.ErrNoSpliceRefusal) {

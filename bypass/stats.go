@@ -21,25 +21,24 @@ type MapFill struct {
 
 // Counters are events counted by the BPF programs since install.
 type Counters struct {
-	Registered     uint64 `json:"handshakes_registered"`    // server-side handshakes seen
-	Ambiguous      uint64 `json:"handshakes_ambiguous"`     // tuples seen from two namespaces at once: not bypassed
-	RegistryFull   uint64 `json:"handshakes_dropped"`       // registry full: not bypassed
-	Paired         uint64 `json:"connections_paired"`       // connections bypassed
-	Unpaired       uint64 `json:"connections_unpaired"`     // local peers that could not be paired
-	InsertFailed   uint64 `json:"insert_failed"`            // socket storage or sockhash insert failed
-	FallenBack     uint64 `json:"directions_fallen_back"`   // directions that left the redirect path
-	Throttled      uint64 `json:"directions_throttled"`     // ... of which because their reader fell behind
-	Zerocopy       uint64 `json:"connections_zerocopy"`     // left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)
-	Excluded       uint64 `json:"connections_excluded"`     // left on TCP: the server port is excluded
-	TCPReaders     uint64 `json:"directions_tcp_reader"`    // kept on TCP: the reader blocks in recv or asked for MSG_WAITALL
-	Left           uint64 `json:"sockets_left"`             // moved back to plain TCP (out of the sockhash) after that
-	EAGAIN         uint64 `json:"blocking_reads_eagain"`    // blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)
-	SpliceReaders  uint64 `json:"splice_readers"`           // sockets whose reader spliced: sent back to TCP
-	SpliceCaught   uint64 `json:"splice_readers_caught"`    // ... with redirected bytes queued that splice cannot read (the guard resets them)
-	LearnedReaders uint64 `json:"learned_readers"`          // readers kept on TCP from their first recv: their program was seen splicing
-	RefusedSends   uint64 `json:"sends_refused"`            // sends failed with EACCES: the peer splices with redirected bytes unread (until the guard resets it)
-	SplicesRefused uint64 `json:"splices_refused"`          // splice(2) from a bypassed socket refused with EINVAL before reading (--refuse-splice)
-	LeftBeforeWait uint64 `json:"sockets_left_before_wait"` // BPF LSM kernels: sockets back on plain TCP before their reader's first blocking read waited
+	Registered     uint64 `json:"handshakes_registered"`  // server-side handshakes seen
+	Ambiguous      uint64 `json:"handshakes_ambiguous"`   // tuples seen from two namespaces at once: not bypassed
+	RegistryFull   uint64 `json:"handshakes_dropped"`     // registry full: not bypassed
+	Paired         uint64 `json:"connections_paired"`     // connections bypassed
+	Unpaired       uint64 `json:"connections_unpaired"`   // local peers that could not be paired
+	InsertFailed   uint64 `json:"insert_failed"`          // socket storage or sockhash insert failed
+	FallenBack     uint64 `json:"directions_fallen_back"` // directions that left the redirect path
+	Throttled      uint64 `json:"directions_throttled"`   // ... of which because their reader fell behind
+	Zerocopy       uint64 `json:"connections_zerocopy"`   // left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)
+	Excluded       uint64 `json:"connections_excluded"`   // left on TCP: the server port is excluded
+	TCPReaders     uint64 `json:"directions_tcp_reader"`  // kept on TCP: the reader blocks in recv or asked for MSG_WAITALL
+	Left           uint64 `json:"sockets_left"`           // moved back to plain TCP (out of the sockhash) after that
+	EAGAIN         uint64 `json:"blocking_reads_eagain"`  // blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)
+	SpliceReaders  uint64 `json:"splice_readers"`         // sockets whose reader spliced: sent back to TCP
+	SpliceCaught   uint64 `json:"splice_readers_caught"`  // ... with redirected bytes queued that splice cannot read (the guard resets them)
+	LearnedReaders uint64 `json:"learned_readers"`        // readers kept on TCP from their first recv: their program was seen splicing
+	RefusedSends   uint64 `json:"sends_refused"`          // sends failed with EACCES: the peer splices with redirected bytes unread (until the guard resets it)
+	SplicesRefused uint64 `json:"splices_refused"`        // splice(2) from a bypassed socket refused with EINVAL before reading (BPF LSM kernels): the application read instead
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -128,7 +127,6 @@ func (in *Install) Stats() (Stats, error) {
 		LearnedReaders: sum(bypassCounterCNT_LEARNED_READER),
 		RefusedSends:   sum(bypassCounterCNT_REFUSED_SENDS),
 		SplicesRefused: sum(bypassCounterCNT_SPLICE_REFUSED),
-		LeftBeforeWait: sum(bypassCounterCNT_LEFT_BEFORE_WAIT),
 	}
 	return s, nil
 }
@@ -246,16 +244,13 @@ func (in *Install) programs() ([]Program, error) {
 	}
 	out = append(out, Program{Name: "splices", ID: pid, Links: []uint32{lid}, Attached: "tracepoint tcp_rcv_space_adjust"})
 
-	// The BPF LSM programs, where the kernel runs them.
-	for _, l := range []struct{ name, hook string }{{leaveLink, "socket_recvmsg"}, {refuseLink, "file_permission"}} {
-		lid, pid, err := pinnedLinkIDs(filepath.Join(in.dir, linksDir, l.name))
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-		case err != nil:
-			return nil, fmt.Errorf("%s link info: %w", l.name, err)
-		default:
-			out = append(out, Program{Name: l.name, ID: pid, Links: []uint32{lid}, Attached: "lsm " + l.hook})
-		}
+	lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, refuseLink))
+	switch {
+	case errors.Is(err, os.ErrNotExist): // no BPF LSM on this kernel
+	case err != nil:
+		return nil, fmt.Errorf("splice refusal link info: %w", err)
+	default:
+		out = append(out, Program{Name: "refuse_splice", ID: pid, Links: []uint32{lid}, Attached: "lsm file_permission"})
 	}
 	return out, nil
 }

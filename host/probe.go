@@ -113,7 +113,7 @@ func Probe() Features {
 	f.RecvTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "sock_recv_length")
 	f.SpliceTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "tcp_rcv_space_adjust")
 	f.FileIterator = f.BTF && canLoadTracing(ebpf.AttachTraceIter, "task_file")
-	f.LSM = f.BTF && CanRunLSM()
+	f.LSM = f.BTF && CanRefuseSplice()
 	return f
 }
 
@@ -135,10 +135,6 @@ func (f Features) Mechanisms() []Mechanism {
 	if splice != "" && f.LSM {
 		splice += "; or, installed with --refuse-splice, refused with EINVAL by lsm/file_permission before it reads"
 	}
-	firstRead := pick(f.RecvTracepoint, "seen after it returns: a signal during its wait fails it with EAGAIN (counted), then the socket goes back to TCP")
-	if f.LSM {
-		firstRead = "lsm/socket_recvmsg: the socket goes back to TCP before the read waits, which then behaves as TCP's"
-	}
 	attach := "on the sockhash itself (no link: kernels before 6.10)"
 	if f.SkMsgLink {
 		attach = "a pinned BPF link"
@@ -151,13 +147,12 @@ func (f Features) Mechanisms() []Mechanism {
 		{"bypass: splice(2) watch", pick(f.SpliceTracepoint, "tp_btf/tcp_rcv_space_adjust")},
 		{"bypass: finding held sockets", pick(f.FileIterator, "iter/task_file")},
 		{"bypass: splice(2) after recv", splice},
-		{"bypass: a blocking first read", firstRead},
 	}
 }
 
-// CanRunLSM says whether BPF LSM programs attach here (tried on
-// file_permission): "bpf" among the active LSMs, and no lockdown.
-func CanRunLSM() bool {
+// CanRefuseSplice says whether a BPF LSM program attaches to
+// file_permission, where shunt refuses a splice from a bypassed socket.
+func CanRefuseSplice() bool {
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type: ebpf.LSM, AttachType: ebpf.AttachLSMMac, AttachTo: "file_permission", License: "GPL",
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},

@@ -106,7 +106,6 @@ enum counter {
 	CNT_LEARNED_READER, /* readers kept on TCP because their program was seen splicing */
 	CNT_REFUSED_SENDS,  /* sends refused (EACCES): the peer splices with redirected bytes unread */
 	CNT_SPLICE_REFUSED, /* splice(2) calls from a bypassed socket refused (EINVAL) before reading: the application reads instead */
-	CNT_LEFT_BEFORE_WAIT, /* ... of CNT_LEFT: taken back before their reader's very first, blocking read waited (BPF LSM kernels) */
 	CNT_MAX,
 };
 
