@@ -15,12 +15,12 @@ import (
 
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -cc clang -target bpfel -no-global-types -cflags "-O2 -g -Wall -Werror -mcpu=v3 -I/usr/include/x86_64-linux-gnu" bare ../../bpf/bench_bare.c
 
-// Use puts the bare program (bare) or the install's own (!bare) on the
-// install's sk_msg link.
+// Use puts the bare program (bare) or the install's own (!bare) where the
+// install's sk_msg program is attached: its link, or the sockhash itself.
 func Use(in *bypass.Install, bare bool) error {
 	paths := bypass.PinPaths(in.Dir())
 	if !bare {
-		return swap(paths.SkMsgLink, paths.SkMsgProg)
+		return swap(in, paths)
 	}
 	spec, err := loadBare()
 	if err != nil {
@@ -43,21 +43,35 @@ func Use(in *bypass.Install, bare bool) error {
 		return fmt.Errorf("load the bare sk_msg program: %w", err)
 	}
 	defer objs.Bare.Close()
-	return update(paths.SkMsgLink, objs.Bare)
+	return update(in, paths, objs.Bare)
 }
 
-// swap puts the program pinned at prog back on the link.
-func swap(linkPin, progPin string) error {
-	p, err := ebpf.LoadPinnedProgram(progPin, nil)
+// swap puts the install's own sk_msg program back.
+func swap(in *bypass.Install, paths bypass.Paths) error {
+	p, err := ebpf.LoadPinnedProgram(paths.SkMsgProg, nil)
 	if err != nil {
 		return fmt.Errorf("open the install's sk_msg program: %w", err)
 	}
 	defer p.Close()
-	return update(linkPin, p)
+	return update(in, paths, p)
 }
 
-func update(linkPin string, p *ebpf.Program) error {
-	l, err := link.LoadPinnedLink(linkPin, nil)
+// update attaches p in place of the sk_msg program there now: on the link,
+// or, for an install attached to the map itself (before 6.10), on the
+// sockhash, where a new program replaces the old one.
+func update(in *bypass.Install, paths bypass.Paths, p *ebpf.Program) error {
+	if in.SkMsgAttach() == "map" {
+		m, err := ebpf.LoadPinnedMap(paths.SockHash, nil)
+		if err != nil {
+			return fmt.Errorf("open the sockhash: %w", err)
+		}
+		defer m.Close()
+		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: m.FD(), Program: p, Attach: ebpf.AttachSkMsgVerdict}); err != nil {
+			return fmt.Errorf("swap sk_msg program: %w", err)
+		}
+		return nil
+	}
+	l, err := link.LoadPinnedLink(paths.SkMsgLink, nil)
 	if err != nil {
 		return fmt.Errorf("open sk_msg link: %w", err)
 	}
