@@ -718,12 +718,13 @@ static __always_inline struct sock_state *held_socket(struct file *f, struct soc
 /* Runs before a file is read or written (lsm/file_permission; a splice(2)
  * from a socket checks it before it reads): a splice from a socket shunt
  * holds fails with EINVAL and reads nothing. A splice reads the TCP queue
- * alone and would miss redirected bytes; told EINVAL on their first splice,
- * Go's io.Copy and HAProxy read with read/recv instead, which see them, so
- * the connection stays bypassed. Loaded only where the kernel runs BPF LSM
- * programs; elsewhere the splice watch above is what catches a splice.
- * Every file read and write on the host passes here: other files cost the
- * mask test and one helper call. */
+ * alone and would miss redirected bytes; told EINVAL on its first splice,
+ * Go's io.Copy reads with read/recv instead, which sees them, so the
+ * connection stays bypassed (HAProxy 2.6 does not: it stalls). Loaded only
+ * with --refuse-splice, where the kernel runs BPF LSM programs; otherwise
+ * the splice watch above is what catches a splice. Every file read and
+ * write on the host passes here: other files cost the mask test and one
+ * helper call. */
 SEC("lsm/file_permission")
 int BPF_PROG(shunt_refuse_splice, struct file *file, int mask, int ret)
 {
