@@ -98,11 +98,7 @@ var benchPrograms = []struct {
 		conn := []string{"-h", "127.0.0.1", "-p", port, "-U", "postgres", "postgres"}
 		e.run(b, append([]string{bin + "/pgbench", "-i", "-q", "-s", "1"}, conn...)...)
 		out := e.run(b, pinned(clientCPU, append([]string{bin + "/pgbench", "-n", "-S", "-c", "8", "-j", "1", "-T", "5"}, conn...)...)...)
-		m := regexp.MustCompile(`tps = ([0-9.]+)`).FindStringSubmatch(out)
-		if m == nil {
-			b.Fatalf("pgbench printed no tps: %q", out)
-		}
-		v, _ := strconv.ParseFloat(m[1], 64)
+		v, _ := number(b, out, `tps = ([0-9.]+)`, "pgbench's tps")
 		return v
 	}},
 	{"nginx-wrk-1KB", "wrk", "req/s", func(b *testing.B, e *env) float64 {
@@ -117,11 +113,7 @@ var benchPrograms = []struct {
 		addr := nginxOriginPinned(b, e, newBlob(1<<20, 1))
 		out := e.run(b, pinned(clientCPU, "wrk", "-t", "1", "-c", "4", "-d", "5s", "--latency", "http://"+addr+"/blob")...)
 		// "     99%   43.21ms" in the latency distribution
-		m := regexp.MustCompile(`(?m)^\s+99%\s+([0-9.]+)(us|ms|s)\s*$`).FindStringSubmatch(out)
-		if m == nil {
-			b.Fatalf("wrk printed no 99th percentile: %q", out)
-		}
-		v, _ := strconv.ParseFloat(m[1], 64)
+		v, m := number(b, out, `(?m)^\s+99%\s+([0-9.]+)(us|ms|s)\s*$`, "wrk's 99th percentile")
 		return v * map[string]float64{"us": 1e-3, "ms": 1, "s": 1e3}[m[2]]
 	}},
 	{"memcaslap", "memcaslap", "ops/s", func(b *testing.B, e *env) float64 {
@@ -129,11 +121,7 @@ var benchPrograms = []struct {
 		e.start(b, pinned(serverCPU, "memcached", "-l", "127.0.0.1", "-p", port, "-U", "0", "-u", "root", "-m", "64", "-t", "1")...)
 		e.waitListening(b, "127.0.0.1:"+port)
 		out := e.run(b, pinned(clientCPU, "memcaslap", "-s", "127.0.0.1:"+port, "-T", "1", "-c", "16", "-t", "5s", "-X", "100")...)
-		m := regexp.MustCompile(`TPS: ([0-9]+)`).FindStringSubmatch(out)
-		if m == nil {
-			b.Fatalf("memcaslap printed no TPS: %q", out)
-		}
-		v, _ := strconv.ParseFloat(m[1], 64)
+		v, _ := number(b, out, `TPS: ([0-9]+)`, "memcaslap's TPS")
 		return v
 	}},
 	{"haproxy-wrk-1KB", "haproxy", "req/s", func(b *testing.B, e *env) float64 {
@@ -150,12 +138,22 @@ var benchPrograms = []struct {
 // its requests per second.
 func wrkRate(b *testing.B, e *env, url string, conns int) float64 {
 	out := e.run(b, pinned(clientCPU, "wrk", "-t", "1", "-c", strconv.Itoa(conns), "-d", "5s", url)...)
-	m := regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`).FindStringSubmatch(out)
-	if m == nil {
-		b.Fatalf("wrk printed no rate: %q", out)
-	}
-	v, _ := strconv.ParseFloat(m[1], 64)
+	v, _ := number(b, out, `Requests/sec:\s+([0-9.]+)`, "wrk's rate")
 	return v
+}
+
+// number finds re in a benchmark client's output and returns its first
+// group as a number, and the whole match; the benchmark fails without it.
+func number(b *testing.B, out, re, what string) (float64, []string) {
+	m := regexp.MustCompile(re).FindStringSubmatch(out)
+	if m == nil {
+		b.Fatalf("no %s in the output: %q", what, out)
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		b.Fatalf("%s %q is not a number", what, m[1])
+	}
+	return v, m
 }
 
 // startPostgres runs PostgreSQL 15 (as the postgres user, on serverCPU) in
