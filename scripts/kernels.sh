@@ -56,11 +56,10 @@ setup() {
     apt-get -qq $(apt_for "$suite") update
     # shellcheck disable=SC2046
     if ! apt-cache $(apt_for "$suite") show "$pkg" >/dev/null 2>&1; then
-      local newest
-      # shellcheck disable=SC2046
       # In the pattern * stands for a version: digits and dots.
-      local re
+      local newest re
       re=$(printf '%s' "$pattern" | sed -e 's/[.+]/\\&/g' -e 's/\*/[0-9.]+/g')
+      # shellcheck disable=SC2046
       newest=$(apt-cache $(apt_for "$suite") pkgnames linux-image- | grep -xE "$re" | sort -V | tail -1)
       [ -n "$newest" ] || die "$suite has neither $pkg nor anything like $pattern"
       echo "kernels: $pkg is gone from $suite; using $newest (update scripts/kernels/matrix)" >&2
@@ -68,7 +67,11 @@ setup() {
     fi
     echo "kernels: $name: $pkg"
     rm -rf "$cache/$name.tmp" && mkdir -p "$cache/$name.tmp"
-    (cd "$cache/$name.tmp" && apt-get -qq $(apt_for "$suite") download "$pkg" 2>/dev/null && dpkg-deb -x ./*.deb root && rm ./*.deb)
+    # (apt warns that root downloads unsandboxed: only a failure is shown)
+    # shellcheck disable=SC2046
+    (cd "$cache/$name.tmp" && apt-get -qq $(apt_for "$suite") download "$pkg" > download.log 2>&1) ||
+      die "could not download $pkg from $suite: $(grep -v '^W:' "$cache/$name.tmp/download.log" | tail -3)"
+    (cd "$cache/$name.tmp" && dpkg-deb -x ./*.deb root && rm ./*.deb download.log)
     local vmlinuz version
     vmlinuz=$(ls "$cache/$name.tmp/root/boot/"vmlinuz-*)
     version=${vmlinuz##*/vmlinuz-}
