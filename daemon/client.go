@@ -87,13 +87,16 @@ func (cl *Client) call(req Request, fds ...int) (Reply, error) {
 	case <-cl.done:
 		return Reply{}, cl.err
 	case <-time.After(replyTimeout):
-		return Reply{}, fmt.Errorf("the daemon did not answer %q within %v", req.Op, replyTimeout)
+		// A late reply would be taken for the next request's: this
+		// connection is done.
+		cl.c.Close()
+		return Reply{}, fmt.Errorf("the daemon did not answer %q within %v; connection closed", req.Op, replyTimeout)
 	}
 }
 
 // replyTimeout bounds the wait for a reply: longer than a hand-over may
-// hold a client's requests (handoverWait).
-const replyTimeout = 2 * handoverWait
+// hold a client's requests (handoverWait). A variable for tests.
+var replyTimeout = 2 * handoverWait
 
 // Join hands a and b to the daemon, which joins them in the kernel; it
 // returns the pair's handle. The daemon holds its own descriptors: close a

@@ -486,3 +486,40 @@ func wantEnded(t *testing.T, cl *daemon.Client, h uint64, up, down testenv.Strea
 		t.Fatalf("no ended event for pair %d within 10 s", h)
 	}
 }
+
+// TestLateReplyIsNotTakenForTheNext: a daemon that answers after the
+// client gave up must not have that answer taken for the client's next
+// request: the client gives up on the connection instead.
+func TestLateReplyIsNotTakenForTheNext(t *testing.T) {
+	defer daemon.SetReplyTimeout(200 * time.Millisecond)()
+	path := filepath.Join(t.TempDir(), "slow.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 4096)
+		if _, err := c.Read(buf); err != nil {
+			return
+		}
+		time.Sleep(400 * time.Millisecond) // past the client's bound
+		c.Write([]byte(`{"ok":true,"pairs":[{"handle":41,"proto":"tcp"}]}`))
+		c.Read(buf) // the next request, if it comes
+		c.Write([]byte(`{"ok":true,"pairs":[{"handle":41,"proto":"tcp"}]}`))
+		time.Sleep(time.Second)
+	}()
+	cl := mustClient(t, path)
+	if _, err := cl.Stats(); err == nil || !strings.Contains(err.Error(), "did not answer") {
+		t.Fatalf("first request: %v, want the bound", err)
+	}
+	time.Sleep(300 * time.Millisecond) // the late answer has been sent
+	if st, err := cl.Stats(); err == nil {
+		t.Fatalf("second request answered with %+v: the first request's late reply", st)
+	}
+}

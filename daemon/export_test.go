@@ -3,7 +3,16 @@ package daemon
 import (
 	"encoding/json"
 	"net"
+	"time"
 )
+
+// SetReplyTimeout shortens how long a client waits for a reply, until
+// restore.
+func SetReplyTimeout(d time.Duration) (restore func()) {
+	old := replyTimeout
+	replyTimeout = d
+	return func() { replyTimeout = old }
+}
 
 // TakeOverAndDie asks the daemon at path for a hand-over as a new daemon
 // would, reads n of its messages (n < 0: the whole state, without saying
