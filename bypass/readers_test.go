@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -258,5 +259,36 @@ func TestOptionsReadBack(t *testing.T) {
 		if err != nil || got != want {
 			t.Errorf("options %+v (%v), want %+v", got, err, want)
 		}
+	}
+}
+
+// A connection's first bytes come by TCP (its reader has not read yet), into
+// a socket in the sockhash, where FIONREAD counts them only on kernels with
+// the fix (04af4efde58a). status reports the probe's answer; this holds the
+// probe to what an installed shunt gives a reader, on every kernel.
+func TestFIONREADOfTCPBytesAsProbed(t *testing.T) {
+	in, cg := mustInstall(t)
+	c, s := connPair(t, cg)
+	if f := flowOf(t, in, testenv.Cookie(t, s)); f == nil {
+		t.Fatal("the server socket is not in the sockhash")
+	}
+	if _, err := c.Write([]byte("0123456789")); err != nil {
+		t.Fatal(err)
+	}
+	rawFD(t, s, func(fd int) {
+		if n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 2000); n != 1 || err != nil {
+			t.Fatalf("the bytes did not arrive: poll %d, %v", n, err)
+		}
+	})
+	want := 0
+	if host.Probe().FionreadCountsTCP {
+		want = 10
+	}
+	if got := testenv.InQueue(t, s); got != want {
+		t.Errorf("FIONREAD %d, the probe says %d", got, want)
+	}
+	got := make([]byte, 10)
+	if _, err := io.ReadFull(s, got); err != nil || string(got) != "0123456789" {
+		t.Errorf("read %q, %v", got, err)
 	}
 }

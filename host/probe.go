@@ -64,6 +64,11 @@ type Features struct {
 	// kernel's active LSMs, not locked down). Optional: with it a splice
 	// from a bypassed socket is refused before it reads.
 	LSM bool `json:"bpf_lsm"`
+	// FionreadCountsTCP: FIONREAD (SIOCINQ) counts bytes that came by TCP
+	// into a socket in a sockhash with an sk_msg program, as shunt's are.
+	// Kernels without the fix (04af4efde58a, 7.2) report only redirected
+	// bytes there. Not needed; what a reader sees differs without it.
+	FionreadCountsTCP bool `json:"fionread_counts_tcp"`
 }
 
 // Missing lists the features bypass needs and the kernel lacks.
@@ -114,6 +119,7 @@ func Probe() Features {
 	f.SpliceTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "tcp_rcv_space_adjust")
 	f.FileIterator = f.BTF && canLoadTracing(ebpf.AttachTraceIter, "task_file")
 	f.LSM = f.BTF && CanRefuseSplice()
+	f.FionreadCountsTCP = f.SockHash && f.SkMsg && fionreadCountsTCP(f.SkMsgLink)
 	return f
 }
 
@@ -135,6 +141,10 @@ func (f Features) Mechanisms() []Mechanism {
 	if splice != "" && f.LSM {
 		splice += "; or, installed with --refuse-splice, refused with EINVAL by lsm/file_permission before it reads"
 	}
+	fionread := "counted, as over TCP (the kernel has the fix)"
+	if !f.FionreadCountsTCP {
+		fionread = "not counted while the socket is in the sockhash (kernel fix 04af4efde58a missing; docs/TRANSPARENCY.md)"
+	}
 	attach := "on the sockhash itself (no link: kernels before 6.10)"
 	if f.SkMsgLink {
 		attach = "a pinned BPF link"
@@ -147,6 +157,7 @@ func (f Features) Mechanisms() []Mechanism {
 		{"bypass: splice(2) watch", pick(f.SpliceTracepoint, "tp_btf/tcp_rcv_space_adjust")},
 		{"bypass: finding held sockets", pick(f.FileIterator, "iter/task_file")},
 		{"bypass: splice(2) after recv", splice},
+		{"bypass: FIONREAD of bytes that came by TCP", pick(f.SockHash && f.SkMsg, fionread)},
 	}
 }
 
