@@ -24,11 +24,19 @@ func origin(t *testing.T, e *env, kind string, body blob) string {
 // nginxOrigin serves body at /blob with nginx (as shipped: sendfile on,
 // unless told otherwise) and returns where.
 func nginxOrigin(t testing.TB, e *env, body blob, sendfile bool) string {
-	return nginxOriginOn(t, e, body, sendfile, -1)
+	return nginxOriginWith(t, e, body, nginxSetup{sendfile: sendfile, cpu: -1})
 }
 
-// nginxOriginOn is nginxOrigin with nginx pinned to cpu (-1: not pinned).
-func nginxOriginOn(t testing.TB, e *env, body blob, sendfile bool, cpu int) string {
+// nginxSetup is what a test changes in nginx's configuration.
+type nginxSetup struct {
+	sendfile bool
+	cpu      int // -1: not pinned
+	// keepaliveRequests is how many requests nginx serves on a connection
+	// before it closes it; 0 leaves nginx's default (1,000).
+	keepaliveRequests int
+}
+
+func nginxOriginWith(t testing.TB, e *env, body blob, s nginxSetup) string {
 	t.Helper()
 	needProgram(t, "nginx")
 	dir := t.TempDir()
@@ -37,7 +45,11 @@ func nginxOriginOn(t testing.TB, e *env, body blob, sendfile bool, cpu int) stri
 	}
 	port := e.freePort(t)
 	conf := filepath.Join(dir, "nginx.conf")
-	onOff := map[bool]string{true: "on", false: "off"}[sendfile]
+	onOff := map[bool]string{true: "on", false: "off"}[s.sendfile]
+	keepalive := ""
+	if s.keepaliveRequests > 0 {
+		keepalive = fmt.Sprintf("keepalive_requests %d;", s.keepaliveRequests)
+	}
 	text := fmt.Sprintf(`daemon off;
 master_process off;
 worker_processes 1;
@@ -47,6 +59,7 @@ events { worker_connections 256; }
 http {
 	access_log off;
 	sendfile %[3]s;
+	%[4]s
 	client_body_temp_path %[1]s;
 	proxy_temp_path %[1]s;
 	fastcgi_temp_path %[1]s;
@@ -57,13 +70,13 @@ http {
 		root %[1]s;
 	}
 }
-`, dir, port, onOff)
+`, dir, port, onOff, keepalive)
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	argv := []string{"nginx", "-c", conf, "-p", dir, "-e", "stderr"}
-	if cpu >= 0 {
-		argv = pinned(cpu, argv...)
+	if s.cpu >= 0 {
+		argv = pinned(s.cpu, argv...)
 	}
 	e.start(t, argv...)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
