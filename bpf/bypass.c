@@ -40,7 +40,9 @@
 
 char __license[] SEC("license") = "GPL";
 
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+/* Weak: kernels before 6.2 lack it; there cfg.probe_reads is set and the
+ * calls are never reached (the loader poisons them, the verifier prunes). */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
 
 /* Keep these types in BTF so bpf2go generates their Go twins. */
 const struct flow_record *unused_flow_record __attribute__((unused));
@@ -59,7 +61,7 @@ volatile const struct config {
 	__u32 max_backlog;    /* unread redirected bytes a receiver may hold, unless it set SO_RCVBUF */
 	__u32 trust_readers;  /* redirect before the reader was seen in recv (no splice readers here) */
 	__u32 splice_nr;      /* this architecture's system call number of splice(2) */
-	__u32 _pad;
+	__u32 probe_reads;    /* no bpf_rdonly_cast (before 6.2): read the peer with bpf_probe_read_kernel */
 } cfg = {
 	.pending_ttl_ns = 300ULL * 1000 * 1000 * 1000,
 	.settle_ns = 100ULL * 1000 * 1000,
@@ -153,6 +155,7 @@ static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock 
 	 * iterators) may delete from a sockhash. */
 	bpf_timer_init(&ref->leave, &peer_refs, CLOCK_MONOTONIC);
 	bpf_timer_set_callback(&ref->leave, leave_cb);
+	ref->tcp_copied = tp->copied_seq;
 	ref->sk = tp;
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 }
@@ -314,6 +317,70 @@ enum redirect_check {
 	REDIRECT_REFUSE,     /* the peer splices with redirected bytes unread: neither path is in order */
 };
 
+/* The psock counts the bytes queued on it (msg_tot_len) on newer kernels;
+ * on older ones (6.1) shunt counts them in the receiver's peer_ref. */
+#define PSOCK_COUNTS bpf_core_field_exists(((struct sk_psock *)0)->msg_tot_len)
+
+static __always_inline __u32 counted_unread(struct peer_ref *ref)
+{
+	__u64 in = ref->redirected_in, read = ref->redirected_read;
+	/* A reader may take bytes before the sender counted them. */
+	return read >= in ? 0 : (__u32)(in - read);
+}
+
+/* The peer's socket, read through the pointer it published. clang 14 emits
+ * no BTF type tags, so the verifier sees that pointer as a number: where the
+ * kernel has bpf_rdonly_cast (6.2) the cast makes its fields loadable
+ * directly (fault-safe, as bpf_probe_read_kernel is, without a helper call
+ * each: this runs on every send); older kernels read them with
+ * bpf_probe_read_kernel. */
+static __always_inline __u32 peer_copied_seq(void *sk)
+{
+	if (cfg.probe_reads)
+		return BPF_CORE_READ((struct tcp_sock *)sk, copied_seq);
+	struct tcp_sock *tp = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock));
+	return tp->copied_seq;
+}
+
+/* What the peer's receive side holds for flow control. */
+struct peer_buffer {
+	unsigned long psock; /* 0: not in the sockhash (any more) */
+	__u32 unread;        /* redirected bytes its reader has not read */
+	__u32 rcvbuf;
+	int rcvbuf_locked;   /* the reader set SO_RCVBUF: its bound, not ours */
+};
+
+static __always_inline void peer_buffer(struct peer_ref *ref, struct peer_buffer *b)
+{
+	void *sk = ref->sk;
+	if (cfg.probe_reads) {
+		struct sock *peer = sk;
+		unsigned long ud = (unsigned long)BPF_CORE_READ(peer, sk_user_data) & SK_USER_DATA_PTRMASK;
+		b->psock = ud;
+		if (!ud)
+			return;
+		/* Through a local: an access through b would be relocated
+		 * against a kernel type named peer_buffer. */
+		struct sk_psock *psock = (struct sk_psock *)ud;
+		if (PSOCK_COUNTS)
+			b->unread = BPF_CORE_READ(psock, msg_tot_len);
+		else
+			b->unread = counted_unread(ref);
+		/* A 4-bit field before 6.5ish, a byte after: read it as either. */
+		b->rcvbuf_locked = BPF_CORE_READ_BITFIELD_PROBED(peer, sk_userlocks) & SOCK_RCVBUF_LOCK;
+		b->rcvbuf = BPF_CORE_READ(peer, sk_rcvbuf);
+		return;
+	}
+	struct sock *peer = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+	b->psock = (unsigned long)peer->sk_user_data & SK_USER_DATA_PTRMASK;
+	if (!b->psock)
+		return;
+	struct sk_psock *psock = bpf_rdonly_cast((void *)b->psock, bpf_core_type_id_kernel(struct sk_psock));
+	b->unread = psock->msg_tot_len;
+	b->rcvbuf_locked = peer->sk_userlocks & SOCK_RCVBUF_LOCK;
+	b->rcvbuf = peer->sk_rcvbuf;
+}
+
 static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *self)
 {
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->peer);
@@ -329,26 +396,21 @@ static __always_inline int check_peer(struct sock_state *st, struct tcp_sock *se
 		if (!(reads & STATE_READS) && !cfg.trust_readers)
 			return REDIRECT_READER;
 	}
-	/* clang 14 emits no BTF type tags, so the verifier sees the stored
-	 * pointer as a number; the cast makes its fields loadable. */
-	struct tcp_sock *peer_tp = bpf_rdonly_cast(ref->sk, bpf_core_type_id_kernel(struct tcp_sock));
-	/* Direct loads (fault-safe, as bpf_probe_read_kernel is, but without
-	 * a helper call each): this runs on every send. */
-	if (!splicer && peer_tp->copied_seq != self->write_seq)
+	void *peer = ref->sk;
+	if (!splicer && peer_copied_seq(peer) != self->write_seq)
 		return REDIRECT_TCP_UNREAD;
 
 	/* Redirected bytes are bounded only by tcp_mem, not the receiver's
 	 * buffer: without this a slow reader lets a fast writer fill memory.
 	 * Over TCP the writer blocks or gets EAGAIN as TCP decides. */
-	struct sock *peer = (struct sock *)peer_tp;
-	unsigned long ud = (unsigned long)peer->sk_user_data & SK_USER_DATA_PTRMASK;
-	if (!ud)
+	struct peer_buffer buf = {};
+	peer_buffer(ref, &buf);
+	if (!buf.psock)
 		return REDIRECT_NO_PEER;
-	struct sk_psock *psock = bpf_rdonly_cast((void *)ud, bpf_core_type_id_kernel(struct sk_psock));
 	__u32 limit = cfg.max_backlog;
-	if (peer->sk_userlocks & SOCK_RCVBUF_LOCK)
-		limit = (__u32)peer->sk_rcvbuf;
-	__u32 unread = psock->msg_tot_len;
+	if (buf.rcvbuf_locked)
+		limit = buf.rcvbuf;
+	__u32 unread = buf.unread;
 	if (splicer) {
 		/* A splice reads the TCP queue alone. With nothing redirected
 		 * left unread, TCP is in order and the splice reads it. Else a
@@ -425,11 +487,17 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 	}
 	if (st->flags & STATE_THROTTLED)
 		__sync_fetch_and_and(&st->flags, ~STATE_THROTTLED);
+	if (!PSOCK_COUNTS) {
+		struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->peer);
+		if (ref)
+			__sync_fetch_and_add(&ref->redirected_in, msg->size);
+	}
 	st->tx_bytes += msg->size;
 	st->tx_msgs++;
 	return SK_PASS;
 }
 
+#define MSG_PEEK 0x2
 #define MSG_WAITALL 0x100
 #define MSG_ERRQUEUE 0x2000
 
@@ -462,12 +530,14 @@ static __always_inline int learned_splicer(void)
 }
 
 /* Redirected bytes waiting in the socket's psock for a reader. */
-static __always_inline __u64 unread_redirected(struct sock *sk)
+static __always_inline __u64 unread_redirected(struct sock *sk, struct peer_ref *ref)
 {
 	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
 	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
 	if (!psock)
 		return 0;
+	if (!PSOCK_COUNTS)
+		return counted_unread(ref);
 	return BPF_CORE_READ(psock, msg_tot_len);
 }
 
@@ -503,7 +573,7 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 		return;
 	ev->self = *key;
 	ev->cookie = ref->cookie;
-	ev->unread = unread_redirected(sk);
+	ev->unread = unread_redirected(sk, ref);
 	ev->pid = ref->splicer_pid;
 	ev->kind = EVENT_SPLICE_CAUGHT;
 	__builtin_memcpy(ev->comm, ref->splicer_comm, sizeof(ev->comm));
@@ -595,14 +665,30 @@ static __always_inline __u32 reader_mark(int flags, int waits)
  * A reader that blocks or asks for MSG_WAITALL sends its connection back to
  * TCP; event-loop readers (non-blocking) keep the bypass.
  * Sockets shunt does not hold have no storage and cost one pointer test. */
-SEC("tp_btf/sock_recv_length")
-int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
+/* Where the psock does not count its queue: a read takes either redirected
+ * bytes or TCP's (tcp_bpf_recvmsg never mixes them in one call), and only a
+ * TCP read moves copied_seq. */
+static __always_inline void count_read(struct sock_state *st, struct sock *sk, int ret)
+{
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	if (!ref)
+		return;
+	__u32 copied = BPF_CORE_READ((struct tcp_sock *)sk, copied_seq);
+	if (copied != ref->tcp_copied)
+		ref->tcp_copied = copied;
+	else
+		__sync_fetch_and_add(&ref->redirected_read, ret);
+}
+
+static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 {
 	if (flags & MSG_ERRQUEUE)
 		return 0; /* completions and errors, not the stream */
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
 	if (!st)
 		return 0;
+	if (!PSOCK_COUNTS && ret > 0 && !(flags & MSG_PEEK))
+		count_read(st, sk, ret);
 	if (st->flags & STATE_TCP_READER)
 		return 0; /* on its way back to TCP: nothing more to record */
 	int waits = may_wait(sk, flags);
@@ -630,6 +716,22 @@ int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 	 * nothing can be on the way. */
 	bpf_timer_start(&ref->leave, (old & STATE_READS) ? cfg.settle_ns : 0, 0);
 	return 0;
+}
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
+{
+	return watch_read(sk, ret, flags);
+}
+
+/* Kernels before 6.3 have no sock_recv_length tracepoint. Every read of a
+ * socket in the sockhash (with sk_msg only, as shunt's) goes through
+ * tcp_bpf_recvmsg, with the flags recvmsg got (MSG_DONTWAIT included):
+ * watched on its way out where fexit programs load. */
+SEC("fexit/tcp_bpf_recvmsg")
+int BPF_PROG(shunt_reads_fexit, struct sock *sk, void *msg, __u64 len, int flags, int *addr_len, int ret)
+{
+	return watch_read(sk, ret, flags);
 }
 
 /* The calling task is in splice(2). */

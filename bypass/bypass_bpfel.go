@@ -20,7 +20,7 @@ type bypassConfig struct {
 	MaxBacklog   uint32
 	TrustReaders uint32
 	SpliceNr     uint32
-	Pad          uint32
+	ProbeReads   uint32
 }
 
 type bypassControlWord struct {
@@ -162,6 +162,7 @@ const (
 	bypassProgShuntIterDrain     = "shunt_iter_drain"
 	bypassProgShuntIterFlows     = "shunt_iter_flows"
 	bypassProgShuntReads         = "shunt_reads"
+	bypassProgShuntReadsFexit    = "shunt_reads_fexit"
 	bypassProgShuntRefuseSplice  = "shunt_refuse_splice"
 	bypassProgShuntSkMsg         = "shunt_sk_msg"
 	bypassProgShuntSockops       = "shunt_sockops"
@@ -222,6 +223,7 @@ type bypassProgramSpecs struct {
 	ShuntIterDrain    *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows    *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
 	ShuntReads        *ebpf.ProgramSpec `ebpf:"shunt_reads"`
+	ShuntReadsFexit   *ebpf.ProgramSpec `ebpf:"shunt_reads_fexit"`
 	ShuntRefuseSplice *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
 	ShuntSkMsg        *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
 	ShuntSockops      *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
@@ -325,6 +327,7 @@ type bypassPrograms struct {
 	ShuntIterDrain    *ebpf.Program `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows    *ebpf.Program `ebpf:"shunt_iter_flows"`
 	ShuntReads        *ebpf.Program `ebpf:"shunt_reads"`
+	ShuntReadsFexit   *ebpf.Program `ebpf:"shunt_reads_fexit"`
 	ShuntRefuseSplice *ebpf.Program `ebpf:"shunt_refuse_splice"`
 	ShuntSkMsg        *ebpf.Program `ebpf:"shunt_sk_msg"`
 	ShuntSockops      *ebpf.Program `ebpf:"shunt_sockops"`
@@ -336,6 +339,7 @@ func (p *bypassPrograms) Close() error {
 		p.ShuntIterDrain,
 		p.ShuntIterFlows,
 		p.ShuntReads,
+		p.ShuntReadsFexit,
 		p.ShuntRefuseSplice,
 		p.ShuntSkMsg,
 		p.ShuntSockops,

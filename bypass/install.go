@@ -38,14 +38,14 @@ var ErrNotInstalled = errors.New("bypass is not enabled")
 
 // Pin layout below the install directory.
 const (
-	mapsDir     = "maps"
-	progsDir    = "progs"
-	linksDir    = "links"
-	cgroupsDir  = "cgroups"
-	skMsgLink   = "sk_msg"
-	refuseLink  = "refuse_splice"
-	readsLink   = "reads"
-	splicesLink = "splices"
+	mapsDir       = "maps"
+	progsDir      = "progs"
+	linksDir      = "links"
+	cgroupsDir    = "cgroups"
+	skMsgLink     = "sk_msg"
+	refuseLink    = "refuse_splice"
+	readsLinkName = "reads"
+	splicesLink   = "splices"
 )
 
 var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs", "excluded_ports", "guard_events"}
@@ -180,6 +180,9 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if opts.TrustReaders {
 		cfg.TrustReaders = 1
 	}
+	if !host.HasRdonlyCast() || os.Getenv(PeerReadsEnv) == "probe" {
+		cfg.ProbeReads = 1
+	}
 	if err := spec.Variables["cfg"].Set(cfg); err != nil {
 		return fmt.Errorf("configure BPF: %w", err)
 	}
@@ -187,7 +190,6 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 		bypassMaps
 		Sockops *ebpf.Program `ebpf:"shunt_sockops"`
 		SkMsg   *ebpf.Program `ebpf:"shunt_sk_msg"`
-		Reads   *ebpf.Program `ebpf:"shunt_reads"`
 		Splices *ebpf.Program `ebpf:"shunt_splices"`
 	}
 	replace := map[string]*ebpf.Map{learnedMap: learned}
@@ -196,9 +198,15 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	}
 	defer objs.Sockops.Close()
 	defer objs.SkMsg.Close()
-	defer objs.Reads.Close()
 	defer objs.Splices.Close()
 	defer objs.bypassMaps.Close()
+	shared := mapsOf(&objs.bypassMaps)
+	shared[learnedMap] = learned
+	reads, err := loadReaderWatch(spec, shared)
+	if err != nil {
+		return err
+	}
+	defer reads.Close()
 
 	for _, d := range []string{mapsDir, progsDir, linksDir, cgroupsDir} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
@@ -217,12 +225,12 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 		return fmt.Errorf("pin sk_msg: %w", err)
 	}
 	// The reader watch goes first: without it nothing is ever redirected.
-	reads, err := link.AttachTracing(link.TracingOptions{Program: objs.Reads})
+	readsLink, err := link.AttachTracing(link.TracingOptions{Program: reads})
 	if err != nil {
-		return fmt.Errorf("attach the reader watch (tp_btf/sock_recv_length): %w", err)
+		return fmt.Errorf("attach the reader watch (%s): %w", reads, err)
 	}
-	defer reads.Close()
-	if err := reads.Pin(filepath.Join(dir, linksDir, readsLink)); err != nil {
+	defer readsLink.Close()
+	if err := readsLink.Pin(filepath.Join(dir, linksDir, readsLinkName)); err != nil {
 		return fmt.Errorf("pin reader watch link: %w", err)
 	}
 	splices, err := link.AttachTracing(link.TracingOptions{Program: objs.Splices})
@@ -243,6 +251,28 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 		return ErrNoSpliceRefusal
 	}
 	return attachSpliceRefusal(dir, spec, &objs.bypassMaps)
+}
+
+// loadReaderWatch loads the reader watch on the sock_recv_length tracepoint
+// (6.3), or where that is missing as fexit on tcp_bpf_recvmsg (kernels
+// whose fexit programs load; not these VMs, locked down). Errors name the
+// tracepoint, the mechanism shunt prefers.
+func loadReaderWatch(spec *ebpf.CollectionSpec, maps map[string]*ebpf.Map) (*ebpf.Program, error) {
+	opts := &ebpf.CollectionOptions{MapReplacements: maps}
+	var tp struct {
+		Reads *ebpf.Program `ebpf:"shunt_reads"`
+	}
+	err := spec.LoadAndAssign(&tp, opts)
+	if err == nil {
+		return tp.Reads, nil
+	}
+	var fexit struct {
+		Reads *ebpf.Program `ebpf:"shunt_reads_fexit"`
+	}
+	if spec.LoadAndAssign(&fexit, opts) == nil {
+		return fexit.Reads, nil
+	}
+	return nil, host.Explain(fmt.Errorf("load the reader watch (tp_btf/sock_recv_length, or fexit/tcp_bpf_recvmsg): %w", err), "shunt bypass", host.MinKernel)
 }
 
 // attachSpliceRefusal loads and attaches the LSM program that refuses a
@@ -269,6 +299,11 @@ func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps
 	}
 	return nil
 }
+
+// PeerReadsEnv, set to "probe", makes sk_msg read the peer's socket with
+// bpf_probe_read_kernel, as on kernels without bpf_rdonly_cast, so that both
+// ways are tested on one kernel.
+const PeerReadsEnv = "SHUNT_PEER_READS"
 
 // AttachEnv, set to "map", attaches sk_msg to the sockhash the pre-6.10 way
 // even where the kernel has links, so that both ways are tested on one

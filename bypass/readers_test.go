@@ -292,3 +292,35 @@ func TestFIONREADOfTCPBytesAsProbed(t *testing.T) {
 		t.Errorf("read %q, %v", got, err)
 	}
 }
+
+// Redirected bytes are counted by FIONREAD only where the kernel's psock
+// counts its queue (msg_tot_len; not on 6.1): held to what status reports.
+func TestFIONREADOfRedirectedBytesAsProbed(t *testing.T) {
+	in, cg := mustInstall(t)
+	c, s := connPair(t, cg)
+	testenv.Warm(t, c, s)
+	before := flowOf(t, in, testenv.Cookie(t, c))
+	if _, err := c.Write([]byte("twelve bytes")); err != nil {
+		t.Fatal(err)
+	}
+	rawFD(t, s, func(fd int) {
+		if n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 2000); n != 1 || err != nil {
+			t.Fatalf("the bytes did not arrive: poll %d, %v", n, err)
+		}
+	})
+	after := flowOf(t, in, testenv.Cookie(t, c))
+	if before == nil || after == nil || after.Client.TxBytes-before.Client.TxBytes != 12 {
+		t.Fatalf("the 12 bytes were not redirected: %+v -> %+v", before, after)
+	}
+	want := 0
+	if host.PsockCountsQueue() {
+		want = 12
+	}
+	if got := testenv.InQueue(t, s); got != want {
+		t.Errorf("FIONREAD %d, want %d on this kernel", got, want)
+	}
+	got := make([]byte, 12)
+	if _, err := io.ReadFull(s, got); err != nil || string(got) != "twelve bytes" {
+		t.Errorf("read %q, %v", got, err)
+	}
+}

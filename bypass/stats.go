@@ -232,11 +232,11 @@ func (in *Install) programs() ([]Program, error) {
 		out = append(out, Program{Name: "sk_msg", ID: pid, Links: []uint32{}, Attached: "map sock_hash (attached to the map, no link)"})
 	}
 
-	lid, pid, err := pinnedLinkIDs(filepath.Join(in.dir, linksDir, readsLink))
+	lid, pid, err := pinnedLinkIDs(filepath.Join(in.dir, linksDir, readsLinkName))
 	if err != nil {
 		return nil, fmt.Errorf("reader watch link info: %w", err)
 	}
-	out = append(out, Program{Name: "reads", ID: pid, Links: []uint32{lid}, Attached: "tracepoint sock_recv_length"})
+	out = append(out, Program{Name: "reads", ID: pid, Links: []uint32{lid}, Attached: in.readerWatch()})
 
 	lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, splicesLink))
 	if err != nil {
@@ -280,4 +280,21 @@ func pinnedProgID(pin string) (uint32, error) {
 	}
 	id, _ := info.ID()
 	return uint32(id), nil
+}
+
+// readerWatch says where the install's reader watch is attached.
+func (in *Install) readerWatch() string {
+	l, err := link.LoadPinnedLink(filepath.Join(in.dir, linksDir, readsLinkName), nil)
+	if err != nil {
+		return "unknown"
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return "unknown"
+	}
+	if t := info.Tracing(); t != nil && ebpf.AttachType(t.AttachType) == ebpf.AttachTraceFExit {
+		return "fexit tcp_bpf_recvmsg"
+	}
+	return "tracepoint sock_recv_length"
 }

@@ -17,10 +17,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// MinKernel is the oldest kernel shunt bypass runs on: the reader watch's
-// tracepoint, sock_recv_length, came in 6.3. Features are probed, not
-// inferred from the version; this names the version in messages.
-var MinKernel = [2]int{6, 3}
+// MinKernel is the oldest kernel shunt bypass is tested on (Debian 12's
+// 6.1). Before 6.3 the reader watch needs fexit programs, which a kernel
+// may refuse (lockdown). Features are probed, not inferred from the version;
+// this names the version in messages.
+var MinKernel = [2]int{6, 1}
 
 // LinkKernel is the first kernel where sk_msg and sk_skb programs attach to
 // a sockmap as BPF links; before it they attach to the map itself.
@@ -54,6 +55,9 @@ type Features struct {
 	// RecvTracepoint: a BTF tracepoint program can attach to
 	// sock_recv_length (the reader watch; 6.3+).
 	RecvTracepoint bool `json:"recv_tracepoint"`
+	// RecvFexit: an fexit program loads on tcp_bpf_recvmsg, the reader
+	// watch where the tracepoint is missing.
+	RecvFexit bool `json:"recv_fexit"`
 	// SpliceTracepoint: a BTF tracepoint program can attach to
 	// tcp_rcv_space_adjust (the splice watch).
 	SpliceTracepoint bool `json:"splice_tracepoint"`
@@ -69,6 +73,9 @@ type Features struct {
 	// Kernels without the fix (04af4efde58a, 7.2) report only redirected
 	// bytes there. Not needed; what a reader sees differs without it.
 	FionreadCountsTCP bool `json:"fionread_counts_tcp"`
+	// PsockCounts: the psock counts redirected bytes (msg_tot_len), so
+	// FIONREAD includes them.
+	PsockCounts bool `json:"psock_counts"`
 }
 
 // Missing lists the features bypass needs and the kernel lacks.
@@ -83,8 +90,7 @@ func (f Features) Missing() []string {
 		{f.SockOps, "sockops programs (CONFIG_CGROUP_BPF)"},
 		{f.SkStorage, "socket local storage"},
 		{f.BTF, "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)"},
-		{f.RdonlyCast, "the kfunc bpf_rdonly_cast (kernel 6.2 or newer)"},
-		{f.RecvTracepoint, "BTF tracepoint programs on sock_recv_length (kernel 6.3 or newer, not locked down)"},
+		{f.RecvTracepoint || f.RecvFexit, "a reader watch: BTF tracepoint programs on sock_recv_length (kernel 6.3 or newer) or fexit programs on tcp_bpf_recvmsg (not locked down)"},
 		{f.SpliceTracepoint, "BTF tracepoint programs on tcp_rcv_space_adjust"},
 		{f.FileIterator, "BPF iterators over open files (iter/task_file)"},
 	} {
@@ -114,11 +120,13 @@ func Probe() Features {
 	f.SkMsgLink = f.SockHash && f.SkMsg && canLinkSkMsg()
 	_, err := os.Stat("/sys/kernel/btf/vmlinux")
 	f.BTF = err == nil
-	f.RdonlyCast = f.BTF && kernelHasFunc("bpf_rdonly_cast")
+	f.RdonlyCast = f.BTF && HasRdonlyCast()
 	f.RecvTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "sock_recv_length")
+	f.RecvFexit = f.BTF && canLoadTracing(ebpf.AttachTraceFExit, "tcp_bpf_recvmsg")
 	f.SpliceTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "tcp_rcv_space_adjust")
 	f.FileIterator = f.BTF && canLoadTracing(ebpf.AttachTraceIter, "task_file")
 	f.LSM = f.BTF && CanRefuseSplice()
+	f.PsockCounts = f.BTF && PsockCountsQueue()
 	f.FionreadCountsTCP = f.SockHash && f.SkMsg && fionreadCountsTCP(f.SkMsgLink)
 	return f
 }
@@ -141,9 +149,21 @@ func (f Features) Mechanisms() []Mechanism {
 	if splice != "" && f.LSM {
 		splice += "; or, installed with --refuse-splice, refused with EINVAL by lsm/file_permission before it reads"
 	}
+	peer := "kfunc bpf_rdonly_cast"
+	if !f.RdonlyCast {
+		peer = "bpf_probe_read_kernel (no bpf_rdonly_cast: kernels before 6.2)"
+	}
+	reads := pick(f.RecvTracepoint, "tp_btf/sock_recv_length")
+	if reads == "" && f.RecvFexit {
+		reads = "fexit/tcp_bpf_recvmsg (no sock_recv_length tracepoint: kernels before 6.3)"
+	}
 	fionread := "counted, as over TCP (the kernel has the fix)"
 	if !f.FionreadCountsTCP {
 		fionread = "not counted while the socket is in the sockhash (kernel fix 04af4efde58a missing; docs/TRANSPARENCY.md)"
+	}
+	redirected := "counted (the psock counts its queue)"
+	if !f.PsockCounts {
+		redirected = "not counted (no msg_tot_len in the psock: kernels before 6.8ish; shunt counts them itself for flow control; docs/TRANSPARENCY.md)"
 	}
 	attach := "on the sockhash itself (no link: kernels before 6.10)"
 	if f.SkMsgLink {
@@ -152,13 +172,40 @@ func (f Features) Mechanisms() []Mechanism {
 	return []Mechanism{
 		{"bypass: sk_msg on the sockhash", pick(f.SkMsg && f.SockHash, attach)},
 		{"bypass: pairing", pick(f.SockOps && f.SkStorage, "sockops on the cgroup, socket storage")},
-		{"bypass: the peer's TCP state", pick(f.RdonlyCast, "kfunc bpf_rdonly_cast")},
-		{"bypass: reader watch", pick(f.RecvTracepoint, "tp_btf/sock_recv_length")},
+		{"bypass: the peer's TCP state", peer},
+		{"bypass: reader watch", reads},
 		{"bypass: splice(2) watch", pick(f.SpliceTracepoint, "tp_btf/tcp_rcv_space_adjust")},
 		{"bypass: finding held sockets", pick(f.FileIterator, "iter/task_file")},
 		{"bypass: splice(2) after recv", splice},
 		{"bypass: FIONREAD of bytes that came by TCP", pick(f.SockHash && f.SkMsg, fionread)},
+		{"bypass: FIONREAD of redirected bytes", pick(f.SockHash && f.SkMsg, redirected)},
 	}
+}
+
+// HasRdonlyCast says whether the kernel has the kfunc bpf_rdonly_cast,
+// with which sk_msg reads the peer's TCP state without a helper call.
+func HasRdonlyCast() bool {
+	return kernelHasFunc("bpf_rdonly_cast")
+}
+
+// PsockCountsQueue says whether the kernel's psock counts the bytes
+// redirected into it (sk_psock.msg_tot_len): FIONREAD counts them there,
+// and shunt's flow control reads the count; before it (6.1) shunt counts.
+func PsockCountsQueue() bool {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false
+	}
+	var psock *btf.Struct
+	if spec.TypeByName("sk_psock", &psock) != nil {
+		return false
+	}
+	for _, m := range psock.Members {
+		if m.Name == "msg_tot_len" {
+			return true
+		}
+	}
+	return false
 }
 
 // CanRefuseSplice says whether a BPF LSM program attaches to

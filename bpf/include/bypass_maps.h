@@ -59,6 +59,14 @@ struct peer_ref {
 	__u32 _pad;
 	__u64 cookie;          /* its socket cookie, once it spliced */
 	char splicer_comm[COMM_LEN];
+	/* Kernels whose psock does not count its queue (no msg_tot_len):
+	 * redirected bytes its peer sent it and its reader took, and where TCP
+	 * reads had brought copied_seq (a read that did not move it took
+	 * redirected bytes). Unused where the kernel counts. */
+	__u64 redirected_in;
+	__u64 redirected_read;
+	__u32 tcp_copied;
+	__u32 _pad2;
 };
 
 struct {
