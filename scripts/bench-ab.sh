@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Compares two shunt binaries (say, two commits) on the bypass hot path:
+# latency (14 B and 16 KiB round trips, same and cross CPU) and throughput
+# (16 KiB and 256 KiB writes, cross CPU), mode shunt only, interleaved: each
+# round runs both binaries, in alternating order. Prints per metric the
+# median over rounds for A and B and B/A. As root.
+#
+#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS]
+#
+# Build a commit's binary with:
+#   git worktree add /tmp/old COMMIT && (cd /tmp/old && go build -o /tmp/shunt-old ./cmd/shunt)
+set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS]" >&2; exit 2; }
+a=$1 b=$2 rounds=${3:-7}
+out=$(mktemp -d /tmp/shunt-bench-ab-XXXXXX)
+trap 'rm -rf "$out"' EXIT
+
+run() { # binary tag round
+  "$1" bench latency --sizes 14,16K --modes shunt --placement same-cpu,cross-cpu --rounds 1 \
+    --count 20000 --duration 2s --json > "$out/$2-lat-$3.json"
+  "$1" bench throughput --write-sizes 16K,256K --modes shunt --placement cross-cpu --rounds 1 \
+    --duration 1s --json > "$out/$2-tput-$3.json"
+}
+for r in $(seq "$rounds"); do
+  if [ $((r % 2)) -eq 1 ]; then run "$a" A "$r"; run "$b" B "$r"; else run "$b" B "$r"; run "$a" A "$r"; fi
+  echo "round $r of $rounds done" >&2
+done
+
+python3 - "$out" "$rounds" <<'EOF'
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+rows = {}
+for tag in "AB":
+    for r in range(1, rounds + 1):
+        for e in json.load(open(f"{out}/{tag}-lat-{r}.json")):
+            key = f"latency {e['size']} B {e['placement']}"
+            for q in ("p50", "p99", "p999", "max"):
+                rows.setdefault((key, q + " us"), {}).setdefault(tag, []).append(e["latency"][q + "_ns"] / 1000)
+            rows.setdefault((key, "CPU us/round trip"), {}).setdefault(tag, []).append(e["machine_cpu_per_round_trip_ns"] / 1000)
+        for e in json.load(open(f"{out}/{tag}-tput-{r}.json")):
+            key = f"throughput {e['write_size']} B writes {e['placement']}"
+            rows.setdefault((key, "Gbit/s"), {}).setdefault(tag, []).append(e["median_gbit_per_s"])
+            rows.setdefault((key, "CPU s/GB"), {}).setdefault(tag, []).append(e["machine_cpu_s_per_gb"])
+print("| what | metric | A (median) | B (median) | B / A |")
+print("|---|---|---|---|---|")
+for (key, metric), v in rows.items():
+    ma, mb = statistics.median(v["A"]), statistics.median(v["B"])
+    print(f"| {key} | {metric} | {ma:.2f} | {mb:.2f} | {mb / ma:.3f} |")
+EOF
