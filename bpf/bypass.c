@@ -817,6 +817,37 @@ static __always_inline struct sock_state *held_socket(struct file *f, struct soc
 #define MAY_READ 0x4 /* include/linux/fs.h */
 #define EINVAL 22
 
+#define SOL_SOCKET 1
+#define SO_ZEROCOPY 60
+#define EOPNOTSUPP 95
+
+/* setsockopt(SO_ZEROCOPY) on a socket in the sockhash fails with EOPNOTSUPP,
+ * as on a socket that cannot do zerocopy. Its sends go through sk_msg, which
+ * never queues a MSG_ZEROCOPY completion, and a socket leaves the sockhash
+ * only later (from sockops or a timer: no program of this hook may delete
+ * from it), so a program that waited for its completions would wait
+ * forever. Set before the connection is established, SO_ZEROCOPY keeps the
+ * connection off the bypass instead (uses_zerocopy). */
+SEC("cgroup/setsockopt")
+int shunt_setsockopt(struct bpf_sockopt *ctx)
+{
+	if (ctx->level != SOL_SOCKET || ctx->optname != SO_ZEROCOPY)
+		return 1;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 1;
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	/* In the sockhash while it has a peer_ref (leave_cb drops both). */
+	if (!st || !bpf_map_lookup_elem(&peer_refs, &st->self))
+		return 1;
+	int *on = ctx->optval;
+	if ((void *)(on + 1) > ctx->optval_end || !*on)
+		return 1; /* turning it off changes nothing */
+	count(CNT_ZEROCOPY_REFUSED);
+	bpf_set_retval(-EOPNOTSUPP);
+	return 0;
+}
+
 /* Runs before a file is read or written (lsm/file_permission; a splice(2)
  * from a socket checks it before it reads): a splice from a socket shunt
  * holds fails with EINVAL and reads nothing. A splice reads the TCP queue

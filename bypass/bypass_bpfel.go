@@ -32,25 +32,26 @@ type bypassControlWord struct {
 type bypassCounter uint32
 
 const (
-	bypassCounterCNT_REGISTERED     bypassCounter = 0
-	bypassCounterCNT_AMBIGUOUS      bypassCounter = 1
-	bypassCounterCNT_REGISTRY_FULL  bypassCounter = 2
-	bypassCounterCNT_PAIRED         bypassCounter = 3
-	bypassCounterCNT_UNPAIRED       bypassCounter = 4
-	bypassCounterCNT_INSERT_FAILED  bypassCounter = 5
-	bypassCounterCNT_FALLBACK       bypassCounter = 6
-	bypassCounterCNT_THROTTLED      bypassCounter = 7
-	bypassCounterCNT_ZEROCOPY       bypassCounter = 8
-	bypassCounterCNT_EXCLUDED       bypassCounter = 9
-	bypassCounterCNT_TCP_READER     bypassCounter = 10
-	bypassCounterCNT_LEFT           bypassCounter = 11
-	bypassCounterCNT_EAGAIN         bypassCounter = 12
-	bypassCounterCNT_SPLICE_READER  bypassCounter = 13
-	bypassCounterCNT_SPLICE_CAUGHT  bypassCounter = 14
-	bypassCounterCNT_LEARNED_READER bypassCounter = 15
-	bypassCounterCNT_REFUSED_SENDS  bypassCounter = 16
-	bypassCounterCNT_SPLICE_REFUSED bypassCounter = 17
-	bypassCounterCNT_MAX            bypassCounter = 18
+	bypassCounterCNT_REGISTERED       bypassCounter = 0
+	bypassCounterCNT_AMBIGUOUS        bypassCounter = 1
+	bypassCounterCNT_REGISTRY_FULL    bypassCounter = 2
+	bypassCounterCNT_PAIRED           bypassCounter = 3
+	bypassCounterCNT_UNPAIRED         bypassCounter = 4
+	bypassCounterCNT_INSERT_FAILED    bypassCounter = 5
+	bypassCounterCNT_FALLBACK         bypassCounter = 6
+	bypassCounterCNT_THROTTLED        bypassCounter = 7
+	bypassCounterCNT_ZEROCOPY         bypassCounter = 8
+	bypassCounterCNT_EXCLUDED         bypassCounter = 9
+	bypassCounterCNT_TCP_READER       bypassCounter = 10
+	bypassCounterCNT_LEFT             bypassCounter = 11
+	bypassCounterCNT_EAGAIN           bypassCounter = 12
+	bypassCounterCNT_SPLICE_READER    bypassCounter = 13
+	bypassCounterCNT_SPLICE_CAUGHT    bypassCounter = 14
+	bypassCounterCNT_LEARNED_READER   bypassCounter = 15
+	bypassCounterCNT_REFUSED_SENDS    bypassCounter = 16
+	bypassCounterCNT_SPLICE_REFUSED   bypassCounter = 17
+	bypassCounterCNT_ZEROCOPY_REFUSED bypassCounter = 18
+	bypassCounterCNT_MAX              bypassCounter = 19
 )
 
 type bypassEventKind uint32
@@ -164,6 +165,7 @@ const (
 	bypassProgShuntReads         = "shunt_reads"
 	bypassProgShuntReadsFexit    = "shunt_reads_fexit"
 	bypassProgShuntRefuseSplice  = "shunt_refuse_splice"
+	bypassProgShuntSetsockopt    = "shunt_setsockopt"
 	bypassProgShuntSkMsg         = "shunt_sk_msg"
 	bypassProgShuntSockops       = "shunt_sockops"
 	bypassProgShuntSplices       = "shunt_splices"
@@ -225,6 +227,7 @@ type bypassProgramSpecs struct {
 	ShuntReads        *ebpf.ProgramSpec `ebpf:"shunt_reads"`
 	ShuntReadsFexit   *ebpf.ProgramSpec `ebpf:"shunt_reads_fexit"`
 	ShuntRefuseSplice *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
+	ShuntSetsockopt   *ebpf.ProgramSpec `ebpf:"shunt_setsockopt"`
 	ShuntSkMsg        *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
 	ShuntSockops      *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
 	ShuntSplices      *ebpf.ProgramSpec `ebpf:"shunt_splices"`
@@ -329,6 +332,7 @@ type bypassPrograms struct {
 	ShuntReads        *ebpf.Program `ebpf:"shunt_reads"`
 	ShuntReadsFexit   *ebpf.Program `ebpf:"shunt_reads_fexit"`
 	ShuntRefuseSplice *ebpf.Program `ebpf:"shunt_refuse_splice"`
+	ShuntSetsockopt   *ebpf.Program `ebpf:"shunt_setsockopt"`
 	ShuntSkMsg        *ebpf.Program `ebpf:"shunt_sk_msg"`
 	ShuntSockops      *ebpf.Program `ebpf:"shunt_sockops"`
 	ShuntSplices      *ebpf.Program `ebpf:"shunt_splices"`
@@ -341,6 +345,7 @@ func (p *bypassPrograms) Close() error {
 		p.ShuntReads,
 		p.ShuntReadsFexit,
 		p.ShuntRefuseSplice,
+		p.ShuntSetsockopt,
 		p.ShuntSkMsg,
 		p.ShuntSockops,
 		p.ShuntSplices,

@@ -38,14 +38,18 @@ var ErrNotInstalled = errors.New("bypass is not enabled")
 
 // Pin layout below the install directory.
 const (
-	mapsDir       = "maps"
-	progsDir      = "progs"
-	linksDir      = "links"
-	cgroupsDir    = "cgroups"
-	skMsgLink     = "sk_msg"
-	refuseLink    = "refuse_splice"
-	readsLinkName = "reads"
-	splicesLink   = "splices"
+	mapsDir    = "maps"
+	progsDir   = "progs"
+	linksDir   = "links"
+	cgroupsDir = "cgroups"
+	// sockoptDir holds each enabled cgroup's setsockopt link, by cgroup id
+	// as in cgroupsDir.
+	sockoptDir     = "cgroups-setsockopt"
+	setsockoptProg = "setsockopt"
+	skMsgLink      = "sk_msg"
+	refuseLink     = "refuse_splice"
+	readsLinkName  = "reads"
+	splicesLink    = "splices"
 )
 
 var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs", "excluded_ports", "guard_events"}
@@ -89,6 +93,9 @@ type Install struct {
 	dir     string
 	maps    map[string]*ebpf.Map
 	sockops *ebpf.Program
+	// setsockopt refuses SO_ZEROCOPY on bypassed sockets; nil in installs
+	// made before it existed, whose cgroups then get sockops alone.
+	setsockopt *ebpf.Program
 }
 
 // Dir returns the pin directory.
@@ -188,15 +195,17 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	}
 	var objs struct {
 		bypassMaps
-		Sockops *ebpf.Program `ebpf:"shunt_sockops"`
-		SkMsg   *ebpf.Program `ebpf:"shunt_sk_msg"`
-		Splices *ebpf.Program `ebpf:"shunt_splices"`
+		Sockops    *ebpf.Program `ebpf:"shunt_sockops"`
+		Setsockopt *ebpf.Program `ebpf:"shunt_setsockopt"`
+		SkMsg      *ebpf.Program `ebpf:"shunt_sk_msg"`
+		Splices    *ebpf.Program `ebpf:"shunt_splices"`
 	}
 	replace := map[string]*ebpf.Map{learnedMap: learned}
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace}); err != nil {
 		return host.Explain(fmt.Errorf("load BPF programs: %w", err), "shunt bypass", host.MinKernel)
 	}
 	defer objs.Sockops.Close()
+	defer objs.Setsockopt.Close()
 	defer objs.SkMsg.Close()
 	defer objs.Splices.Close()
 	defer objs.bypassMaps.Close()
@@ -208,7 +217,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	}
 	defer reads.Close()
 
-	for _, d := range []string{mapsDir, progsDir, linksDir, cgroupsDir} {
+	for _, d := range []string{mapsDir, progsDir, linksDir, cgroupsDir, sockoptDir} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			return err
 		}
@@ -220,6 +229,9 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	}
 	if err := objs.Sockops.Pin(filepath.Join(dir, progsDir, "sockops")); err != nil {
 		return fmt.Errorf("pin sockops: %w", err)
+	}
+	if err := objs.Setsockopt.Pin(filepath.Join(dir, progsDir, setsockoptProg)); err != nil {
+		return fmt.Errorf("pin setsockopt: %w", err)
 	}
 	if err := objs.SkMsg.Pin(filepath.Join(dir, progsDir, skMsgLink)); err != nil {
 		return fmt.Errorf("pin sk_msg: %w", err)
@@ -402,6 +414,9 @@ func Open(dir string) (*Install, error) {
 		return nil, fmt.Errorf("open pinned sockops program: %w", err)
 	}
 	in.sockops = p
+	if p, err := ebpf.LoadPinnedProgram(filepath.Join(dir, progsDir, setsockoptProg), nil); err == nil {
+		in.setsockopt = p
+	}
 	return in, nil
 }
 
@@ -412,6 +427,9 @@ func (in *Install) Close() error {
 	}
 	if in.sockops != nil {
 		in.sockops.Close()
+	}
+	if in.setsockopt != nil {
+		in.setsockopt.Close()
 	}
 	return nil
 }
@@ -427,8 +445,14 @@ func (in *Install) Attach(cg host.Cgroup) (bool, error) {
 	if _, err := os.Stat(where); err == nil {
 		return false, nil
 	}
+	// The setsockopt guard goes first: a cgroup must never have sockops
+	// (sockets in the sockhash) without it.
+	if err := in.attachSetsockopt(cg); err != nil {
+		return false, err
+	}
 	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: ebpf.AttachCGroupSockOps, Program: in.sockops})
 	if err != nil {
+		in.detachSetsockopt(cg.ID)
 		return false, fmt.Errorf("attach sockops to %s: %w", cg.Path, err)
 	}
 	defer l.Close()
@@ -436,16 +460,64 @@ func (in *Install) Attach(cg host.Cgroup) (bool, error) {
 	// cgroup loses the rename and its link detaches when closed.
 	tmp := where + "-new-" + strconv.Itoa(os.Getpid())
 	if err := l.Pin(tmp); err != nil {
+		in.detachSetsockopt(cg.ID)
 		return false, fmt.Errorf("pin cgroup link: %w", err)
 	}
 	if err := pin.RenameNoReplace(tmp, where); err != nil {
 		os.Remove(tmp)
 		if errors.Is(err, os.ErrExist) {
-			return false, nil
+			return false, nil // the racing enable pinned both
 		}
+		in.detachSetsockopt(cg.ID)
 		return false, fmt.Errorf("pin cgroup link: %w", err)
 	}
 	return true, nil
+}
+
+// attachSetsockopt attaches the program that refuses SO_ZEROCOPY on bypassed
+// sockets to a cgroup and pins its link, unless the install predates it or
+// the link is pinned already.
+func (in *Install) attachSetsockopt(cg host.Cgroup) error {
+	if in.setsockopt == nil {
+		return nil
+	}
+	where := filepath.Join(in.dir, sockoptDir, strconv.FormatUint(cg.ID, 10))
+	if _, err := os.Stat(where); err == nil {
+		return nil
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: ebpf.AttachCGroupSetsockopt, Program: in.setsockopt})
+	if err != nil {
+		return fmt.Errorf("attach setsockopt to %s: %w", cg.Path, err)
+	}
+	defer l.Close()
+	tmp := where + "-new-" + strconv.Itoa(os.Getpid())
+	if err := l.Pin(tmp); err != nil {
+		return fmt.Errorf("pin setsockopt link: %w", err)
+	}
+	if err := pin.RenameNoReplace(tmp, where); err != nil {
+		os.Remove(tmp)
+		if !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("pin setsockopt link: %w", err)
+		}
+	}
+	return nil
+}
+
+// detachSetsockopt unpins a cgroup's setsockopt link, if it has one.
+func (in *Install) detachSetsockopt(cgroupID uint64) error {
+	where := filepath.Join(in.dir, sockoptDir, strconv.FormatUint(cgroupID, 10))
+	l, err := link.LoadPinnedLink(where, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open setsockopt link: %w", err)
+	}
+	defer l.Close()
+	if err := l.Unpin(); err != nil {
+		return fmt.Errorf("unpin setsockopt link: %w", err)
+	}
+	return nil
 }
 
 // Detach disables bypass for new connections of a cgroup. Connections
@@ -464,6 +536,10 @@ func (in *Install) Detach(cgroupID uint64) (bool, error) {
 	defer l.Close()
 	if err := l.Unpin(); err != nil {
 		return false, fmt.Errorf("unpin cgroup link: %w", err)
+	}
+	// After sockops: no new socket of the cgroup joins the sockhash now.
+	if err := in.detachSetsockopt(cgroupID); err != nil {
+		return true, err
 	}
 	return true, nil
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -21,24 +22,25 @@ type MapFill struct {
 
 // Counters are events counted by the BPF programs since install.
 type Counters struct {
-	Registered     uint64 `json:"handshakes_registered"`  // server-side handshakes seen
-	Ambiguous      uint64 `json:"handshakes_ambiguous"`   // tuples seen from two namespaces at once: not bypassed
-	RegistryFull   uint64 `json:"handshakes_dropped"`     // registry full: not bypassed
-	Paired         uint64 `json:"connections_paired"`     // connections bypassed
-	Unpaired       uint64 `json:"connections_unpaired"`   // local peers that could not be paired
-	InsertFailed   uint64 `json:"insert_failed"`          // socket storage or sockhash insert failed
-	FallenBack     uint64 `json:"directions_fallen_back"` // directions that left the redirect path
-	Throttled      uint64 `json:"directions_throttled"`   // ... of which because their reader fell behind
-	Zerocopy       uint64 `json:"connections_zerocopy"`   // left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)
-	Excluded       uint64 `json:"connections_excluded"`   // left on TCP: the server port is excluded
-	TCPReaders     uint64 `json:"directions_tcp_reader"`  // kept on TCP: the reader blocks in recv or asked for MSG_WAITALL
-	Left           uint64 `json:"sockets_left"`           // moved back to plain TCP (out of the sockhash) after that
-	EAGAIN         uint64 `json:"blocking_reads_eagain"`  // blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)
-	SpliceReaders  uint64 `json:"splice_readers"`         // sockets whose reader spliced: sent back to TCP
-	SpliceCaught   uint64 `json:"splice_readers_caught"`  // ... with redirected bytes queued that splice cannot read (the guard resets them)
-	LearnedReaders uint64 `json:"learned_readers"`        // readers kept on TCP from their first recv: their program was seen splicing
-	RefusedSends   uint64 `json:"sends_refused"`          // sends failed with EACCES: the peer splices with redirected bytes unread (until the guard resets it)
-	SplicesRefused uint64 `json:"splices_refused"`        // splice(2) from a bypassed socket refused with EINVAL before reading (BPF LSM kernels): the application read instead
+	Registered      uint64 `json:"handshakes_registered"`  // server-side handshakes seen
+	Ambiguous       uint64 `json:"handshakes_ambiguous"`   // tuples seen from two namespaces at once: not bypassed
+	RegistryFull    uint64 `json:"handshakes_dropped"`     // registry full: not bypassed
+	Paired          uint64 `json:"connections_paired"`     // connections bypassed
+	Unpaired        uint64 `json:"connections_unpaired"`   // local peers that could not be paired
+	InsertFailed    uint64 `json:"insert_failed"`          // socket storage or sockhash insert failed
+	FallenBack      uint64 `json:"directions_fallen_back"` // directions that left the redirect path
+	Throttled       uint64 `json:"directions_throttled"`   // ... of which because their reader fell behind
+	Zerocopy        uint64 `json:"connections_zerocopy"`   // left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)
+	Excluded        uint64 `json:"connections_excluded"`   // left on TCP: the server port is excluded
+	TCPReaders      uint64 `json:"directions_tcp_reader"`  // kept on TCP: the reader blocks in recv or asked for MSG_WAITALL
+	Left            uint64 `json:"sockets_left"`           // moved back to plain TCP (out of the sockhash) after that
+	EAGAIN          uint64 `json:"blocking_reads_eagain"`  // blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)
+	SpliceReaders   uint64 `json:"splice_readers"`         // sockets whose reader spliced: sent back to TCP
+	SpliceCaught    uint64 `json:"splice_readers_caught"`  // ... with redirected bytes queued that splice cannot read (the guard resets them)
+	LearnedReaders  uint64 `json:"learned_readers"`        // readers kept on TCP from their first recv: their program was seen splicing
+	RefusedSends    uint64 `json:"sends_refused"`          // sends failed with EACCES: the peer splices with redirected bytes unread (until the guard resets it)
+	SplicesRefused  uint64 `json:"splices_refused"`        // splice(2) from a bypassed socket refused with EINVAL before reading (BPF LSM kernels): the application read instead
+	ZerocopyRefused uint64 `json:"zerocopy_refused"`       // setsockopt(SO_ZEROCOPY) on a bypassed socket refused with EOPNOTSUPP: no completion would ever come
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -109,24 +111,25 @@ func (in *Install) Stats() (Stats, error) {
 		return s, err
 	}
 	s.Counters = Counters{
-		Registered:     sum(bypassCounterCNT_REGISTERED),
-		Ambiguous:      sum(bypassCounterCNT_AMBIGUOUS),
-		RegistryFull:   sum(bypassCounterCNT_REGISTRY_FULL),
-		Paired:         sum(bypassCounterCNT_PAIRED),
-		Unpaired:       sum(bypassCounterCNT_UNPAIRED),
-		InsertFailed:   sum(bypassCounterCNT_INSERT_FAILED),
-		FallenBack:     sum(bypassCounterCNT_FALLBACK),
-		Throttled:      sum(bypassCounterCNT_THROTTLED),
-		Zerocopy:       sum(bypassCounterCNT_ZEROCOPY),
-		Excluded:       sum(bypassCounterCNT_EXCLUDED),
-		TCPReaders:     sum(bypassCounterCNT_TCP_READER),
-		Left:           sum(bypassCounterCNT_LEFT),
-		EAGAIN:         sum(bypassCounterCNT_EAGAIN),
-		SpliceReaders:  sum(bypassCounterCNT_SPLICE_READER),
-		SpliceCaught:   sum(bypassCounterCNT_SPLICE_CAUGHT),
-		LearnedReaders: sum(bypassCounterCNT_LEARNED_READER),
-		RefusedSends:   sum(bypassCounterCNT_REFUSED_SENDS),
-		SplicesRefused: sum(bypassCounterCNT_SPLICE_REFUSED),
+		Registered:      sum(bypassCounterCNT_REGISTERED),
+		Ambiguous:       sum(bypassCounterCNT_AMBIGUOUS),
+		RegistryFull:    sum(bypassCounterCNT_REGISTRY_FULL),
+		Paired:          sum(bypassCounterCNT_PAIRED),
+		Unpaired:        sum(bypassCounterCNT_UNPAIRED),
+		InsertFailed:    sum(bypassCounterCNT_INSERT_FAILED),
+		FallenBack:      sum(bypassCounterCNT_FALLBACK),
+		Throttled:       sum(bypassCounterCNT_THROTTLED),
+		Zerocopy:        sum(bypassCounterCNT_ZEROCOPY),
+		Excluded:        sum(bypassCounterCNT_EXCLUDED),
+		TCPReaders:      sum(bypassCounterCNT_TCP_READER),
+		Left:            sum(bypassCounterCNT_LEFT),
+		EAGAIN:          sum(bypassCounterCNT_EAGAIN),
+		SpliceReaders:   sum(bypassCounterCNT_SPLICE_READER),
+		SpliceCaught:    sum(bypassCounterCNT_SPLICE_CAUGHT),
+		LearnedReaders:  sum(bypassCounterCNT_LEARNED_READER),
+		RefusedSends:    sum(bypassCounterCNT_REFUSED_SENDS),
+		SplicesRefused:  sum(bypassCounterCNT_SPLICE_REFUSED),
+		ZerocopyRefused: sum(bypassCounterCNT_ZEROCOPY_REFUSED),
 	}
 	return s, nil
 }
@@ -217,6 +220,21 @@ func (in *Install) programs() ([]Program, error) {
 	}
 	sockops.Attached = fmt.Sprintf("%d cgroup(s)", len(sockops.Links))
 	out = append(out, sockops)
+	if in.setsockopt != nil {
+		info, err := in.setsockopt.Info()
+		if err != nil {
+			return nil, fmt.Errorf("setsockopt program info: %w", err)
+		}
+		id, _ := info.ID()
+		p := Program{Name: "setsockopt", ID: uint32(id), Links: []uint32{}}
+		for _, cg := range cgs {
+			if lid, _, err := pinnedLinkIDs(filepath.Join(in.dir, sockoptDir, strconv.FormatUint(cg.ID, 10))); err == nil {
+				p.Links = append(p.Links, lid)
+			}
+		}
+		p.Attached = fmt.Sprintf("%d cgroup(s)", len(p.Links))
+		out = append(out, p)
+	}
 
 	if in.SkMsgAttach() == "link" {
 		lid, pid, err := pinnedLinkIDs(filepath.Join(in.dir, linksDir, skMsgLink))

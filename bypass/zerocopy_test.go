@@ -5,10 +5,13 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
@@ -152,4 +155,59 @@ func readCompletion(fd int) (lo, hi uint32, ok bool) {
 		}
 	}
 	return 0, 0, false
+}
+
+// SO_ZEROCOPY set on a connection already bypassed cannot take it off the
+// bypass in time (only sockops and timers may leave the sockhash), and its
+// MSG_ZEROCOPY sends would never complete: the setsockopt fails with
+// EOPNOTSUPP, as on a socket without zerocopy, so the application sends
+// without it. Sockets shunt does not hold, and turning it off, are left
+// alone; after disable the cgroup has no setsockopt program.
+func TestZerocopyAfterEstablishmentRefused(t *testing.T) {
+	in, cg := mustInstall(t)
+	c, s := connPair(t, cg)
+	testenv.Warm(t, c, s)
+	if flowOf(t, in, testenv.Cookie(t, c)) == nil {
+		t.Fatal("the connection is not bypassed")
+	}
+	before := counters(t, in)
+	if err := zerocopyOn(t, c, 1); err != unix.EOPNOTSUPP {
+		t.Errorf("SO_ZEROCOPY on a bypassed socket: %v, want EOPNOTSUPP", err)
+	}
+	if err := zerocopyOn(t, c, 0); err != nil {
+		t.Errorf("SO_ZEROCOPY 0 on a bypassed socket: %v, want success", err)
+	}
+	if got := counters(t, in).ZerocopyRefused - before.ZerocopyRefused; got != 1 {
+		t.Errorf("%d refusals counted, want 1", got)
+	}
+	exchange(t, c, s, "still bypassed and intact")
+
+	// A connection outside the enabled cgroup: as over TCP.
+	other := testenv.Side{NS: testenv.MustNetNS(t), CG: testenv.MustCgroup(t)}
+	pc, _ := testenv.ConnPair(t, "tcp4", other, "127.0.0.1:0", other, "127.0.0.1:0")
+	if err := zerocopyOn(t, pc, 1); err != nil {
+		t.Errorf("SO_ZEROCOPY on a socket shunt does not hold: %v", err)
+	}
+
+	if removed, err := in.Detach(cg.ID); err != nil || !removed {
+		t.Fatalf("detach: %v %v", removed, err)
+	}
+	f, err := os.Open(cg.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSetsockopt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Programs) != 0 {
+		t.Errorf("%d setsockopt program(s) left on the cgroup after detach", len(res.Programs))
+	}
+}
+
+// zerocopyOn sets SO_ZEROCOPY to v on an open connection.
+func zerocopyOn(t *testing.T, c *net.TCPConn, v int) (err error) {
+	rawFD(t, c, func(fd int) { err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ZEROCOPY, v) })
+	return err
 }

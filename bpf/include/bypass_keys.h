@@ -106,6 +106,7 @@ enum counter {
 	CNT_LEARNED_READER, /* readers kept on TCP because their program was seen splicing */
 	CNT_REFUSED_SENDS,  /* sends refused (EACCES): the peer splices with redirected bytes unread */
 	CNT_SPLICE_REFUSED, /* splice(2) calls from a bypassed socket refused (EINVAL) before reading: the application reads instead */
+	CNT_ZEROCOPY_REFUSED, /* setsockopt(SO_ZEROCOPY) on a bypassed socket refused (EOPNOTSUPP) */
 	CNT_MAX,
 };
 

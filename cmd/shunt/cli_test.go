@@ -76,8 +76,8 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	if !st.Installed || len(st.Cgroups) != 1 || st.Cgroups[0].Path != cg.Path || st.Stats.Counters.Paired != 1 {
 		t.Fatalf("status --json = %s", out)
 	}
-	if len(st.Stats.Programs) != 4 {
-		t.Fatalf("status --json programs = %+v, want sockops, sk_msg, reads and splices", st.Stats.Programs)
+	if len(st.Stats.Programs) != 5 {
+		t.Fatalf("status --json programs = %+v, want sockops, setsockopt, sk_msg, reads and splices", st.Stats.Programs)
 	}
 	if st.Guard == nil || !st.Guard.Running || st.Stats.SplicePrograms == nil {
 		t.Fatalf("status --json: want the guard running (enable starts it) and a splice program list: %s", out)

@@ -30,12 +30,14 @@ func nothingInstalled(t *testing.T, pin string, cg host.Cgroup) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.Programs) != 0 {
-		t.Errorf("%d program(s) attached to %s after a failed command", len(res.Programs), cg.Path)
+	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupSockOps, ebpf.AttachCGroupSetsockopt} {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Programs) != 0 {
+			t.Errorf("%d %v program(s) attached to %s after a failed command", len(res.Programs), at, cg.Path)
+		}
 	}
 }
 
