@@ -275,11 +275,7 @@ func TestFIONREADOfTCPBytesAsProbed(t *testing.T) {
 	if _, err := c.Write([]byte("0123456789")); err != nil {
 		t.Fatal(err)
 	}
-	rawFD(t, s, func(fd int) {
-		if n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 2000); n != 1 || err != nil {
-			t.Fatalf("the bytes did not arrive: poll %d, %v", n, err)
-		}
-	})
+	waitReadable(t, s)
 	want := 0
 	if host.Probe().FionreadCountsTCP {
 		want = 10
@@ -303,11 +299,7 @@ func TestFIONREADOfRedirectedBytesAsProbed(t *testing.T) {
 	if _, err := c.Write([]byte("twelve bytes")); err != nil {
 		t.Fatal(err)
 	}
-	rawFD(t, s, func(fd int) {
-		if n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 2000); n != 1 || err != nil {
-			t.Fatalf("the bytes did not arrive: poll %d, %v", n, err)
-		}
-	})
+	waitReadable(t, s)
 	after := flowOf(t, in, testenv.Cookie(t, c))
 	if before == nil || after == nil || after.Client.TxBytes-before.Client.TxBytes != 12 {
 		t.Fatalf("the 12 bytes were not redirected: %+v -> %+v", before, after)
@@ -323,4 +315,15 @@ func TestFIONREADOfRedirectedBytesAsProbed(t *testing.T) {
 	if _, err := io.ReadFull(s, got); err != nil || string(got) != "twelve bytes" {
 		t.Errorf("read %q, %v", got, err)
 	}
+}
+
+// waitReadable waits up to 2 s for bytes to read on c; the test fails
+// without them.
+func waitReadable(t *testing.T, c *net.TCPConn) {
+	t.Helper()
+	rawFD(t, c, func(fd int) {
+		if n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 2000); n != 1 || err != nil {
+			t.Fatalf("the bytes did not arrive: poll %d, %v", n, err)
+		}
+	})
 }

@@ -250,13 +250,17 @@ func (in *Install) programs() ([]Program, error) {
 		out = append(out, Program{Name: "sk_msg", ID: pid, Links: []uint32{}, Attached: "map sock_hash (attached to the map, no link)"})
 	}
 
-	lid, pid, err := pinnedLinkIDs(filepath.Join(in.dir, linksDir, readsLinkName))
+	reads, err := pinnedLinkInfo(filepath.Join(in.dir, linksDir, readsLinkName))
 	if err != nil {
 		return nil, fmt.Errorf("reader watch link info: %w", err)
 	}
-	out = append(out, Program{Name: "reads", ID: pid, Links: []uint32{lid}, Attached: in.readerWatch()})
+	watch := "tracepoint sock_recv_length"
+	if t := reads.Tracing(); t != nil && ebpf.AttachType(t.AttachType) == ebpf.AttachTraceFExit {
+		watch = "fexit tcp_bpf_recvmsg" // kernels without the tracepoint
+	}
+	out = append(out, Program{Name: "reads", ID: uint32(reads.Program), Links: []uint32{uint32(reads.ID)}, Attached: watch})
 
-	lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, splicesLink))
+	lid, pid, err := pinnedLinkIDs(filepath.Join(in.dir, linksDir, splicesLink))
 	if err != nil {
 		return nil, fmt.Errorf("splice watch link info: %w", err)
 	}
@@ -274,16 +278,20 @@ func (in *Install) programs() ([]Program, error) {
 }
 
 func pinnedLinkIDs(pin string) (linkID, progID uint32, err error) {
-	l, err := link.LoadPinnedLink(pin, nil)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer l.Close()
-	info, err := l.Info()
+	info, err := pinnedLinkInfo(pin)
 	if err != nil {
 		return 0, 0, err
 	}
 	return uint32(info.ID), uint32(info.Program), nil
+}
+
+func pinnedLinkInfo(pin string) (*link.Info, error) {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	return l.Info()
 }
 
 func pinnedProgID(pin string) (uint32, error) {
@@ -298,21 +306,4 @@ func pinnedProgID(pin string) (uint32, error) {
 	}
 	id, _ := info.ID()
 	return uint32(id), nil
-}
-
-// readerWatch says where the install's reader watch is attached.
-func (in *Install) readerWatch() string {
-	l, err := link.LoadPinnedLink(filepath.Join(in.dir, linksDir, readsLinkName), nil)
-	if err != nil {
-		return "unknown"
-	}
-	defer l.Close()
-	info, err := l.Info()
-	if err != nil {
-		return "unknown"
-	}
-	if t := info.Tracing(); t != nil && ebpf.AttachType(t.AttachType) == ebpf.AttachTraceFExit {
-		return "fexit tcp_bpf_recvmsg"
-	}
-	return "tracepoint sock_recv_length"
 }

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
@@ -17,18 +16,11 @@ import (
 // shunt can name, so it is measured. False when it cannot be measured (no
 // loopback in this network namespace).
 func fionreadCountsTCP(linked bool) bool {
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.SockHash, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	m, p, err := scratchSkMsg()
 	if err != nil {
 		return false
 	}
 	defer m.Close()
-	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type: ebpf.SkMsg, AttachType: ebpf.AttachSkMsgVerdict, License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
-	})
-	if err != nil {
-		return false
-	}
 	defer p.Close()
 	if linked {
 		l, err := link.AttachRawLink(link.RawLinkOptions{Target: m.FD(), Program: p, Attach: ebpf.AttachSkMsgVerdict})

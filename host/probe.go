@@ -230,18 +230,11 @@ func CanRefuseSplice() bool {
 // canLinkSkMsg says whether an sk_msg program attaches to a sockhash as a
 // BPF link.
 func canLinkSkMsg() bool {
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.SockHash, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	m, p, err := scratchSkMsg()
 	if err != nil {
 		return false
 	}
 	defer m.Close()
-	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type: ebpf.SkMsg, AttachType: ebpf.AttachSkMsgVerdict, License: "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
-	})
-	if err != nil {
-		return false
-	}
 	defer p.Close()
 	l, err := link.AttachRawLink(link.RawLinkOptions{Target: m.FD(), Program: p, Attach: ebpf.AttachSkMsgVerdict})
 	if err != nil {
@@ -249,6 +242,24 @@ func canLinkSkMsg() bool {
 	}
 	l.Close()
 	return true
+}
+
+// scratchSkMsg makes a one-entry sockhash and an sk_msg program that passes
+// every send, for probes.
+func scratchSkMsg() (*ebpf.Map, *ebpf.Program, error) {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.SockHash, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.SkMsg, AttachType: ebpf.AttachSkMsgVerdict, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
+	})
+	if err != nil {
+		m.Close()
+		return nil, nil, err
+	}
+	return m, p, nil
 }
 
 // kernelHasFunc says whether the kernel's BTF has a function of this name
