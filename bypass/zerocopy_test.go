@@ -3,6 +3,7 @@ package bypass_test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -210,4 +211,32 @@ func TestZerocopyAfterEstablishmentRefused(t *testing.T) {
 func zerocopyOn(t *testing.T, c *net.TCPConn, v int) (err error) {
 	rawFD(t, c, func(fd int) { err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ZEROCOPY, v) })
 	return err
+}
+
+// The setsockopt program on enabled cgroups sees every setsockopt of their
+// sockets. One whose optval is over a page (iptables' rule blobs, say) must
+// work as without shunt: SO_RCVBUF given an 8 KiB buffer, on a bypassed
+// socket and on one shunt does not hold, gets the same answer and value.
+func TestLargeSetsockoptAsWithoutShunt(t *testing.T) {
+	in, cg := mustInstall(t)
+	c, s := connPair(t, cg)
+	testenv.Warm(t, c, s)
+	if flowOf(t, in, testenv.Cookie(t, c)) == nil {
+		t.Fatal("the connection is not bypassed")
+	}
+	other := testenv.Side{NS: testenv.MustNetNS(t), CG: testenv.MustCgroup(t)}
+	pc, _ := testenv.ConnPair(t, "tcp4", other, "127.0.0.1:0", other, "127.0.0.1:0")
+	var got [2]string
+	for i, conn := range []*net.TCPConn{pc, c} {
+		rawFD(t, conn, func(fd int) {
+			buf := make([]byte, 8192)
+			binary.NativeEndian.PutUint32(buf, 65536)
+			err := unix.SetsockoptString(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, string(buf))
+			v, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF)
+			got[i] = fmt.Sprintf("err=%v rcvbuf=%d", err, v)
+		})
+	}
+	if got[0] != got[1] {
+		t.Errorf("setsockopt with an 8 KiB optval: %s without shunt, %s through shunt", got[0], got[1])
+	}
 }
