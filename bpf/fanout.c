@@ -17,9 +17,8 @@
 #include <bpf/bpf_endian.h>
 
 #include "include/kernel.h"
+#include "include/skb_kern.h"
 #include "include/fanout_maps.h"
-
-extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
 char __license[] SEC("license") = "GPL";
 
@@ -153,8 +152,7 @@ int fanout_verdict(struct __sk_buff *skb)
 		if (s->gap)
 			need += GAP_LEN;
 	}
-	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
-	__u32 truesize = kskb->truesize;
+	__u32 truesize = skb_truesize(skb, cfg.probe_reads);
 	__s64 mem;
 	if (!backlog_mem(s, slot, &mem))
 		return SK_DROP; /* closing: user space is taking it down */

@@ -21,11 +21,15 @@
 #include <bpf/bpf_core_read.h>
 
 #include "include/kernel.h"
+#include "include/skb_kern.h"
 #include "include/splice_maps.h"
 
 char __license[] SEC("license") = "GPL";
 
-extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+/* Set from Go before load. */
+volatile const struct splice_config {
+	__u32 probe_reads; /* no bpf_cast_to_kern_ctx (before 6.2): bpf_probe_read_kernel */
+} cfg;
 
 /* Keeps struct splice_dir in BTF for bpf2go. */
 const struct splice_dir *unused_splice_dir __attribute__((unused));
@@ -93,8 +97,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct splice_dir *d)
  * would send those bytes twice. */
 static __always_inline __u32 seen_before(struct __sk_buff *skb, struct splice_dir *d)
 {
-	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
-	__u32 seq = *(__u32 *)kskb->cb; /* TCP_SKB_CB(skb)->seq */
+	__u32 seq = skb_tcp_seq(skb, cfg.probe_reads);
 
 	if (!d->expect_valid) {
 		/* First skb since the join: user space has read up to

@@ -16,12 +16,18 @@
 #include <bpf/bpf_core_read.h>
 
 #include "include/kernel.h"
+#include "include/skb_kern.h"
 #include "include/splice_udp_maps.h"
 
 char __license[] SEC("license") = "GPL";
 
-extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+/* Weak, as in skb_kern.h: before 6.2 cfg.probe_reads is set instead. */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
+
+/* Set from Go before load. */
+volatile const struct splice_udp_config {
+	__u32 probe_reads; /* no kfunc casts (before 6.2): bpf_probe_read_kernel */
+} cfg;
 
 /* Keeps struct splice_udp_dir in BTF for bpf2go. */
 const struct splice_udp_dir *unused_splice_udp_dir __attribute__((unused));
@@ -31,7 +37,16 @@ static __always_inline __u32 peer_queue(struct bpf_sock *peer)
 {
 	/* A sockmap lookup gives a struct bpf_sock, which shows no queue;
 	 * the same pointer read as the kernel's struct sock does. */
-	struct sock *sk = bpf_rdonly_cast(peer, bpf_core_type_id_kernel(struct sock));
+	struct sock *sk;
+	if (cfg.probe_reads) {
+		/* Without the cast the verifier lets no offset be added to
+		 * peer; a copy of it read back through the stack is a plain
+		 * address, which the probe reads below may offset. */
+		volatile struct bpf_sock *spilled = peer;
+		bpf_probe_read_kernel(&sk, sizeof(sk), (void *)&spilled);
+	} else {
+		sk = bpf_rdonly_cast(peer, bpf_core_type_id_kernel(struct sock));
+	}
 	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
 	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
 	if (!psock)
@@ -77,8 +92,7 @@ int splice_udp_verdict(struct __sk_buff *skb)
 	__u64 queued = (__u64)peer_queue(peer) * d->avg_true;
 	bpf_sk_release(peer);
 
-	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
-	__u32 truesize = kskb->truesize;
+	__u32 truesize = skb_truesize(skb, cfg.probe_reads);
 	if (queued + truesize > d->max_queue)
 		return drop(d, len);
 	if (bpf_skb_pull_data(skb, len))

@@ -8,7 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/internal/sockmap"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -17,7 +17,7 @@ import (
 // install says so, connections are bypassed as with a link, and removal
 // leaves the program attached nowhere (it goes with the map).
 func TestSkMsgAttachedToTheMap(t *testing.T) {
-	t.Setenv(bypass.AttachEnv, "map")
+	t.Setenv(sockmap.ForceMapEnv, "map")
 	in, cg := mustInstall(t)
 	if got := in.SkMsgAttach(); got != "map" {
 		t.Fatalf("sk_msg attached by %q, want map", got)

@@ -36,7 +36,7 @@ func TestFlowControlBoundsBacklog(t *testing.T) {
 // The same where sk_msg reads the receiver with bpf_probe_read_kernel, as on
 // kernels without bpf_rdonly_cast (6.1), forced on this one.
 func TestFlowControlByProbeReads(t *testing.T) {
-	t.Setenv(bypass.PeerReadsEnv, "probe")
+	t.Setenv(host.ProbeReadsEnv, "probe")
 	flowControlBoundsBacklog(t)
 }
 

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/sockmap"
 	"github.com/shunt-project/shunt/internal/pin"
 )
 
@@ -187,7 +188,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if opts.TrustReaders {
 		cfg.TrustReaders = 1
 	}
-	if !host.HasRdonlyCast() || os.Getenv(PeerReadsEnv) == "probe" {
+	if host.ProbeReads() {
 		cfg.ProbeReads = 1
 	}
 	if err := spec.Variables["cfg"].Set(cfg); err != nil {
@@ -312,35 +313,20 @@ func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps
 	return nil
 }
 
-// PeerReadsEnv, set to "probe", makes sk_msg read the peer's socket with
-// bpf_probe_read_kernel, as on kernels without bpf_rdonly_cast, so that both
-// ways are tested on one kernel.
-const PeerReadsEnv = "SHUNT_PEER_READS"
-
-// AttachEnv, set to "map", attaches sk_msg to the sockhash the pre-6.10 way
-// even where the kernel has links, so that both ways are tested on one
-// kernel.
-const AttachEnv = "SHUNT_SK_MSG_ATTACH"
-
 // attachSkMsg attaches the sk_msg program to the sockhash: as a pinned BPF
 // link where the kernel has them (6.10), else on the map itself (the older
 // attach, which lasts as long as the map; the pinned program says so).
 func attachSkMsg(dir string, sockhash *ebpf.Map, prog *ebpf.Program) error {
-	if os.Getenv(AttachEnv) != "map" {
-		l, err := link.AttachRawLink(link.RawLinkOptions{Target: sockhash.FD(), Program: prog, Attach: ebpf.AttachSkMsgVerdict})
-		if err == nil {
-			defer l.Close()
-			if err := l.Pin(filepath.Join(dir, linksDir, skMsgLink)); err != nil {
-				return fmt.Errorf("pin sk_msg link: %w", err)
-			}
-			return nil
-		}
-		if !errors.Is(err, ebpf.ErrNotSupported) && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("attach sk_msg to sockhash: %w", err)
-		}
+	a, err := sockmap.Attach(sockhash, prog, ebpf.AttachSkMsgVerdict)
+	if err != nil {
+		return fmt.Errorf("attach sk_msg to sockhash: %w", err)
 	}
-	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: sockhash.FD(), Program: prog, Attach: ebpf.AttachSkMsgVerdict}); err != nil {
-		return fmt.Errorf("attach sk_msg to sockhash (on the map): %w", err)
+	if a.OnMap() {
+		return nil
+	}
+	defer a.Release() // the pin holds it
+	if err := a.Link().Pin(filepath.Join(dir, linksDir, skMsgLink)); err != nil {
+		return fmt.Errorf("pin sk_msg link: %w", err)
 	}
 	return nil
 }

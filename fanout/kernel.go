@@ -9,10 +9,10 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/sockmap"
 )
 
 // kernelPath is PathKernel's machinery (bpf/fanout.c). Each subscriber gets
@@ -22,10 +22,10 @@ import (
 // the subscriber's TCP socket. Per message, user space does one send
 // whatever the number of subscribers.
 type kernelPath struct {
-	objs kfanoutObjects
-	link link.Link
-	subs []byte // the subs array, shared with the verdict
-	tot  []byte // the totals array
+	objs    kfanoutObjects
+	verdict *sockmap.Attachment // the verdict on feeds
+	subs    []byte              // the subs array, shared with the verdict
+	tot     []byte              // the totals array
 
 	group    unix.SockaddrInet4 // the forwarder's own group and port
 	loIndex  int
@@ -56,7 +56,11 @@ func openKernelPath(cfg Config) (k *kernelPath, err error) {
 		disconnect = 1
 	}
 	framing := map[Framing]uint32{FramingNone: 0, FramingU16: 2, FramingU32: 4}[cfg.Framing]
-	if err := spec.Variables["cfg"].Set(kfanoutFanoutConfig{Framing: framing, Queue: uint32(cfg.Queue), Disconnect: disconnect}); err != nil {
+	kcfg := kfanoutFanoutConfig{Framing: framing, Queue: uint32(cfg.Queue), Disconnect: disconnect}
+	if host.ProbeReads() {
+		kcfg.ProbeReads = 1
+	}
+	if err := spec.Variables["cfg"].Set(kcfg); err != nil {
 		return nil, err
 	}
 	k = &kernelPath{loIndex: lo.Index, out: -1, netns: -1}
@@ -71,9 +75,7 @@ func openKernelPath(cfg Config) (k *kernelPath, err error) {
 			k.Close()
 		}
 	}()
-	k.link, err = link.AttachRawLink(link.RawLinkOptions{
-		Target: k.objs.Feeds.FD(), Program: k.objs.FanoutVerdict, Attach: ebpf.AttachSkSKBVerdict,
-	})
+	k.verdict, err = sockmap.Attach(k.objs.Feeds, k.objs.FanoutVerdict, ebpf.AttachSkSKBVerdict)
 	if err != nil {
 		return nil, host.Explain(fmt.Errorf("kernel path: attach verdict: %w", err), "fan-out's kernel path", host.LinkKernel)
 	}
@@ -252,8 +254,8 @@ func (k *kernelPath) Close() {
 	if k.subs != nil {
 		unix.Munmap(k.subs)
 	}
-	if k.link != nil {
-		k.link.Close()
+	if k.verdict != nil {
+		k.verdict.Close()
 	}
 	k.objs.Close()
 }

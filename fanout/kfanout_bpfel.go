@@ -18,7 +18,7 @@ type kfanoutFanoutConfig struct {
 	Framing    uint32
 	Queue      uint32
 	Disconnect uint32
-	Pad        uint32
+	ProbeReads uint32
 }
 
 type kfanoutFanoutSub struct {

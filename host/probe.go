@@ -188,6 +188,18 @@ func HasRdonlyCast() bool {
 	return kernelHasFunc("bpf_rdonly_cast")
 }
 
+// ProbeReadsEnv, set to "probe", makes shunt's BPF programs read kernel
+// structs with bpf_probe_read_kernel, as on kernels without the kfunc casts,
+// so that both ways are tested on one kernel.
+const ProbeReadsEnv = "SHUNT_KERNEL_READS"
+
+// ProbeReads says whether shunt's BPF programs read kernel structs with
+// bpf_probe_read_kernel: the kernel lacks the kfuncs bpf_rdonly_cast and
+// bpf_cast_to_kern_ctx (both 6.2), or ProbeReadsEnv asks for it.
+func ProbeReads() bool {
+	return os.Getenv(ProbeReadsEnv) == "probe" || !HasRdonlyCast() || !kernelHasFunc("bpf_cast_to_kern_ctx")
+}
+
 // PsockCountsQueue says whether the kernel's psock counts the bytes
 // redirected into it (sk_psock.msg_tot_len): FIONREAD counts them there,
 // and shunt's flow control reads the count; before it (6.1) shunt counts.

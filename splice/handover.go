@@ -9,8 +9,9 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/internal/sockmap"
 )
 
 // Handing a Splicer over to another process, so that joined pairs keep
@@ -27,7 +28,8 @@ func StateVersion() string {
 }
 
 // Objects are the descriptors of a Splicer's BPF objects, in this order:
-// socks, dirs, slots, the verdict program, its link.
+// socks, dirs, slots, the verdict program, its attachment (the link, or
+// socks again where the verdict is attached on the map).
 type Objects [5]int
 
 // DirState is what a direction's user-space half knows.
@@ -64,7 +66,7 @@ func (s *Splicer) Freeze() (Objects, []PairState) {
 		}
 		out = append(out, PairState{Index: p.index, UserOnly: p.userOnly, A: p.a, B: p.b, AB: p.ab.state(), BA: p.ba.state()})
 	}
-	return Objects{s.objs.Socks.FD(), s.objs.Dirs.FD(), s.objs.Slots.FD(), s.objs.SpliceVerdict.FD(), s.link.(interface{ FD() int }).FD()}, out
+	return Objects{s.objs.Socks.FD(), s.objs.Dirs.FD(), s.objs.Slots.FD(), s.objs.SpliceVerdict.FD(), s.attach.FD()}, out
 }
 
 // Release lets go of a frozen Splicer's objects and sockets without
@@ -74,7 +76,7 @@ func (s *Splicer) Release() {
 	s.released = true
 	s.mu.Unlock()
 	s.unmap()
-	s.link.Close() // the new owner's descriptor keeps the link
+	s.attach.Release() // the new owner holds it
 	s.objs.Close()
 	s.mu.Lock()
 	for _, p := range s.pairs {
@@ -118,7 +120,7 @@ func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, 
 	}
 	s := &Splicer{maxInflight: opts.MaxInflight, pairs: map[uint32]*Pair{}, closed: true}
 	var err error
-	if s.link, err = adopt(objs[:], []**ebpf.Map{&s.objs.Socks, &s.objs.Dirs, &s.objs.Slots}, &s.objs.SpliceVerdict); err != nil {
+	if s.attach, err = adopt(objs[:], []**ebpf.Map{&s.objs.Socks, &s.objs.Dirs, &s.objs.Slots}, &s.objs.SpliceVerdict); err != nil {
 		return nil, nil, err
 	}
 	slots := s.objs.Socks.MaxEntries()
@@ -128,7 +130,7 @@ func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, 
 	}
 	size := int(slots) * int(unsafe.Sizeof(spliceSpliceDir{}))
 	if s.mem, err = unix.Mmap(s.objs.Dirs.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
-		s.link.Close()
+		s.attach.Release() // still the giver's, who may thaw
 		s.objs.Close()
 		return nil, nil, fmt.Errorf("splice: map state: %w", err)
 	}
@@ -175,10 +177,11 @@ func resumeDirection(p *Pair, name string, src, dst *net.TCPConn, slot uint32, s
 }
 
 // adopt wraps object descriptors received from another process: the maps,
-// then the program, then its link. It owns fds: on error none is left open.
-func adopt(fds []int, maps []**ebpf.Map, prog **ebpf.Program) (link.Link, error) {
+// then the program, then its attachment on the first map. It owns fds: on
+// error none is left open.
+func adopt(fds []int, maps []**ebpf.Map, prog **ebpf.Program) (*sockmap.Attachment, error) {
 	taken := 0 // fds[:taken] belong to the objects made so far
-	fail := func(what string, err error) (link.Link, error) {
+	fail := func(what string, err error) (*sockmap.Attachment, error) {
 		for _, m := range maps[:min(taken, len(maps))] {
 			(*m).Close()
 		}
@@ -186,24 +189,30 @@ func adopt(fds []int, maps []**ebpf.Map, prog **ebpf.Program) (link.Link, error)
 			(*prog).Close()
 		}
 		for _, fd := range fds[taken:] {
-			unix.Close(fd)
+			if fd >= 0 {
+				unix.Close(fd)
+			}
 		}
 		return nil, fmt.Errorf("splice: take over %s: %w", what, err)
 	}
+	// Each constructor closes its descriptor when it fails.
 	var err error
 	for _, m := range maps {
 		if *m, err = ebpf.NewMapFromFD(fds[taken]); err != nil {
+			fds[taken] = -1
 			return fail("map", err)
 		}
 		taken++
 	}
 	if *prog, err = ebpf.NewProgramFromFD(fds[taken]); err != nil {
+		fds[taken] = -1
 		return fail("program", err)
 	}
 	taken++
-	l, err := link.NewFromFD(fds[taken])
+	a, err := sockmap.Adopt(fds[taken], *maps[0], *prog, ebpf.AttachSkSKBVerdict)
 	if err != nil {
-		return fail("link", err)
+		fds[taken] = -1
+		return fail("attachment", err)
 	}
-	return l, nil
+	return a, nil
 }

@@ -14,10 +14,10 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/sockmap"
 )
 
 // DefaultMaxInflight caps the bytes one direction may hand to its outgoing
@@ -41,7 +41,7 @@ type Options struct {
 // Splicer owns the verdict program and its maps, and the pairs joined by it.
 type Splicer struct {
 	objs        spliceObjects
-	link        link.Link
+	attach      *sockmap.Attachment
 	mem         []byte       // dirs, shared with the verdict; nil once unmapped
 	memMu       sync.RWMutex // Stats against unmap
 	maxInflight uint32
@@ -72,15 +72,18 @@ func New(opts Options) (*Splicer, error) {
 	for _, name := range []string{"socks", "dirs", "slots"} {
 		spec.Maps[name].MaxEntries = slots
 	}
+	var cfg spliceSpliceConfig
+	if host.ProbeReads() {
+		cfg.ProbeReads = 1
+	}
+	if err := spec.Variables["cfg"].Set(cfg); err != nil {
+		return nil, fmt.Errorf("splice: configure BPF: %w", err)
+	}
 	s := &Splicer{maxInflight: opts.MaxInflight, pairs: map[uint32]*Pair{}}
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
 		return nil, host.Explain(fmt.Errorf("load splice program: %w", err), "joining sockets in the kernel", host.LinkKernel)
 	}
-	s.link, err = link.AttachRawLink(link.RawLinkOptions{
-		Target:  s.objs.Socks.FD(),
-		Program: s.objs.SpliceVerdict,
-		Attach:  ebpf.AttachSkSKBVerdict,
-	})
+	s.attach, err = sockmap.Attach(s.objs.Socks, s.objs.SpliceVerdict, ebpf.AttachSkSKBVerdict)
 	if err != nil {
 		s.objs.Close()
 		return nil, host.Explain(fmt.Errorf("attach splice verdict: %w", err), "joining sockets in the kernel", host.LinkKernel)
@@ -88,7 +91,7 @@ func New(opts Options) (*Splicer, error) {
 	size := int(slots) * int(unsafe.Sizeof(spliceSpliceDir{}))
 	s.mem, err = unix.Mmap(s.objs.Dirs.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		s.link.Close()
+		s.attach.Close()
 		s.objs.Close()
 		return nil, fmt.Errorf("map splice state: %w", err)
 	}
@@ -119,7 +122,7 @@ func (s *Splicer) Close() error {
 			<-p.Done()
 		}
 	}
-	err := s.link.Close()
+	err := s.attach.Close()
 	s.unmap()
 	return errors.Join(err, s.objs.Close())
 }

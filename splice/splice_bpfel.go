@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type spliceSpliceConfig struct {
+	_          structs.HostLayout
+	ProbeReads uint32
+}
+
 type spliceSpliceDir struct {
 	_           structs.HostLayout
 	State       uint64
@@ -51,6 +56,7 @@ const (
 	spliceMapSlots           = "slots"
 	spliceMapSocks           = "socks"
 	spliceProgSpliceVerdict  = "splice_verdict"
+	spliceVarCfg             = "cfg"
 	spliceVarUnusedSpliceDir = "unused_splice_dir"
 	spliceVarUnusedStateBits = "unused_state_bits"
 )
@@ -113,6 +119,7 @@ type spliceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type spliceVariableSpecs struct {
+	Cfg             *ebpf.VariableSpec `ebpf:"cfg"`
 	UnusedSpliceDir *ebpf.VariableSpec `ebpf:"unused_splice_dir"`
 	UnusedStateBits *ebpf.VariableSpec `ebpf:"unused_state_bits"`
 }
@@ -154,6 +161,7 @@ func (m *spliceMaps) Close() error {
 //
 // It can be passed to loadSpliceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type spliceVariables struct {
+	Cfg             *ebpf.Variable `ebpf:"cfg"`
 	UnusedSpliceDir *ebpf.Variable `ebpf:"unused_splice_dir"`
 	UnusedStateBits *ebpf.Variable `ebpf:"unused_state_bits"`
 }

@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type spliceudpSpliceUdpConfig struct {
+	_          structs.HostLayout
+	ProbeReads uint32
+}
+
 type spliceudpSpliceUdpDir struct {
 	_            structs.HostLayout
 	Datagrams    uint64
@@ -33,6 +38,7 @@ const (
 	spliceudpMapUdpSlots           = "udp_slots"
 	spliceudpMapUdpSocks           = "udp_socks"
 	spliceudpProgSpliceUdpVerdict  = "splice_udp_verdict"
+	spliceudpVarCfg                = "cfg"
 	spliceudpVarUnusedSpliceUdpDir = "unused_splice_udp_dir"
 )
 
@@ -94,6 +100,7 @@ type spliceudpMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type spliceudpVariableSpecs struct {
+	Cfg                *ebpf.VariableSpec `ebpf:"cfg"`
 	UnusedSpliceUdpDir *ebpf.VariableSpec `ebpf:"unused_splice_udp_dir"`
 }
 
@@ -134,6 +141,7 @@ func (m *spliceudpMaps) Close() error {
 //
 // It can be passed to loadSpliceudpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type spliceudpVariables struct {
+	Cfg                *ebpf.Variable `ebpf:"cfg"`
 	UnusedSpliceUdpDir *ebpf.Variable `ebpf:"unused_splice_udp_dir"`
 }
 

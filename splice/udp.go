@@ -12,12 +12,12 @@ import (
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/internal/sockutil"
 
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/sockmap"
 )
 
 // DefaultUDPMaxQueue bounds the kernel memory the datagrams waiting to leave
@@ -37,7 +37,7 @@ type UDPOptions struct {
 // lasts until Close.
 type UDPSplicer struct {
 	objs     spliceudpObjects
-	link     link.Link
+	attach   *sockmap.Attachment
 	maxQueue uint32
 
 	mu       sync.Mutex
@@ -65,13 +65,18 @@ func NewUDP(opts UDPOptions) (*UDPSplicer, error) {
 	for _, name := range []string{"udp_socks", "udp_dirs", "udp_slots"} {
 		spec.Maps[name].MaxEntries = uint32(2 * opts.MaxPairs)
 	}
+	var cfg spliceudpSpliceUdpConfig
+	if host.ProbeReads() {
+		cfg.ProbeReads = 1
+	}
+	if err := spec.Variables["cfg"].Set(cfg); err != nil {
+		return nil, fmt.Errorf("splice: configure BPF: %w", err)
+	}
 	s := &UDPSplicer{maxQueue: opts.MaxQueue, pairs: map[uint32]*UDPPair{}}
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
 		return nil, host.Explain(fmt.Errorf("load UDP splice program: %w", err), "joining sockets in the kernel", host.LinkKernel)
 	}
-	s.link, err = link.AttachRawLink(link.RawLinkOptions{
-		Target: s.objs.UdpSocks.FD(), Program: s.objs.SpliceUdpVerdict, Attach: ebpf.AttachSkSKBVerdict,
-	})
+	s.attach, err = sockmap.Attach(s.objs.UdpSocks, s.objs.SpliceUdpVerdict, ebpf.AttachSkSKBVerdict)
 	if err != nil {
 		s.objs.Close()
 		return nil, host.Explain(fmt.Errorf("attach UDP splice verdict: %w", err), "joining sockets in the kernel", host.LinkKernel)
@@ -338,7 +343,7 @@ func (s *UDPSplicer) Close() error {
 	for _, p := range pairs {
 		p.Close()
 	}
-	return errors.Join(s.link.Close(), s.objs.Close())
+	return errors.Join(s.attach.Close(), s.objs.Close())
 }
 
 // UDPConn wraps a descriptor that must be a connected UDP socket; it takes

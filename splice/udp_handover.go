@@ -14,7 +14,8 @@ import (
 )
 
 // UDPObjects are the descriptors of a UDPSplicer's BPF objects, in this
-// order: udp_socks, udp_dirs, udp_slots, the verdict program, its link.
+// order: udp_socks, udp_dirs, udp_slots, the verdict program, its attachment
+// (as in Objects).
 type UDPObjects [5]int
 
 // UDPPairState is a frozen UDP pair. Its kernel counters stay in udp_dirs,
@@ -53,7 +54,7 @@ func (s *UDPSplicer) Freeze() (UDPObjects, []UDPPairState) {
 		out = append(out, UDPPairState{Index: p.index, A: p.a, B: p.b,
 			CopiedAB: p.copiedAB.Load(), CopiedBA: p.copiedBA.Load(), RefusedA: p.refused[0].Load(), RefusedB: p.refused[1].Load()})
 	}
-	return UDPObjects{s.objs.UdpSocks.FD(), s.objs.UdpDirs.FD(), s.objs.UdpSlots.FD(), s.objs.SpliceUdpVerdict.FD(), s.link.(interface{ FD() int }).FD()}, out
+	return UDPObjects{s.objs.UdpSocks.FD(), s.objs.UdpDirs.FD(), s.objs.UdpSlots.FD(), s.objs.SpliceUdpVerdict.FD(), s.attach.FD()}, out
 }
 
 // Release lets go of a frozen UDPSplicer's objects and sockets without
@@ -65,7 +66,7 @@ func (s *UDPSplicer) Release() {
 	pairs := s.pairs
 	s.pairs = map[uint32]*UDPPair{}
 	s.mu.Unlock()
-	s.link.Close()
+	s.attach.Release() // the new owner holds it
 	s.objs.Close()
 	for _, p := range pairs {
 		p.a.Close()
@@ -100,12 +101,12 @@ func ResumeUDP(objs UDPObjects, opts UDPOptions, states []UDPPairState) (*UDPSpl
 	}
 	s := &UDPSplicer{maxQueue: opts.MaxQueue, pairs: map[uint32]*UDPPair{}, closed: true}
 	var err error
-	if s.link, err = adopt(objs[:], []**ebpf.Map{&s.objs.UdpSocks, &s.objs.UdpDirs, &s.objs.UdpSlots}, &s.objs.SpliceUdpVerdict); err != nil {
+	if s.attach, err = adopt(objs[:], []**ebpf.Map{&s.objs.UdpSocks, &s.objs.UdpDirs, &s.objs.UdpSlots}, &s.objs.SpliceUdpVerdict); err != nil {
 		return nil, nil, err
 	}
 	slots := s.objs.UdpSocks.MaxEntries()
 	if s.objs.UdpDirs.ValueSize() != uint32(unsafe.Sizeof(spliceudpSpliceUdpDir{})) {
-		s.link.Close()
+		s.attach.Release() // still the giver's, who may thaw
 		s.objs.Close()
 		return nil, nil, errors.New("splice: the UDP objects handed over are not this version's")
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/shunt-project/shunt/bench/bare"
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/internal/sockmap"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -19,7 +20,7 @@ func TestUseSwapsWhereTheProgramIsAttached(t *testing.T) {
 		t.Run(attach, func(t *testing.T) {
 			testenv.RequireRoot(t)
 			if attach == "map" {
-				t.Setenv(bypass.AttachEnv, "map")
+				t.Setenv(sockmap.ForceMapEnv, "map")
 			}
 			in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{})
 			if err != nil {

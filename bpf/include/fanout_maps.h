@@ -9,7 +9,7 @@ struct fanout_config {
 	__u32 framing; /* bytes of the length prefix: 0, 2 or 4 */
 	__u32 queue;   /* kernel memory a subscriber's backlog may hold beyond its send buffer */
 	__u32 disconnect; /* 1: a subscriber over its bound is flagged for disconnection */
-	__u32 _pad;
+	__u32 probe_reads; /* no bpf_cast_to_kern_ctx (before 6.2): bpf_probe_read_kernel */
 };
 
 /* One subscriber. Written by the verdict alone (it runs under the feed
