@@ -7,8 +7,8 @@
  * occupy slots below that backend's high-water mark, so user space finds them
  * by looking at those slots only (see index_keys.h).
  *
- *  TCP: sockops indexes sockets that connected (ACTIVE_ESTABLISHED),
- *       removes them at TCP_CLOSE.
+ *  TCP: connect4/6 note who connects, sockops indexes sockets that
+ *       connected (ACTIVE_ESTABLISHED), removes them at TCP_CLOSE.
  *  UDP: connect4/6 indexes (the local port is not chosen yet), the first
  *       send fills in the local address (cgroup_skb egress).
  *  Both: sock_release removes when the application closes the socket.
@@ -165,17 +165,6 @@ int shunt_index_sockops(struct bpf_sock_ops *skops)
 	struct sock_slot *ss;
 
 	switch (skops->op) {
-	case BPF_SOCK_OPS_TCP_CONNECT_CB:
-		/* The only event of an active open that runs in the caller's
-		 * context: remember who connected. */
-		if (!skops->sk)
-			break;
-		ss = bpf_sk_storage_get(&sock_slots, skops->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-		if (ss) {
-			ss->owner_tgid = current_tgid();
-			note_netns_owner(bpf_get_netns_cookie(skops), ss->owner_tgid);
-		}
-		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		/* Only sockets that connected: an accepted socket's "backend"
 		 * would be a client's ephemeral port. */
@@ -192,14 +181,26 @@ int shunt_index_sockops(struct bpf_sock_ops *skops)
 	return 1;
 }
 
-/* Connected UDP. The hook runs before the kernel picks the local port and
- * address, so the entry says "local unknown" until the first send. */
-static __always_inline int udp_connect(struct bpf_sock_addr *ctx, struct backend *b)
+/* TCP: the connect hook is the only event of an active open that runs in
+ * the caller's context (sockops may read the pid only since 6.10), so it
+ * notes who connected; sockops indexes the socket once it is established.
+ * Connected UDP is indexed here. The hook runs before the kernel picks the
+ * local port and address, so the entry says "local unknown" until the
+ * first send. */
+static __always_inline int on_connect(struct bpf_sock_addr *ctx, struct backend *b)
 {
-	if (ctx->type != SOCK_DGRAM || ctx->protocol != IPPROTO_UDP)
-		return 1;
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk)
+		return 1;
+	if (ctx->protocol == IPPROTO_TCP) {
+		struct sock_slot *ss = bpf_sk_storage_get(&sock_slots, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (ss) {
+			ss->owner_tgid = current_tgid();
+			note_netns_owner(bpf_get_netns_cookie(ctx), ss->owner_tgid);
+		}
+		return 1;
+	}
+	if (ctx->type != SOCK_DGRAM || ctx->protocol != IPPROTO_UDP)
 		return 1;
 	struct sock_slot *ss = bpf_sk_storage_get(&sock_slots, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!ss)
@@ -233,7 +234,7 @@ int shunt_index_connect4(struct bpf_sock_addr *ctx)
 {
 	struct backend b = {};
 	ip4_mapped(b.addr, ctx->user_ip4);
-	return udp_connect(ctx, &b);
+	return on_connect(ctx, &b);
 }
 
 SEC("cgroup/connect6")
@@ -245,7 +246,7 @@ int shunt_index_connect6(struct bpf_sock_addr *ctx)
 	for (int i = 0; i < 4; i++)
 		a[i] = *(volatile __u32 *)&ctx->user_ip6[i];
 	__builtin_memcpy(b.addr, a, 16);
-	return udp_connect(ctx, &b);
+	return on_connect(ctx, &b);
 }
 
 /* First send of a connected UDP socket: now its local address is known. A

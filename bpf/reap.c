@@ -13,7 +13,9 @@
 
 char __license[] SEC("license") = "GPL";
 
-extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
+/* Weak: before 6.5 there is none; the iterators then only find (dry_run
+ * set, the call pruned) and user space destroys through sock_diag. */
+extern int bpf_sock_destroy(struct sock_common *sk) __ksym __weak;
 
 /* Set from Go before load. */
 volatile const struct reap_config {

@@ -68,7 +68,7 @@ func openKernelPath(cfg Config) (k *kernelPath, err error) {
 		if errors.Is(err, unix.EPERM) {
 			return nil, fmt.Errorf("kernel path: load BPF program: %w (needs root: CAP_BPF and CAP_NET_ADMIN)", err)
 		}
-		return nil, host.Explain(fmt.Errorf("kernel path: load BPF program: %w", err), "fan-out's kernel path", host.LinkKernel)
+		return nil, host.Explain(fmt.Errorf("kernel path: load BPF program: %w", err), "fan-out's kernel path", host.MinKernel)
 	}
 	defer func() {
 		if err != nil {
@@ -77,7 +77,7 @@ func openKernelPath(cfg Config) (k *kernelPath, err error) {
 	}()
 	k.verdict, err = sockmap.Attach(k.objs.Feeds, k.objs.FanoutVerdict, ebpf.AttachSkSKBVerdict)
 	if err != nil {
-		return nil, host.Explain(fmt.Errorf("kernel path: attach verdict: %w", err), "fan-out's kernel path", host.LinkKernel)
+		return nil, host.Explain(fmt.Errorf("kernel path: attach verdict: %w", err), "fan-out's kernel path", host.MinKernel)
 	}
 	size := int(k.objs.Subs.MaxEntries()) * int(unsafe.Sizeof(kfanoutFanoutSub{}))
 	if k.subs, err = unix.Mmap(k.objs.Subs.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {

@@ -17,15 +17,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// MinKernel is the oldest kernel shunt bypass is tested on (Debian 12's
+// MinKernel is the oldest kernel shunt is tested on (Debian 12's
 // 6.1). Before 6.3 the reader watch needs fexit programs, which a kernel
 // may refuse (lockdown). Features are probed, not inferred from the version;
 // this names the version in messages.
 var MinKernel = [2]int{6, 1}
-
-// LinkKernel is the first kernel where sk_msg and sk_skb programs attach to
-// a sockmap as BPF links; before it they attach to the map itself.
-var LinkKernel = [2]int{6, 10}
 
 // ErrNotRoot is returned when shunt lacks the privileges it needs.
 var ErrNotRoot = errors.New("permission denied: run shunt as root (it needs CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN)")
@@ -187,6 +183,17 @@ func (f Features) Mechanisms() []Mechanism {
 func HasRdonlyCast() bool {
 	return kernelHasFunc("bpf_rdonly_cast")
 }
+
+// HasSockDestroy says whether the kernel has the kfunc bpf_sock_destroy
+// (6.5), with which the reap iterators destroy the sockets they find.
+func HasSockDestroy() bool {
+	return os.Getenv(SockDestroyEnv) != "diag" && kernelHasFunc("bpf_sock_destroy")
+}
+
+// SockDestroyEnv, set to "diag", makes reap's iterators destroy through
+// sock_diag as on kernels without bpf_sock_destroy, so that both ways are
+// tested on one kernel.
+const SockDestroyEnv = "SHUNT_SOCK_DESTROY"
 
 // ProbeReadsEnv, set to "probe", makes shunt's BPF programs read kernel
 // structs with bpf_probe_read_kernel, as on kernels without the kfunc casts,

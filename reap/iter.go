@@ -25,9 +25,18 @@ func reapIter(ctx context.Context, t Target, opts Options, res *Result) error {
 	if err != nil {
 		return fmt.Errorf("load BPF spec: %w", err)
 	}
+	// Without the kfunc (before 6.5) the iterators only find, and each
+	// namespace's finds are destroyed through sock_diag, as the index's are.
+	byDiag := !opts.DryRun && !host.HasSockDestroy()
 	cfg := reapiterReapConfig{Addr: t.Addr.As16(), Port: t.Port}
-	if opts.DryRun {
+	switch {
+	case opts.DryRun:
 		cfg.DryRun = 1
+	case byDiag:
+		cfg.DryRun = 1
+		res.DestroyBy = "sock_diag"
+	default:
+		res.DestroyBy = "kfunc"
 	}
 	if err := spec.Variables["reap_cfg"].Set(cfg); err != nil {
 		return fmt.Errorf("configure BPF: %w", err)
@@ -54,7 +63,7 @@ func reapIter(ctx context.Context, t Target, opts Options, res *Result) error {
 			return err
 		}
 		var out []byte
-		var iterErr error
+		var iterErr, diagErr error
 		// The iterators see the namespace the reading thread is in.
 		err := host.InNetns(ns.Path, func() error {
 			for _, it := range iters {
@@ -64,6 +73,10 @@ func reapIter(ctx context.Context, t Target, opts Options, res *Result) error {
 					iterErr = err
 					return nil
 				}
+			}
+			if byDiag && len(out) > 0 {
+				diagErr = destroyFound(out, res)
+				out = nil
 			}
 			return nil
 		})
@@ -75,16 +88,51 @@ func reapIter(ctx context.Context, t Target, opts Options, res *Result) error {
 		if iterErr != nil {
 			return fmt.Errorf("socket iterator in %s: %w", ns.Path, iterErr)
 		}
+		if diagErr != nil {
+			return fmt.Errorf("destroy in %s: %w", ns.Path, diagErr)
+		}
 	}
 	return nil
 }
 
-func appendReaped(res *Result, out []byte, destroying bool) {
+// destroyFound destroys the sockets an iterator found in this thread's
+// namespace through sock_diag, each by tuple and cookie.
+func destroyFound(out []byte, res *Result) error {
+	var socks []sockindex.Socket
+	for _, r := range decodeReaped(out) {
+		socks = append(socks, sockindex.Socket{
+			Proto:       sockindex.Proto(r.Proto),
+			Family:      int(r.Family),
+			Local:       netip.AddrPortFrom(netip.AddrFrom16(r.Local).Unmap(), r.LocalPort),
+			Remote:      netip.AddrPortFrom(netip.AddrFrom16(r.Remote).Unmap(), r.RemotePort),
+			Cookie:      r.Cookie,
+			NetnsCookie: r.NetnsCookie,
+			LocalKnown:  true,
+			KeepsPort:   r.Proto == uint8(sockindex.UDP),
+		})
+	}
+	d, err := openDiag()
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return destroyIn(d, socks, false, res)
+}
+
+func decodeReaped(out []byte) []reapiterReaped {
 	size := int(unsafe.Sizeof(reapiterReaped{}))
+	var rs []reapiterReaped
 	for len(out) >= size {
 		var r reapiterReaped
 		_, _ = binary.Decode(out[:size], binary.NativeEndian, &r)
 		out = out[size:]
+		rs = append(rs, r)
+	}
+	return rs
+}
+
+func appendReaped(res *Result, out []byte, destroying bool) {
+	for _, r := range decodeReaped(out) {
 		s := Socket{
 			Proto:       sockindex.Proto(r.Proto).String(),
 			Local:       netip.AddrPortFrom(netip.AddrFrom16(r.Local).Unmap(), r.LocalPort).String(),

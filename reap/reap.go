@@ -60,12 +60,16 @@ type Socket struct {
 
 // Result says what a reap did and how long each part took.
 type Result struct {
-	Target   string   `json:"target"`
-	Method   Method   `json:"method"`
-	Fallback string   `json:"fallback,omitempty"` // why the iterators ran
-	DryRun   bool     `json:"dry_run"`
-	Sockets  []Socket `json:"sockets"`
-	Gone     int      `json:"gone"` // indexed but closed or reconnected by the time of the reap
+	Target   string `json:"target"`
+	Method   Method `json:"method"`
+	Fallback string `json:"fallback,omitempty"` // why the iterators ran
+	// DestroyBy: how sockets are destroyed: "sock_diag" (SOCK_DESTROY in
+	// their namespace), or "kfunc" (bpf_sock_destroy in the iterators,
+	// 6.5+). Empty in a dry run.
+	DestroyBy string   `json:"destroy_by,omitempty"`
+	DryRun    bool     `json:"dry_run"`
+	Sockets   []Socket `json:"sockets"`
+	Gone      int      `json:"gone"` // indexed but closed or reconnected by the time of the reap
 	// NotIndexed counts sockets the index could not take since it was
 	// enabled (a map was full): a reap by index may miss some of them.
 	NotIndexed uint64        `json:"not_indexed,omitempty"`
@@ -189,6 +193,9 @@ func (rp *Reaper) noteFull(res *Result) {
 }
 
 func (rp *Reaper) reap(ctx context.Context, t Target, opts Options, res *Result) error {
+	if !opts.DryRun {
+		res.DestroyBy = "sock_diag"
+	}
 	t0 := time.Now()
 	found, err := rp.ix.Find(t.Addr, t.Port, t.Protos...)
 	if err != nil {

@@ -136,16 +136,41 @@ func dead(t *testing.T, k conn) {
 	}
 }
 
+// reapMethods are the ways a reap can go on this kernel: by the index, and
+// by the iterators, destroying with the kfunc where the kernel has it (6.5)
+// and through sock_diag (as before 6.5, forced where it has).
+func reapMethods() []reapMethod {
+	m := []reapMethod{{"index", reap.Index, "sock_diag"}, {"iter-diag", reap.Iter, "sock_diag"}}
+	if host.HasSockDestroy() {
+		m = append(m, reapMethod{"iter", reap.Iter, "kfunc"})
+	}
+	return m
+}
+
+type reapMethod struct {
+	name      string
+	method    reap.Method
+	destroyBy string
+}
+
+// use forces the destroy this method names for the rest of the test.
+func (m reapMethod) use(t *testing.T) {
+	if m.method == reap.Iter && m.destroyBy == "sock_diag" {
+		t.Setenv(host.SockDestroyEnv, "diag")
+	}
+}
+
 func TestReapExactlyTheBackendsSockets(t *testing.T) {
-	for _, method := range []reap.Method{reap.Index, reap.Iter} {
+	for _, m := range reapMethods() {
 		for _, tc := range []struct{ proto, ip, other string }{
 			{"tcp", "127.0.0.1", "127.0.0.2"},
 			{"tcp", "::1", "127.0.0.1"},
 			{"udp", "127.0.0.1", "127.0.0.2"},
 			{"udp", "::1", "127.0.0.1"},
 		} {
-			t.Run(fmt.Sprintf("%s/%s/%s", method, tc.proto, tc.ip), func(t *testing.T) {
-				testReapExact(t, method, tc.proto, tc.ip, tc.other)
+			t.Run(fmt.Sprintf("%s/%s/%s", m.name, tc.proto, tc.ip), func(t *testing.T) {
+				m.use(t)
+				testReapExact(t, m, tc.proto, tc.ip, tc.other)
 			})
 		}
 	}
@@ -154,7 +179,8 @@ func TestReapExactlyTheBackendsSockets(t *testing.T) {
 // Two namespaces hold identical addresses. In each: sockets to the backend,
 // to the same address on another port, and to another address on the same
 // port. Only the first kind dies, in both namespaces.
-func testReapExact(t *testing.T, method reap.Method, proto, ip, other string) {
+func testReapExact(t *testing.T, m reapMethod, proto, ip, other string) {
+	method := m.method
 	_, cg, dir := mustIndex(t)
 	const port, otherPort = 7001, 7002
 	hp := func(h string, p int) string { return net.JoinHostPort(h, fmt.Sprint(p)) }
@@ -186,6 +212,9 @@ func testReapExact(t *testing.T, method reap.Method, proto, ip, other string) {
 	res, err := reap.Reap(context.Background(), target, reap.Options{IndexDir: dir, Method: method})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if res.DestroyBy != m.destroyBy {
+		t.Errorf("destroyed by %q, want %q", res.DestroyBy, m.destroyBy)
 	}
 	want := map[uint64]bool{}
 	for _, v := range victims {
@@ -380,10 +409,11 @@ func TestReaperOverTime(t *testing.T) {
 // mapped address is connected to that backend: reaping the IPv4 address
 // destroys it, by either method.
 func TestReapDualStackSockets(t *testing.T) {
-	for _, method := range []reap.Method{reap.Index, reap.Iter} {
+	for _, m := range reapMethods() {
 		for _, proto := range []int{unix.SOCK_STREAM, unix.SOCK_DGRAM} {
 			name := map[int]string{unix.SOCK_STREAM: "tcp", unix.SOCK_DGRAM: "udp"}[proto]
-			t.Run(fmt.Sprintf("%s/%s", method, name), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/%s", m.name, name), func(t *testing.T) {
+				m.use(t)
 				_, cg, dir := mustIndex(t)
 				side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
 				mustServer(t, side, name, "127.0.0.1:7005")
@@ -401,9 +431,9 @@ func TestReapDualStackSockets(t *testing.T) {
 					unix.Write(fd, []byte("x"))
 				})
 				cookie, _ := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
-				res, err := reap.Reap(context.Background(), reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: 7005}, reap.Options{IndexDir: dir, Method: method})
-				if err != nil || res.Destroyed() != 1 || res.Sockets[0].Cookie != cookie {
-					t.Fatalf("reap: %v %+v, want socket %d destroyed", err, res, cookie)
+				res, err := reap.Reap(context.Background(), reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: 7005}, reap.Options{IndexDir: dir, Method: m.method})
+				if err != nil || res.Destroyed() != 1 || res.Sockets[0].Cookie != cookie || res.DestroyBy != m.destroyBy {
+					t.Fatalf("reap: %v %+v, want socket %d destroyed by %s", err, res, cookie, m.destroyBy)
 				}
 				if v, _ := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); v != int(unix.ECONNABORTED) {
 					t.Errorf("SO_ERROR %d after the reap, want ECONNABORTED", v)

@@ -87,9 +87,7 @@ func build(dir string, cg host.Cgroup) (int, error) {
 	}
 	var objs indexObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
-		// Its sockops program records the connecting pid, which sockops
-		// programs may read since 6.10.
-		return 0, host.Explain(fmt.Errorf("load BPF programs: %w", err), "the socket index", host.LinkKernel)
+		return 0, host.Explain(fmt.Errorf("load BPF programs: %w", err), "the socket index", host.MinKernel)
 	}
 	defer objs.Close()
 

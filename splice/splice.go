@@ -81,12 +81,12 @@ func New(opts Options) (*Splicer, error) {
 	}
 	s := &Splicer{maxInflight: opts.MaxInflight, pairs: map[uint32]*Pair{}}
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
-		return nil, host.Explain(fmt.Errorf("load splice program: %w", err), "joining sockets in the kernel", host.LinkKernel)
+		return nil, host.Explain(fmt.Errorf("load splice program: %w", err), "joining sockets in the kernel", host.MinKernel)
 	}
 	s.attach, err = sockmap.Attach(s.objs.Socks, s.objs.SpliceVerdict, ebpf.AttachSkSKBVerdict)
 	if err != nil {
 		s.objs.Close()
-		return nil, host.Explain(fmt.Errorf("attach splice verdict: %w", err), "joining sockets in the kernel", host.LinkKernel)
+		return nil, host.Explain(fmt.Errorf("attach splice verdict: %w", err), "joining sockets in the kernel", host.MinKernel)
 	}
 	size := int(slots) * int(unsafe.Sizeof(spliceSpliceDir{}))
 	s.mem, err = unix.Mmap(s.objs.Dirs.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)

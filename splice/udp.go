@@ -74,12 +74,12 @@ func NewUDP(opts UDPOptions) (*UDPSplicer, error) {
 	}
 	s := &UDPSplicer{maxQueue: opts.MaxQueue, pairs: map[uint32]*UDPPair{}}
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
-		return nil, host.Explain(fmt.Errorf("load UDP splice program: %w", err), "joining sockets in the kernel", host.LinkKernel)
+		return nil, host.Explain(fmt.Errorf("load UDP splice program: %w", err), "joining sockets in the kernel", host.MinKernel)
 	}
 	s.attach, err = sockmap.Attach(s.objs.UdpSocks, s.objs.SpliceUdpVerdict, ebpf.AttachSkSKBVerdict)
 	if err != nil {
 		s.objs.Close()
-		return nil, host.Explain(fmt.Errorf("attach UDP splice verdict: %w", err), "joining sockets in the kernel", host.LinkKernel)
+		return nil, host.Explain(fmt.Errorf("attach UDP splice verdict: %w", err), "joining sockets in the kernel", host.MinKernel)
 	}
 	s.free = freeIndices(opts.MaxPairs, nil)
 	return s, nil
