@@ -32,3 +32,11 @@ func (f *Forwarder) KernelMapEntries() (feeds, targets, cookies int, err error) 
 	}
 	return feeds, targets, cookies, it.Err()
 }
+
+// KernelMechanisms says how the kernel path's verdict runs: attached on the
+// map (no link), and reading the skb by probe reads.
+func (f *Forwarder) KernelMechanisms() (onMap, probeReads bool, err error) {
+	var cfg kfanoutFanoutConfig
+	err = f.kern.objs.Cfg.Get(&cfg)
+	return f.kern.verdict.OnMap(), cfg.ProbeReads == 1, err
+}

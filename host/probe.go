@@ -48,6 +48,12 @@ type Features struct {
 	// RdonlyCast: the kfunc bpf_rdonly_cast (6.2+), with which sk_msg
 	// reads the peer's TCP state.
 	RdonlyCast bool `json:"rdonly_cast"`
+	// CastToKernCtx: the kfunc bpf_cast_to_kern_ctx (6.2+), with which
+	// the join's and fan-out's sk_skb verdicts read the kernel's skb.
+	CastToKernCtx bool `json:"cast_to_kern_ctx"`
+	// SockDestroy: the kfunc bpf_sock_destroy (6.5+), with which reap's
+	// iterators destroy what they find; without it sock_diag does.
+	SockDestroy bool `json:"sock_destroy"`
 	// RecvTracepoint: a BTF tracepoint program can attach to
 	// sock_recv_length (the reader watch; 6.3+).
 	RecvTracepoint bool `json:"recv_tracepoint"`
@@ -117,6 +123,8 @@ func Probe() Features {
 	_, err := os.Stat("/sys/kernel/btf/vmlinux")
 	f.BTF = err == nil
 	f.RdonlyCast = f.BTF && HasRdonlyCast()
+	f.CastToKernCtx = f.BTF && kernelHasFunc("bpf_cast_to_kern_ctx")
+	f.SockDestroy = f.BTF && kernelHasFunc("bpf_sock_destroy")
 	f.RecvTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "sock_recv_length")
 	f.RecvFexit = f.BTF && canLoadTracing(ebpf.AttachTraceFExit, "tcp_bpf_recvmsg")
 	f.SpliceTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "tcp_rcv_space_adjust")
@@ -165,6 +173,19 @@ func (f Features) Mechanisms() []Mechanism {
 	if f.SkMsgLink {
 		attach = "a pinned BPF link"
 	}
+	// sk_skb links came with sk_msg links (6.10).
+	verdict := "on the sockmap itself (no link: kernels before 6.10)"
+	if f.SkMsgLink {
+		verdict = "a BPF link"
+	}
+	skb := "kfunc bpf_cast_to_kern_ctx"
+	if !f.CastToKernCtx {
+		skb = "bpf_probe_read_kernel (no bpf_cast_to_kern_ctx: kernels before 6.2)"
+	}
+	destroy := "iter/tcp and iter/udp, kfunc bpf_sock_destroy"
+	if !f.SockDestroy {
+		destroy = "iter/tcp and iter/udp find, sock_diag destroys (no bpf_sock_destroy: kernels before 6.5)"
+	}
 	return []Mechanism{
 		{"bypass: sk_msg on the sockhash", pick(f.SkMsg && f.SockHash, attach)},
 		{"bypass: pairing", pick(f.SockOps && f.SkStorage, "sockops on the cgroup, socket storage")},
@@ -175,6 +196,9 @@ func (f Features) Mechanisms() []Mechanism {
 		{"bypass: splice(2) after recv", splice},
 		{"bypass: FIONREAD of bytes that came by TCP", pick(f.SockHash && f.SkMsg, fionread)},
 		{"bypass: FIONREAD of redirected bytes", pick(f.SockHash && f.SkMsg, redirected)},
+		{"join and fan-out: sk_skb verdict on the sockmap", verdict},
+		{"join and fan-out: reading the skb", pick(f.BTF, skb)},
+		{"reap without the index", pick(f.BTF, destroy)},
 	}
 }
 

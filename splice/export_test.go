@@ -32,3 +32,19 @@ func SetLostAfter(d time.Duration) (restore func()) {
 	lostAfter = d
 	return func() { lostAfter = old }
 }
+
+// Mechanisms says how the verdict runs: attached on the map (no link), and
+// reading the skb by probe reads (no bpf_cast_to_kern_ctx), as the loaded
+// program's configuration holds it.
+func (s *Splicer) Mechanisms() (onMap, probeReads bool, err error) {
+	var cfg spliceSpliceConfig
+	err = s.objs.Cfg.Get(&cfg)
+	return s.attach.OnMap(), cfg.ProbeReads == 1, err
+}
+
+// Mechanisms, as Splicer's.
+func (s *UDPSplicer) Mechanisms() (onMap, probeReads bool, err error) {
+	var cfg spliceudpSpliceUdpConfig
+	err = s.objs.Cfg.Get(&cfg)
+	return s.attach.OnMap(), cfg.ProbeReads == 1, err
+}

@@ -1,0 +1,41 @@
+package fanout_test
+
+import (
+	"testing"
+
+	"github.com/shunt-project/shunt/fanout"
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/sockmap"
+)
+
+func wantKernelMechanisms(t *testing.T, onMap, probeReads bool) {
+	t.Helper()
+	l := mustForwarder(t, fanout.Config{Framing: fanout.FramingU32, Path: fanout.PathKernel})
+	m, p, err := l.f.KernelMechanisms()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m != onMap || p != probeReads {
+		t.Errorf("kernel path: attached on the map %v, probe reads %v; want %v, %v", m, p, onMap, probeReads)
+	}
+}
+
+// The kernel path runs as this kernel allows: a link where it has sockmap
+// links (6.10), kfunc reads where it has bpf_cast_to_kern_ctx (6.2).
+func TestKernelPathMechanismsOfThisKernel(t *testing.T) {
+	f := host.Probe()
+	wantKernelMechanisms(t, !f.SkMsgLink, !f.CastToKernCtx)
+}
+
+// TestKernelPathAsOnOlderKernels runs the kernel path as kernels before
+// 6.10 and 6.2 make it run (verdict attached on the map, the skb's truesize
+// read by probe read) on this kernel, through the tests whose outcome those
+// change: the bound on a stalled subscriber is priced in truesize, and
+// nothing is left behind.
+func TestKernelPathAsOnOlderKernels(t *testing.T) {
+	t.Setenv(host.ProbeReadsEnv, "probe")
+	t.Setenv(sockmap.ForceMapEnv, "map")
+	wantKernelMechanisms(t, true, true)
+	t.Run("backlog-bounded", TestKernelPathBacklogBounded)
+	t.Run("no-leak", TestKernelPathNoLeak)
+}

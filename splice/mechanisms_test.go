@@ -1,0 +1,59 @@
+package splice_test
+
+import (
+	"testing"
+
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/sockmap"
+	"github.com/shunt-project/shunt/splice"
+)
+
+// mechanismsTest is something that has Mechanisms (either splicer).
+type mechanismsTest interface {
+	Mechanisms() (onMap, probeReads bool, err error)
+}
+
+func wantMechanisms(t *testing.T, what string, s mechanismsTest, onMap, probeReads bool) {
+	t.Helper()
+	m, p, err := s.Mechanisms()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m != onMap || p != probeReads {
+		t.Errorf("%s: attached on the map %v, probe reads %v; want %v, %v", what, m, p, onMap, probeReads)
+	}
+}
+
+// The join runs as this kernel allows: a link where it has sockmap links
+// (6.10), kfunc reads where it has bpf_cast_to_kern_ctx (6.2).
+func TestJoinMechanismsOfThisKernel(t *testing.T) {
+	f := host.Probe()
+	wantMechanisms(t, "TCP", mustSplicer(t, splice.Options{}), !f.SkMsgLink, !f.CastToKernCtx)
+	wantMechanisms(t, "UDP", mustUDPSplicer(t, splice.UDPOptions{}), !f.SkMsgLink, !f.CastToKernCtx)
+}
+
+// TestJoinAsOnOlderKernels runs the join as kernels before 6.10 and 6.2 make
+// it run (verdicts attached on the map, the skb read by probe reads), on this
+// kernel, through the tests whose outcome those change: the verdict reads
+// TCP's sequence number (retransmissions, EOF accounting) and the skb's
+// truesize (the UDP bound), and a hand-over passes the attachment as the
+// map itself.
+func TestJoinAsOnOlderKernels(t *testing.T) {
+	t.Setenv(host.ProbeReadsEnv, "probe")
+	t.Setenv(sockmap.ForceMapEnv, "map")
+	wantMechanisms(t, "TCP", mustSplicer(t, splice.Options{}), true, true)
+	wantMechanisms(t, "UDP", mustUDPSplicer(t, splice.UDPOptions{}), true, true)
+	for _, tc := range []struct {
+		name string
+		test func(*testing.T)
+	}{
+		{"retransmissions", TestRetransmissionsThroughTheKernel},
+		{"eof", TestEOFWaitsForPassedBytes},
+		{"stream", TestStreamBothWays},
+		{"hand-over", TestHandOverMidStream},
+		{"udp-bound", TestUDPBoundDrops},
+		{"udp-hand-over", TestUDPHandOver},
+	} {
+		t.Run(tc.name, tc.test)
+	}
+}
