@@ -28,14 +28,23 @@ func TestKernelPathMechanismsOfThisKernel(t *testing.T) {
 }
 
 // TestKernelPathAsOnOlderKernels runs the kernel path as kernels before
-// 6.10 and 6.2 make it run (verdict attached on the map, the skb's truesize
-// read by probe read) on this kernel, through the tests whose outcome those
-// change: the bound on a stalled subscriber is priced in truesize, and
+// 6.10 (verdict attached on the map) and 6.2 (the skb's truesize read by
+// probe read) make it run, on this kernel, through the tests whose outcome
+// those change: the bound on a stalled subscriber is priced in truesize, and
 // nothing is left behind.
 func TestKernelPathAsOnOlderKernels(t *testing.T) {
-	t.Setenv(host.ProbeReadsEnv, "probe")
-	t.Setenv(sockmap.ForceMapEnv, "map")
-	wantKernelMechanisms(t, true, true)
-	t.Run("backlog-bounded", TestKernelPathBacklogBounded)
-	t.Run("no-leak", TestKernelPathNoLeak)
+	for _, k := range []struct {
+		name       string
+		probeReads bool
+	}{{"6.2-6.9", false}, {"6.1", true}} {
+		t.Run(k.name, func(t *testing.T) {
+			t.Setenv(sockmap.ForceMapEnv, "map")
+			if k.probeReads {
+				t.Setenv(host.ProbeReadsEnv, "probe")
+			}
+			wantKernelMechanisms(t, true, k.probeReads || !host.Probe().CastToKernCtx)
+			t.Run("backlog-bounded", TestKernelPathBacklogBounded)
+			t.Run("no-leak", TestKernelPathNoLeak)
+		})
+	}
 }

@@ -32,28 +32,45 @@ func TestJoinMechanismsOfThisKernel(t *testing.T) {
 	wantMechanisms(t, "UDP", mustUDPSplicer(t, splice.UDPOptions{}), !f.SkMsgLink, !f.CastToKernCtx)
 }
 
-// TestJoinAsOnOlderKernels runs the join as kernels before 6.10 and 6.2 make
-// it run (verdicts attached on the map, the skb read by probe reads), on this
-// kernel, through the tests whose outcome those change: the verdict reads
-// TCP's sequence number (retransmissions, EOF accounting) and the skb's
-// truesize (the UDP bound), and a hand-over passes the attachment as the
-// map itself.
+// olderKernels are the kernel classes whose mechanisms can be forced here:
+// 6.2 to 6.9 lack sockmap links (the verdict is attached on the map), 6.1
+// also bpf_cast_to_kern_ctx (the skb is read by probe reads).
+var olderKernels = []struct {
+	name       string
+	probeReads bool
+}{
+	{"6.2-6.9", false},
+	{"6.1", true},
+}
+
+// TestJoinAsOnOlderKernels runs the join as older kernels make it run, on
+// this kernel, through the tests whose outcome those mechanisms change: the
+// verdict reads TCP's sequence number (retransmissions, EOF accounting) and
+// the skb's truesize (the UDP bound), and a hand-over passes the attachment
+// as the map itself.
 func TestJoinAsOnOlderKernels(t *testing.T) {
-	t.Setenv(host.ProbeReadsEnv, "probe")
-	t.Setenv(sockmap.ForceMapEnv, "map")
-	wantMechanisms(t, "TCP", mustSplicer(t, splice.Options{}), true, true)
-	wantMechanisms(t, "UDP", mustUDPSplicer(t, splice.UDPOptions{}), true, true)
-	for _, tc := range []struct {
-		name string
-		test func(*testing.T)
-	}{
-		{"retransmissions", TestRetransmissionsThroughTheKernel},
-		{"eof", TestEOFWaitsForPassedBytes},
-		{"stream", TestStreamBothWays},
-		{"hand-over", TestHandOverMidStream},
-		{"udp-bound", TestUDPBoundDrops},
-		{"udp-hand-over", TestUDPHandOver},
-	} {
-		t.Run(tc.name, tc.test)
+	for _, k := range olderKernels {
+		t.Run(k.name, func(t *testing.T) {
+			t.Setenv(sockmap.ForceMapEnv, "map")
+			if k.probeReads {
+				t.Setenv(host.ProbeReadsEnv, "probe")
+			}
+			probe := k.probeReads || !host.Probe().CastToKernCtx
+			wantMechanisms(t, "TCP", mustSplicer(t, splice.Options{}), true, probe)
+			wantMechanisms(t, "UDP", mustUDPSplicer(t, splice.UDPOptions{}), true, probe)
+			for _, tc := range []struct {
+				name string
+				test func(*testing.T)
+			}{
+				{"retransmissions", TestRetransmissionsThroughTheKernel},
+				{"eof", TestEOFWaitsForPassedBytes},
+				{"stream", TestStreamBothWays},
+				{"hand-over", TestHandOverMidStream},
+				{"udp-bound", TestUDPBoundDrops},
+				{"udp-hand-over", TestUDPHandOver},
+			} {
+				t.Run(tc.name, tc.test)
+			}
+		})
 	}
 }
