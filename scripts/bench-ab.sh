@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# Compares two shunt binaries (say, two commits) on the bypass hot path:
-# latency (14 B and 16 KiB round trips, same and cross CPU) and throughput
-# (16 KiB and 256 KiB writes, cross CPU), mode shunt only, interleaved: each
-# round runs both binaries, in alternating order. Prints per metric the
-# median over rounds for A and B and B/A. As root.
+# Compares two shunt binaries (say, two commits), interleaved: each round
+# runs both binaries, in alternating order. Prints per metric the median over
+# rounds for A and B and B/A. As root.
+#   bypass (default): the bypass hot path: latency (14 B and 16 KiB round
+#     trips, same and cross CPU) and throughput (16 KiB and 256 KiB writes,
+#     cross CPU), mode shunt only.
+#   join: the kernel join (bench proxy --modes shunt-kernel): 64 B and 16 KiB
+#     request/response, 16 KiB and 2 MiB bulk.
 #
-#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS]
+#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join]
 #
 # Build a commit's binary with:
 #   git worktree add /tmp/old COMMIT && (cd /tmp/old && go build -o /tmp/shunt-old ./cmd/shunt)
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS]" >&2; exit 2; }
-a=$1 b=$2 rounds=${3:-7}
+[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join]" >&2; exit 2; }
+a=$1 b=$2 rounds=${3:-7} what=${4:-bypass}
+case $what in bypass|join) ;; *) echo "$0: what to compare: bypass or join, not $what" >&2; exit 2 ;; esac
 out=$(mktemp -d /tmp/shunt-bench-ab-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 
 run() { # binary tag round
+  if [ "$what" = join ]; then
+    "$1" bench proxy --modes shunt-kernel --rounds 1 --json > "$out/$2-join-$3.json"
+    return
+  fi
   "$1" bench latency --sizes 14,16K --modes shunt --placement same-cpu,cross-cpu --rounds 1 \
     --count 20000 --duration 2s --json > "$out/$2-lat-$3.json"
   "$1" bench throughput --write-sizes 16K,256K --modes shunt --placement cross-cpu --rounds 1 \
@@ -26,12 +34,23 @@ for r in $(seq "$rounds"); do
   echo "round $r of $rounds done" >&2
 done
 
-python3 - "$out" "$rounds" <<'EOF'
+python3 - "$out" "$rounds" "$what" <<'EOF'
 import json, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, what = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rows = {}
 for tag in "AB":
     for r in range(1, rounds + 1):
+        if what == "join":
+            for e in json.load(open(f"{out}/{tag}-join-{r}.json")):
+                if e["test"] == "rr":
+                    key = f"join request/response {e['size']} B"
+                    for q in ("p50", "p99", "p999", "max"):
+                        rows.setdefault((key, q + " us"), {}).setdefault(tag, []).append(e["latency"][q + "_ns"] / 1000)
+                else:
+                    key = f"join bulk {e['size']} B writes"
+                    rows.setdefault((key, "Gbit/s"), {}).setdefault(tag, []).append(e["gbit_per_s"])
+                rows.setdefault((key, "CPU s/GB"), {}).setdefault(tag, []).append(e["machine_cpu_s_per_gb"])
+            continue
         for e in json.load(open(f"{out}/{tag}-lat-{r}.json")):
             key = f"latency {e['size']} B {e['placement']}"
             for q in ("p50", "p99", "p999", "max"):
