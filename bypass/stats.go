@@ -20,27 +20,28 @@ type MapFill struct {
 	Max     uint32 `json:"max"` // 0: grows with the sockets that use it
 }
 
-// Counters are events counted by the BPF programs since install.
+// Counters are events counted by the BPF programs since install. Each
+// field's help tag says what it counts (shunt metrics exports them).
 type Counters struct {
-	Registered      uint64 `json:"handshakes_registered"`  // server-side handshakes seen
-	Ambiguous       uint64 `json:"handshakes_ambiguous"`   // tuples seen from two namespaces at once: not bypassed
-	RegistryFull    uint64 `json:"handshakes_dropped"`     // registry full: not bypassed
-	Paired          uint64 `json:"connections_paired"`     // connections bypassed
-	Unpaired        uint64 `json:"connections_unpaired"`   // local peers that could not be paired
-	InsertFailed    uint64 `json:"insert_failed"`          // socket storage or sockhash insert failed
-	FallenBack      uint64 `json:"directions_fallen_back"` // directions that left the redirect path
-	Throttled       uint64 `json:"directions_throttled"`   // ... of which because their reader fell behind
-	Zerocopy        uint64 `json:"connections_zerocopy"`   // left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)
-	Excluded        uint64 `json:"connections_excluded"`   // left on TCP: the server port is excluded
-	TCPReaders      uint64 `json:"directions_tcp_reader"`  // kept on TCP: the reader blocks in recv or asked for MSG_WAITALL
-	Left            uint64 `json:"sockets_left"`           // moved back to plain TCP (out of the sockhash) after that
-	EAGAIN          uint64 `json:"blocking_reads_eagain"`  // blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)
-	SpliceReaders   uint64 `json:"splice_readers"`         // sockets whose reader spliced: sent back to TCP
-	SpliceCaught    uint64 `json:"splice_readers_caught"`  // ... with redirected bytes queued that splice cannot read (the guard resets them)
-	LearnedReaders  uint64 `json:"learned_readers"`        // readers kept on TCP from their first recv: their program was seen splicing
-	RefusedSends    uint64 `json:"sends_refused"`          // sends failed with EACCES: the peer splices with redirected bytes unread (until the guard resets it)
-	SplicesRefused  uint64 `json:"splices_refused"`        // splice(2) from a bypassed socket refused with EINVAL before reading (BPF LSM kernels): the application read instead
-	ZerocopyRefused uint64 `json:"zerocopy_refused"`       // setsockopt(SO_ZEROCOPY) on a bypassed socket refused with EOPNOTSUPP: no completion would ever come
+	Registered      uint64 `json:"handshakes_registered" help:"Server-side handshakes seen."`
+	Ambiguous       uint64 `json:"handshakes_ambiguous" help:"Tuples seen from two namespaces at once: not bypassed."`
+	RegistryFull    uint64 `json:"handshakes_dropped" help:"Handshakes not registered, the registry was full: not bypassed."`
+	Paired          uint64 `json:"connections_paired" help:"Connections bypassed."`
+	Unpaired        uint64 `json:"connections_unpaired" help:"Local peers that could not be paired."`
+	InsertFailed    uint64 `json:"insert_failed" help:"Socket storage or sockhash inserts that failed."`
+	FallenBack      uint64 `json:"directions_fallen_back" help:"Directions that left the redirect path."`
+	Throttled       uint64 `json:"directions_throttled" help:"Directions that left the redirect path because their reader fell behind."`
+	Zerocopy        uint64 `json:"connections_zerocopy" help:"Connections left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)."`
+	Excluded        uint64 `json:"connections_excluded" help:"Connections left on TCP: the server port is excluded."`
+	TCPReaders      uint64 `json:"directions_tcp_reader" help:"Directions kept on TCP: the reader blocks in recv or asked for MSG_WAITALL."`
+	Left            uint64 `json:"sockets_left" help:"Sockets moved back to plain TCP (out of the sockhash) after that."`
+	EAGAIN          uint64 `json:"blocking_reads_eagain" help:"Blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)."`
+	SpliceReaders   uint64 `json:"splice_readers" help:"Sockets whose reader spliced: sent back to TCP."`
+	SpliceCaught    uint64 `json:"splice_readers_caught" help:"Splice readers caught with redirected bytes queued that splice cannot read (the guard resets them)."`
+	LearnedReaders  uint64 `json:"learned_readers" help:"Readers kept on TCP from their first recv: their program was seen splicing."`
+	RefusedSends    uint64 `json:"sends_refused" help:"Sends failed with EACCES: the peer splices with redirected bytes unread (until the guard resets it)."`
+	SplicesRefused  uint64 `json:"splices_refused" help:"splice(2) calls from a bypassed socket refused with EINVAL before reading (BPF LSM kernels): the application read instead."`
+	ZerocopyRefused uint64 `json:"zerocopy_refused" help:"setsockopt(SO_ZEROCOPY) calls on a bypassed socket refused with EOPNOTSUPP: no completion would ever come."`
 }
 
 // Program is a BPF program of the install and where it is attached.

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/shunt-project/shunt/internal/testenv"
 )
 
 // BenchmarkPrograms measures real programs' own benchmark clients against
@@ -26,7 +28,7 @@ func BenchmarkPrograms(b *testing.B) {
 	}
 	for _, p := range benchPrograms {
 		b.Run(p.name, func(b *testing.B) {
-			needProgram(b, p.needs)
+			testenv.NeedProgram(b, p.needs)
 			var got [2][]float64
 			for r := 0; r < rounds; r++ {
 				for i, shunt := range []bool{false, true} {

@@ -61,18 +61,6 @@ func newEnv(t testing.TB, shunt bool) *env {
 	return e
 }
 
-// needProgram fails the test if a program the suite runs is missing (CI
-// installs them all: scripts/deps.sh), and skips it outside CI.
-func needProgram(t testing.TB, name string) {
-	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is not installed: scripts/deps.sh installs it", name)
-		}
-		t.Skipf("%s is not installed (scripts/deps.sh installs it)", name)
-	}
-}
-
 // start runs a program in the env's namespace and cgroup until the test
 // ends, and fails the test if it exits early.
 func (e *env) start(t testing.TB, argv ...string) {

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/shunt-project/shunt/internal/testenv"
 )
 
 // origin serves body at /blob on 127.0.0.1 in the env and returns where:
@@ -38,7 +40,7 @@ type nginxSetup struct {
 
 func nginxOriginWith(t testing.TB, e *env, body blob, s nginxSetup) string {
 	t.Helper()
-	needProgram(t, "nginx")
+	testenv.NeedProgram(t, "nginx")
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "blob"), body.data, 0o644); err != nil {
 		t.Fatal(err)
@@ -90,7 +92,7 @@ http {
 // back wrong; a connection caught that way is reset (one at most: the
 // program is learned at its first splice), and every other is intact.
 func TestHAProxy(t *testing.T) {
-	needProgram(t, "haproxy")
+	testenv.NeedProgram(t, "haproxy")
 	body := newBlob(8<<20, 7)
 	const downloads = 12
 	for _, kind := range []string{"go", "nginx"} {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shunt-project/shunt/internal/testenv"
 )
 
 // path is where a program's bytes must go through shunt.
@@ -130,7 +132,7 @@ func (e *env) dial(t *testing.T, addr string) *net.TCPConn {
 
 // Redis 7: SET 200 values of 100 KB, GET them back, compare digests.
 func TestRedis(t *testing.T) {
-	needProgram(t, "redis-server")
+	testenv.NeedProgram(t, "redis-server")
 	bothWays(t, redirected, 2*200*100<<10, func(t *testing.T, e *env) {
 		c, r := e.serveAndDial(t, func(port string) []string {
 			return []string{"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"}
@@ -163,7 +165,7 @@ func TestRedis(t *testing.T) {
 
 // memcached 1.6: set 200 values of 50 KB, get them back, compare digests.
 func TestMemcached(t *testing.T) {
-	needProgram(t, "memcached")
+	testenv.NeedProgram(t, "memcached")
 	bothWays(t, redirected, 2*200*50<<10, func(t *testing.T, e *env) {
 		c, r := e.serveAndDial(t, func(port string) []string {
 			return []string{"memcached", "-l", "127.0.0.1", "-p", port, "-U", "0", "-u", "root", "-m", "64"}
@@ -221,7 +223,7 @@ func (e *env) curlGet(t *testing.T, url string, n int) [][32]byte {
 // sockets), each serving an 8 MiB file 20 times to one curl (one kept-alive
 // connection for nginx; one each for Python's HTTP/1.0).
 func TestHTTPServersWithCurl(t *testing.T) {
-	needProgram(t, "curl")
+	testenv.NeedProgram(t, "curl")
 	body := newBlob(8<<20, 3)
 	for _, srv := range []string{"nginx-sendfile-on", "nginx-sendfile-off", "python-http.server"} {
 		t.Run(srv, func(t *testing.T) {
@@ -231,7 +233,7 @@ func TestHTTPServersWithCurl(t *testing.T) {
 				var addr string
 				switch srv {
 				case "python-http.server":
-					needProgram(t, "python3")
+					testenv.NeedProgram(t, "python3")
 					dir := t.TempDir()
 					if err := os.WriteFile(filepath.Join(dir, "blob"), body.data, 0o644); err != nil {
 						t.Fatal(err)
@@ -258,7 +260,7 @@ func TestHTTPServersWithCurl(t *testing.T) {
 // and every transaction is in the history.
 func TestPostgreSQL(t *testing.T) {
 	bin := "/usr/lib/postgresql/15/bin"
-	needProgram(t, bin+"/postgres")
+	testenv.NeedProgram(t, bin+"/postgres")
 	bothWays(t, redirected, 0, func(t *testing.T, e *env) {
 		port := startPostgres(t, e)
 		conn := []string{"-h", "127.0.0.1", "-p", port, "-U", "postgres"}
@@ -292,7 +294,7 @@ func (e *env) run(t testing.TB, argv ...string) string {
 // sockets after poll: a blocking reader, so its connections go back to TCP,
 // which is the promise for it; the bytes must arrive whole either way.
 func TestNetcat(t *testing.T) {
-	needProgram(t, "nc")
+	testenv.NeedProgram(t, "nc")
 	body := newBlob(32<<20, 5)
 	bothWays(t, eitherPath, 2*int64(len(body.data)), func(t *testing.T, e *env) {
 		dir := t.TempDir()

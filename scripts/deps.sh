@@ -24,11 +24,12 @@ command -v memcached >/dev/null || need+=(memcached)
 command -v curl >/dev/null || need+=(curl)
 command -v nc >/dev/null || need+=(netcat-openbsd)
 [ -x /usr/lib/postgresql/15/bin/pgbench ] || need+=(postgresql)
+command -v promtool >/dev/null || need+=(prometheus) # promtool checks shunt metrics' output
 command -v wrk >/dev/null || need+=(wrk) # make compat-bench
 command -v memcaslap >/dev/null || need+=(libmemcached-tools) # make compat-bench
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
-  # Installing haproxy and nginx must not start them as services.
+  # Installing haproxy, nginx and prometheus must not start them as services.
   no_start=/usr/sbin/policy-rc.d
   if [ ! -e "$no_start" ]; then
     printf '#!/bin/sh\nexit 101\n' > "$no_start" && chmod +x "$no_start"

@@ -123,10 +123,10 @@ func (ix *Index) NetnsOwner(netnsCookie uint64) (int, bool) {
 
 // Counters are the index programs' event counts since enable.
 type Counters struct {
-	Added   uint64 `json:"added"`
-	Removed uint64 `json:"removed"`
-	Full    uint64 `json:"not_indexed_map_full"`
-	Filled  uint64 `json:"udp_local_learnt"`
+	Added   uint64 `json:"added" help:"Sockets added to the index."`
+	Removed uint64 `json:"removed" help:"Sockets removed from the index (closed, or reconnected elsewhere)."`
+	Full    uint64 `json:"not_indexed_map_full" help:"Sockets the index could not take: a map was full (a reap by index may miss them)."`
+	Filled  uint64 `json:"udp_local_learnt" help:"Connected UDP sockets whose local address was learnt at their first send."`
 }
 
 // Counters sums the per-CPU counters.

@@ -5,6 +5,7 @@ package testenv
 
 import (
 	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/shunt-project/shunt/internal/lab"
@@ -25,3 +26,15 @@ func RequireRoot(t testing.TB) {
 
 // Name returns a fresh name with the shunt-test- prefix.
 func Name() string { return lab.Name("shunt-test-") }
+
+// NeedProgram fails the test if a program it runs is missing (CI installs
+// them all: scripts/deps.sh), and skips it outside CI.
+func NeedProgram(t testing.TB, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not installed: scripts/deps.sh installs it", name)
+		}
+		t.Skipf("%s is not installed (scripts/deps.sh installs it)", name)
+	}
+}
