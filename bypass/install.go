@@ -18,8 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/host"
-	"github.com/shunt-project/shunt/internal/sockmap"
 	"github.com/shunt-project/shunt/internal/pin"
+	"github.com/shunt-project/shunt/internal/sockmap"
 )
 
 // DefaultPinDir is where the install lives in bpffs.
