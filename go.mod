@@ -4,11 +4,13 @@ go 1.26.8
 
 require (
 	github.com/cilium/ebpf v0.22.0
-	github.com/prometheus/client_golang v1.25.0
+	github.com/fsnotify/fsnotify v1.9.0
+	github.com/prometheus/client_golang v1.24.1
 	github.com/prometheus/client_model v0.6.3
-	github.com/prometheus/common v0.72.0
+	github.com/prometheus/common v0.70.1
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
+	go.yaml.in/yaml/v3 v3.0.4
 	golang.org/x/sys v0.49.0
 	gonum.org/v1/plot v0.17.0
 )

@@ -534,6 +534,12 @@ func (in *Install) cgroupPin(id uint64) string {
 	return filepath.Join(in.dir, cgroupsDir, strconv.FormatUint(id, 10))
 }
 
+// IsEnabled says whether bypass is enabled for the cgroup with this id.
+func (in *Install) IsEnabled(cgroupID uint64) bool {
+	_, err := os.Stat(in.cgroupPin(cgroupID))
+	return err == nil
+}
+
 // EnabledCgroup is a cgroup whose new connections are bypassed.
 type EnabledCgroup struct {
 	ID   uint64 `json:"id"`
@@ -542,17 +548,31 @@ type EnabledCgroup struct {
 
 // Cgroups lists the enabled cgroups.
 func (in *Install) Cgroups() ([]EnabledCgroup, error) {
-	ents, err := os.ReadDir(filepath.Join(in.dir, cgroupsDir))
+	ids, err := in.CgroupIDs()
 	if err != nil {
 		return nil, err
 	}
 	var out []EnabledCgroup
+	for _, id := range ids {
+		out = append(out, EnabledCgroup{ID: id, Path: host.CgroupPathByID(id)})
+	}
+	return out, nil
+}
+
+// CgroupIDs lists the ids of the enabled cgroups (without the walk of the
+// hierarchy that finds their paths).
+func (in *Install) CgroupIDs() ([]uint64, error) {
+	ents, err := os.ReadDir(filepath.Join(in.dir, cgroupsDir))
+	if err != nil {
+		return nil, err
+	}
+	var out []uint64
 	for _, e := range ents {
 		id, err := strconv.ParseUint(e.Name(), 10, 64)
 		if err != nil {
 			continue // a pin still being renamed into place
 		}
-		out = append(out, EnabledCgroup{ID: id, Path: host.CgroupPathByID(id)})
+		out = append(out, id)
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -142,4 +143,25 @@ func TestMetricsBadListen(t *testing.T) {
 		t.Errorf("metrics --listen 9464: exit %d, want 2", code)
 	}
 	oneLine(t, stderr, `--listen "9464": want HOST:PORT`)
+}
+
+// agent --check: a good file is ok; a bad one is one line, exit 2.
+func TestAgentCheck(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := dir+"/good.yaml", dir+"/bad.yaml"
+	os.WriteFile(good, []byte("metrics: {address: \"127.0.0.1:9464\"}\n"), 0o644)
+	os.WriteFile(bad, []byte("metrics: {adress: \"127.0.0.1:9464\"}\n"), 0o644)
+	if out, stderr, code := runShunt(t, nil, "agent", "--config", good, "--check"); code != 0 || !strings.Contains(out, "ok") {
+		t.Errorf("--check of a good file: exit %d, %q %q", code, out, stderr)
+	}
+	_, stderr, code := runShunt(t, nil, "agent", "--config", bad, "--check")
+	if code != 2 {
+		t.Errorf("--check of a bad file: exit %d, want 2", code)
+	}
+	oneLine(t, stderr, "field adress not found in metrics (it takes address)")
+	_, stderr, code = runShunt(t, nil, "agent", "--config", dir+"/none.yaml", "--check")
+	if code == 0 {
+		t.Error("--check of a missing file: exit 0")
+	}
+	oneLine(t, stderr, "none.yaml: no such file or directory")
 }

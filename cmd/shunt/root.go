@@ -78,6 +78,7 @@ func newRoot(e *env) *cobra.Command {
   shunt bypass enable     host-local TCP between enabled cgroups skips the TCP/IP stack
   shunt status            what is installed
   shunt metrics           serve the counters to Prometheus
+  shunt agent             keep bypass as a configuration file declares it
   shunt flows             the connections bypassed now
   shunt index enable      index connected sockets by backend
   shunt reap              destroy every socket connected to a backend
@@ -110,7 +111,7 @@ func newRoot(e *env) *cobra.Command {
 		}
 		return nil
 	}
-	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newMetricsCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newReapCmd(e, g), newFanoutCmd(e), newProxyCmd(e), newSpliceCmd(e), newDaemonCmd(e), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
+	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newMetricsCmd(e, g), newAgentCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newReapCmd(e, g), newFanoutCmd(e), newProxyCmd(e), newSpliceCmd(e), newDaemonCmd(e), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
 	return root
 }
 

@@ -1,0 +1,436 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/guard"
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/runlock"
+	"github.com/shunt-project/shunt/metrics"
+	"github.com/shunt-project/shunt/sockindex"
+)
+
+// Options are what the agent is given besides its configuration.
+type Options struct {
+	ConfigPath string
+	PinDir     string
+	IndexDir   string
+	Version    string
+	Features   host.Features
+	Log        io.Writer // one line per change it makes or problem it meets
+}
+
+// resync reconciles even without an event, in case one was missed.
+const resync = 30 * time.Second
+
+// Agent holds the machine to its configuration.
+type Agent struct {
+	opts    Options
+	root    string // where cgroup v2 is mounted
+	cfg     *Config
+	stats   *stats
+	watcher *fsnotify.Watcher
+	watched map[string]bool
+
+	guardStop func() // nil while no guard runs in the agent
+	guardDone chan struct{}
+
+	metricsAddr string
+	metricsStop func()
+}
+
+// New reads the configuration; an error there is the caller's to report
+// (nothing has been changed).
+func New(opts Options) (*Agent, error) {
+	root, err := host.Cgroup2Root()
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := LoadConfig(opts.ConfigPath, root)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	return &Agent{opts: opts, root: root, cfg: cfg, stats: &stats{}, watched: map[string]bool{}}, nil
+}
+
+func (a *Agent) logf(format string, args ...any) {
+	fmt.Fprintf(a.opts.Log, "shunt agent: "+format+"\n", args...)
+}
+
+// Run reconciles now, then on SIGHUP, on a change of the configuration
+// file, when cgroups appear or go under the patterns' directories, and
+// every 30 s, until ctx ends. It leaves bypass as it stands when it returns.
+func (a *Agent) Run(ctx context.Context) error {
+	var err error
+	if a.watcher, err = fsnotify.NewWatcher(); err != nil {
+		return fmt.Errorf("watch cgroups: %w", err)
+	}
+	defer a.watcher.Close()
+	// Editors replace a file: watch its directory, not the file.
+	if err := a.watcher.Add(filepath.Dir(a.opts.ConfigPath)); err != nil {
+		return fmt.Errorf("watch %s: %w", a.opts.ConfigPath, err)
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	defer a.stopGuard()
+	defer a.stopMetrics()
+
+	a.watchCgroups()
+	a.reconcile(ctx)
+	if err := a.serveMetrics(); err != nil {
+		return err
+	}
+	tick := time.NewTicker(resync)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-hup:
+			a.reload(ctx, "SIGHUP")
+		case <-tick.C:
+			a.reconcile(ctx)
+		case err := <-a.watcher.Errors:
+			// An overflow loses events; the resync catches up.
+			a.logf("watching: %v", err)
+		case ev := <-a.watcher.Events:
+			if filepath.Clean(ev.Name) == filepath.Clean(a.opts.ConfigPath) {
+				if ev.Has(fsnotify.Write) || ev.Has(fsnotify.Create) || ev.Has(fsnotify.Rename) {
+					a.reload(ctx, "a change of "+a.opts.ConfigPath)
+				}
+				continue
+			}
+			if !ev.Has(fsnotify.Create) && !ev.Has(fsnotify.Remove) {
+				continue
+			}
+			if ev.Has(fsnotify.Create) {
+				a.watchCgroups() // a new directory may hold matches deeper down
+			}
+			a.reconcile(ctx)
+		}
+	}
+}
+
+// reload reads the configuration again; a bad one is reported and the
+// previous one kept.
+func (a *Agent) reload(ctx context.Context, why string) {
+	cfg, err := LoadConfig(a.opts.ConfigPath, a.root)
+	if err != nil {
+		a.stats.reloads("failed")
+		a.logf("%v: keeping the previous configuration", err)
+		return
+	}
+	a.stats.reloads("ok")
+	a.logf("configuration reloaded (%s)", why)
+	a.cfg = cfg
+	a.watchCgroups()
+	a.reconcile(ctx)
+	if cfg.Metrics.Address != a.metricsAddr {
+		a.stopMetrics()
+		if err := a.serveMetrics(); err != nil {
+			a.logf("%v", err)
+		}
+	}
+}
+
+// desired lists the cgroups the configuration asks for, by id.
+func (a *Agent) desired() (map[uint64]string, error) {
+	want := map[uint64]string{}
+	for _, p := range a.cfg.Bypass.Cgroups {
+		matches, err := filepath.Glob(p)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range matches {
+			if a.excluded(m) {
+				continue
+			}
+			cg, err := host.ResolveCgroup(m)
+			if err != nil {
+				continue // a file of the hierarchy, or gone since
+			}
+			want[cg.ID] = cg.Path
+		}
+	}
+	return want, nil
+}
+
+func (a *Agent) excluded(p string) bool {
+	for _, x := range a.cfg.Bypass.Exclude {
+		if ok, _ := filepath.Match(x, p); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// reconcile enables the cgroups the configuration asks for and disables the
+// others (the agent owns the set of enabled cgroups), enables the index if
+// asked, and runs the guard if asked.
+func (a *Agent) reconcile(ctx context.Context) {
+	if err := a.reconcileBypass(ctx); err != nil {
+		a.stats.reconciles("failed")
+		a.logf("%v", err)
+	} else {
+		a.stats.reconciles("ok")
+	}
+	if a.cfg.Index.Enabled {
+		if _, err := sockindex.Open(a.opts.IndexDir); errors.Is(err, sockindex.ErrNotEnabled) {
+			root, err := host.ResolveCgroup("")
+			if err == nil {
+				var ix *sockindex.Index
+				var seeded int
+				if ix, seeded, err = sockindex.Create(a.opts.IndexDir, root); err == nil {
+					ix.Close()
+					a.logf("index enabled (%d sockets connected before)", seeded)
+				}
+			}
+			if err != nil {
+				a.logf("enable the index: %v", err)
+			}
+		}
+	}
+}
+
+func (a *Agent) reconcileBypass(ctx context.Context) error {
+	want, err := a.desired()
+	if err != nil {
+		return err
+	}
+	release, err := runlock.Lock("install", a.opts.PinDir, 30*time.Second, nil)
+	if err != nil {
+		return fmt.Errorf("lock %s: %w", a.opts.PinDir, err)
+	}
+	defer release()
+	in, err := bypass.Open(a.opts.PinDir)
+	switch {
+	case errors.Is(err, bypass.ErrNotInstalled) && len(want) == 0:
+		a.stats.setEnabled(0)
+		return nil
+	case errors.Is(err, bypass.ErrNotInstalled):
+		if err := a.opts.Features.Err(); err != nil {
+			return err
+		}
+		if err := host.EnsureBPFFS(a.opts.PinDir); err != nil {
+			return err
+		}
+		if in, err = bypass.Create(a.opts.PinDir, bypass.Options{}); err != nil {
+			return err
+		}
+		a.logf("bypass installed at %s", a.opts.PinDir)
+	case err != nil:
+		return err
+	}
+	defer in.Close()
+	have, err := in.CgroupIDs()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range have {
+		if _, ok := want[id]; ok {
+			delete(want, id)
+			continue
+		}
+		p := host.CgroupPathByID(id) // before the detach: a removed cgroup goes with it
+		if _, err := in.Detach(id); err != nil {
+			errs = append(errs, fmt.Errorf("disable cgroup %d: %w", id, err))
+			continue
+		}
+		if p == "" {
+			a.logf("disabled cgroup %d (removed)", id)
+		} else {
+			a.logf("disabled %s (the configuration no longer names it)", p)
+		}
+	}
+	paths := make([]string, 0, len(want))
+	for _, p := range want {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		cg, err := host.ResolveCgroup(p)
+		if err != nil {
+			continue // gone since
+		}
+		if _, err := in.Attach(cg); err != nil {
+			errs = append(errs, fmt.Errorf("enable %s: %w", p, err))
+			continue
+		}
+		a.logf("enabled %s", p)
+	}
+	if now, err := in.CgroupIDs(); err == nil {
+		a.stats.setEnabled(len(now))
+	}
+	if a.cfg.GuardOn() {
+		a.startGuard(ctx)
+	} else {
+		a.stopGuard()
+	}
+	return errors.Join(errs...)
+}
+
+// startGuard runs the guard in the agent unless one runs (here or in
+// another process).
+func (a *Agent) startGuard(ctx context.Context) {
+	if a.guardStop != nil {
+		select {
+		case <-a.guardDone: // the install was removed; start again
+			a.guardStop()
+			a.guardStop = nil
+		default:
+			return
+		}
+	}
+	release, err := guard.Lock(a.opts.PinDir)
+	if errors.Is(err, guard.ErrRunning) {
+		return
+	}
+	if err != nil {
+		a.logf("guard: %v", err)
+		return
+	}
+	in, err := bypass.Open(a.opts.PinDir)
+	if err != nil {
+		release()
+		a.logf("guard: %v", err)
+		return
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var once sync.Once
+	a.guardStop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}
+	a.guardDone = done
+	go func() {
+		defer close(done)
+		defer release()
+		defer in.Close()
+		if err := guard.Run(gctx, in, func(line string) { a.logf("guard: %s", line) }); err != nil {
+			a.logf("guard: %v", err)
+		}
+	}()
+}
+
+func (a *Agent) stopGuard() {
+	if a.guardStop != nil {
+		a.guardStop()
+		a.guardStop = nil
+	}
+}
+
+// serveMetrics serves metrics at the configured address, if any.
+func (a *Agent) serveMetrics() error {
+	addr := a.cfg.Metrics.Address
+	a.metricsAddr = addr
+	if addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics.address %s: %w", addr, err)
+	}
+	reg := metrics.Registry(metrics.Source{PinDir: a.opts.PinDir, IndexDir: a.opts.IndexDir, Version: a.opts.Version, Features: a.opts.Features})
+	reg.MustRegister(a.stats)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := metrics.Serve(ctx, ln, metrics.Handler(reg, a.opts.Log)); err != nil {
+			a.logf("metrics: %v", err)
+		}
+	}()
+	a.metricsStop = func() {
+		cancel()
+		<-done
+	}
+	a.logf("serving metrics at http://%s/metrics", ln.Addr())
+	return nil
+}
+
+func (a *Agent) stopMetrics() {
+	if a.metricsStop != nil {
+		a.metricsStop()
+		a.metricsStop = nil
+	}
+}
+
+// watchCgroups watches every directory under which a pattern's matches may
+// appear: from the pattern's fixed head down to the level above its last
+// component.
+func (a *Agent) watchCgroups() {
+	for _, p := range a.cfg.Bypass.Cgroups {
+		head, depth := splitPattern(p)
+		a.watchDown(head, depth)
+	}
+}
+
+func (a *Agent) watchDown(dir string, depth int) {
+	if depth <= 0 {
+		return
+	}
+	if !a.watched[dir] {
+		if err := a.watcher.Add(dir); err != nil {
+			return // not there (yet): its parent's watch sees it come
+		}
+		a.watched[dir] = true
+	}
+	if depth == 1 {
+		return
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			a.watchDown(filepath.Join(dir, e.Name()), depth-1)
+		}
+	}
+}
+
+// splitPattern splits a pattern into its longest directory without
+// wildcards and the number of components after it ("/a/b*/c" -> "/a", 2).
+func splitPattern(p string) (string, int) {
+	dir, depth := p, 0
+	for hasMeta(dir) {
+		dir = filepath.Dir(dir)
+		depth++
+	}
+	if depth == 0 { // a plain path: watch its parent for it to come and go
+		return filepath.Dir(p), 1
+	}
+	return dir, depth
+}
+
+func hasMeta(p string) bool {
+	for _, c := range p {
+		switch c {
+		case '*', '?', '[', '\\':
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,130 @@
+// Package agent is shunt's node agent: it holds the machine to a declared
+// state (which cgroups are bypassed, whether the socket index runs, where
+// metrics are served) and keeps it there as cgroups come and go and the
+// configuration changes. State stays pinned in bpffs: stopping the agent
+// leaves bypass as it is.
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the agent's configuration file (docs/AGENT.md).
+type Config struct {
+	Bypass  BypassConfig  `yaml:"bypass"`
+	Index   IndexConfig   `yaml:"index"`
+	Metrics MetricsConfig `yaml:"metrics"`
+}
+
+// BypassConfig says which cgroups are bypassed.
+type BypassConfig struct {
+	// Cgroups are cgroup v2 directories, or shell patterns of them
+	// (path.Match: *, ?, [...] within one path component), each absolute.
+	Cgroups []string `yaml:"cgroups"`
+	// Exclude are patterns of cgroups never enabled, even if Cgroups
+	// match them.
+	Exclude []string `yaml:"exclude"`
+	// Guard runs the guard in the agent (default true): it resets
+	// connections of splice readers that would otherwise wait for ever.
+	Guard *bool `yaml:"guard"`
+}
+
+// IndexConfig says whether the socket index runs.
+type IndexConfig struct {
+	// Enabled: the agent enables the index (whole host) if it is not.
+	// false leaves it as it is: removal is explicit (shunt index disable).
+	Enabled bool `yaml:"enabled"`
+}
+
+// MetricsConfig says where metrics are served.
+type MetricsConfig struct {
+	Address string `yaml:"address"` // HOST:PORT; "" serves none
+}
+
+// GuardOn says whether the agent runs the guard.
+func (c *Config) GuardOn() bool { return c.Bypass.Guard == nil || *c.Bypass.Guard }
+
+// LoadConfig reads and checks the configuration at file. Its errors are
+// one line naming the file and the field.
+func LoadConfig(file, cgroupRoot string) (*Config, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := ParseConfig(b, cgroupRoot)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", file, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig parses and checks a configuration. Unknown fields are errors:
+// a misspelt key must not silently mean "nothing".
+func ParseConfig(b []byte, cgroupRoot string) (*Config, error) {
+	var cfg Config
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	// An empty file asks for nothing (io.EOF).
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, errors.New(oneLine(err.Error()))
+	}
+	for i, p := range cfg.Bypass.Cgroups {
+		if err := checkPattern(p, cgroupRoot); err != nil {
+			return nil, fmt.Errorf("bypass.cgroups[%d]: %w", i, err)
+		}
+	}
+	for i, p := range cfg.Bypass.Exclude {
+		if err := checkPattern(p, cgroupRoot); err != nil {
+			return nil, fmt.Errorf("bypass.exclude[%d]: %w", i, err)
+		}
+	}
+	if a := cfg.Metrics.Address; a != "" {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return nil, fmt.Errorf("metrics.address: %q is not HOST:PORT (e.g. 127.0.0.1:9464)", a)
+		}
+	}
+	return &cfg, nil
+}
+
+// sections name the Go types yaml's errors mention as the file's sections,
+// with the fields each takes.
+var sections = strings.NewReplacer(
+	"in type agent.Config", "at the top (it takes bypass, index, metrics)",
+	"in type agent.BypassConfig", "in bypass (it takes cgroups, exclude, guard)",
+	"in type agent.IndexConfig", "in index (it takes enabled)",
+	"in type agent.MetricsConfig", "in metrics (it takes address)",
+)
+
+// oneLine folds yaml's multi-line errors ("yaml: unmarshal errors:\n  line 3: ...").
+func oneLine(s string) string {
+	s = strings.TrimPrefix(s, "yaml: ")
+	s = strings.ReplaceAll(s, "unmarshal errors:\n", "")
+	return sections.Replace(strings.Join(strings.Fields(s), " "))
+}
+
+// checkPattern: absolute, within the cgroup v2 hierarchy, a valid pattern.
+func checkPattern(p, cgroupRoot string) error {
+	if !filepath.IsAbs(p) {
+		return fmt.Errorf("%q is not an absolute path (cgroup v2 is mounted at %s)", p, cgroupRoot)
+	}
+	if filepath.Clean(p) != p && filepath.Clean(p)+"/" != p {
+		return fmt.Errorf("%q is not a clean path (write %s)", p, filepath.Clean(p))
+	}
+	if p != cgroupRoot && !strings.HasPrefix(p, cgroupRoot+"/") {
+		return fmt.Errorf("%q is outside the cgroup v2 hierarchy, mounted at %s", p, cgroupRoot)
+	}
+	if _, err := path.Match(p, ""); err != nil {
+		return fmt.Errorf("%q is not a valid pattern: %w", p, err)
+	}
+	return nil
+}
