@@ -279,4 +279,3 @@ func paired(t *testing.T, pin string) uint64 {
 	}
 	return st.Counters.Paired
 }
-
