@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin/shunt
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: help deps build generate test test-kernels vet try compat compat-bench clean
+.PHONY: help deps build generate test test-kernels vet try compat compat-bench package test-package clean
 
 help:
 	@echo "make deps      install build and test dependencies (Debian 12, as root)"
@@ -13,6 +13,8 @@ help:
 	@echo "make try       build, then bypass one loopback connection and show it"
 	@echo "make compat    real programs (Redis, memcached, PostgreSQL, nginx, HAProxy, Python) through shunt (as root)"
 	@echo "make compat-bench  their own benchmark clients, plain TCP against shunt, interleaved (as root, ~5 min)"
+	@echo "make package   build out/package/shunt_VERSION_amd64.deb (nfpm): binary, shunt-agent unit, config, completions"
+	@echo "make test-package  build the .deb, install it here, check it, run its unit's command under its capabilities, purge it (as root)"
 	@echo "make test-kernels  the kernel-dependent tests on Debian's 6.1 and 6.12 kernels under qemu (as root, ~10 min)"
 
 deps:
@@ -39,6 +41,21 @@ compat:
 
 compat-bench:
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -v ./compat
+
+# nfpm, pinned; go run builds it once into the build cache.
+NFPM := github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.43.1
+# A Debian version must start with a digit.
+DEB_VERSION ?= 0~git$(shell git log -1 --format=%cd.%h --date=format:%Y%m%d 2>/dev/null || echo 0)
+
+package: build
+	rm -rf out/package && mkdir -p out/package/completions
+	./$(BIN) completion bash > out/package/completions/shunt.bash
+	./$(BIN) completion zsh > out/package/completions/_shunt
+	./$(BIN) completion fish > out/package/completions/shunt.fish
+	SHUNT_DEB_VERSION=$(DEB_VERSION) $(GO) run $(NFPM) pkg --config packaging/nfpm.yaml --packager deb --target out/package/
+
+test-package: package
+	./scripts/package-test.sh out/package/shunt_*_amd64.deb
 
 try: build
 	./scripts/try.sh $(BIN)
