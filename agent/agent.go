@@ -121,6 +121,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			if !ev.Has(fsnotify.Create) && !ev.Has(fsnotify.Remove) {
 				continue
 			}
+			if ev.Has(fsnotify.Remove) {
+				// The kernel dropped its watch: watch it again if it comes back.
+				delete(a.watched, filepath.Clean(ev.Name))
+			}
 			if ev.Has(fsnotify.Create) {
 				a.watchCgroups() // a new directory may hold matches deeper down
 			}

@@ -199,6 +199,37 @@ func TestAgentHoldsTheDeclaredCgroups(t *testing.T) {
 	}
 }
 
+// A pattern with a wildcard above its last component ("pods/*/app-*", as
+// kubelet nests containers in pods): the agent watches each level, so a
+// matching cgroup inside a directory that appears after it started, or that
+// was removed and made again, is enabled too.
+func TestAgentFollowsNestedPatterns(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := testenv.MustPinDir(t)
+	parent := testenv.MustCgroup(t).Path
+	config := filepath.Join(t.TempDir(), "config.yaml")
+	writeConfig(t, config, fmt.Sprintf("bypass:\n  cgroups: [%q]\n  guard: false\n", parent+"/pod-*/app-*"))
+	runAgent(t, config, pin)
+
+	pod := mkCgroup(t, parent, "pod-1")
+	app := mkCgroup(t, pod, "app-a")
+	waitEnabled(t, pin, app)
+
+	// The pod goes (rmdir of both) and comes back.
+	if err := os.Remove(app); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(pod); err != nil {
+		t.Fatal(err)
+	}
+	waitEnabled(t, pin)
+	if err := os.Mkdir(pod, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	again := mkCgroup(t, pod, "app-b")
+	waitEnabled(t, pin, again)
+}
+
 // Stopping the agent leaves bypass running: state is pinned.
 func TestAgentStopLeavesBypass(t *testing.T) {
 	testenv.RequireRoot(t)
