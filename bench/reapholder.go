@@ -114,3 +114,28 @@ func (h *holder) stop() {
 	h.stdin.Close()
 	h.cmd.Wait()
 }
+
+// HoldConnections connects n sockets (proto "tcp" or "udp") to
+// 127.0.0.1:port from helper processes in the cgroup at cgroupPath and the
+// network namespace named netns, and holds them until stop: more sockets
+// than one process may open. A test binary that uses it calls
+// MaybeRunReapHolder first thing in TestMain.
+func HoldConnections(proto string, port int, cgroupPath, netns string, n int) (stop func(), err error) {
+	var hs []*holder
+	stop = func() {
+		for _, h := range hs {
+			h.stop()
+		}
+	}
+	for held := 0; held < n; {
+		chunk := min(n-held, holderChunk)
+		h, err := startHolder(fmt.Sprintf("%s;%d;%s;/run/netns/%s=%d", proto, port, cgroupPath, netns, chunk))
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		hs = append(hs, h)
+		held += chunk
+	}
+	return stop, nil
+}

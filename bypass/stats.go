@@ -79,28 +79,8 @@ func (in *Install) Stats() (Stats, error) {
 		return s, err
 	}
 	s.Programs = progs
-	for _, name := range []string{"sock_hash", "sock_states", "handshakes", "peer_refs"} {
-		m := in.maps[name]
-		s.Maps = append(s.Maps, MapFill{Name: name, Entries: countKeys(m), Max: maxEntries(m)})
-	}
-	// Socket storage is keyed by socket fds; count it through the iterator.
-	recs, err := in.records()
-	if err != nil {
+	if s.Maps, err = in.MapFills("sock_hash", "sock_states", "handshakes", "peer_refs"); err != nil {
 		return s, err
-	}
-	s.Maps[1].Entries = len(recs)
-	var vals [bypassCounterCNT_MAX][]uint64
-	for i := range vals {
-		if err := in.maps["counters"].Lookup(uint32(i), &vals[i]); err != nil {
-			return s, err
-		}
-	}
-	sum := func(c bypassCounter) uint64 {
-		var t uint64
-		for _, v := range vals[c] {
-			t += v
-		}
-		return t
 	}
 	if s.ExcludedPorts, err = in.ExcludedPorts(); err != nil {
 		return s, err
@@ -111,7 +91,53 @@ func (in *Install) Stats() (Stats, error) {
 	if s.SplicePrograms, err = in.SplicePrograms(); err != nil {
 		return s, err
 	}
-	s.Counters = Counters{
+	if s.Counters, err = in.Counters(); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// MapFills counts the entries of the named maps. sock_states, socket
+// storage keyed by socket descriptors, is counted through an iterator over
+// every open file of the machine: the costly one.
+func (in *Install) MapFills(names ...string) ([]MapFill, error) {
+	var out []MapFill
+	for _, name := range names {
+		m, ok := in.maps[name]
+		if !ok {
+			return nil, fmt.Errorf("no map %s", name)
+		}
+		f := MapFill{Name: name, Max: maxEntries(m)}
+		if m.Type() == ebpf.SkStorage {
+			recs, err := in.records()
+			if err != nil {
+				return nil, err
+			}
+			f.Entries = len(recs)
+		} else {
+			f.Entries = countKeys(m)
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// Counters sums the per-CPU counters of the BPF programs.
+func (in *Install) Counters() (Counters, error) {
+	var vals [bypassCounterCNT_MAX][]uint64
+	for i := range vals {
+		if err := in.maps["counters"].Lookup(uint32(i), &vals[i]); err != nil {
+			return Counters{}, err
+		}
+	}
+	sum := func(c bypassCounter) uint64 {
+		var t uint64
+		for _, v := range vals[c] {
+			t += v
+		}
+		return t
+	}
+	return Counters{
 		Registered:      sum(bypassCounterCNT_REGISTERED),
 		Ambiguous:       sum(bypassCounterCNT_AMBIGUOUS),
 		RegistryFull:    sum(bypassCounterCNT_REGISTRY_FULL),
@@ -131,8 +157,7 @@ func (in *Install) Stats() (Stats, error) {
 		RefusedSends:    sum(bypassCounterCNT_REFUSED_SENDS),
 		SplicesRefused:  sum(bypassCounterCNT_SPLICE_REFUSED),
 		ZerocopyRefused: sum(bypassCounterCNT_ZEROCOPY_REFUSED),
-	}
-	return s, nil
+	}, nil
 }
 
 func maxEntries(m *ebpf.Map) uint32 {
