@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -202,6 +203,19 @@ func startPostgres(t testing.TB, e *env) string {
 	e.start(t, pinned(serverCPU, "setpriv", "--reuid", pg.Uid, "--regid", pg.Gid, "--clear-groups", bin+"/postgres", "-D", filepath.Join(dir, "data"),
 		"-k", dir, "-p", port, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")...)
 	e.waitListening(t, "127.0.0.1:"+port)
+	// PostgreSQL listens before it takes connections ("the database
+	// system is starting up"): wait for pg_isready to say it accepts.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		cmd, done := e.command(t, bin+"/pg_isready", "-q", "-h", "127.0.0.1", "-p", port, "-U", "postgres")
+		err := cmd.Run()
+		done()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("PostgreSQL on port %s does not accept connections after 30 s: pg_isready: %v", port, err)
+		}
+	}
 	return port
 }
 
