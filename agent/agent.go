@@ -9,17 +9,22 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/runlock"
+	"github.com/shunt-project/shunt/kube"
 	"github.com/shunt-project/shunt/metrics"
 	"github.com/shunt-project/shunt/sockindex"
 )
@@ -32,6 +37,9 @@ type Options struct {
 	Version    string
 	Features   host.Features
 	Log        io.Writer // one line per change it makes or problem it meets
+	// KubeClient talks to the API server; nil: made from the
+	// configuration (kubeconfig, or the in-cluster service account).
+	KubeClient kubernetes.Interface
 }
 
 // resync reconciles even without an event, in case one was missed.
@@ -51,6 +59,11 @@ type Agent struct {
 
 	metricsAddr string
 	metricsStop func()
+
+	kick     chan struct{}     // something changed: reconcile
+	kube     *kube.Watcher     // nil without a kubernetes section
+	kubeCfg  *KubernetesConfig // what kube was started with
+	kubeStop func()
 }
 
 // New reads the configuration; an error there is the caller's to report
@@ -67,7 +80,7 @@ func New(opts Options) (*Agent, error) {
 	if opts.Log == nil {
 		opts.Log = io.Discard
 	}
-	return &Agent{opts: opts, root: root, cfg: cfg, stats: &stats{}, watched: map[string]bool{}}, nil
+	return &Agent{opts: opts, root: root, cfg: cfg, stats: &stats{}, watched: map[string]bool{}, kick: make(chan struct{}, 1)}, nil
 }
 
 func (a *Agent) logf(format string, args ...any) {
@@ -92,7 +105,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer signal.Stop(hup)
 	defer a.stopGuard()
 	defer a.stopMetrics()
+	defer a.stopKube()
 
+	if err := a.startKube(ctx); err != nil {
+		return err
+	}
 	a.watchCgroups()
 	a.reconcile(ctx)
 	if err := a.serveMetrics(); err != nil {
@@ -107,6 +124,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-hup:
 			a.reload(ctx, "SIGHUP")
 		case <-tick.C:
+			a.reconcile(ctx)
+		case <-a.kick:
+			a.watchCgroups()
 			a.reconcile(ctx)
 		case err := <-a.watcher.Errors:
 			// An overflow loses events; the resync catches up.
@@ -145,6 +165,12 @@ func (a *Agent) reload(ctx context.Context, why string) {
 	a.stats.reloads("ok")
 	a.logf("configuration reloaded (%s)", why)
 	a.cfg = cfg
+	if !reflect.DeepEqual(cfg.Kubernetes, a.kubeCfg) {
+		a.stopKube()
+		if err := a.startKube(ctx); err != nil {
+			a.logf("%v", err)
+		}
+	}
 	a.watchCgroups()
 	a.reconcile(ctx)
 	if cfg.Metrics.Address != a.metricsAddr {
@@ -155,13 +181,39 @@ func (a *Agent) reload(ctx context.Context, why string) {
 	}
 }
 
-// desired lists the cgroups the configuration asks for, by id.
-func (a *Agent) desired() (map[uint64]string, error) {
+// desired lists the cgroups the configuration asks for, by id, and
+// whether the list is whole: until the first list of pods is in, the pods'
+// cgroups are unknown, and nothing may be disabled for their absence.
+func (a *Agent) desired() (map[uint64]string, bool, error) {
 	want := map[uint64]string{}
+	whole := true
+	if a.kube != nil {
+		pods, synced := a.kube.Pods()
+		whole = synced
+		k := a.cfg.Kubernetes
+		driver := kube.Driver(k.Driver)
+		if driver == "" {
+			driver, _ = kube.DetectDriver(k.CgroupRoot)
+		}
+		for _, p := range pods {
+			if driver == "" {
+				break // no kubelet tree yet: its creation is watched
+			}
+			path := kube.PodCgroup(k.CgroupRoot, driver, p.QOS, p.UID)
+			if a.excluded(path) {
+				continue
+			}
+			cg, err := host.ResolveCgroup(path)
+			if err != nil {
+				continue // kubelet has not made it yet: its creation is watched
+			}
+			want[cg.ID] = cg.Path
+		}
+	}
 	for _, p := range a.cfg.Bypass.Cgroups {
 		matches, err := filepath.Glob(p)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		for _, m := range matches {
 			if a.excluded(m) {
@@ -174,7 +226,7 @@ func (a *Agent) desired() (map[uint64]string, error) {
 			want[cg.ID] = cg.Path
 		}
 	}
-	return want, nil
+	return want, whole, nil
 }
 
 func (a *Agent) excluded(p string) bool {
@@ -215,7 +267,7 @@ func (a *Agent) reconcile(ctx context.Context) {
 }
 
 func (a *Agent) reconcileBypass(ctx context.Context) error {
-	want, err := a.desired()
+	want, whole, err := a.desired()
 	if err != nil {
 		return err
 	}
@@ -252,6 +304,9 @@ func (a *Agent) reconcileBypass(ctx context.Context) error {
 	for _, id := range have {
 		if _, ok := want[id]; ok {
 			delete(want, id)
+			continue
+		}
+		if !whole {
 			continue
 		}
 		p := host.CgroupPathByID(id) // before the detach: a removed cgroup goes with it
@@ -383,12 +438,85 @@ func (a *Agent) stopMetrics() {
 
 // watchCgroups watches every directory under which a pattern's matches may
 // appear: from the pattern's fixed head down to the level above its last
-// component.
+// component; and where kubelet makes pod cgroups.
 func (a *Agent) watchCgroups() {
 	for _, p := range a.cfg.Bypass.Cgroups {
 		head, depth := splitPattern(p)
 		a.watchDown(head, depth)
 	}
+	if k := a.cfg.Kubernetes; k != nil {
+		a.watchDown(k.CgroupRoot, 1) // kubepods appearing
+		for _, d := range []kube.Driver{kube.Systemd, kube.Cgroupfs} {
+			if k.Driver != "" && kube.Driver(k.Driver) != d {
+				continue
+			}
+			for _, dir := range kube.QOSDirs(k.CgroupRoot, d) {
+				a.watchDown(dir, 1)
+			}
+		}
+	}
+}
+
+// startKube starts watching this node's pods if the configuration asks.
+func (a *Agent) startKube(ctx context.Context) error {
+	k := a.cfg.Kubernetes
+	a.kubeCfg = k
+	if k == nil {
+		return nil
+	}
+	client := a.opts.KubeClient
+	if client == nil {
+		var err error
+		if client, err = kubeClient(k.Kubeconfig); err != nil {
+			return err
+		}
+	}
+	sel := kube.Selector{Namespaces: k.Namespaces, Labels: k.Labels, Annotation: k.Annotation}
+	w := kube.NewWatcher(client, k.NodeName, sel, func() {
+		select {
+		case a.kick <- struct{}{}:
+		default:
+		}
+	})
+	kctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := w.Run(kctx); err != nil {
+			a.logf("%v", err)
+		}
+	}()
+	a.kube = w
+	a.kubeStop = func() {
+		cancel()
+		<-done
+	}
+	a.logf("watching the pods of node %s", k.NodeName)
+	return nil
+}
+
+func (a *Agent) stopKube() {
+	if a.kubeStop != nil {
+		a.kubeStop()
+		a.kubeStop = nil
+	}
+	a.kube = nil
+}
+
+// kubeClient connects with a kubeconfig file, or as the pod's service
+// account where the file is not given.
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w (set kubernetes.kubeconfig outside a cluster)", err)
+	}
+	return kubernetes.NewForConfig(cfg)
 }
 
 func (a *Agent) watchDown(dir string, depth int) {

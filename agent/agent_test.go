@@ -263,6 +263,7 @@ func TestAgentStopLeavesBypass(t *testing.T) {
 // Bad configurations: one line naming the field; nothing is done.
 func TestConfigErrors(t *testing.T) {
 	root := "/sys/fs/cgroup"
+	t.Setenv("NODE_NAME", "")
 	for _, tc := range []struct{ yaml, want string }{
 		{"bypass:\n  cgroup: [\"/sys/fs/cgroup/a\"]\n", "field cgroup not found"},
 		{"bypass:\n  cgroups: [\"app-*\"]\n", `bypass.cgroups[0]: "app-*" is not an absolute path`},
@@ -272,6 +273,11 @@ func TestConfigErrors(t *testing.T) {
 		{"metrics:\n  address: \"9464\"\n", `metrics.address: "9464" is not HOST:PORT`},
 		{"metrics: {address: 127.0.0.1:9464}\nindex: {enabled: maybe}\n", "cannot unmarshal"},
 		{"bypass: [\n", "did not find expected"},
+		{"kubernetes: {node_name: n, driver: docker}\n", `kubernetes.driver: "docker" is not systemd, cgroupfs or empty`},
+		{"kubernetes: {driver: systemd}\n", "kubernetes.node_name: empty, and NODE_NAME is not set"},
+		{"kubernetes: {node_name: n, labels: {\"a b\": x}}\n", "kubernetes.labels:"},
+		{"kubernetes: {node_name: n, cgroup_root: /etc}\n", `kubernetes.cgroup_root: "/etc" is not a directory of the cgroup v2 hierarchy`},
+		{"kubernetes: {node_name: n, namespace: [a]}\n", "field namespace not found in kubernetes (it takes node_name"},
 	} {
 		_, err := agent.ParseConfig([]byte(tc.yaml), root)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {

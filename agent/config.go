@@ -17,13 +17,27 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // Config is the agent's configuration file (docs/AGENT.md).
 type Config struct {
-	Bypass  BypassConfig  `yaml:"bypass"`
-	Index   IndexConfig   `yaml:"index"`
-	Metrics MetricsConfig `yaml:"metrics"`
+	Bypass     BypassConfig      `yaml:"bypass"`
+	Kubernetes *KubernetesConfig `yaml:"kubernetes"`
+	Index      IndexConfig       `yaml:"index"`
+	Metrics    MetricsConfig     `yaml:"metrics"`
+}
+
+// KubernetesConfig selects pods of this node, through the API server, whose
+// cgroups are bypassed besides bypass.cgroups.
+type KubernetesConfig struct {
+	NodeName   string            `yaml:"node_name"`   // default: $NODE_NAME (the downward API)
+	Kubeconfig string            `yaml:"kubeconfig"`  // default: the in-cluster service account
+	Namespaces []string          `yaml:"namespaces"`  // empty: every namespace
+	Labels     map[string]string `yaml:"labels"`      // each must match
+	Annotation string            `yaml:"annotation"`  // if set: must be "true" on the pod
+	CgroupRoot string            `yaml:"cgroup_root"` // where kubelet's cgroups are: default, the cgroup v2 root
+	Driver     string            `yaml:"driver"`      // kubelet's cgroup driver: systemd, cgroupfs, or empty to tell from the tree
 }
 
 // BypassConfig says which cgroups are bypassed.
@@ -88,6 +102,11 @@ func ParseConfig(b []byte, cgroupRoot string) (*Config, error) {
 			return nil, fmt.Errorf("bypass.exclude[%d]: %w", i, err)
 		}
 	}
+	if k := cfg.Kubernetes; k != nil {
+		if err := checkKubernetes(k, cgroupRoot); err != nil {
+			return nil, err
+		}
+	}
 	if a := cfg.Metrics.Address; a != "" {
 		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
 			return nil, fmt.Errorf("metrics.address: %q is not HOST:PORT (e.g. 127.0.0.1:9464)", a)
@@ -99,9 +118,10 @@ func ParseConfig(b []byte, cgroupRoot string) (*Config, error) {
 // sections name the Go types yaml's errors mention as the file's sections,
 // with the fields each takes.
 var sections = strings.NewReplacer(
-	"in type agent.Config", "at the top (it takes bypass, index, metrics)",
+	"in type agent.Config", "at the top (it takes bypass, kubernetes, index, metrics)",
 	"in type agent.BypassConfig", "in bypass (it takes cgroups, exclude, guard)",
 	"in type agent.IndexConfig", "in index (it takes enabled)",
+	"in type agent.KubernetesConfig", "in kubernetes (it takes node_name, kubeconfig, namespaces, labels, annotation, cgroup_root, driver)",
 	"in type agent.MetricsConfig", "in metrics (it takes address)",
 )
 
@@ -125,6 +145,30 @@ func checkPattern(p, cgroupRoot string) error {
 	}
 	if _, err := path.Match(p, ""); err != nil {
 		return fmt.Errorf("%q is not a valid pattern: %w", p, err)
+	}
+	return nil
+}
+
+func checkKubernetes(k *KubernetesConfig, cgroupRoot string) error {
+	if k.NodeName == "" {
+		k.NodeName = os.Getenv("NODE_NAME")
+	}
+	if k.NodeName == "" {
+		return errors.New("kubernetes.node_name: empty, and NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)")
+	}
+	if k.CgroupRoot == "" {
+		k.CgroupRoot = cgroupRoot
+	}
+	if err := checkPattern(k.CgroupRoot, cgroupRoot); err != nil || hasMeta(k.CgroupRoot) {
+		return fmt.Errorf("kubernetes.cgroup_root: %q is not a directory of the cgroup v2 hierarchy (mounted at %s)", k.CgroupRoot, cgroupRoot)
+	}
+	switch k.Driver {
+	case "", "systemd", "cgroupfs":
+	default:
+		return fmt.Errorf("kubernetes.driver: %q is not systemd, cgroupfs or empty (told from the tree)", k.Driver)
+	}
+	if _, err := labels.ValidatedSelectorFromSet(k.Labels); err != nil {
+		return fmt.Errorf("kubernetes.labels: %w", err)
 	}
 	return nil
 }
