@@ -23,6 +23,7 @@ cleanup() {
   [ -n "$agent" ] && kill "$agent" 2>/dev/null && wait "$agent" 2>/dev/null || true
   /usr/bin/shunt bypass disable --all --pin-dir "$pin" >/dev/null 2>&1 || true
   rm -rf "$pin" "$pin-learned" "/tmp/$name.yaml" "/tmp/$name.log"
+  rm -f /run/shunt/*"$name"*  # the install's and the guard's locks, the guard's log
   rmdir "$cg/$name/app-1" "$cg/$name" 2>/dev/null || true
   dpkg --purge shunt >/dev/null 2>&1 || true
 }

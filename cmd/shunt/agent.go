@@ -16,7 +16,8 @@ func newAgentCmd(e *env, g *globals) *cobra.Command {
 		Use:   "agent [--config FILE] [--check]",
 		Short: "Keep this machine's bypass as a configuration file declares it",
 		Long: `agent is shunt's node agent. It enables bypass for the cgroups its
-configuration names (paths or patterns) and disables it for the others,
+configuration names (paths or patterns, or this node's Kubernetes pods
+selected by namespace, labels or annotation) and disables it for the others,
 enables the socket index if asked, runs the guard, and serves metrics; then
 it keeps the machine so: a cgroup that appears and matches is enabled as
 soon as inotify reports it, and the configuration is read again on SIGHUP
@@ -25,7 +26,7 @@ or when its file changes (a bad one is reported and the previous one kept).
 State stays pinned: stopping the agent leaves bypass as it is; removal is
 explicit ('shunt bypass disable --all'). The agent owns the set of enabled
 cgroups: one enabled by hand that the configuration does not name is
-disabled. docs/AGENT.md describes the file.`,
+disabled. docs/AGENT.md describes the file, docs/KUBERNETES.md the DaemonSet.`,
 		Example: `  shunt agent --config /etc/shunt/config.yaml
   shunt agent --config ./shunt.yaml --check      # only check the file`,
 		Args: noArgs,
