@@ -141,6 +141,15 @@ int fanout_verdict(struct __sk_buff *skb)
 	if (!slotp)
 		return SK_DROP;
 	__u32 slot = *slotp;
+	if (slot == cfg.pacer_slot) {
+		/* The relay's own feed: this message is out of the loopback
+		 * queue, where the relay keeps no more than fits. */
+		__u32 zero = 0;
+		struct fanout_totals *t = bpf_map_lookup_elem(&totals, &zero);
+		if (t)
+			__sync_fetch_and_add(&t->relayed, 1);
+		return SK_DROP;
+	}
 	struct fanout_sub *s = bpf_map_lookup_elem(&subs, &slot);
 	if (!s || s->slow || s->failed)
 		return SK_DROP;

@@ -103,8 +103,10 @@ type Config struct {
 	Control string    // unix socket for stats; "" for none
 	Log     io.Writer // one line per event; nil: discard
 	Path    Path
-	// CPU pins the relay loop's thread to one CPU (benchmarks); -1 or
-	// unset with PinCPU false leaves it to the scheduler.
+	// CPU pins the relay loop's thread to one CPU (benchmarks). With
+	// PinCPU false the scheduler places it, except on the kernel path,
+	// whose loop stays on the CPU it starts on (the order of messages
+	// depends on it: see Run).
 	CPU    int
 	PinCPU bool
 }

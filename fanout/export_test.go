@@ -6,12 +6,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// KernelMapEntries counts the entries of the kernel path's maps (what a leak
-// would show); safe beside Run, as the maps are only read.
+// KernelMapEntries counts the subscribers' entries in the kernel path's maps
+// (what a leak would show), leaving out the pacer's; safe beside Run, as the
+// maps are only read.
 func (f *Forwarder) KernelMapEntries() (feeds, targets, cookies int, err error) {
 	k := f.kern
 	var v uint64
-	for slot := uint32(0); slot < k.objs.Feeds.MaxEntries(); slot++ {
+	for slot := uint32(0); slot < kernelMaxSubscribers; slot++ {
 		for _, m := range []struct {
 			m *ebpf.Map
 			n *int
@@ -28,7 +29,9 @@ func (f *Forwarder) KernelMapEntries() (feeds, targets, cookies int, err error) 
 	var slot uint32
 	it := k.objs.Slots.Iterate()
 	for it.Next(&cookie, &slot) {
-		cookies++
+		if slot != pacerSlot {
+			cookies++
+		}
 	}
 	return feeds, targets, cookies, it.Err()
 }
@@ -40,3 +43,10 @@ func (f *Forwarder) KernelMechanisms() (onMap, probeReads bool, err error) {
 	err = f.kern.objs.Cfg.Get(&cfg)
 	return f.kern.verdict.OnMap(), cfg.ProbeReads == 1, err
 }
+
+// CurrentCPU is the CPU the calling thread runs on.
+var CurrentCPU = currentCPU
+
+// KernelRelayed is how many messages the kernel path's pacer counted out of
+// the loopback queue.
+func (f *Forwarder) KernelRelayed() uint64 { return f.kern.relayed() }

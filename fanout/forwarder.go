@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -192,17 +193,40 @@ func (f *Forwarder) Close() error {
 	return nil
 }
 
+// currentCPU is the CPU the calling thread runs on.
+func currentCPU() (int, error) {
+	var cpu, node uint32
+	if _, _, errno := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), uintptr(unsafe.Pointer(&node)), 0); errno != 0 {
+		return 0, fmt.Errorf("getcpu: %w", errno)
+	}
+	return int(cpu), nil
+}
+
 // Run relays until ctx is done.
 func (f *Forwarder) Run(ctx context.Context) error {
 	runtime.LockOSThread()
-	if f.cfg.PinCPU {
+	cpu, pin := f.cfg.CPU, f.cfg.PinCPU
+	if f.kern != nil && !pin {
+		// Loopback queues a datagram on the sending CPU's backlog and
+		// each CPU works through its own: a relay that moved between
+		// CPUs could have a later message delivered to every subscriber
+		// before an earlier one still queued behind. One CPU, one queue,
+		// the relay's order. (Seen on a loaded machine: every subscriber
+		// got message 4006 where 3778 was due.)
+		var err error
+		if cpu, err = currentCPU(); err != nil {
+			return err
+		}
+		pin = true
+	}
+	if pin {
 		var old, set unix.CPUSet
 		if err := unix.SchedGetaffinity(0, &old); err != nil {
 			return err
 		}
-		set.Set(f.cfg.CPU)
+		set.Set(cpu)
 		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			return fmt.Errorf("pin to CPU %d: %w", f.cfg.CPU, err)
+			return fmt.Errorf("pin to CPU %d: %w", cpu, err)
 		}
 		// A thread that cannot be unpinned stays locked and dies with
 		// this goroutine rather than carry the mask elsewhere.

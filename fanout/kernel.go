@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -34,10 +38,27 @@ type kernelPath struct {
 	free     []uint32
 	lastSlow uint64
 	send     mmsgSender
+
+	// The relay keeps at most window messages in the loopback queue, where
+	// a message waits until the softirq delivers it to the group: the
+	// queue (net.core.netdev_max_backlog) drops what does not fit, without
+	// a trace to the sender. The pacer, a feed of the relay's own, counts
+	// the messages out.
+	pacer  int
+	window int
+	sent   uint64 // messages sent to the group
 }
 
-// kernelMaxSubscribers bounds the subscribers of the kernel path (map size).
-const kernelMaxSubscribers = 1 << 16
+// kernelMaxSubscribers bounds the subscribers of the kernel path (map size,
+// less the pacer's slot).
+const kernelMaxSubscribers = 1<<16 - 1
+
+// pacerSlot is the pacer's slot in the feeds map.
+const pacerSlot = kernelMaxSubscribers
+
+// pacerStall is how long the relay waits for the loopback queue to make room
+// before it sends anyway (the queue then decides).
+const pacerStall = time.Second
 
 // kernelMaxMessage is the largest datagram the group carries: it is IPv4.
 const kernelMaxMessage = 65507
@@ -56,14 +77,14 @@ func openKernelPath(cfg Config) (k *kernelPath, err error) {
 		disconnect = 1
 	}
 	framing := map[Framing]uint32{FramingNone: 0, FramingU16: 2, FramingU32: 4}[cfg.Framing]
-	kcfg := kfanoutFanoutConfig{Framing: framing, Queue: uint32(cfg.Queue), Disconnect: disconnect}
+	kcfg := kfanoutFanoutConfig{Framing: framing, Queue: uint32(cfg.Queue), Disconnect: disconnect, PacerSlot: pacerSlot}
 	if host.ProbeReads() {
 		kcfg.ProbeReads = 1
 	}
 	if err := spec.Variables["cfg"].Set(kcfg); err != nil {
 		return nil, err
 	}
-	k = &kernelPath{loIndex: lo.Index, out: -1, netns: -1}
+	k = &kernelPath{loIndex: lo.Index, out: -1, netns: -1, pacer: -1, window: loopbackWindow()}
 	if err := spec.LoadAndAssign(&k.objs, nil); err != nil {
 		if errors.Is(err, unix.EPERM) {
 			return nil, fmt.Errorf("kernel path: load BPF program: %w (needs root: CAP_BPF and CAP_NET_ADMIN)", err)
@@ -92,6 +113,9 @@ func openKernelPath(cfg Config) (k *kernelPath, err error) {
 	}
 	if err = k.openGroup(); err != nil {
 		return nil, fmt.Errorf("kernel path: %w", err)
+	}
+	if k.pacer, _, err = k.joinFeed(pacerSlot); err != nil {
+		return nil, fmt.Errorf("kernel path: pacer: %w", err)
 	}
 	for i := kernelMaxSubscribers - 1; i >= 0; i-- {
 		k.free = append(k.free, uint32(i))
@@ -136,38 +160,47 @@ func (k *kernelPath) sub(slot uint32) *kfanoutFanoutSub {
 	return (*kfanoutFanoutSub)(unsafe.Pointer(&k.subs[off]))
 }
 
-// attach gives a new subscriber its slot and feed socket. The feed joins the
-// group last, so the subscriber's first message is whole and every later one
-// follows it.
+// attach gives a new subscriber its slot and feed socket.
 func (k *kernelPath) attach(s *subscriber) error {
 	if len(k.free) == 0 {
 		return fmt.Errorf("more than %d subscribers", kernelMaxSubscribers)
 	}
 	slot := k.free[len(k.free)-1]
 	*k.sub(slot) = kfanoutFanoutSub{}
-	feed := -1
-	err := host.InNetns(fmt.Sprintf("/proc/self/fd/%d", k.netns), func() (err error) {
+	if err := k.objs.Targets.Update(slot, uint64(s.fd), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("add subscriber to sockmap: %w", err)
+	}
+	feed, cookie, err := k.joinFeed(slot)
+	if err != nil {
+		k.objs.Targets.Delete(slot)
+		return err
+	}
+	k.free = k.free[:len(k.free)-1]
+	s.slot, s.feed, s.cookie = slot, feed, cookie
+	return nil
+}
+
+// joinFeed makes the feed socket of slot, in the forwarder's namespace and
+// under the verdict. It joins the group last, so the first message it gets
+// is whole and every later one follows it.
+func (k *kernelPath) joinFeed(slot uint32) (feed int, cookie uint64, err error) {
+	err = host.InNetns(fmt.Sprintf("/proc/self/fd/%d", k.netns), func() (err error) {
 		feed, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("feed socket: %w", err)
+		return -1, 0, fmt.Errorf("feed socket: %w", err)
 	}
-	fail := func(what string, err error) error {
-		k.objs.Targets.Delete(slot)
+	fail := func(what string, err error) (int, uint64, error) {
 		unix.Close(feed)
-		return fmt.Errorf("%s: %w", what, err)
+		return -1, 0, fmt.Errorf("%s: %w", what, err)
 	}
 	_ = unix.SetsockoptInt(feed, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
 	_ = unix.SetsockoptInt(feed, unix.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0)
 	if err := unix.Bind(feed, &k.group); err != nil {
 		return fail("bind feed socket", err)
 	}
-	if err := k.objs.Targets.Update(slot, uint64(s.fd), ebpf.UpdateAny); err != nil {
-		return fail("add subscriber to sockmap", err)
-	}
-	cookie, err := unix.GetsockoptUint64(feed, unix.SOL_SOCKET, unix.SO_COOKIE)
-	if err != nil {
+	if cookie, err = unix.GetsockoptUint64(feed, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
 		return fail("feed socket cookie", err)
 	}
 	if err := k.objs.Slots.Update(cookie, slot, ebpf.UpdateAny); err != nil {
@@ -182,9 +215,7 @@ func (k *kernelPath) attach(s *subscriber) error {
 		k.objs.Slots.Delete(cookie)
 		return fail("join the group", err)
 	}
-	k.free = k.free[:len(k.free)-1]
-	s.slot, s.feed, s.cookie = slot, feed, cookie
-	return nil
+	return feed, cookie, nil
 }
 
 // detach takes a subscriber out before its socket is closed. The cookie goes
@@ -201,9 +232,66 @@ func (k *kernelPath) detach(s *subscriber) {
 	s.feed = -1
 }
 
-// relay sends a batch of datagrams to the group in one system call.
+// relay sends a batch of datagrams to the group, in system calls of at most
+// window datagrams, each once the loopback queue has room for it.
 func (k *kernelPath) relay(batch [][]byte) error {
-	return k.send.send(k.out, batch)
+	stalled := false
+	for len(batch) > 0 {
+		n := min(len(batch), k.window)
+		if !k.waitForRoom(n) {
+			stalled = true
+		}
+		sent, err := k.send.send(k.out, batch[:n])
+		k.sent += uint64(sent)
+		if err != nil {
+			return err
+		}
+		batch = batch[n:]
+	}
+	if stalled {
+		return fmt.Errorf("the loopback queue did not move for %v: sent without waiting for room", pacerStall)
+	}
+	return nil
+}
+
+// waitForRoom waits until n more messages fit in the window. The relay's
+// thread stays on one CPU (see Forwarder.Run), the CPU whose queue it fills,
+// so sleeping is what lets that CPU's softirq work the queue off. It gives
+// up, returning false, on a queue that does not move for pacerStall.
+func (k *kernelPath) waitForRoom(n int) bool {
+	var since time.Time
+	last := k.relayed()
+	for k.sent+uint64(n) > last+uint64(k.window) {
+		time.Sleep(20 * time.Microsecond)
+		now := k.relayed()
+		switch {
+		case now != last:
+			last, since = now, time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) > pacerStall:
+			return false
+		}
+	}
+	return true
+}
+
+// relayed is how many messages the pacer has seen.
+func (k *kernelPath) relayed() uint64 {
+	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&k.tot[unsafe.Offsetof(kfanoutFanoutTotals{}.Relayed)])))
+}
+
+// loopbackWindow is how many of its messages the relay keeps in a CPU's
+// loopback queue: half of it, the rest left to the subscribers' own loopback
+// traffic and the source's.
+func loopbackWindow() int {
+	n := 1000 // the kernel's default
+	if b, err := os.ReadFile("/proc/sys/net/core/netdev_max_backlog"); err == nil {
+		if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && v > 0 {
+			n = v
+		}
+	}
+	return max(n/2, 1)
 }
 
 // slowSince reports whether the verdict flagged a subscriber since the last
@@ -243,7 +331,7 @@ func (k *kernelPath) counts(s *subscriber) subCounts {
 }
 
 func (k *kernelPath) Close() {
-	for _, fd := range []int{k.out, k.netns} {
+	for _, fd := range []int{k.pacer, k.out, k.netns} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}

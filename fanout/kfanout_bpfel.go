@@ -19,6 +19,7 @@ type kfanoutFanoutConfig struct {
 	Queue      uint32
 	Disconnect uint32
 	ProbeReads uint32
+	PacerSlot  uint32
 }
 
 type kfanoutFanoutSub struct {
@@ -39,6 +40,7 @@ type kfanoutFanoutSub struct {
 type kfanoutFanoutTotals struct {
 	_          structs.HostLayout
 	SlowEvents uint64
+	Relayed    uint64
 }
 
 // Names of all BPF objects in the ELF.

@@ -22,7 +22,8 @@ type mmsgSender struct {
 
 // send sends every datagram of batch, in order; a datagram the kernel
 // refuses (too long) is skipped, so one bad datagram never stalls the rest.
-func (m *mmsgSender) send(fd int, batch [][]byte) error {
+// It returns how many were sent.
+func (m *mmsgSender) send(fd int, batch [][]byte) (sent int, err error) {
 	for len(batch) > 0 {
 		m.hdrs, m.iovs = m.hdrs[:0], m.iovs[:0]
 		for _, b := range batch {
@@ -42,9 +43,10 @@ func (m *mmsgSender) send(fd int, batch [][]byte) error {
 			batch = batch[1:]
 			continue
 		case errno != 0:
-			return errno
+			return sent, errno
 		}
 		batch = batch[n:]
+		sent += int(n)
 	}
-	return nil
+	return sent, nil
 }

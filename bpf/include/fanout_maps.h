@@ -10,6 +10,7 @@ struct fanout_config {
 	__u32 queue;   /* kernel memory a subscriber's backlog may hold beyond its send buffer */
 	__u32 disconnect; /* 1: a subscriber over its bound is flagged for disconnection */
 	__u32 probe_reads; /* no bpf_cast_to_kern_ctx (before 6.2): bpf_probe_read_kernel */
+	__u32 pacer_slot;  /* slot of the relay's own feed, which only counts */
 };
 
 /* One subscriber. Written by the verdict alone (it runs under the feed
@@ -32,6 +33,7 @@ struct fanout_sub {
 /* Global counters; one entry. */
 struct fanout_totals {
 	__u64 slow_events; /* subscribers flagged slow, ever: user space polls it */
+	__u64 relayed;     /* messages that reached the group's sockets */
 };
 
 /* Feed sockets (one UDP socket per subscriber, joined to the forwarder's

@@ -16,8 +16,10 @@ while read -r pkg pattern skip; do
   failed=$(printf '%s\n' "$out" | grep -c -E '^ *--- (FAIL|SKIP)')
   secs=$(( $(date +%s) - start ))
   if [ $rc -ne 0 ] || [ "$failed" -ne 0 ] || [ "$passed" -eq 0 ]; then
-    # What failed and why, not the passing noise around it.
-    printf '%s\n' "$out" | grep -E -A12 '^ *--- FAIL|^panic|^FAIL|timed out' | grep -v '^ *--- PASS' | head -150
+    # What failed and why, not the passing noise around it: with -test.v a
+    # test's log lines stream before its --- FAIL line, so they are picked
+    # by their file:line prefix.
+    printf '%s\n' "$out" | grep -E -A12 '^ *--- FAIL|^ +[^ ]+\.go:[0-9]+: |^panic|^FAIL|timed out' | grep -v -E '^ *--- PASS|^=== (RUN|PAUSE|CONT|NAME)' | head -150
     echo "FAIL  $pkg $pattern: $passed passed, $failed failed or skipped, exit $rc, ${secs}s"
     status=1
   else
