@@ -3,12 +3,13 @@ GO ?= go
 BIN := bin/shunt
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: help deps build generate test test-kernels vet try compat compat-bench package test-package clean
+.PHONY: help deps build generate test test-kernels vet try compat compat-bench package test-package manifests clean
 
 help:
 	@echo "make deps      install build and test dependencies (Debian 12, as root)"
 	@echo "make build     build the static binary $(BIN)"
 	@echo "make generate  recompile the BPF programs (bpf2go)"
+	@echo "make manifests render deploy/kubernetes/shunt.yaml from the Helm chart deploy/helm/shunt"
 	@echo "make test      go vet and every test (as root, on the real kernel)"
 	@echo "make try       build, then bypass one loopback connection and show it"
 	@echo "make compat    real programs (Redis, memcached, PostgreSQL, nginx, HAProxy, Python) through shunt (as root)"
@@ -25,6 +26,9 @@ build:
 
 generate:
 	$(GO) generate ./...
+
+manifests:
+	$(GO) test ./kube -run '^TestChartRendersTheManifests$$' -count=1 -update
 
 vet:
 	$(GO) vet ./...

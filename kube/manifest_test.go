@@ -2,6 +2,8 @@ package kube_test
 
 import (
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -15,40 +17,75 @@ import (
 )
 
 // deploy/kubernetes/shunt.yaml decodes strictly (no unknown field) into the
-// Kubernetes API types, and holds together: the DaemonSet runs as the
-// service account the role is bound to, the role lets it watch pods, the
-// agent's configuration in the ConfigMap parses, the mounts the agent needs
-// are there, and the Service selects the DaemonSet's pods.
+// Kubernetes API types, and holds together (checkManifests).
 func TestManifestsDecodeStrictly(t *testing.T) {
 	b, err := os.ReadFile("../deploy/kubernetes/shunt.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		ds   appsv1.DaemonSet
-		sa   corev1.ServiceAccount
-		cm   corev1.ConfigMap
-		svc  corev1.Service
-		role rbacv1.ClusterRole
-		bind rbacv1.ClusterRoleBinding
-		ns   corev1.Namespace
-	)
-	into := map[string]any{"DaemonSet": &ds, "ServiceAccount": &sa, "ConfigMap": &cm, "Service": &svc,
-		"ClusterRole": &role, "ClusterRoleBinding": &bind, "Namespace": &ns}
+	m := decodeManifests(t, b)
+	if m.ns == nil {
+		t.Fatal("no Namespace: kubectl apply -f would fail on the first namespaced object")
+	}
+	checkManifests(t, m, true)
+}
+
+// manifests are the objects of one rendering of the chart.
+type manifests struct {
+	ds   *appsv1.DaemonSet
+	sa   *corev1.ServiceAccount
+	cm   *corev1.ConfigMap
+	svc  *corev1.Service // nil: metrics.service false
+	role *rbacv1.ClusterRole
+	bind *rbacv1.ClusterRoleBinding
+	ns   *corev1.Namespace // only in the plain manifests
+}
+
+// decodeManifests decodes a multi-document YAML stream as the API server
+// decodes each object: field names case-sensitive, unknown and duplicate
+// fields errors (encoding/json would take hostPid for hostPID).
+func decodeManifests(t *testing.T, b []byte) manifests {
+	t.Helper()
+	var m manifests
 	seen := map[string]bool{}
 	for _, doc := range strings.Split(string(b), "\n---\n") {
 		var head struct{ Kind string }
 		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
 			t.Fatal(err)
 		}
-		obj, ok := into[head.Kind]
-		if !ok || seen[head.Kind] {
-			t.Fatalf("unexpected object %q", head.Kind)
+		if head.Kind == "" {
+			continue // comments only
+		}
+		if seen[head.Kind] {
+			t.Fatalf("two objects of kind %s", head.Kind)
 		}
 		seen[head.Kind] = true
-		// As the API server decodes: field names case-sensitive, unknown
-		// and duplicate fields errors (encoding/json would take hostPid
-		// for hostPID).
+		var obj any
+		switch head.Kind {
+		case "DaemonSet":
+			m.ds = new(appsv1.DaemonSet)
+			obj = m.ds
+		case "ServiceAccount":
+			m.sa = new(corev1.ServiceAccount)
+			obj = m.sa
+		case "ConfigMap":
+			m.cm = new(corev1.ConfigMap)
+			obj = m.cm
+		case "Service":
+			m.svc = new(corev1.Service)
+			obj = m.svc
+		case "ClusterRole":
+			m.role = new(rbacv1.ClusterRole)
+			obj = m.role
+		case "ClusterRoleBinding":
+			m.bind = new(rbacv1.ClusterRoleBinding)
+			obj = m.bind
+		case "Namespace":
+			m.ns = new(corev1.Namespace)
+			obj = m.ns
+		default:
+			t.Fatalf("unexpected object %q", head.Kind)
+		}
 		js, err := yaml.YAMLToJSON([]byte(doc))
 		if err != nil {
 			t.Fatal(err)
@@ -61,28 +98,51 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			t.Errorf("%s: %v", head.Kind, e)
 		}
 	}
-	if len(seen) != len(into) {
-		t.Fatalf("objects %v, want %d kinds", seen, len(into))
+	if m.ds == nil || m.sa == nil || m.cm == nil || m.role == nil || m.bind == nil {
+		t.Fatalf("objects %v: want a DaemonSet, ServiceAccount, ConfigMap, ClusterRole and ClusterRoleBinding", seen)
 	}
+	return m
+}
 
-	pod := ds.Spec.Template.Spec
-	if pod.ServiceAccountName != sa.Name || bind.Subjects[0].Name != sa.Name || bind.Subjects[0].Namespace != sa.Namespace || bind.RoleRef.Name != role.Name {
+// checkManifests checks that the objects hold together: the DaemonSet runs
+// as the service account the role is bound to, the role lets it watch pods
+// and nothing more, the mounts the agent needs are there (bpffs propagating
+// to the host if privileged), the agent's configuration in the ConfigMap
+// parses, and the Service selects the DaemonSet's pods. It returns the
+// parsed configuration.
+func checkManifests(t *testing.T, m manifests, privileged bool) *agent.Config {
+	t.Helper()
+	pod := m.ds.Spec.Template.Spec
+	if pod.ServiceAccountName != m.sa.Name || m.bind.Subjects[0].Name != m.sa.Name || m.bind.Subjects[0].Namespace != m.sa.Namespace || m.bind.RoleRef.Name != m.role.Name {
 		t.Error("the DaemonSet, its service account and the role binding do not name each other")
 	}
-	verbs := strings.Join(role.Rules[0].Verbs, ",")
-	if role.Rules[0].Resources[0] != "pods" || verbs != "get,list,watch" {
-		t.Errorf("role grants %v on %v; the agent needs get, list, watch on pods and nothing more", verbs, role.Rules[0].Resources)
+	if m.ns != nil && (m.sa.Namespace != m.ns.Name || m.ds.Namespace != m.ns.Name || m.cm.Namespace != m.ns.Name) {
+		t.Errorf("objects are not in the Namespace %s that the manifests make", m.ns.Name)
+	}
+	verbs := strings.Join(m.role.Rules[0].Verbs, ",")
+	if len(m.role.Rules) != 1 || m.role.Rules[0].Resources[0] != "pods" || verbs != "get,list,watch" {
+		t.Errorf("role grants %v on %v; the agent needs get, list, watch on pods and nothing more", verbs, m.role.Rules[0].Resources)
 	}
 	if !pod.HostPID {
 		t.Error("no hostPID: the guard and the index reach sockets through /proc")
 	}
 	c := pod.Containers[0]
 	mounts := map[string]corev1.VolumeMount{}
-	for _, m := range c.VolumeMounts {
-		mounts[m.MountPath] = m
+	for _, vm := range c.VolumeMounts {
+		mounts[vm.MountPath] = vm
 	}
-	if m, ok := mounts["/sys/fs/bpf"]; !ok || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
-		t.Error("bpffs is not mounted with Bidirectional propagation: pins would not reach the host")
+	bpffs, ok := mounts["/sys/fs/bpf"]
+	bidirectional := ok && bpffs.MountPropagation != nil && *bpffs.MountPropagation == corev1.MountPropagationBidirectional
+	sc := c.SecurityContext
+	switch {
+	case !ok:
+		t.Error("bpffs is not mounted")
+	case privileged && (!bidirectional || sc == nil || sc.Privileged == nil || !*sc.Privileged):
+		t.Error("privileged, but bpffs is not mounted with Bidirectional propagation: pins would not reach the host")
+	case !privileged && bidirectional:
+		t.Error("Bidirectional propagation without a privileged container: the API server refuses the pod")
+	case !privileged && (sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Add, "BPF") || !slices.Contains(sc.Capabilities.Drop, "ALL")):
+		t.Errorf("unprivileged, but the capabilities are not ALL dropped and BPF added: %+v", sc)
 	}
 	for _, p := range []string{"/sys/fs/cgroup", "/run/shunt", "/etc/shunt"} {
 		if _, ok := mounts[p]; !ok {
@@ -93,19 +153,25 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		t.Error("NODE_NAME does not come from spec.nodeName")
 	}
 	t.Setenv("NODE_NAME", "node-a")
-	cfg, err := agent.ParseConfig([]byte(cm.Data["config.yaml"]), "/sys/fs/cgroup")
+	cfg, err := agent.ParseConfig([]byte(m.cm.Data["config.yaml"]), "/sys/fs/cgroup")
 	if err != nil {
 		t.Fatalf("the ConfigMap's config.yaml: %v", err)
 	}
 	if cfg.Kubernetes == nil || cfg.Kubernetes.NodeName != "node-a" || cfg.Metrics.Address == "" {
 		t.Errorf("the ConfigMap's configuration: %+v", cfg)
 	}
-	for k, v := range svc.Spec.Selector {
-		if ds.Spec.Template.Labels[k] != v {
-			t.Errorf("the metrics Service selects %s=%s, which the DaemonSet's pods do not carry", k, v)
+	if _, port, _ := strings.Cut(cfg.Metrics.Address, ":"); port != strconv.Itoa(int(c.Ports[0].ContainerPort)) {
+		t.Errorf("the agent serves metrics on %s, the container's metrics port is %d", cfg.Metrics.Address, c.Ports[0].ContainerPort)
+	}
+	if m.svc != nil {
+		for k, v := range m.svc.Spec.Selector {
+			if m.ds.Spec.Template.Labels[k] != v {
+				t.Errorf("the metrics Service selects %s=%s, which the DaemonSet's pods do not carry", k, v)
+			}
+		}
+		if m.svc.Spec.Ports[0].TargetPort.StrVal != c.Ports[0].Name {
+			t.Error("the metrics Service does not target the container's metrics port")
 		}
 	}
-	if svc.Spec.Ports[0].TargetPort.StrVal != c.Ports[0].Name {
-		t.Error("the metrics Service does not target the container's metrics port")
-	}
+	return cfg
 }

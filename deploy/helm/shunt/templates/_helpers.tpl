@@ -1,0 +1,4 @@
+{{- define "shunt.name" -}}shunt-agent{{- end -}}
+{{- define "shunt.labels" -}}
+app.kubernetes.io/name: shunt-agent
+{{- end -}}
