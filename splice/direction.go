@@ -286,10 +286,17 @@ func (d *direction) drainAndHandBack() error {
 	if err != nil || unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, drainWindow) != nil {
 		return nil
 	}
+	handed := false
 	defer func() {
 		unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, clamp)
 		// Announce the wider window now rather than with a delayed ACK.
-		unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
+		// Not once handed back: the verdict's reads announce it as they
+		// take the queue, and on 6.18 TCP_QUICKACK on a socket the
+		// verdict reads can trip the kernel's "cleanup rbuf bug"
+		// warning (its copied_seq seen ahead of rcv_nxt).
+		if !handed {
+			unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
+		}
 	}()
 	for range 256 {
 		buf := bufPool.Get().(*[]byte)
@@ -297,6 +304,7 @@ func (d *direction) drainAndHandBack() error {
 		if err == unix.EAGAIN || err == unix.EINTR {
 			bufPool.Put(buf)
 			if d.handBack() {
+				handed = true
 				return nil
 			}
 			continue
