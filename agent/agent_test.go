@@ -68,9 +68,17 @@ func runAgent(t *testing.T, config, pin string) *syncBuffer { return runAgentFor
 
 func runAgentFor(t testing.TB, config, pin string) *syncBuffer {
 	t.Helper()
+	return runAgentWith(t, agent.Options{ConfigPath: config, PinDir: pin, IndexDir: filepath.Join(pin, "no-index"),
+		Version: "test", Features: host.Probe()})
+}
+
+// runAgentWith starts an agent with opts until the test ends; it returns
+// the agent's log, shown when the test ends.
+func runAgentWith(t testing.TB, opts agent.Options) *syncBuffer {
+	t.Helper()
 	log := &syncBuffer{}
-	a, err := agent.New(agent.Options{ConfigPath: config, PinDir: pin, IndexDir: filepath.Join(pin, "no-index"),
-		Version: "test", Features: host.Probe(), Log: log})
+	opts.Log = log
+	a, err := agent.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

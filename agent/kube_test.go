@@ -74,21 +74,7 @@ func TestAgentBypassesSelectedPods(t *testing.T) {
 
 			config := filepath.Join(t.TempDir(), "config.yaml")
 			writeConfig(t, config, fmt.Sprintf("kubernetes:\n  node_name: node-a\n  labels: {app: web}\n  cgroup_root: %q\nbypass:\n  guard: false\n", root))
-			log := &syncBuffer{}
-			a, err := agent.New(agent.Options{ConfigPath: config, PinDir: pin, Features: host.Probe(), Log: log, KubeClient: client})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- a.Run(ctx) }()
-			t.Cleanup(func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Error(err)
-				}
-				t.Logf("agent log:\n%s", log)
-			})
+			runAgentWith(t, agent.Options{ConfigPath: config, PinDir: pin, Features: host.Probe(), KubeClient: client})
 			waitEnabled(t, pin, webPod)
 
 			// Traffic in the web pod's container is bypassed.
@@ -104,7 +90,7 @@ func TestAgentBypassesSelectedPods(t *testing.T) {
 			// A new web pod: the API server knows it before kubelet makes
 			// its cgroup.
 			web2 := kubePod("web-2", "33333333-aaaa-4bbb-8ccc-000000000003", corev1.PodQOSBestEffort, "web")
-			if _, err := client.CoreV1().Pods("shop").Create(ctx, web2, metav1.CreateOptions{}); err != nil {
+			if _, err := client.CoreV1().Pods("shop").Create(context.Background(), web2, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -112,7 +98,7 @@ func TestAgentBypassesSelectedPods(t *testing.T) {
 			waitEnabled(t, pin, webPod, web2Pod)
 
 			// The first web pod goes.
-			if err := client.CoreV1().Pods("shop").Delete(ctx, "web-1", metav1.DeleteOptions{}); err != nil {
+			if err := client.CoreV1().Pods("shop").Delete(context.Background(), "web-1", metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			waitEnabled(t, pin, web2Pod)
