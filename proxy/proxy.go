@@ -28,6 +28,11 @@ type Stats struct {
 	Up       uint64 `json:"bytes_up"`     // client to upstream, ended connections
 	Down     uint64 `json:"bytes_down"`   // upstream to client, ended connections
 	Kernel   uint64 `json:"bytes_kernel"` // of those, moved by the kernel
+	// Kernel mode: directions of open connections the kernel forwards
+	// now, and times flow control gave a direction to user space (ended
+	// connections).
+	InKernel  int    `json:"directions_in_kernel"`
+	Throttled uint64 `json:"throttled"`
 }
 
 // Proxy accepts connections and relays them.
@@ -50,6 +55,7 @@ type Proxy struct {
 	up       atomic.Uint64
 	down     atomic.Uint64
 	kernel   atomic.Uint64
+	throttle atomic.Uint64
 }
 
 // New checks cfg, loads the kernel programs (Kernel mode) and listens.
@@ -99,10 +105,15 @@ func (p *Proxy) Addr() netip.AddrPort { return p.ln.Addr().(*net.TCPAddr).AddrPo
 
 // Stats returns the counters now.
 func (p *Proxy) Stats() Stats {
-	return Stats{
+	st := Stats{
 		Accepted: p.accepted.Load(), Active: p.active.Load(), Refused: p.refused.Load(),
 		Failed: p.failed.Load(), Up: p.up.Load(), Down: p.down.Load(), Kernel: p.kernel.Load(),
+		Throttled: p.throttle.Load(),
 	}
+	if p.splicer != nil {
+		st.InKernel = p.splicer.DirectionsInKernel()
+	}
+	return st
 }
 
 // Run accepts connections until ctx is done or the listener fails. It then
@@ -217,6 +228,7 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	p.up.Add(r.up)
 	p.down.Add(r.down)
 	p.kernel.Add(r.kernel)
+	p.throttle.Add(r.throttled)
 	if r.err != nil {
 		p.failed.Add(1)
 		p.log("proxy: %s: %v", peer, r.err)
@@ -231,7 +243,8 @@ func (p *Proxy) joinInKernel(client, upstream *net.TCPConn) result {
 	}
 	<-pair.Done()
 	up, down := pair.Stats()
-	return result{up: up.Bytes, down: down.Bytes, kernel: up.Kernel + down.Kernel, err: pair.Err()}
+	return result{up: up.Bytes, down: down.Bytes, kernel: up.Kernel + down.Kernel,
+		throttled: uint64(up.ToUser) + uint64(down.ToUser), err: pair.Err()}
 }
 
 // track registers user-space connections so Close can reset them.

@@ -10,6 +10,7 @@ import (
 // result is what one connection moved, and why it ended early (if it did).
 type result struct {
 	up, down, kernel uint64
+	throttled        uint64 // kernel mode: times flow control gave a direction to user space
 	err              error
 }
 

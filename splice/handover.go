@@ -147,6 +147,7 @@ func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, 
 			st.B.Close()
 			continue
 		}
+		p.joined.Store(true)
 		s.pairs[st.Index] = p
 		used[st.Index] = true
 		pairs = append(pairs, p)

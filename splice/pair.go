@@ -38,7 +38,8 @@ type Pair struct {
 	ab    *direction // bytes arriving on a, leaving through b
 	ba    *direction
 
-	userOnly bool // not in the kernel maps: copied in user space
+	userOnly bool        // not in the kernel maps: copied in user space
+	joined   atomic.Bool // both directions set up (Stats may read them)
 	done     chan struct{}
 	stopped  chan struct{} // closed when a frozen pair's goroutines are out
 	frozenCh chan struct{} // closed when freeze begins
@@ -75,6 +76,7 @@ func (s *Splicer) Join(a, b *net.TCPConn) (*Pair, error) {
 		p.unregister()
 		return nil, err
 	}
+	p.joined.Store(true)
 	p.start()
 	return p, nil
 }

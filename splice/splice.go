@@ -151,6 +151,28 @@ func (s *Splicer) Active() int {
 	return len(s.pairs)
 }
 
+// DirectionsInKernel counts the directions, over every pair joined now, that
+// the kernel forwards at the moment (not those flow control has in user
+// space).
+func (s *Splicer) DirectionsInKernel() int {
+	s.mu.Lock()
+	pairs := slices.Collect(maps.Values(s.pairs))
+	s.mu.Unlock()
+	n := 0
+	for _, p := range pairs {
+		if !p.joined.Load() {
+			continue
+		}
+		ab, ba := p.Stats()
+		for _, st := range []Stats{ab, ba} {
+			if st.KernelNow {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // MapEntries counts the socket and cookie entries in the kernel maps (what a
 // leak would show).
 func (s *Splicer) MapEntries() (socks, cookies int, err error) {
