@@ -24,6 +24,13 @@ import (
 // mustDaemon serves on a socket in a temporary directory until the test ends.
 func mustDaemon(t *testing.T) string {
 	t.Helper()
+	_, path := mustServer(t)
+	return path
+}
+
+// mustServer is mustDaemon that also returns the server.
+func mustServer(t *testing.T) (*daemon.Server, string) {
+	t.Helper()
 	testenv.RequireRoot(t)
 	path := filepath.Join(t.TempDir(), "shunt.sock")
 	srv, err := daemon.Listen(path, splice.Options{}, t.Logf)
@@ -45,7 +52,7 @@ func mustDaemon(t *testing.T) string {
 			t.Errorf("control socket left behind: %v", err)
 		}
 	})
-	return path
+	return srv, path
 }
 
 func mustClient(t *testing.T, path string) *daemon.Client {
@@ -83,9 +90,10 @@ func mustJoined(t *testing.T, cl *daemon.Client) (client, server *net.TCPConn, h
 
 // TestJoinByHandOver: two sockets sent over the control socket are joined;
 // bytes flow both ways, the pair shows in stats, and when both ends close
-// the client that joined it hears "ended" with the byte counts.
+// the client that joined it hears "ended" with the byte counts, which the
+// daemon's totals (its metrics) keep.
 func TestJoinByHandOver(t *testing.T) {
-	path := mustDaemon(t)
+	srv, path := mustServer(t)
 	cl := mustClient(t, path)
 	client, server, h := mustJoined(t, cl)
 
@@ -102,12 +110,16 @@ func TestJoinByHandOver(t *testing.T) {
 	if st, err := cl.Stats(); err != nil || len(st) != 0 {
 		t.Fatalf("stats after the end: %+v, %v", st, err)
 	}
+	tot := srv.Totals()
+	if tot.Joined != 1 || tot.Open != 0 || tot.Ended != 1 || tot.Failed != 0 || tot.Bytes != uint64(up.Size+down.Size) || tot.Kernel == 0 || tot.Kernel > tot.Bytes {
+		t.Fatalf("totals %+v, want 1 pair joined and ended cleanly, %d bytes, some moved by the kernel", tot, up.Size+down.Size)
+	}
 }
 
 // TestPairsOutliveTheirClient: a pair keeps flowing after the client that
 // handed it over disconnects; another client can abort it.
 func TestPairsOutliveTheirClient(t *testing.T) {
-	path := mustDaemon(t)
+	srv, path := mustServer(t)
 	cl := mustClient(t, path)
 	client, server, h := mustJoined(t, cl)
 	cl.Close()
@@ -118,6 +130,9 @@ func TestPairsOutliveTheirClient(t *testing.T) {
 	if _, err := server.Read(buf); err != nil || string(buf) != "still here" {
 		t.Fatalf("%q, %v", buf, err)
 	}
+	if tot := srv.Totals(); tot.Joined != 1 || tot.Open != 1 || tot.Bytes != 10 {
+		t.Fatalf("totals %+v with the pair open, want 1 joined and open, 10 bytes", tot)
+	}
 	other := mustClient(t, path)
 	if err := other.Abort(h); err != nil {
 		t.Fatal(err)
@@ -125,6 +140,12 @@ func TestPairsOutliveTheirClient(t *testing.T) {
 	client.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := client.Read(buf); !errorsIsReset(err) {
 		t.Fatalf("client read %v after abort, want a reset", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); srv.Totals().Ended == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	if tot := srv.Totals(); tot.Open != 0 || tot.Ended != 1 || tot.Closed != 1 || tot.Failed != 0 || tot.Bytes != 10 {
+		t.Fatalf("totals %+v after the abort, want the pair ended as closed, its 10 bytes kept", tot)
 	}
 }
 

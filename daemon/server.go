@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -32,16 +33,19 @@ type Server struct {
 	closed     bool
 	handedOver bool
 	handed     int // pairs handed over
+	joined     uint64
+	ended      Totals // pairs that ended, for Totals
 	conns      map[*conn]struct{}
 	wg         sync.WaitGroup
 }
 
 type entry struct {
-	index uint32 // the pair's index in its Splicer
-	info  PairInfo
-	pair  *splice.Pair    // a TCP pair, or
-	udp   *splice.UDPPair // a UDP pair
-	owner *conn           // nil once the client that joined it left
+	index  uint32 // the pair's index in its Splicer
+	info   PairInfo
+	pair   *splice.Pair    // a TCP pair, or
+	udp    *splice.UDPPair // a UDP pair
+	owner  *conn           // nil once the client that joined it left
+	closed atomic.Bool     // a client asked to close it
 }
 
 // Listen creates the control socket at path (its directory too), readable
@@ -287,6 +291,7 @@ func (srv *Server) handle(c *conn, b []byte, fds []int, ferr error) Reply {
 			srv.closeUDP(req.Handle, e)
 			return Reply{OK: true}
 		}
+		e.closed.Store(true)
 		e.pair.Abort()
 		<-e.pair.Done()
 		return Reply{OK: true}
@@ -357,6 +362,7 @@ func (srv *Server) register(e *entry) uint64 {
 	if e.info.Handle == 0 {
 		srv.next++
 		e.info.Handle = srv.next
+		srv.joined++
 	}
 	srv.next = max(srv.next, e.info.Handle)
 	srv.pairs[e.info.Handle] = e
@@ -376,14 +382,16 @@ func (srv *Server) watch(h uint64, e *entry) {
 		case <-stopped:
 			return // frozen: handed over, or watched again after a thaw
 		}
-		srv.mu.Lock()
-		delete(srv.pairs, h)
-		owner := e.owner
-		srv.mu.Unlock()
 		ev := Event{Event: "ended", PairInfo: e.current()}
-		if err := pair.Err(); err != nil {
+		err := pair.Err()
+		if err != nil {
 			ev.Error = err.Error()
 		}
+		srv.mu.Lock()
+		delete(srv.pairs, h)
+		srv.ended.add(ev.PairInfo, err != nil, e.closed.Load())
+		owner := e.owner
+		srv.mu.Unlock()
 		if owner != nil {
 			owner.send(ev)
 		}
@@ -423,14 +431,62 @@ func (srv *Server) closeUDP(h uint64, e *entry) {
 		srv.mu.Unlock()
 		return // closed meanwhile by another request
 	}
+	ev := Event{Event: "ended", PairInfo: e.current(), Error: "closed"}
 	delete(srv.pairs, h)
+	srv.ended.add(ev.PairInfo, false, true)
 	owner := e.owner
 	srv.mu.Unlock()
-	ev := Event{Event: "ended", PairInfo: e.current(), Error: "closed"}
 	e.udp.Close()
 	if owner != nil {
 		owner.send(ev)
 	}
+}
+
+// Totals counts what a daemon has joined since it started, for metrics. A
+// daemon that took pairs over counts their bytes from their start, but not
+// them as joined.
+type Totals struct {
+	Joined  uint64 // pairs joined by this daemon, TCP and UDP
+	Open    int    // pairs held now
+	Ended   uint64 // TCP pairs that ended, UDP pairs closed
+	Failed  uint64 // of those, ended by a reset or an error
+	Closed  uint64 // of those, closed by a client's request (reset, for TCP)
+	Bytes   uint64 // both ways, of ended and open pairs
+	Kernel  uint64 // of those, moved by the kernel
+	Dropped uint64 // UDP datagrams dropped at the bound
+}
+
+func (t *Totals) add(i PairInfo, failed, closed bool) {
+	t.Ended++
+	if failed {
+		t.Failed++
+	}
+	if closed {
+		t.Closed++
+	}
+	t.Bytes += i.BytesAB + i.BytesBA
+	t.Kernel += i.Kernel
+	t.Dropped += i.DroppedAB + i.DroppedBA
+}
+
+// Totals returns the daemon's counts now.
+func (srv *Server) Totals() Totals {
+	srv.mu.Lock()
+	t := srv.ended
+	t.Joined = srv.joined
+	open := make([]*entry, 0, len(srv.pairs))
+	for _, e := range srv.pairs {
+		open = append(open, e)
+	}
+	srv.mu.Unlock()
+	t.Open = len(open)
+	for _, e := range open {
+		i := e.current()
+		t.Bytes += i.BytesAB + i.BytesBA
+		t.Kernel += i.Kernel
+		t.Dropped += i.DroppedAB + i.DroppedBA
+	}
+	return t
 }
 
 // Stats lists the pairs joined now.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -9,12 +10,14 @@ import (
 
 	"github.com/shunt-project/shunt/daemon"
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/metrics"
 	"github.com/shunt-project/shunt/splice"
 )
 
 func newDaemonCmd(e *env) *cobra.Command {
 	var (
 		socket, maxInflight string
+		metricsAddr         string
 		maxPairs            int
 		takeOver            bool
 	)
@@ -45,6 +48,9 @@ then exits; bytes keep flowing in the kernel meanwhile.`,
 			if maxPairs < 1 || maxPairs > 1<<20 {
 				return usageError{fmt.Errorf("--max-pairs: want 1 to %d, got %d", 1<<20, maxPairs)}
 			}
+			if err := checkMetricsAddr(metricsAddr); err != nil {
+				return err
+			}
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
@@ -63,9 +69,14 @@ then exits; bytes keep flowing in the kernel meanwhile.`,
 				}
 				fmt.Fprintf(e.stderr, "daemon: listening on %s\n", socket)
 			}
+			stopMetrics, err := serveProcessMetrics(e, metricsAddr, metrics.Daemon(srv.Totals))
+			if err != nil {
+				srv.Close()
+				return err
+			}
 			serveErr := srv.Serve(c.Context())
 			n := len(srv.Stats())
-			closeErr := srv.Close()
+			closeErr := errors.Join(srv.Close(), stopMetrics())
 			if handed, ok := srv.HandedOver(); ok {
 				fmt.Fprintf(e.stderr, "daemon: handed %d pairs over to a new daemon\n", handed)
 			} else {
@@ -81,6 +92,7 @@ then exits; bytes keep flowing in the kernel meanwhile.`,
 	c.Flags().StringVar(&maxInflight, "max-inflight", "4M", "bytes one direction may have unacknowledged in the outgoing socket before user space paces it")
 	c.Flags().IntVar(&maxPairs, "max-pairs", splice.DefaultMaxPairs, "pairs held at once")
 	c.Flags().BoolVar(&takeOver, "take-over", false, "take the pairs of the daemon running on --socket, which then exits")
+	metricsAddrFlag(c, &metricsAddr)
 	c.AddCommand(newDaemonStatsCmd(e, &socket))
 	return c
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shunt-project/shunt/fanout"
+	"github.com/shunt-project/shunt/metrics"
 )
 
 const defaultFanoutControl = "/run/shunt/fanout.sock"
@@ -15,6 +17,7 @@ const defaultFanoutControl = "/run/shunt/fanout.sock"
 func newFanoutCmd(e *env) *cobra.Command {
 	var (
 		source, listen, framing, slow, queue, control, path string
+		metricsAddr                                         string
 	)
 	c := &cobra.Command{
 		Use:   "fanout --source udp://ADDR:PORT --listen tcp://ADDR:PORT",
@@ -70,6 +73,12 @@ them.`,
 			if cfg.Path, err = fanout.ParsePath(path); err != nil {
 				return usageError{fmt.Errorf("--path: %w", err)}
 			}
+			if err := checkMetricsAddr(metricsAddr); err != nil {
+				return err
+			}
+			if metricsAddr != "" && control == "" {
+				return usageError{errors.New("--metrics-addr reads the forwarder's counters through --control: give it a path")}
+			}
 			cfg.Control = control
 			cfg.Log = e.stderr
 			f, err := fanout.New(cfg)
@@ -77,6 +86,11 @@ them.`,
 				return err
 			}
 			defer f.Close()
+			stopMetrics, err := serveProcessMetrics(e, metricsAddr, metrics.Fanout(func() (fanout.Stats, error) { return fanout.Query(control) }))
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
 			fmt.Fprintf(e.stderr, "fanout: relaying udp://%s to subscribers of tcp://%s (framing %s, slow %s, queue %d bytes)\n",
 				f.SourceAddr(), f.ListenAddr(), cfg.Framing, cfg.Slow, cfg.Queue)
 			if err := f.Run(c.Context()); err != nil {
@@ -94,6 +108,7 @@ them.`,
 	c.Flags().StringVar(&queue, "queue", "1M", "bytes that may wait in shunt for one subscriber")
 	c.Flags().StringVar(&path, "path", "batch", "batch (one write per subscriber per batch), uring (the same in one io_uring submission), per-message (one write per message), kernel (BPF forwards the kernel's multicast copies) or zerocopy (one shared buffer, MSG_ZEROCOPY)")
 	c.Flags().StringVar(&control, "control", defaultFanoutControl, `unix socket for 'shunt fanout stats' ("" for none)`)
+	metricsAddrFlag(c, &metricsAddr)
 	c.AddCommand(newFanoutStatsCmd(e))
 	return c
 }

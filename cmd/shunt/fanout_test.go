@@ -44,14 +44,7 @@ func testFanoutCommand(t *testing.T, path string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	ns.Do(t, func() {
-		u, err := net.Dial("udp", "127.0.0.1:15000")
-		if err != nil {
-			t.Fatal(err)
-		}
-		u.Write([]byte("tick"))
-		u.Close()
-	})
+	sendDatagram(t, ns, "127.0.0.1:15000", "tick")
 	sub.SetReadDeadline(time.Now().Add(5 * time.Second))
 	got := make([]byte, 8)
 	if _, err := sub.Read(got); err != nil || string(got) != "\x00\x00\x00\x04tick" {
@@ -77,6 +70,18 @@ func testFanoutCommand(t *testing.T, path string) {
 	}
 }
 
+// sendDatagram sends msg to addr from inside ns.
+func sendDatagram(t *testing.T, ns *testenv.NetNS, addr, msg string) {
+	ns.Do(t, func() {
+		u, err := net.Dial("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Write([]byte(msg))
+		u.Close()
+	})
+}
+
 func TestFanoutErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -92,6 +97,7 @@ func TestFanoutErrors(t *testing.T) {
 		{[]string{"fanout", "--source", "udp://127.0.0.1:5000", "--listen", "tcp://127.0.0.1:6000", "--queue", "1K"}, 1, "below one datagram"},
 		{[]string{"fanout", "--source", "udp://127.0.0.1:5000", "--listen", "tcp://127.0.0.1:6000", "--path", "teleport"}, 2, "want batch, per-message, uring, kernel or zerocopy"},
 		{[]string{"fanout", "stats", "--control", "/nonexistent/fanout.sock"}, 1, "no forwarder answers"},
+		{[]string{"fanout", "--source", "udp://127.0.0.1:5000", "--listen", "tcp://127.0.0.1:6000", "--metrics-addr", "127.0.0.1:9465", "--control", ""}, 2, "--metrics-addr reads the forwarder's counters through --control"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, stderr, code := runShunt(t, nil, tc.args...)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -10,12 +11,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/metrics"
 	"github.com/shunt-project/shunt/proxy"
 )
 
 func newProxyCmd(e *env) *cobra.Command {
 	var (
 		listen, upstreams, mode, proxyProto, maxInflight string
+		metricsAddr                                      string
 		routes                                           []string
 		maxConns                                         int
 		udp                                              bool
@@ -51,7 +54,8 @@ a refusing upstream is tried last by new flows for 10 s. A wildcard listener
 answers each client from the address the client sent to.
 
 It runs until interrupted (Ctrl-C, SIGTERM), then resets the connections it
-still holds. Kernel mode needs root.`,
+still holds. Kernel mode needs root. --metrics-addr serves its counters to
+Prometheus (docs/METRICS.md).`,
 		Example: `  shunt proxy --listen 127.0.0.1:8080 --upstream 127.0.0.1:9000,127.0.0.1:9001
   shunt proxy --listen [::]:443 --upstream 10.0.0.5:443 --proxy-protocol v2
   shunt proxy --listen 0.0.0.0:80 --upstream 10.0.0.9:80 --route api.example=10.0.0.7:80
@@ -96,11 +100,14 @@ still holds. Kernel mode needs root.`,
 					return fmt.Errorf("--mode kernel: %w (or use --mode copy)", err)
 				}
 			}
+			if err := checkMetricsAddr(metricsAddr); err != nil {
+				return err
+			}
 			if udp {
 				if idle <= 0 {
 					return usageError{fmt.Errorf("--idle: want a positive duration, like 60s")}
 				}
-				return runUDPProxy(c.Context(), e, cfg, idle)
+				return runUDPProxy(c.Context(), e, cfg, idle, metricsAddr)
 			}
 			p, err := proxy.New(cfg, func(format string, args ...any) {
 				fmt.Fprintf(e.stderr, format+"\n", args...)
@@ -108,10 +115,15 @@ still holds. Kernel mode needs root.`,
 			if err != nil {
 				return err
 			}
+			stopMetrics, err := serveProcessMetrics(e, metricsAddr, metrics.Proxy(p.Stats))
+			if err != nil {
+				p.Close()
+				return err
+			}
 			fmt.Fprintf(e.stderr, "proxy: listening on %s, mode %s, upstreams %s%s\n",
 				p.Addr(), cfg.Mode, joinAddrs(cfg.Upstreams), describeRoutes(cfg.Routes))
 			runErr := p.Run(c.Context())
-			closeErr := p.Close()
+			closeErr := errors.Join(p.Close(), stopMetrics())
 			st := p.Stats() // after Close: connections count when they end
 			fmt.Fprintf(e.stderr, "proxy: stopped after %d connections (%d refused, %d failed); %d bytes up, %d down, %d of them moved by the kernel\n",
 				st.Accepted, st.Refused, st.Failed, st.Up, st.Down, st.Kernel)
@@ -131,19 +143,25 @@ still holds. Kernel mode needs root.`,
 	f.IntVar(&maxConns, "max-conns", 10000, "connections (UDP: flows) at once; more are refused")
 	f.BoolVar(&udp, "udp", false, "proxy UDP datagrams instead of TCP connections (modes kernel and copy)")
 	f.DurationVar(&idle, "idle", proxy.DefaultUDPIdle, "--udp: close a flow that carried nothing for this long")
+	metricsAddrFlag(c, &metricsAddr)
 	return c
 }
 
-func runUDPProxy(ctx context.Context, e *env, cfg proxy.Config, idle time.Duration) error {
+func runUDPProxy(ctx context.Context, e *env, cfg proxy.Config, idle time.Duration, metricsAddr string) error {
 	p, err := proxy.NewUDP(cfg, idle, func(format string, args ...any) {
 		fmt.Fprintf(e.stderr, format+"\n", args...)
 	})
 	if err != nil {
 		return err
 	}
+	stopMetrics, err := serveProcessMetrics(e, metricsAddr, metrics.UDPProxy(p.Stats))
+	if err != nil {
+		p.Close()
+		return err
+	}
 	fmt.Fprintf(e.stderr, "proxy: listening on udp %s, mode %s, upstreams %s, idle %v\n", p.Addr(), cfg.Mode, joinAddrs(cfg.Upstreams), idle)
 	runErr := p.Run(ctx)
-	closeErr := p.Close()
+	closeErr := errors.Join(p.Close(), stopMetrics())
 	st := p.Stats()
 	fmt.Fprintf(e.stderr, "proxy: stopped after %d UDP flows (%d refused, %d upstream refusals); %d datagrams up, %d down, %d of them moved by the kernel, %d dropped\n",
 		st.Flows, st.Refused, st.UpstreamRefused, st.Up, st.Down, st.Kernel, st.Dropped)

@@ -19,18 +19,8 @@ import (
 func TestProxyCommand(t *testing.T) {
 	testenv.RequireRoot(t)
 	ns := testenv.MustNetNS(t)
-	upstream := testenv.Listen(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:0")
-	go func() {
-		for {
-			c, err := upstream.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
 	run := startShunt(t, ns, "listening on 127.0.0.1:17000, mode kernel", "proxy",
-		"--listen", "127.0.0.1:17000", "--upstream", upstream.Addr().String())
+		"--listen", "127.0.0.1:17000", "--upstream", echoUpstream(t, ns))
 	idle := openFDs(t, run.cmd.Process.Pid)
 	c := testenv.Dial(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:17000", nil)
 	stream := testenv.Stream{Seed: 21, Size: 8 << 20, MaxChunk: 50000}
@@ -53,6 +43,21 @@ func TestProxyCommand(t *testing.T) {
 	}
 }
 
+// echoUpstream serves an echo on a port of ns; it returns the address.
+func echoUpstream(t *testing.T, ns *testenv.NetNS) string {
+	upstream := testenv.Listen(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:0")
+	go func() {
+		for {
+			c, err := upstream.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	return upstream.Addr().String()
+}
+
 func TestProxyErrors(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := shuntBinary(t)
@@ -73,10 +78,12 @@ func TestProxyErrors(t *testing.T) {
 		{"udp-pipe", []string{"proxy", "--udp", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:2", "--mode", "pipe"}, 1, "use kernel or copy mode with UDP"},
 		{"old-splice-mode", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:2", "--mode", "splice"}, 2, "is --mode pipe"},
 		{"udp-idle", []string{"proxy", "--udp", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:2", "--idle", "0s"}, 2, "--idle: want a positive duration"},
+		{"bad-metrics-addr", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:2", "--metrics-addr", "9464"}, 2, `--metrics-addr "9464": want HOST:PORT`},
+		{"metrics-addr-taken", []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:2", "--mode", "copy", "--metrics-addr", "127.0.0.1:1"}, 1, "--metrics-addr: listen tcp 127.0.0.1:1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := subprocess(bin, tc.args...)
-			if tc.name == "listen-not-permitted" {
+			if tc.name == "listen-not-permitted" || tc.name == "metrics-addr-taken" {
 				// Port 1 needs privileges we drop below.
 				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 			}
