@@ -131,6 +131,13 @@ static __always_inline struct sock_state *new_state(struct bpf_sock *sk, struct 
 	st->tx_msgs = 0;
 	st->pass_msgs = 0;
 	st->flags = 0;
+	st->cgroup_id = 0;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (tp) {
+		st->cgroup_id = BPF_CORE_READ((struct sock *)tp, sk_cgrp_data.cgroup, kn, id);
+		struct cgroup_traffic zero = {};
+		bpf_map_update_elem(&cgroup_sends, &st->cgroup_id, &zero, BPF_NOEXIST);
+	}
 	return st;
 }
 
@@ -425,12 +432,34 @@ static __always_inline int check_peer(struct peer_ref *ref, struct tcp_sock *sel
 	return REDIRECT_OK;
 }
 
-static __always_inline int fall_back(struct sock_state *st)
+/* Counts a send of a held socket for its cgroup. */
+static __always_inline void count_send(struct sock_state *st, __u32 size, int redirected)
+{
+	struct cgroup_traffic *c = bpf_map_lookup_elem(&cgroup_sends, &st->cgroup_id);
+	if (!c)
+		return;
+	if (redirected) {
+		c->redirected_bytes += size;
+		c->redirected_sends++;
+	} else {
+		c->tcp_bytes += size;
+		c->tcp_sends++;
+	}
+}
+
+/* The send takes TCP. */
+static __always_inline int pass(struct sock_state *st, __u32 size)
+{
+	st->pass_msgs++;
+	count_send(st, size, 0);
+	return SK_PASS;
+}
+
+static __always_inline int fall_back(struct sock_state *st, __u32 size)
 {
 	if (!(__sync_fetch_and_or(&st->flags, STATE_FALLBACK) & STATE_FALLBACK))
 		count(CNT_FALLBACK);
-	st->pass_msgs++;
-	return SK_PASS;
+	return pass(st, size);
 }
 
 /* The sending socket's state; NULL for sockets shunt does not hold. */
@@ -448,19 +477,18 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 	struct sock_state *st = state_of(sk);
 	if (!st || !sk)
 		return SK_PASS;
-	if (st->flags & STATE_FALLBACK) {
-		st->pass_msgs++;
-		return SK_PASS;
-	}
+	__u32 size = msg->size;
+	if (st->flags & STATE_FALLBACK)
+		return pass(st, size);
 
 	__u32 zero = 0;
 	struct control_word *ctl = bpf_map_lookup_elem(&control, &zero);
 	if (!ctl || ctl->draining)
-		return fall_back(st);
+		return fall_back(st, size);
 
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (!tp)
-		return fall_back(st);
+		return fall_back(st, size);
 
 	/* The peer's entry: published by sockops, gone when it left. */
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->peer);
@@ -476,22 +504,20 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 			count(CNT_THROTTLED);
 		/* fall through */
 	default:
-		st->pass_msgs++;
-		return SK_PASS;
+		return pass(st, size);
 	}
 
 	/* A missing peer (closed a moment ago) leaves the send on the TCP
 	 * path, where a closed peer answers as TCP would. */
-	if (bpf_msg_redirect_hash(msg, &sock_hash, &st->peer, BPF_F_INGRESS) != SK_PASS) {
-		st->pass_msgs++;
-		return SK_PASS;
-	}
+	if (bpf_msg_redirect_hash(msg, &sock_hash, &st->peer, BPF_F_INGRESS) != SK_PASS)
+		return pass(st, size);
 	if (st->flags & STATE_THROTTLED)
 		__sync_fetch_and_and(&st->flags, ~STATE_THROTTLED);
 	if (!PSOCK_COUNTS && ref) /* REDIRECT_OK: ref is set */
-		__sync_fetch_and_add(&ref->redirected_in, msg->size);
-	st->tx_bytes += msg->size;
+		__sync_fetch_and_add(&ref->redirected_in, size);
+	st->tx_bytes += size;
 	st->tx_msgs++;
+	count_send(st, size, 1);
 	return SK_PASS;
 }
 

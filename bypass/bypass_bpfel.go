@@ -13,6 +13,14 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type bypassCgroupTraffic struct {
+	_               structs.HostLayout
+	RedirectedBytes uint64
+	RedirectedSends uint64
+	TcpBytes        uint64
+	TcpSends        uint64
+}
+
 type bypassConfig struct {
 	_            structs.HostLayout
 	PendingTtlNs uint64
@@ -113,6 +121,7 @@ type bypassSockState struct {
 	PassMsgs  uint64
 	Flags     uint32
 	Pad       uint32
+	CgroupId  uint64
 }
 
 type bypassSpliceProgram struct {
@@ -151,6 +160,7 @@ type bypassTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	bypassMapCgroupSends         = "cgroup_sends"
 	bypassMapControl             = "control"
 	bypassMapCounters            = "counters"
 	bypassMapExcludedPorts       = "excluded_ports"
@@ -237,6 +247,7 @@ type bypassProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassMapSpecs struct {
+	CgroupSends    *ebpf.MapSpec `ebpf:"cgroup_sends"`
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
@@ -283,6 +294,7 @@ func (o *bypassObjects) Close() error {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassMaps struct {
+	CgroupSends    *ebpf.Map `ebpf:"cgroup_sends"`
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
@@ -296,6 +308,7 @@ type bypassMaps struct {
 
 func (m *bypassMaps) Close() error {
 	return _BypassClose(
+		m.CgroupSends,
 		m.Control,
 		m.Counters,
 		m.ExcludedPorts,

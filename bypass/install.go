@@ -55,6 +55,10 @@ const (
 
 var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs", "excluded_ports", "guard_events"}
 
+// cgroupSendsMap holds per-cgroup send counts (not in pinnedMaps: an
+// install from before it lacks it).
+const cgroupSendsMap = "cgroup_sends"
+
 // learnedMap is pinned beside the install (LearnedDir), not in it, so what
 // shunt learned outlives a removal and applies to the next install.
 const learnedMap = "splice_programs"
@@ -367,6 +371,7 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		"peer_refs":      m.PeerRefs,
 		"excluded_ports": m.ExcludedPorts,
 		"guard_events":   m.GuardEvents,
+		cgroupSendsMap:   m.CgroupSends,
 	}
 }
 
@@ -387,6 +392,11 @@ func Open(dir string) (*Install, error) {
 			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
 		}
 		in.maps[name] = m
+	}
+	// Installs made before per-cgroup counts have no such map; they
+	// still open (and can be removed).
+	if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, cgroupSendsMap), nil); err == nil {
+		in.maps[cgroupSendsMap] = m
 	}
 	learned, err := ebpf.LoadPinnedMap(filepath.Join(LearnedDir(dir), learnedMap), nil)
 	if err != nil {

@@ -147,6 +147,35 @@ func CgroupPathByID(id uint64) string {
 	return found
 }
 
+// CgroupPathsByID finds the directories of several cgroup v2 ids in one walk
+// of the hierarchy; ids of cgroups that no longer exist are left out.
+func CgroupPathsByID(ids []uint64) map[uint64]string {
+	found := map[uint64]string{}
+	want := map[uint64]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	root, err := Cgroup2Root()
+	if err != nil || len(want) == 0 {
+		return found
+	}
+	errStop := errors.New("stop")
+	_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		var st unix.Stat_t
+		if unix.Stat(p, &st) == nil && want[st.Ino] {
+			found[st.Ino] = p
+			if len(found) == len(want) {
+				return errStop
+			}
+		}
+		return nil
+	})
+	return found
+}
+
 // Level is the cgroup's depth below the root of the hierarchy (0 for the
 // root), as the kernel counts it in struct cgroup.
 func (c Cgroup) Level() int {

@@ -36,6 +36,7 @@ type Collector struct {
 	bypassEnabled, bypassCgroups, bypassDraining, guardRunning *prometheus.Desc
 	mapEntries, mapCapacity, learned                           *prometheus.Desc
 	bypassCounters                                             []counter
+	cgroupTraffic                                              [4]*prometheus.Desc
 
 	indexEnabled, indexSockets, indexBackends *prometheus.Desc
 	indexCounters                             []counter
@@ -80,6 +81,12 @@ func New(src Source) *Collector {
 		mapCapacity:    d("bypass", "map_capacity_entries", "Entries each fixed-size map of bypass can hold.", "map"),
 		learned:        d("bypass", "splice_programs_learned", "Programs learned as splice readers (their readers stay on TCP)."),
 		bypassCounters: countersOf("bypass", bypass.Counters{}),
+		cgroupTraffic: [4]*prometheus.Desc{
+			d("bypass", "cgroup_redirected_bytes_total", "Bytes the cgroup's bypassed sockets sent by redirect.", "cgroup"),
+			d("bypass", "cgroup_redirected_sends_total", "Sends of the cgroup's bypassed sockets that went by redirect.", "cgroup"),
+			d("bypass", "cgroup_tcp_bytes_total", "Bytes the cgroup's bypassed sockets sent by TCP (flow control, a reader that needs TCP, draining).", "cgroup"),
+			d("bypass", "cgroup_tcp_sends_total", "Sends of the cgroup's bypassed sockets that went by TCP.", "cgroup"),
+		},
 
 		indexEnabled:  d("index", "enabled", "1 while the socket index is enabled."),
 		indexSockets:  d("index", "sockets", "Sockets indexed now."),
@@ -93,6 +100,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.buildInfo, c.kernelInfo, c.mechanism, c.scrapeErr,
 		c.bypassEnabled, c.bypassCgroups, c.bypassDraining, c.guardRunning, c.mapEntries, c.mapCapacity, c.learned,
 		c.indexEnabled, c.indexSockets, c.indexBackends} {
+		ch <- d
+	}
+	for _, d := range c.cgroupTraffic {
 		ch <- d
 	}
 	for _, cs := range [][]counter{c.bypassCounters, c.indexCounters} {
@@ -171,6 +181,18 @@ func (c *Collector) collectBypass(ch chan<- prometheus.Metric) error {
 		}
 	}
 	sendCounters(ch, c.bypassCounters, counters)
+	traffic, err := in.CgroupTraffic()
+	if errors.Is(err, bypass.ErrNoCgroupTraffic) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, t := range traffic {
+		for i, v := range []uint64{t.RedirectedBytes, t.RedirectedSends, t.TCPBytes, t.TCPSends} {
+			ch <- prometheus.MustNewConstMetric(c.cgroupTraffic[i], prometheus.CounterValue, float64(v), t.Path)
+		}
+	}
 	return nil
 }
 

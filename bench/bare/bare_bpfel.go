@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	bareMapCgroupSends     = "cgroup_sends"
 	bareMapControl         = "control"
 	bareMapCounters        = "counters"
 	bareMapExcludedPorts   = "excluded_ports"
@@ -77,6 +78,7 @@ type bareProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bareMapSpecs struct {
+	CgroupSends    *ebpf.MapSpec `ebpf:"cgroup_sends"`
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
@@ -114,6 +116,7 @@ func (o *bareObjects) Close() error {
 //
 // It can be passed to loadBareObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bareMaps struct {
+	CgroupSends    *ebpf.Map `ebpf:"cgroup_sends"`
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
@@ -127,6 +130,7 @@ type bareMaps struct {
 
 func (m *bareMaps) Close() error {
 	return _BareClose(
+		m.CgroupSends,
 		m.Control,
 		m.Counters,
 		m.ExcludedPorts,

@@ -60,6 +60,16 @@ struct sock_state {
 	__u64 pass_msgs;   /* sends left on the TCP path */
 	__u32 flags;       /* enum state_flags */
 	__u32 _pad;
+	__u64 cgroup_id;   /* the socket's cgroup (v2 id), the key of its cgroup_sends */
+};
+
+/* What one cgroup's bypassed sockets sent, per CPU. Sends of its sockets
+ * that shunt does not hold go by TCP uncounted. */
+struct cgroup_traffic {
+	__u64 redirected_bytes;
+	__u64 redirected_sends;
+	__u64 tcp_bytes;   /* sends that took TCP although the socket is held */
+	__u64 tcp_sends;
 };
 
 enum state_flags {

@@ -44,6 +44,18 @@ struct {
 	__type(value, __u64);
 } counters SEC(".maps");
 
+/* Per-cgroup send counts, keyed by cgroup id; an entry is made when a
+ * socket of the cgroup is paired. LRU: past MAX_CGROUPS, the cgroups that
+ * sent least recently (mostly gone ones) lose their counts first. */
+#define MAX_CGROUPS 16384
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(max_entries, MAX_CGROUPS);
+	__type(key, __u64);
+	__type(value, struct cgroup_traffic);
+} cgroup_sends SEC(".maps");
+
 /* Each paired socket publishes itself here, so its peer's sk_msg can see how
  * much redirected data it has not read yet (flow control) and how its reader
  * reads (reads: STATE_READS and STATE_TCP_READER, set by shunt_reads). The

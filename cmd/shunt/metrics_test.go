@@ -111,6 +111,9 @@ func TestMetricsFollowBypassAndIndex(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", w.name, w.labels, got, w.want)
 		}
 	}
+	if v := value(t, fams, "shunt_bypass_cgroup_redirected_bytes_total", "cgroup", cg.Path); v < 5 {
+		t.Errorf("the cgroup's redirected bytes are %v, want at least the 5 of hello", v)
+	}
 	if value(t, fams, "shunt_kernel_info", "release", hostRelease(t)) != 1 {
 		t.Error("shunt_kernel_info does not name this kernel")
 	}
