@@ -59,7 +59,8 @@ const (
 	bypassCounterCNT_REFUSED_SENDS    bypassCounter = 16
 	bypassCounterCNT_SPLICE_REFUSED   bypassCounter = 17
 	bypassCounterCNT_ZEROCOPY_REFUSED bypassCounter = 18
-	bypassCounterCNT_MAX              bypassCounter = 19
+	bypassCounterCNT_CGROUPS_FULL     bypassCounter = 19
+	bypassCounterCNT_MAX              bypassCounter = 20
 )
 
 type bypassEventKind uint32

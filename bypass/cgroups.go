@@ -25,8 +25,9 @@ type CgroupTraffic struct {
 var ErrNoCgroupTraffic = errors.New("this install keeps no per-cgroup counts: it was enabled by an older shunt")
 
 // CgroupTraffic lists the counts of every cgroup that still exists, by
-// path. The counts live in an LRU map of MAX_CGROUPS entries: past that,
-// the cgroups that sent least recently lose theirs.
+// path, and deletes those of cgroups that are gone (a socket a gone cgroup
+// left behind is no longer counted), so that the map (16,384 cgroups) holds
+// live ones.
 func (in *Install) CgroupTraffic() ([]CgroupTraffic, error) {
 	m, ok := in.maps[cgroupSendsMap]
 	if !ok {
@@ -58,6 +59,8 @@ func (in *Install) CgroupTraffic() ([]CgroupTraffic, error) {
 	for _, t := range out {
 		if t.Path = paths[t.ID]; t.Path != "" {
 			kept = append(kept, t)
+		} else {
+			_ = m.Delete(t.ID)
 		}
 	}
 	sort.Slice(kept, func(i, j int) bool { return kept[i].Path < kept[j].Path })

@@ -86,7 +86,7 @@ func TestCgroupTrafficLeavesOutGoneCgroups(t *testing.T) {
 		}
 		return false
 	}
-	if !listed() {
+	if !listed() || !in.CgroupCounted(cg.ID) {
 		t.Fatal("the cgroup is not listed while its connection is open")
 	}
 	c.Close()
@@ -96,5 +96,8 @@ func TestCgroupTrafficLeavesOutGoneCgroups(t *testing.T) {
 	}
 	if listed() {
 		t.Error("a removed cgroup is still listed")
+	}
+	if in.CgroupCounted(cg.ID) {
+		t.Error("the removed cgroup's counts are still in the map after a listing")
 	}
 }

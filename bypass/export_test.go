@@ -24,3 +24,9 @@ func (in *Install) HandshakeEntries() int { return countKeys(in.maps["handshakes
 
 // RedirectSettle is how long a leave or a removal waits for redirects in flight.
 const RedirectSettle = redirectSettle
+
+// CgroupCounted says whether cgroup_sends holds an entry for the cgroup id.
+func (in *Install) CgroupCounted(id uint64) bool {
+	var v []bypassCgroupTraffic
+	return in.maps[cgroupSendsMap].Lookup(id, &v) == nil
+}

@@ -42,6 +42,7 @@ type Counters struct {
 	RefusedSends    uint64 `json:"sends_refused" help:"Sends failed with EACCES: the peer splices with redirected bytes unread (until the guard resets it)."`
 	SplicesRefused  uint64 `json:"splices_refused" help:"splice(2) calls from a bypassed socket refused with EINVAL before reading (BPF LSM kernels): the application read instead."`
 	ZerocopyRefused uint64 `json:"zerocopy_refused" help:"setsockopt(SO_ZEROCOPY) calls on a bypassed socket refused with EOPNOTSUPP: no completion would ever come."`
+	CgroupsFull     uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -157,6 +158,7 @@ func (in *Install) Counters() (Counters, error) {
 		RefusedSends:    sum(bypassCounterCNT_REFUSED_SENDS),
 		SplicesRefused:  sum(bypassCounterCNT_SPLICE_REFUSED),
 		ZerocopyRefused: sum(bypassCounterCNT_ZEROCOPY_REFUSED),
+		CgroupsFull:     sum(bypassCounterCNT_CGROUPS_FULL),
 	}, nil
 }
 
@@ -189,6 +191,7 @@ func countKeys(m *ebpf.Map) int {
 // Detach run it; readers do not, so tests see what the kernel left.
 func (in *Install) sweep() {
 	in.SweepHandshakes()
+	in.CgroupTraffic() // deletes the counts of cgroups that are gone
 	var key bypassSockKey
 	var gone []bypassSockKey
 	it := in.maps["peer_refs"].Iterate()

@@ -117,6 +117,7 @@ enum counter {
 	CNT_REFUSED_SENDS,  /* sends refused (EACCES): the peer splices with redirected bytes unread */
 	CNT_SPLICE_REFUSED, /* splice(2) calls from a bypassed socket refused (EINVAL) before reading: the application reads instead */
 	CNT_ZEROCOPY_REFUSED, /* setsockopt(SO_ZEROCOPY) on a bypassed socket refused (EOPNOTSUPP) */
+	CNT_CGROUPS_FULL,     /* sockets paired whose cgroup found no room in cgroup_sends: their sends are not counted per cgroup */
 	CNT_MAX,
 };
 

@@ -45,12 +45,13 @@ struct {
 } counters SEC(".maps");
 
 /* Per-cgroup send counts, keyed by cgroup id; an entry is made when a
- * socket of the cgroup is paired. LRU: past MAX_CGROUPS, the cgroups that
- * sent least recently (mostly gone ones) lose their counts first. */
+ * socket of the cgroup is paired, and deleted by user space once the cgroup
+ * is gone. A plain per-CPU hash: its lookup is inlined (an LRU's is not,
+ * and measured dearer per send). */
 #define MAX_CGROUPS 16384
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, MAX_CGROUPS);
 	__type(key, __u64);
 	__type(value, struct cgroup_traffic);
