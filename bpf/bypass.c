@@ -118,6 +118,8 @@ static __always_inline void register_handshake(struct bpf_sock_ops *skops)
 	count(CNT_AMBIGUOUS);
 }
 
+#define E2BIG 7
+
 static __always_inline struct sock_state *new_state(struct bpf_sock *sk, struct sock_key *self,
 						     struct sock_key *peer)
 {
@@ -135,7 +137,6 @@ static __always_inline struct sock_state *new_state(struct bpf_sock *sk, struct 
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (tp) {
 		st->cgroup_id = BPF_CORE_READ((struct sock *)tp, sk_cgrp_data.cgroup, kn, id);
-#define E2BIG 7
 		struct cgroup_traffic zero = {};
 		if (!bpf_map_lookup_elem(&cgroup_sends, &st->cgroup_id) &&
 		    bpf_map_update_elem(&cgroup_sends, &st->cgroup_id, &zero, BPF_NOEXIST) == -E2BIG)

@@ -127,24 +127,7 @@ func ResolveCgroup(path string) (Cgroup, error) {
 // CgroupPathByID finds the directory of a cgroup v2 id by walking the
 // hierarchy. It returns "" when the cgroup no longer exists.
 func CgroupPathByID(id uint64) string {
-	root, err := Cgroup2Root()
-	if err != nil {
-		return ""
-	}
-	found := ""
-	errStop := errors.New("stop")
-	_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-		if err != nil || !d.IsDir() {
-			return nil
-		}
-		var st unix.Stat_t
-		if unix.Stat(p, &st) == nil && st.Ino == id {
-			found = p
-			return errStop
-		}
-		return nil
-	})
-	return found
+	return CgroupPathsByID([]uint64{id})[id]
 }
 
 // CgroupPathsByID finds the directories of several cgroup v2 ids in one walk

@@ -546,6 +546,12 @@ func TestSlowUpstreamHoldsClient(t *testing.T) {
 		if err := <-got; err != nil {
 			t.Fatalf("%s: %v", mode, err)
 		}
+		if mode == proxy.Kernel {
+			waitIdle(t, p)
+			if st := p.Stats(); st.Throttled == 0 {
+				t.Errorf("kernel: stats %+v: flow control held the client back, yet no hand-off to user space was counted", st)
+			}
+		}
 	}
 	// Four socket buffers lie on the way (client send, proxy receive,
 	// proxy send, upstream receive); autotuning decides how full they get,
