@@ -143,15 +143,25 @@ func (l *lab) waitSubscribers(n int) {
 	}
 }
 
+// subscriberStats is what the forwarder counts for subscriber c.
+func (l *lab) subscriberStats(c *net.TCPConn) fanout.SubscriberStats {
+	l.t.Helper()
+	for _, s := range l.stats().Subscribers {
+		if s.Peer == c.LocalAddr().String() {
+			return s
+		}
+	}
+	l.t.Fatalf("the forwarder has no subscriber %s", c.LocalAddr())
+	return fanout.SubscriberStats{}
+}
+
 // waitDrained waits until the forwarder holds nothing for subscriber c.
 func (l *lab) waitDrained(c *net.TCPConn) {
 	l.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		for _, s := range l.stats().Subscribers {
-			if s.Peer == c.LocalAddr().String() && s.Queued == 0 {
-				return
-			}
+		if l.subscriberStats(c).Queued == 0 {
+			return
 		}
 		if time.Now().After(deadline) {
 			l.t.Fatalf("subscriber %s still has bytes queued after 30 s", c.LocalAddr())
@@ -784,7 +794,8 @@ func TestKernelPathNoLeak(t *testing.T) {
 		for i, c := range conns {
 			c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			if r := readFramed(c, 0, 100); r.err != nil || r.n != 100 {
-				t.Fatalf("round %d, subscriber %d: %d messages, %v", round, i, r.n, r.err)
+				t.Fatalf("round %d, subscriber %d: %d messages, %v; the forwarder's count: %+v, totals %+v",
+					round, i, r.n, r.err, l.subscriberStats(c), l.stats().Totals)
 			}
 			if i%2 == 0 {
 				c.SetLinger(0) // reset
