@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin/shunt
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: help deps build generate test test-kernels vet try compat compat-bench package test-package manifests clean
+.PHONY: help deps build generate test test-kernels vet try compat compat-bench package test-package manifests dashboard-snapshot clean
 
 help:
 	@echo "make deps      install build and test dependencies (Debian 12, as root)"
@@ -17,6 +17,7 @@ help:
 	@echo "make package   build out/package/shunt_VERSION_amd64.deb (nfpm): binary, shunt-agent unit, config, completions"
 	@echo "make test-package  build the .deb, install it here, check it, run its unit's command under its capabilities, purge it (as root)"
 	@echo "make test-kernels  the kernel-dependent tests on Debian's 6.1 and 6.12 kernels under qemu (as root, ~10 min)"
+	@echo "make dashboard-snapshot  draw the Grafana dashboard on real data into docs/img/dashboard.png (as root, ~3 min)"
 
 deps:
 	./scripts/deps.sh
@@ -63,6 +64,9 @@ test-package: package
 
 try: build
 	./scripts/try.sh $(BIN)
+
+dashboard-snapshot:
+	./scripts/dashboard-snapshot.sh
 
 clean:
 	rm -rf bin
