@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -37,9 +36,10 @@ type Options struct {
 	Version    string
 	Features   host.Features
 	Log        io.Writer // one line per change it makes or problem it meets
-	// KubeClient talks to the API server; nil: made from the
-	// configuration (kubeconfig, or the in-cluster service account).
-	KubeClient kubernetes.Interface
+	// KubePods lists and watches pods (a clientset's CoreV1().Pods(""));
+	// nil: a client made from the configuration (kubeconfig, or the
+	// in-cluster service account).
+	KubePods kube.PodClient
 }
 
 // resync reconciles even without an event, in case one was missed.
@@ -464,15 +464,15 @@ func (a *Agent) startKube(ctx context.Context) error {
 	if k == nil {
 		return nil
 	}
-	client := a.opts.KubeClient
-	if client == nil {
+	pods := a.opts.KubePods
+	if pods == nil {
 		var err error
-		if client, err = kubeClient(k.Kubeconfig); err != nil {
+		if pods, err = kubePods(k.Kubeconfig); err != nil {
 			return err
 		}
 	}
 	sel := kube.Selector{Namespaces: k.Namespaces, Labels: k.Labels, Annotation: k.Annotation}
-	w := kube.NewWatcher(client, k.NodeName, sel, func() {
+	w := kube.NewWatcher(pods, k.NodeName, sel, func() {
 		select {
 		case a.kick <- struct{}{}:
 		default:
@@ -503,9 +503,9 @@ func (a *Agent) stopKube() {
 	a.kube = nil
 }
 
-// kubeClient connects with a kubeconfig file, or as the pod's service
+// kubePods connects with a kubeconfig file, or as the pod's service
 // account where the file is not given.
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+func kubePods(kubeconfig string) (kube.PodClient, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -516,7 +516,7 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w (set kubernetes.kubeconfig outside a cluster)", err)
 	}
-	return kubernetes.NewForConfig(cfg)
+	return kube.PodClientFor(cfg)
 }
 
 func (a *Agent) watchDown(dir string, depth int) {

@@ -74,7 +74,7 @@ func TestAgentBypassesSelectedPods(t *testing.T) {
 
 			config := filepath.Join(t.TempDir(), "config.yaml")
 			writeConfig(t, config, fmt.Sprintf("kubernetes:\n  node_name: node-a\n  labels: {app: web}\n  cgroup_root: %q\nbypass:\n  guard: false\n", root))
-			runAgentWith(t, agent.Options{ConfigPath: config, PinDir: pin, Features: host.Probe(), KubeClient: client})
+			runAgentWith(t, agent.Options{ConfigPath: config, PinDir: pin, Features: host.Probe(), KubePods: client.CoreV1().Pods("")})
 			waitEnabled(t, pin, webPod)
 
 			// Traffic in the web pod's container is bypassed.

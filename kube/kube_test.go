@@ -75,16 +75,8 @@ func TestWatcherFollowsPods(t *testing.T) {
 		pod("shop", "web-2", "node-b", "uid-3", corev1.PodQOSBurstable, web), // another node
 	)
 	var changes atomic.Int32
-	w := kube.NewWatcher(client, "node-a", kube.Selector{Labels: web}, func() { changes.Add(1) })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	w := kube.NewWatcher(client.CoreV1().Pods(""), "node-a", kube.Selector{Labels: web}, func() { changes.Add(1) })
+	ctx := runWatcher(t, w)
 	want := func(uids ...string) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -134,4 +126,19 @@ func equal(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// runWatcher runs w until the test ends, failing it if Run fails; the
+// context is the watch's.
+func runWatcher(t *testing.T, w *kube.Watcher) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return ctx
 }

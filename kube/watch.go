@@ -9,12 +9,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -49,7 +45,7 @@ type Pod struct {
 
 // Watcher keeps the selected pods of one node, from the API server.
 type Watcher struct {
-	client   kubernetes.Interface
+	source   PodClient
 	node     string
 	sel      Selector
 	onChange func()
@@ -59,20 +55,18 @@ type Watcher struct {
 	synced bool
 }
 
-// NewWatcher watches node's pods through client; onChange is called (from
+// NewWatcher watches node's pods through pods; onChange is called (from
 // the watch's goroutine) whenever the selected set may have changed.
-func NewWatcher(client kubernetes.Interface, node string, sel Selector, onChange func()) *Watcher {
-	return &Watcher{client: client, node: node, sel: sel, onChange: onChange, pods: map[types.UID]Pod{}}
+func NewWatcher(pods PodClient, node string, sel Selector, onChange func()) *Watcher {
+	return &Watcher{source: pods, node: node, sel: sel, onChange: onChange, pods: map[types.UID]Pod{}}
 }
 
 // Run watches until ctx ends. It returns an error if the first list does
 // not complete within a minute (no API server, or no right to list pods).
 func (w *Watcher) Run(ctx context.Context) error {
-	f := informers.NewSharedInformerFactoryWithOptions(w.client, 10*time.Minute,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", w.node).String()
-		}))
-	inf := f.Core().V1().Pods().Informer()
+	// The informer ends with Run, also when Run gives up on the first list.
+	ictx, stop := context.WithCancel(ctx)
+	inf := cache.NewSharedIndexInformer(podsOfNode(ictx, w.source, w.node), &corev1.Pod{}, 10*time.Minute, cache.Indexers{})
 	update := func(obj any) {
 		if p, ok := podOf(obj); ok {
 			w.set(p)
@@ -90,7 +84,15 @@ func (w *Watcher) Run(ctx context.Context) error {
 			}
 		},
 	})
-	f.Start(ctx.Done())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		inf.Run(ictx.Done())
+	}()
+	defer func() {
+		stop()
+		<-stopped
+	}()
 	syncCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if !cache.WaitForCacheSync(syncCtx.Done(), inf.HasSynced) {
@@ -104,7 +106,6 @@ func (w *Watcher) Run(ctx context.Context) error {
 	w.mu.Unlock()
 	w.onChange()
 	<-ctx.Done()
-	f.Shutdown()
 	return nil
 }
 
