@@ -794,8 +794,9 @@ func TestKernelPathNoLeak(t *testing.T) {
 		for i, c := range conns {
 			c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			if r := readFramed(c, 0, 100); r.err != nil || r.n != 100 {
-				t.Fatalf("round %d, subscriber %d: %d messages, %v; the forwarder's count: %+v, totals %+v",
-					round, i, r.n, r.err, l.subscriberStats(c), l.stats().Totals)
+				feeds, targets, cookies, err := l.f.KernelMapEntries()
+				t.Fatalf("round %d, subscriber %d: %d messages, %v; the forwarder's count: %+v, totals %+v; in the maps: %d feeds, %d targets, %d cookies (%v)",
+					round, i, r.n, r.err, l.subscriberStats(c), l.stats().Totals, feeds, targets, cookies, err)
 			}
 			if i%2 == 0 {
 				c.SetLinger(0) // reset
