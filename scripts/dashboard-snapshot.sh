@@ -116,7 +116,8 @@ import socket, sys, time
 conns = [socket.create_connection(("127.0.0.1", int(sys.argv[1]))) for _ in range(10)]
 time.sleep(3600)
 ' $echo_port
-# for SECONDS redis-benchmark ARGS...: SET then GET, again and again.
+# for_secs SECONDS CMD...: runs CMD again and again for that long (each
+# redis-benchmark run below does its SETs, then its GETs).
 for_secs() {
   local end=$((SECONDS + $1)); shift
   while [ $SECONDS -lt $end ]; do timeout $((end - SECONDS + 1)) "$@" || true; done

@@ -132,3 +132,25 @@ func TestQueryAndLegend(t *testing.T) {
 		t.Errorf("legend without a format %q, want the labels in order", got)
 	}
 }
+
+// Values read as Grafana writes them for the dashboard's units.
+func TestFormatValue(t *testing.T) {
+	for _, tc := range []struct {
+		v    float64
+		unit string
+		want string
+	}{
+		{0.74, "percentunit", "74%"},
+		{0.0018, "percentunit", "0.18%"},
+		{3 << 20, "Bps", "3 MiB/s"},
+		{512, "bytes", "512 B"},
+		{1536, "bytes", "1.50 KiB"},
+		{47, "cps", "47"},
+		{12500, "ops", "12.5 k"},
+		{2e9, "short", "2 G"},
+	} {
+		if got := formatValue(tc.v, tc.unit); got != tc.want {
+			t.Errorf("formatValue(%v, %q) = %q, want %q", tc.v, tc.unit, got, tc.want)
+		}
+	}
+}

@@ -40,28 +40,29 @@ func formatValue(v float64, unit string) string {
 	return si(v)
 }
 
-func si(v float64) string {
-	for _, p := range []struct {
-		f float64
-		s string
-	}{{1e9, "G"}, {1e6, "M"}, {1e3, "k"}} {
-		if math.Abs(v) >= p.f {
-			return trim(v/p.f) + " " + p.s
-		}
-	}
-	return trim(v)
+type prefix struct {
+	f float64
+	s string
 }
 
-func binary(v float64) string {
-	for _, p := range []struct {
-		f float64
-		s string
-	}{{1 << 30, "Gi"}, {1 << 20, "Mi"}, {1 << 10, "Ki"}} {
+var (
+	siPrefixes     = []prefix{{1e9, "G"}, {1e6, "M"}, {1e3, "k"}}
+	binaryPrefixes = []prefix{{1 << 30, "Gi"}, {1 << 20, "Mi"}, {1 << 10, "Ki"}}
+)
+
+func si(v float64) string { return scaled(v, siPrefixes, "") }
+
+func binary(v float64) string { return scaled(v, binaryPrefixes, " ") }
+
+// scaled writes v with the largest prefix it reaches, or bare with plain
+// after it.
+func scaled(v float64, prefixes []prefix, plain string) string {
+	for _, p := range prefixes {
 		if math.Abs(v) >= p.f {
 			return trim(v/p.f) + " " + p.s
 		}
 	}
-	return trim(v) + " "
+	return trim(v) + plain
 }
 
 func trim(v float64) string {
