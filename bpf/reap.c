@@ -9,6 +9,7 @@
 
 #include "include/kernel.h"
 #include "include/sk_btf.h"
+#include "include/reaped.h"
 #include "include/index_keys.h"
 
 char __license[] SEC("license") = "GPL";
@@ -24,21 +25,6 @@ volatile const struct reap_config {
 	__u8 dry_run; /* report, do not destroy */
 	__u8 _pad;
 } reap_cfg;
-
-/* What the iterator reports for each socket it matched. */
-struct reaped {
-	__u64 cookie;
-	__u64 netns_cookie;
-	__u8 local[16];
-	__u8 remote[16];
-	__u16 local_port;
-	__u16 remote_port;
-	__u8 family;
-	__u8 proto;
-	__u8 _pad[2];
-	__s32 err; /* bpf_sock_destroy's result */
-	__u32 _pad2;
-};
 
 /* skc is the iterator's own pointer: the kfunc accepts only that. */
 /* Keeps struct reaped in BTF so bpf2go generates its Go twin. */
@@ -64,26 +50,19 @@ static __always_inline void reap(struct bpf_iter_meta *meta, struct sock_common 
 SEC("iter/tcp")
 int shunt_reap_tcp(struct bpf_iter__tcp *ctx)
 {
+	/* One load of the pointer, checked: the kfunc takes only that. */
 	struct sock_common *skc = ctx->sk_common;
-	struct sock *sk = iter_tcp_sock(skc);
-	if (!sk)
-		return 0;
-	__u8 st = sk->__sk_common.skc_state;
-	if (st == TCP_LISTEN || st == TCP_CLOSE)
-		return 0;
-	reap(ctx->meta, skc, sk, IPPROTO_TCP);
+	struct sock *sk = skc ? iter_tcp_conn(skc) : NULL;
+	if (sk)
+		reap(ctx->meta, skc, sk, IPPROTO_TCP);
 	return 0;
 }
 
 SEC("iter/udp")
 int shunt_reap_udp(struct bpf_iter__udp *ctx)
 {
-	struct udp_sock *udp = ctx->udp_sk;
-	if (!udp)
-		return 0;
-	struct sock *sk = (struct sock *)udp;
-	if (sk->__sk_common.skc_state != TCP_ESTABLISHED /* connected */)
-		return 0;
-	reap(ctx->meta, (struct sock_common *)udp, sk, IPPROTO_UDP);
+	struct sock *sk = iter_udp_conn(ctx->udp_sk);
+	if (sk)
+		reap(ctx->meta, (struct sock_common *)sk, sk, IPPROTO_UDP);
 	return 0;
 }

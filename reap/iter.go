@@ -2,12 +2,10 @@ package reap
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -99,18 +97,36 @@ func reapIter(ctx context.Context, t Target, opts Options, res *Result) error {
 // namespace through sock_diag, each by tuple and cookie.
 func destroyFound(out []byte, res *Result) error {
 	var socks []sockindex.Socket
-	for _, r := range decodeReaped(out) {
-		socks = append(socks, sockindex.Socket{
-			Proto:       sockindex.Proto(r.Proto),
-			Family:      int(r.Family),
-			Local:       netip.AddrPortFrom(netip.AddrFrom16(r.Local).Unmap(), r.LocalPort),
-			Remote:      netip.AddrPortFrom(netip.AddrFrom16(r.Remote).Unmap(), r.RemotePort),
-			Cookie:      r.Cookie,
-			NetnsCookie: r.NetnsCookie,
-			LocalKnown:  true,
-			KeepsPort:   r.Proto == uint8(sockindex.UDP),
-		})
+	for _, r := range bpfiter.Records[reapiterReaped](out) {
+		socks = append(socks, FoundSocket(r.Proto, r.Family, r.Local, r.LocalPort, r.Remote, r.RemotePort, r.Cookie, r.NetnsCookie))
 	}
+	return destroyHere(socks, res)
+}
+
+// FoundSocket is a socket an iterator found, as DestroyHere takes it.
+func FoundSocket(proto, family uint8, local [16]byte, lport uint16, remote [16]byte, rport uint16, cookie, netns uint64) sockindex.Socket {
+	return sockindex.Socket{
+		Proto:       sockindex.Proto(proto),
+		Family:      int(family),
+		Local:       netip.AddrPortFrom(netip.AddrFrom16(local).Unmap(), lport),
+		Remote:      netip.AddrPortFrom(netip.AddrFrom16(remote).Unmap(), rport),
+		Cookie:      cookie,
+		NetnsCookie: netns,
+		LocalKnown:  true,
+		KeepsPort:   proto == uint8(sockindex.UDP),
+	}
+}
+
+// DestroyHere destroys sockets an iterator found in the calling thread's
+// network namespace through sock_diag (kernels without bpf_sock_destroy),
+// each by tuple and cookie, so a socket closed and reused meanwhile is
+// spared.
+func DestroyHere(socks []sockindex.Socket) (*Result, error) {
+	res := &Result{}
+	return res, destroyHere(socks, res)
+}
+
+func destroyHere(socks []sockindex.Socket, res *Result) error {
 	d, err := openDiag()
 	if err != nil {
 		return err
@@ -119,20 +135,8 @@ func destroyFound(out []byte, res *Result) error {
 	return destroyIn(d, socks, false, res)
 }
 
-func decodeReaped(out []byte) []reapiterReaped {
-	size := int(unsafe.Sizeof(reapiterReaped{}))
-	var rs []reapiterReaped
-	for len(out) >= size {
-		var r reapiterReaped
-		_, _ = binary.Decode(out[:size], binary.NativeEndian, &r)
-		out = out[size:]
-		rs = append(rs, r)
-	}
-	return rs
-}
-
 func appendReaped(res *Result, out []byte, destroying bool) {
-	for _, r := range decodeReaped(out) {
+	for _, r := range bpfiter.Records[reapiterReaped](out) {
 		s := Socket{
 			Proto:       sockindex.Proto(r.Proto).String(),
 			Local:       netip.AddrPortFrom(netip.AddrFrom16(r.Local).Unmap(), r.LocalPort).String(),

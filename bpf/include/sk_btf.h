@@ -32,3 +32,25 @@ static __always_inline struct sock *iter_tcp_sock(struct sock_common *skc)
 		return NULL;
 	return (struct sock *)bpf_skc_to_tcp_sock(skc);
 }
+
+/* The TCP socket an iter/tcp program is at if it is a connection (not a
+ * listener, not closed), else NULL. */
+static __always_inline struct sock *iter_tcp_conn(struct sock_common *skc)
+{
+	struct sock *sk = iter_tcp_sock(skc);
+	if (!sk)
+		return NULL;
+	__u8 st = sk->__sk_common.skc_state;
+	if (st == TCP_LISTEN || st == TCP_CLOSE)
+		return NULL;
+	return sk;
+}
+
+/* The UDP socket an iter/udp program is at if it is connected, else NULL. */
+static __always_inline struct sock *iter_udp_conn(struct udp_sock *udp)
+{
+	struct sock *sk = (struct sock *)udp;
+	if (!sk || sk->__sk_common.skc_state != TCP_ESTABLISHED /* connected */)
+		return NULL;
+	return sk;
+}

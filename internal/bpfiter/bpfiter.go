@@ -2,7 +2,9 @@
 package bpfiter
 
 import (
+	"encoding/binary"
 	"io"
+	"unsafe"
 
 	"github.com/cilium/ebpf/link"
 )
@@ -16,4 +18,19 @@ func Read(it *link.Iter) ([]byte, error) {
 	}
 	defer r.Close()
 	return io.ReadAll(r)
+}
+
+// Records splits what an iterator wrote into fixed-size records of T, the
+// Go twin of the struct its program writes with bpf_seq_write.
+func Records[T any](out []byte) []T {
+	var zero T
+	size := int(unsafe.Sizeof(zero))
+	rs := make([]T, 0, len(out)/size)
+	for len(out) >= size {
+		var r T
+		_, _ = binary.Decode(out[:size], binary.NativeEndian, &r)
+		out = out[size:]
+		rs = append(rs, r)
+	}
+	return rs
 }
