@@ -27,6 +27,7 @@ command -v nc >/dev/null || need+=(netcat-openbsd)
 command -v promtool >/dev/null || need+=(prometheus) # promtool checks shunt metrics' output
 command -v wrk >/dev/null || need+=(wrk) # make compat-bench
 command -v memcaslap >/dev/null || need+=(libmemcached-tools) # make compat-bench
+command -v nft >/dev/null || need+=(nftables) # policy parity with netfilter (policy/)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   # Installing haproxy, nginx and prometheus must not start them as services.

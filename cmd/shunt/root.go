@@ -14,6 +14,7 @@ import (
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/policy"
 	"github.com/shunt-project/shunt/sockindex"
 )
 
@@ -64,8 +65,9 @@ func finish(err error, e *env) int {
 }
 
 type globals struct {
-	pinDir   string
-	indexDir string
+	pinDir    string
+	indexDir  string
+	policyDir string
 }
 
 func newRoot(e *env) *cobra.Command {
@@ -81,6 +83,7 @@ func newRoot(e *env) *cobra.Command {
   shunt agent             keep bypass as a configuration file declares it
   shunt flows             the connections bypassed now
   shunt index enable      index connected sockets by backend
+  shunt policy            egress rules of a cgroup, held whichever path the bytes take
   shunt reap              destroy every socket connected to a backend
   shunt fanout            relay a UDP feed to many TCP subscribers
   shunt proxy             a TCP proxy whose connections are joined in the kernel
@@ -99,6 +102,11 @@ func newRoot(e *env) *cobra.Command {
 		defIndex = sockindex.DefaultPinDir
 	}
 	root.PersistentFlags().StringVar(&g.indexDir, "index-dir", defIndex, "bpffs directory holding the socket index (env SHUNT_INDEX_DIR)")
+	defPolicy := os.Getenv("SHUNT_POLICY_DIR")
+	if defPolicy == "" {
+		defPolicy = policy.DefaultPinDir
+	}
+	root.PersistentFlags().StringVar(&g.policyDir, "policy-dir", defPolicy, "bpffs directory holding the policy (env SHUNT_POLICY_DIR)")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see '%s --help')", err, c.CommandPath())}
 	})
@@ -111,7 +119,7 @@ func newRoot(e *env) *cobra.Command {
 		}
 		return nil
 	}
-	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newMetricsCmd(e, g), newAgentCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newReapCmd(e, g), newFanoutCmd(e), newProxyCmd(e), newSpliceCmd(e), newDaemonCmd(e), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
+	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newMetricsCmd(e, g), newAgentCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newPolicyCmd(e, g), newReapCmd(e, g), newFanoutCmd(e), newProxyCmd(e), newSpliceCmd(e), newDaemonCmd(e), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
 	return root
 }
 

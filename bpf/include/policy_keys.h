@@ -1,0 +1,103 @@
+/* Keys and values of the policy maps, shared with Go (bpf2go -type). */
+#pragma once
+
+#include <linux/types.h>
+#include "reaped.h"
+
+/* Rules one address can meet in one scope: those of the longest prefix
+ * holding it and of every shorter prefix covering that one. */
+#define POLICY_LIST_LEN 32
+#define POLICY_MAX_RULES 16384
+#define POLICY_MAX_SCOPES 1024
+
+enum policy_action {
+	POLICY_ALLOW = 1,
+	POLICY_DENY = 2,
+};
+
+/* What a counter counts: which hook decided. */
+enum policy_hook {
+	POLICY_HOOK_CONNECT,
+	POLICY_HOOK_SEND,
+	POLICY_HOOK_SWEEP,
+};
+
+/* The LPM trie's key. Two rulesets live side by side (slot 0 and 1), so
+ * an apply writes the new one while the old one decides, then flips
+ * policy_active. IPv4 (and IPv4-mapped IPv6) addresses are family 4 with
+ * the address in addr[0..3], so an IPv6 prefix never covers them. */
+struct policy_key {
+	__u32 prefixlen; /* POLICY_KEY_FIXED_BITS + the CIDR's bits */
+	__u8 slot;
+	__u8 family; /* 4 or 6 */
+	__u8 _pad[2];
+	__u64 scope; /* cgroup id */
+	__u8 addr[16];
+};
+
+#define POLICY_KEY_FIXED_BITS ((1 + 1 + 2 + 8) * 8)
+
+/* One rule as the programs see it; ports in host order, both inclusive. */
+struct policy_entry {
+	__u16 port_lo;
+	__u16 port_hi;
+	__u8 proto; /* 0: any, else IPPROTO_TCP or IPPROTO_UDP */
+	__u8 action;
+	__u16 _pad;
+	__u32 rule; /* counter id */
+};
+
+/* The rules of a prefix then those of the prefixes covering it, in the
+ * order they take precedence: the first that matches port and protocol
+ * decides. */
+struct policy_list {
+	__u32 n;
+	__u32 _pad;
+	struct policy_entry e[POLICY_LIST_LEN];
+};
+
+struct policy_scope_key {
+	__u64 scope; /* cgroup id */
+	__u32 slot;
+	__u32 _pad;
+};
+
+struct policy_scope {
+	__u32 default_rule; /* counter id of the scope's default */
+	__u8 default_action;
+	__u8 _pad[3];
+};
+
+/* Per rule, per CPU. */
+struct policy_counter {
+	__u64 connects; /* connect() calls it decided */
+	__u64 sends;    /* unconnected UDP sends it decided */
+	__u64 closed;   /* open connections an apply's sweep closed by it */
+};
+
+/* What the sweep reports for each connection it closed (or, before 6.5,
+ * found for sock_diag to close): what reap reports, and the rule. */
+struct policy_swept {
+	struct reaped r;
+	__u32 rule;
+	__u32 _pad;
+};
+
+/* A rule as it was given, for `shunt policy show`: the programs never read
+ * this. Keyed by struct policy_rule_key. */
+struct policy_rule_key {
+	__u32 slot;
+	__u32 rule;
+};
+
+struct policy_rule_info {
+	__u64 scope;
+	__u8 addr[16];
+	__u16 port_lo;
+	__u16 port_hi;
+	__u8 bits; /* prefix length */
+	__u8 family;
+	__u8 proto;
+	__u8 action;
+	__u32 seq; /* position in the scope's rules; ~0 for the default */
+};

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/shunt-project/shunt/internal/testenv"
+	"github.com/shunt-project/shunt/policy"
+)
+
+// TestPolicyCommands drives add, default, show, delete, apply and clear.
+func TestPolicyCommands(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	must := func(args ...string) string {
+		t.Helper()
+		out, stderr, code := runShunt(t, nil, append(args, "--policy-dir", dir)...)
+		if code != 0 {
+			t.Fatalf("shunt %v: exit %d: %s", args, code, stderr)
+		}
+		return out
+	}
+	show := func() policy.Report {
+		t.Helper()
+		var rep policy.Report
+		if err := json.Unmarshal([]byte(must("policy", "show", "--json")), &rep); err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	if out := must("policy", "show"); !strings.Contains(out, "no policy") {
+		t.Errorf("show before any rule: %q", out)
+	}
+	must("policy", "add", "--cgroup", cg.Path, "--action", "deny", "--cidr", "10.1.0.0/16", "--port", "80-81", "--proto", "tcp")
+	must("policy", "add", "--cgroup", cg.Path, "--action", "allow", "--cidr", "fd00::1")
+	must("policy", "default", "--cgroup", cg.Path, "deny")
+	rep := show()
+	if len(rep.Scopes) != 1 || rep.Scopes[0].Cgroup != cg.Path || rep.Scopes[0].Default != policy.Deny || len(rep.Scopes[0].Egress) != 2 {
+		t.Fatalf("show after add: %+v", rep)
+	}
+	if r := rep.Scopes[0].Egress[0]; r.CIDR.String() != "10.1.0.0/16" || r.Ports != (policy.Ports{Lo: 80, Hi: 81}) || r.Proto != policy.TCP || r.Action != policy.Deny {
+		t.Errorf("first rule: %+v", r)
+	}
+	if out := must("policy", "show"); !strings.Contains(out, "10.1.0.0/16") || !strings.Contains(out, "(default)") {
+		t.Errorf("show: %q", out)
+	}
+	must("policy", "delete", "--cgroup", cg.Path, "--action", "deny", "--cidr", "10.1.0.0/16", "--port", "80-81", "--proto", "tcp")
+	if rep := show(); len(rep.Scopes[0].Egress) != 1 || rep.Scopes[0].Egress[0].CIDR.String() != "fd00::1/128" {
+		t.Errorf("show after delete: %+v", rep)
+	}
+
+	// apply replaces everything, and a file written from show reads back.
+	f := filepath.Join(t.TempDir(), "policy.yaml")
+	rs := show().Ruleset()
+	rs.Scopes[0].Egress = append(rs.Scopes[0].Egress, policy.Rule{Action: policy.Allow, CIDR: mustPrefix(t, "192.0.2.0/24"), Ports: policy.Ports{Lo: 53, Hi: 53}, Proto: policy.UDP})
+	b, err := rs.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(f, b, 0o644)
+	must("policy", "apply", "-f", f)
+	if rep := show(); len(rep.Scopes[0].Egress) != 2 {
+		t.Errorf("show after apply: %+v", rep)
+	}
+
+	must("policy", "clear", "--cgroup", cg.Path)
+	if rep := show(); len(rep.Scopes) != 0 {
+		t.Errorf("show after clear --cgroup: %+v", rep)
+	}
+	must("policy", "clear")
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s is still there after clear", dir)
+	}
+}
+
+// TestPolicyBadInput: one line naming the rule and field, exit 2, nothing
+// applied.
+func TestPolicyBadInput(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := testenv.MustPinDir(t)
+	cg := testenv.MustCgroup(t)
+	file := func(text string) string {
+		f := filepath.Join(t.TempDir(), "policy.yaml")
+		os.WriteFile(f, []byte(strings.ReplaceAll(text, "CG", cg.Path)), 0o644)
+		return f
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"malformed cidr flag", []string{"add", "--cgroup", cg.Path, "--action", "deny", "--cidr", "10.0.0.300/8"}, `--cidr: "10.0.0.300/8" is not an address prefix`},
+		{"host bits", []string{"add", "--cgroup", cg.Path, "--action", "deny", "--cidr", "10.1.2.3/8"}, "egress rule 1: cidr: 10.1.2.3/8 has bits set past its prefix length: did you mean 10.0.0.0/8?"},
+		{"port out of range", []string{"add", "--cgroup", cg.Path, "--action", "deny", "--cidr", "10.0.0.0/8", "--port", "70000"}, `--port: "70000" is not a port or range`},
+		{"empty range", []string{"add", "--cgroup", cg.Path, "--action", "deny", "--cidr", "10.0.0.0/8", "--port", "90-80"}, "is an empty range"},
+		{"missing cgroup", []string{"add", "--cgroup", cg.Path + "-nope", "--action", "deny", "--cidr", "10.0.0.0/8"}, "--cgroup: cgroup " + cg.Path + "-nope does not exist"},
+		{"bad action", []string{"add", "--cgroup", cg.Path, "--action", "drop", "--cidr", "10.0.0.0/8"}, `--action: "drop" is not an action`},
+		{"ingress", []string{"add", "--cgroup", cg.Path, "--direction", "ingress", "--action", "deny", "--cidr", "10.0.0.0/8"}, "--direction: \"ingress\": only egress rules exist so far"},
+		{"unknown field", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: deny, cidr: 10.0.0.0/8, ports: 80}]\n")}, "field ports not found"},
+		{"file: port", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress:\n      - {action: deny, cidr: 10.0.0.0/8}\n      - {action: deny, cidr: 10.0.0.0/8, port: 0}\n")}, `"0" is not a port or range`},
+		{"file: missing cgroup", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n  - cgroup: CG-nope\n")}, "scope 2: cgroup: cgroup " + cg.Path + "-nope does not exist"},
+		{"file: mapped", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: deny, cidr: \"::ffff:10.0.0.0/104\"}]\n")}, "scope 1 (" + cg.Path + ") egress rule 1: cidr: ::ffff:10.0.0.0/104 is IPv4-mapped: write it as IPv4 (10.0.0.0/8)"},
+		{"file: duplicate", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: deny, cidr: 10.0.0.0/8}, {action: deny, cidr: 10.0.0.0/8, port: any}]\n")}, "egress rule 2: same as rule 1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, stderr, code := runShunt(t, nil, append(append([]string{"policy"}, c.args...), "--policy-dir", dir)...)
+			if code != 2 {
+				t.Errorf("exit %d, want 2", code)
+			}
+			oneLine(t, stderr, c.want)
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Errorf("%s exists after a refused change", dir)
+			}
+		})
+	}
+}
+
+func mustPrefix(t *testing.T, s string) netip.Prefix {
+	t.Helper()
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

@@ -1,0 +1,135 @@
+package policy
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// scopeRules is a scope with its cgroup resolved.
+type scopeRules struct {
+	Scope
+	id uint64
+}
+
+// compiled is a ruleset as map entries for one slot.
+type compiled struct {
+	lists  map[policyPolicyKey]policyPolicyList
+	scopes map[policyPolicyScopeKey]policyPolicyScope
+	infos  map[policyPolicyRuleKey]policyPolicyRuleInfo
+	ids    []uint32 // every counter the slot uses
+}
+
+// precedes orders the rules of one prefix: the first that matches decides.
+// A narrower port range first, then a named protocol before any, then deny
+// before allow, then the order written.
+func precedes(a, b Rule) int {
+	if c := cmp.Compare(int(a.Ports.Hi)-int(a.Ports.Lo), int(b.Ports.Hi)-int(b.Ports.Lo)); c != 0 {
+		return c
+	}
+	if (a.Proto == Any) != (b.Proto == Any) {
+		if a.Proto != Any {
+			return -1
+		}
+		return 1
+	}
+	if a.Action != b.Action {
+		if a.Action == Deny {
+			return -1
+		}
+		return 1
+	}
+	return 0
+}
+
+// ruleKey names a rule across applies, so a rule that stays keeps its
+// counter.
+func ruleKey(scope uint64, r *Rule) string {
+	if r == nil {
+		return fmt.Sprintf("%d default", scope)
+	}
+	return fmt.Sprintf("%d %s", scope, r)
+}
+
+func family(p netip.Prefix) uint8 {
+	if p.Addr().Is4() {
+		return 4
+	}
+	return 6
+}
+
+func lpmKey(slot uint8, scope uint64, p netip.Prefix) policyPolicyKey {
+	k := policyPolicyKey{Prefixlen: uint32(policyKeyFixedBits + p.Bits()), Slot: slot, Family: family(p), Scope: scope}
+	a := p.Addr().AsSlice()
+	copy(k.Addr[:], a)
+	return k
+}
+
+// policyKeyFixedBits is POLICY_KEY_FIXED_BITS: slot, family, pad and scope.
+const policyKeyFixedBits = (1 + 1 + 2 + 8) * 8
+
+// compile lays out scopes for slot. id gives each rule's counter id.
+func compile(slot uint8, scopes []scopeRules, id func(key string) uint32) (*compiled, error) {
+	c := &compiled{
+		lists:  map[policyPolicyKey]policyPolicyList{},
+		scopes: map[policyPolicyScopeKey]policyPolicyScope{},
+		infos:  map[policyPolicyRuleKey]policyPolicyRuleInfo{},
+	}
+	for si, s := range scopes {
+		did := id(ruleKey(s.id, nil))
+		c.ids = append(c.ids, did)
+		c.scopes[policyPolicyScopeKey{Scope: s.id, Slot: uint32(slot)}] = policyPolicyScope{DefaultRule: did, DefaultAction: uint8(s.Default)}
+		c.infos[policyPolicyRuleKey{Slot: uint32(slot), Rule: did}] = policyPolicyRuleInfo{Scope: s.id, Action: uint8(s.Default), Seq: ^uint32(0)}
+
+		// Each prefix's rules, in precedence order, with their ids.
+		type ruled struct {
+			Rule
+			id uint32
+		}
+		byPrefix := map[netip.Prefix][]ruled{}
+		for j := range s.Egress {
+			r := s.Egress[j]
+			rid := id(ruleKey(s.id, &r))
+			c.ids = append(c.ids, rid)
+			byPrefix[r.CIDR] = append(byPrefix[r.CIDR], ruled{r, rid})
+			info := policyPolicyRuleInfo{
+				Scope: s.id, PortLo: r.Ports.Lo, PortHi: r.Ports.Hi, Bits: uint8(r.CIDR.Bits()),
+				Family: family(r.CIDR), Proto: uint8(r.Proto), Action: uint8(r.Action), Seq: uint32(j),
+			}
+			copy(info.Addr[:], r.CIDR.Addr().AsSlice())
+			c.infos[policyPolicyRuleKey{Slot: uint32(slot), Rule: rid}] = info
+		}
+		for p := range byPrefix {
+			slices.SortStableFunc(byPrefix[p], func(a, b ruled) int { return precedes(a.Rule, b.Rule) })
+		}
+		// A lookup returns the longest prefix only, so each prefix's list
+		// goes on with the rules of every prefix covering it, longest first.
+		for p, own := range byPrefix {
+			var l policyPolicyList
+			add := func(rs []ruled) error {
+				for _, r := range rs {
+					if l.N == maxPerAddr {
+						return &InputError{
+							Where: fmt.Sprintf("scope %d (%s)", si+1, s.Cgroup), Field: "egress",
+							Err: fmt.Errorf("more than %d rules apply to %s and the prefixes covering it", maxPerAddr, p),
+						}
+					}
+					l.E[l.N] = policyPolicyEntry{PortLo: r.Ports.Lo, PortHi: r.Ports.Hi, Proto: uint8(r.Proto), Action: uint8(r.Action), Rule: r.id}
+					l.N++
+				}
+				return nil
+			}
+			if err := add(own); err != nil {
+				return nil, err
+			}
+			for bits := p.Bits() - 1; bits >= 0; bits-- {
+				if err := add(byPrefix[netip.PrefixFrom(p.Addr(), bits).Masked()]); err != nil {
+					return nil, err
+				}
+			}
+			c.lists[lpmKey(slot, s.id, p)] = l
+		}
+	}
+	return c, nil
+}

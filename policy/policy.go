@@ -1,0 +1,253 @@
+// Package policy enforces egress rules at the socket layer: which addresses,
+// ports and protocols the sockets of a cgroup subtree may connect and send
+// to, decided by cgroup sock_addr programs (connect4/6, sendmsg4/6) before a
+// byte leaves, whichever path the connection's bytes take afterwards (TCP,
+// shunt's bypass or a splice). An apply replaces the whole ruleset at once
+// and closes the open connections the new rules deny.
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/pin"
+)
+
+// DefaultPinDir is where the policy lives in bpffs.
+const DefaultPinDir = "/sys/fs/bpf/shunt-policy"
+
+// ErrNotEnabled means no policy is pinned at the directory.
+var ErrNotEnabled = errors.New("no policy is installed (add a rule, or run: shunt policy apply -f FILE)")
+
+const (
+	mapsDir  = "maps"
+	progsDir = "progs" // the sweep's iterators: verified once, at install
+	linksDir = "links" // links/<scope cgroup id>/<hook>
+)
+
+// The hooks each scope gets, pinned as cgroup links.
+var hooks = []struct {
+	name   string
+	attach ebpf.AttachType
+	prog   func(*scopePrograms) *ebpf.Program
+}{
+	{"connect4", ebpf.AttachCGroupInet4Connect, func(p *scopePrograms) *ebpf.Program { return p.Connect4 }},
+	{"connect6", ebpf.AttachCGroupInet6Connect, func(p *scopePrograms) *ebpf.Program { return p.Connect6 }},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(p *scopePrograms) *ebpf.Program { return p.Sendmsg4 }},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(p *scopePrograms) *ebpf.Program { return p.Sendmsg6 }},
+}
+
+// scopePrograms are the programs one scope attaches, loaded with its id.
+type scopePrograms struct {
+	Connect4 *ebpf.Program `ebpf:"shunt_policy_connect4"`
+	Connect6 *ebpf.Program `ebpf:"shunt_policy_connect6"`
+	Sendmsg4 *ebpf.Program `ebpf:"shunt_policy_sendmsg4"`
+	Sendmsg6 *ebpf.Program `ebpf:"shunt_policy_sendmsg6"`
+}
+
+func (p *scopePrograms) Close() {
+	for _, h := range hooks {
+		if prog := h.prog(p); prog != nil {
+			prog.Close()
+		}
+	}
+}
+
+// Policy is a policy pinned in bpffs.
+type Policy struct {
+	dir   string
+	maps  policyMaps
+	sweep sweepPrograms
+}
+
+// Dir returns the pin directory.
+func (p *Policy) Dir() string { return p.dir }
+
+func pinnedMaps(m *policyMaps) map[string]**ebpf.Map {
+	return map[string]**ebpf.Map{
+		"rules":      &m.PolicyRules,
+		"scopes":     &m.PolicyScopes,
+		"active":     &m.PolicyActive,
+		"counters":   &m.PolicyCounters,
+		"conns":      &m.PolicyConns,
+		"rule_infos": &m.PolicyRuleInfos,
+	}
+}
+
+// Create installs an empty policy (no scope: everything allowed) at dir, or
+// opens the one there.
+func Create(dir string) (*Policy, error) {
+	if p, err := Open(dir); err == nil {
+		return p, nil
+	} else if !errors.Is(err, ErrNotEnabled) {
+		return nil, err
+	}
+	err := pin.Install(dir, build)
+	if err != nil {
+		return nil, err
+	}
+	return Open(dir)
+}
+
+// build makes the maps and the sweep's programs and pins them in dir.
+func build(dir string) error {
+	spec, err := loadPolicy()
+	if err != nil {
+		return fmt.Errorf("load BPF spec: %w", err)
+	}
+	// Before 6.5 the sweep can only find; user space closes through
+	// sock_diag what it found.
+	var cfg policyPolicyConfig
+	if !host.HasSockDestroy() {
+		cfg.SweepFindsOnly = 1
+	}
+	if err := spec.Variables["pcfg"].Set(cfg); err != nil {
+		return fmt.Errorf("configure BPF: %w", err)
+	}
+	var objs struct {
+		policyMaps
+		sweepPrograms
+	}
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return host.Explain(fmt.Errorf("load BPF objects: %w", err), "the policy", host.MinKernel)
+	}
+	defer objs.policyMaps.Close()
+	defer objs.sweepPrograms.Close()
+	for _, d := range []string{mapsDir, progsDir, linksDir} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			return err
+		}
+	}
+	for name, m := range pinnedMaps(&objs.policyMaps) {
+		if err := (*m).Pin(filepath.Join(dir, mapsDir, name)); err != nil {
+			return fmt.Errorf("pin map %s: %w", name, err)
+		}
+	}
+	for name, prog := range objs.sweepPrograms.pinned() {
+		if err := (*prog).Pin(filepath.Join(dir, progsDir, name)); err != nil {
+			return fmt.Errorf("pin program %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Open opens the policy pinned at dir.
+func Open(dir string) (*Policy, error) {
+	if _, err := os.Stat(filepath.Join(dir, linksDir)); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, ErrNotEnabled
+		}
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	p := &Policy{dir: dir}
+	for name, dst := range pinnedMaps(&p.maps) {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil)
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
+		}
+		*dst = m
+	}
+	for name, dst := range p.sweep.pinned() {
+		prog, err := ebpf.LoadPinnedProgram(filepath.Join(dir, progsDir, name), nil)
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("open pinned program %s: %w", name, err)
+		}
+		*dst = prog
+	}
+	return p, nil
+}
+
+// Close releases this process's handles; the pinned policy stays in force.
+func (p *Policy) Close() error {
+	p.sweep.Close()
+	return p.maps.Close()
+}
+
+// Remove detaches every scope's programs and removes the policy: from then
+// on nothing is denied.
+func (p *Policy) Remove() error {
+	p.Close()
+	if err := os.RemoveAll(p.dir); err != nil {
+		return fmt.Errorf("remove %s: %w", p.dir, err)
+	}
+	return nil
+}
+
+func (p *Policy) activeSlot() (uint8, error) {
+	var s uint32
+	if err := p.maps.PolicyActive.Lookup(uint32(0), &s); err != nil {
+		return 0, fmt.Errorf("read the active ruleset: %w", err)
+	}
+	return uint8(s & 1), nil
+}
+
+// attachedScopes lists the cgroup ids that have programs attached.
+func (p *Policy) attachedScopes() (map[uint64]bool, error) {
+	ents, err := os.ReadDir(filepath.Join(p.dir, linksDir))
+	if err != nil {
+		return nil, err
+	}
+	ids := map[uint64]bool{}
+	for _, e := range ents {
+		if id, err := strconv.ParseUint(e.Name(), 10, 64); err == nil {
+			ids[id] = true
+		}
+	}
+	return ids, nil
+}
+
+// attach loads a scope's programs with its id and attaches them to its
+// cgroup, pinned under links/<id>. Built beside its final name, so a crash
+// leaves either every hook of the scope or none.
+func (p *Policy) attach(spec *ebpf.CollectionSpec, s scopeRules) error {
+	spec = spec.Copy()
+	if err := spec.Variables["pcfg"].Set(policyPolicyConfig{Scope: s.id}); err != nil {
+		return fmt.Errorf("configure BPF: %w", err)
+	}
+	var progs scopePrograms
+	opts := &ebpf.CollectionOptions{MapReplacements: p.replacements()}
+	if err := spec.LoadAndAssign(&progs, opts); err != nil {
+		return host.Explain(fmt.Errorf("load policy programs: %w", err), "the policy", host.MinKernel)
+	}
+	defer progs.Close()
+	dir := filepath.Join(p.dir, linksDir, strconv.FormatUint(s.id, 10))
+	return pin.Install(dir, func(tmp string) error {
+		for _, h := range hooks {
+			l, err := link.AttachCgroup(link.CgroupOptions{Path: s.Cgroup, Attach: h.attach, Program: h.prog(&progs)})
+			if err != nil {
+				return fmt.Errorf("attach %s to %s: %w", h.name, s.Cgroup, err)
+			}
+			err = l.Pin(filepath.Join(tmp, h.name))
+			l.Close()
+			if err != nil {
+				return fmt.Errorf("pin %s link: %w", h.name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// detach removes a scope's programs.
+func (p *Policy) detach(id uint64) error {
+	return os.RemoveAll(filepath.Join(p.dir, linksDir, strconv.FormatUint(id, 10)))
+}
+
+func (p *Policy) replacements() map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{
+		"policy_rules":      p.maps.PolicyRules,
+		"policy_scopes":     p.maps.PolicyScopes,
+		"policy_active":     p.maps.PolicyActive,
+		"policy_counters":   p.maps.PolicyCounters,
+		"policy_conns":      p.maps.PolicyConns,
+		"policy_rule_infos": p.maps.PolicyRuleInfos,
+	}
+}

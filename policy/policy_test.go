@@ -1,0 +1,579 @@
+package policy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/testenv"
+	"github.com/shunt-project/shunt/policy"
+)
+
+// mustPolicy installs an empty policy at a fresh pin directory.
+func mustPolicy(t *testing.T) *policy.Policy {
+	t.Helper()
+	testenv.RequireRoot(t)
+	testenv.WatchKernelLog(t)
+	p, err := policy.Create(testenv.MustPinDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Remove() })
+	return p
+}
+
+func mustApply(t testing.TB, p *policy.Policy, rs policy.Ruleset) *policy.ApplyResult {
+	t.Helper()
+	res, err := p.Apply(context.Background(), rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func mustParse(t testing.TB, text string) policy.Ruleset {
+	t.Helper()
+	rs, err := policy.Parse([]byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+// mustAddressNS is a namespace where all of 10.9.0.0/16 and fd09::/64 are
+// local, so a connection to any of their addresses reaches a listener on
+// the wildcard address.
+func mustAddressNS(t *testing.T) *testenv.NetNS {
+	t.Helper()
+	ns := testenv.MustNetNS(t)
+	for _, args := range [][]string{
+		{"route", "add", "local", "10.9.0.0/16", "dev", "lo"},
+		{"-6", "route", "add", "local", "fd09::/64", "dev", "lo"},
+	} {
+		cmd := append([]string{"-n", ns.Name}, args...)
+		if out, err := exec.Command("ip", cmd...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", cmd, err, out)
+		}
+	}
+	return ns
+}
+
+// listeners serve every port of ports over TCP (echoing) and UDP, dual
+// stack, created on side.
+func listeners(t *testing.T, side testenv.Side, ports ...int) {
+	t.Helper()
+	for _, port := range ports {
+		ln := testenv.Listen(t, side, "tcp", fmt.Sprintf("[::]:%d", port))
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				// Read and write, not io.Copy: Go would splice(2), which a
+				// bypassed socket's reader must not (see bypass).
+				go func() {
+					defer c.Close()
+					buf := make([]byte, 4096)
+					for {
+						n, err := c.Read(buf)
+						if err != nil {
+							return
+						}
+						if _, err := c.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+				}()
+			}
+		}()
+		var pc net.PacketConn
+		var err error
+		side.Make(t, func() { pc, err = net.ListenPacket("udp", fmt.Sprintf("[::]:%d", port)) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+	}
+}
+
+// What a case does.
+type op int
+
+const (
+	tcpConnect op = iota
+	udpConnect
+	udpSendto
+)
+
+func (o op) String() string { return [...]string{"tcp connect", "udp connect", "udp sendto"}[o] }
+
+type verdictCase struct {
+	op     op
+	dst    string // address; an IPv4-mapped one is used from an AF_INET6 socket
+	port   int
+	allow  bool
+	reason string
+}
+
+func (c verdictCase) String() string {
+	return fmt.Sprintf("%s [%s]:%d", c.op, c.dst, c.port)
+}
+
+// attempt runs one case on the calling thread and returns nil if the
+// kernel let it through. An allowed TCP connection also echoes a message.
+func attempt(c verdictCase) error {
+	a := netip.MustParseAddr(c.dst)
+	fam := unix.AF_INET6
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: a.As16(), Port: c.port}
+	if a.Is4() {
+		fam = unix.AF_INET
+		sa = &unix.SockaddrInet4{Addr: a.As4(), Port: c.port}
+	}
+	typ := unix.SOCK_DGRAM
+	if c.op == tcpConnect {
+		typ = unix.SOCK_STREAM
+	}
+	fd, err := unix.Socket(fam, typ|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	defer unix.Close(fd)
+	tv := unix.Timeval{Sec: 1}
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	switch c.op {
+	case udpSendto:
+		return unix.Sendto(fd, []byte("x"), 0, sa)
+	case udpConnect:
+		if err := unix.Connect(fd, sa); err != nil {
+			return err
+		}
+		_, err := unix.Write(fd, []byte("x"))
+		return err
+	}
+	if err := unix.Connect(fd, sa); err != nil {
+		return err
+	}
+	msg := []byte("hello")
+	if _, err := unix.Write(fd, msg); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if n, err := unix.Read(fd, got); err != nil || n != len(msg) {
+		return fmt.Errorf("echo: %d bytes, %v", n, err)
+	}
+	return nil
+}
+
+// The ruleset of the verdict table and, below, the same intent as
+// nftables rules, written in the order policy.md says rules take
+// precedence (first match wins in both).
+const tableRules = `
+scopes:
+  - cgroup: %s
+    egress:
+      - {action: deny, cidr: 10.9.0.0/24, port: 80, proto: tcp}
+      - {action: allow, cidr: 10.9.0.7}
+      - {action: deny, cidr: 10.9.0.0/16, port: 5432}
+      - {action: deny, cidr: "fd09::/64", proto: udp}
+      - {action: allow, cidr: "fd09::5", port: 443, proto: udp}
+      - {action: deny, cidr: 127.0.0.1, port: 81-82}
+      - {action: allow, cidr: 127.0.0.1, port: 81, proto: tcp}
+`
+
+const tableNft = `
+table inet shunt_test {
+	chain out {
+		type filter hook output priority 0; policy accept;
+		ct direction reply accept
+		ip daddr 10.9.0.7 accept
+		ip daddr 10.9.0.0/24 tcp dport 80 drop
+		ip daddr 10.9.0.0/16 th dport 5432 drop
+		ip6 daddr fd09::5 udp dport 443 accept
+		ip6 daddr fd09::/64 meta l4proto udp drop
+		ip daddr 127.0.0.1 tcp dport 81 accept
+		ip daddr 127.0.0.1 th dport 81-82 drop
+	}
+}
+`
+
+var table = []verdictCase{
+	{tcpConnect, "10.9.0.1", 80, false, "10.9.0.0/24 tcp 80"},
+	{tcpConnect, "10.9.0.7", 80, true, "the longer 10.9.0.7/32"},
+	{tcpConnect, "10.9.0.1", 443, true, "no rule: default"},
+	{tcpConnect, "10.9.0.1", 5432, false, "the covering 10.9.0.0/16"},
+	{tcpConnect, "10.9.3.1", 5432, false, "10.9.0.0/16 alone"},
+	{tcpConnect, "10.9.0.7", 5432, true, "10.9.0.7/32 before its covering prefixes"},
+	{tcpConnect, "::ffff:10.9.0.1", 80, false, "IPv4-mapped meets IPv4 rules"},
+	{tcpConnect, "::ffff:10.9.0.7", 80, true, "IPv4-mapped, the longer prefix"},
+	{tcpConnect, "fd09::1", 80, true, "fd09::/64 denies udp only"},
+	{tcpConnect, "::1", 81, true, "IPv6 loopback is not 127.0.0.1"},
+	{tcpConnect, "127.0.0.1", 81, true, "the narrower 81 tcp"},
+	{tcpConnect, "127.0.0.1", 82, false, "81-82"},
+	{udpConnect, "10.9.0.1", 80, true, "80 is denied for tcp only"},
+	{udpConnect, "10.9.0.1", 5432, false, "10.9.0.0/16 any protocol"},
+	{udpConnect, "::ffff:127.0.0.1", 81, false, "81 is allowed for tcp only"},
+	{udpConnect, "fd09::5", 443, true, "fd09::5 udp 443"},
+	{udpSendto, "fd09::1", 53, false, "fd09::/64 udp"},
+	{udpSendto, "fd09::5", 443, true, "fd09::5/128 before fd09::/64"},
+	{udpSendto, "fd09::5", 444, false, "fd09::5 allows 443 only"},
+	{udpSendto, "::ffff:10.9.0.1", 5432, false, "IPv4-mapped sendto"},
+	{udpSendto, "127.0.0.1", 81, false, "81 udp"},
+	{udpSendto, "127.0.0.1", 83, true, "past the range"},
+	{udpSendto, "10.9.0.9", 9, true, "default"},
+}
+
+// runTable runs every case from side and reports which were let through.
+func runTable(t *testing.T, side testenv.Side) map[string]error {
+	t.Helper()
+	got := map[string]error{}
+	for _, c := range table {
+		side.Make(t, func() { got[c.String()] = attempt(c) })
+	}
+	return got
+}
+
+func checkTable(t *testing.T, got map[string]error, what string) {
+	t.Helper()
+	for _, c := range table {
+		err := got[c.String()]
+		if (err == nil) != c.allow {
+			t.Errorf("%s: %s: allowed=%v (%v), want %v: %s", what, c, err == nil, err, c.allow, c.reason)
+		}
+		// A refusal at connect or send is EPERM, as netfilter's drop.
+		if !c.allow && err != nil && !errors.Is(err, unix.EPERM) {
+			t.Errorf("%s: %s: denied with %v, want EPERM", what, c, err)
+		}
+	}
+}
+
+// TestVerdicts runs the table over TCP and UDP, IPv4, IPv6 and IPv4-mapped,
+// with and without shunt's bypass on the connections.
+func TestVerdicts(t *testing.T) {
+	for _, mode := range []string{"tcp path", "bypassed"} {
+		t.Run(mode, func(t *testing.T) {
+			p := mustPolicy(t)
+			var cg host.Cgroup
+			var in *bypass.Install
+			if mode == "bypassed" {
+				var err error
+				cg = testenv.MustCgroup(t)
+				in, err = bypass.Create(testenv.MustPinDir(t), bypass.Options{TrustReaders: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { in.Close() })
+				if _, err := in.Attach(cg); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				cg = testenv.MustCgroup(t)
+			}
+			side := testenv.Side{NS: mustAddressNS(t), CG: cg}
+			listeners(t, side, 80, 81, 82, 443, 5432)
+			mustApply(t, p, mustParse(t, fmt.Sprintf(tableRules, cg.Path)))
+			checkTable(t, runTable(t, side), mode)
+			if in != nil {
+				st, err := in.Stats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.Counters.Paired == 0 {
+					t.Errorf("no connection was bypassed: the table did not test the bypass (%+v)", st)
+				}
+			}
+		})
+	}
+}
+
+// TestSameVerdictsAsNftables runs the table against nftables rules of the
+// same intent, with no shunt policy, and expects the same verdicts.
+func TestSameVerdictsAsNftables(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.NeedProgram(t, "nft")
+	ns := mustAddressNS(t)
+	side := testenv.Side{NS: ns}
+	listeners(t, side, 80, 81, 82, 443, 5432)
+	nft := exec.Command("ip", "netns", "exec", ns.Name, "nft", "-f", "-")
+	nft.Stdin = strings.NewReader(tableNft)
+	if out, err := nft.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	got := runTable(t, side)
+	for _, c := range table {
+		err := got[c.String()]
+		if (err == nil) != c.allow {
+			t.Errorf("nftables: %s: allowed=%v (%v), want %v: %s", c, err == nil, err, c.allow, c.reason)
+		}
+	}
+}
+
+// TestNestedScopesMustAllAllow: a child scope cannot allow what its
+// parent denies, and a parent's default does not override a child's deny.
+func TestNestedScopesMustAllAllow(t *testing.T) {
+	p := mustPolicy(t)
+	parent := testenv.MustCgroup(t)
+	child := host.Cgroup{Path: parent.Path + "/child"}
+	if err := os.Mkdir(child.Path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(child.Path) })
+	ns := mustAddressNS(t)
+	listeners(t, testenv.Side{NS: ns}, 80, 443)
+	mustApply(t, p, mustParse(t, fmt.Sprintf(`
+scopes:
+  - cgroup: %s
+    egress: [{action: deny, cidr: 10.9.0.0/24, port: 80}]
+  - cgroup: %s
+    default: deny
+    egress: [{action: allow, cidr: 10.9.0.0/16}]
+`, parent.Path, child.Path)))
+	side := testenv.Side{NS: ns, CG: child}
+	for _, c := range []verdictCase{
+		{tcpConnect, "10.9.0.1", 80, false, "the parent denies"},
+		{tcpConnect, "10.9.0.1", 443, true, "both allow"},
+		{tcpConnect, "127.0.0.1", 443, false, "the child's default denies"},
+	} {
+		var err error
+		side.Make(t, func() { err = attempt(c) })
+		if (err == nil) != c.allow {
+			t.Errorf("%s: allowed=%v (%v), want %v: %s", c, err == nil, err, c.allow, c.reason)
+		}
+	}
+}
+
+// TestApplyClosesDeniedConnections: after an apply, connections the new
+// rules deny fail at their next call and move no further byte, TCP or
+// bypassed or connected UDP; the others go on.
+func TestApplyClosesDeniedConnections(t *testing.T) {
+	p := mustPolicy(t)
+	cg := testenv.MustCgroup(t)
+	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{TrustReaders: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	if _, err := in.Attach(cg); err != nil {
+		t.Fatal(err)
+	}
+	ns := mustAddressNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	listeners(t, side, 80, 443)
+	// A scope must hold the connections when they connect, for the apply
+	// to know them for its own.
+	mustApply(t, p, mustParse(t, fmt.Sprintf("scopes: [{cgroup: %s, egress: [{action: allow, cidr: 10.9.0.0/16}]}]", cg.Path)))
+
+	dial := func(network, addr string) net.Conn {
+		var c net.Conn
+		var err error
+		side.Make(t, func() { c, err = net.DialTimeout(network, addr, time.Second) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	echo := func(c net.Conn) error {
+		c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(c, make([]byte, 4))
+		return err
+	}
+	denied := dial("tcp", "10.9.0.1:80")
+	bypassed := dial("tcp", "10.9.0.2:80")
+	kept := dial("tcp", "10.9.0.1:443")
+	udp := dial("udp", "10.9.0.1:80")
+	for _, c := range []net.Conn{denied, bypassed, kept} {
+		if err := echo(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, _ := in.Stats(); st.Counters.Paired == 0 {
+		t.Fatalf("no connection bypassed: %+v", st)
+	}
+
+	res := mustApply(t, p, mustParse(t, fmt.Sprintf("scopes: [{cgroup: %s, egress: [{action: deny, cidr: 10.9.0.0/16, port: 80}]}]", cg.Path)))
+	if len(res.Closed) != 3 {
+		t.Errorf("apply closed %d connections, want 3 (two TCP, one UDP): %+v", len(res.Closed), res.Closed)
+	}
+	for _, c := range []net.Conn{denied, bypassed} {
+		if err := echo(c); err == nil {
+			t.Errorf("%v -> %v: still echoes after the apply denied it", c.LocalAddr(), c.RemoteAddr())
+		} else if !errors.Is(err, unix.ECONNABORTED) && !errors.Is(err, unix.ECONNRESET) && !errors.Is(err, io.EOF) {
+			t.Errorf("%v -> %v: %v, want ECONNABORTED", c.LocalAddr(), c.RemoteAddr(), err)
+		}
+	}
+	// A destroyed UDP socket is disconnected: sends fail for want of an
+	// address, a read reports the abort.
+	if _, err := udp.Write([]byte("x")); !errors.Is(err, unix.EDESTADDRREQ) {
+		t.Errorf("connected UDP after the apply: send: %v, want EDESTADDRREQ", err)
+	}
+	udp.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := udp.Read(make([]byte, 1)); !errors.Is(err, unix.ECONNABORTED) {
+		t.Errorf("connected UDP after the apply: recv: %v, want ECONNABORTED", err)
+	}
+	if err := echo(kept); err != nil {
+		t.Errorf("a connection the new rules allow: %v", err)
+	}
+	rep, err := p.Show()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Scopes[0].Egress[0].Counts.Closed; got != 3 {
+		t.Errorf("the rule counts %d closed connections, want 3", got)
+	}
+}
+
+// TestApplyIsAtomic flips between two rulesets that both allow port 80 and
+// deny port 443, by different rules, while 1,000 connections open and send:
+// a moment when neither ruleset held would let one through or stop one.
+func TestApplyIsAtomic(t *testing.T) {
+	p := mustPolicy(t)
+	cg := testenv.MustCgroup(t)
+	ns := mustAddressNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	listeners(t, side, 80, 443)
+	a := mustParse(t, fmt.Sprintf(`
+scopes:
+  - cgroup: %s
+    default: deny
+    egress: [{action: allow, cidr: 10.9.0.1, port: 80, proto: tcp}]
+`, cg.Path))
+	b := mustParse(t, fmt.Sprintf(`
+scopes:
+  - cgroup: %s
+    egress:
+      - {action: allow, cidr: 10.9.0.0/24, port: 80}
+      - {action: deny, cidr: 10.9.0.0/16}
+`, cg.Path))
+	// Rules for elsewhere make each apply write long enough for a gap
+	// between the rulesets to be met.
+	for _, rs := range []*policy.Ruleset{&a, &b} {
+		for i := range 2000 {
+			rs.Scopes[0].Egress = append(rs.Scopes[0].Egress, policy.Rule{
+				Action: policy.Deny, CIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 8, byte(i >> 8), byte(i)}), 32),
+			})
+		}
+	}
+	mustApply(t, p, a)
+
+	const conns = 1000
+	var wrong []string
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	flips := 0
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			rs := a
+			if i%2 == 0 {
+				rs = b
+			}
+			if _, err := p.Apply(context.Background(), rs); err != nil {
+				t.Error(err)
+				return
+			}
+			flips++
+		}
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	side.Make(t, func() {
+		for i := 0; i < conns && time.Now().Before(deadline); i++ {
+			c := verdictCase{op: tcpConnect, dst: "10.9.0.1", port: 80, allow: true}
+			if i%2 == 1 {
+				c.port, c.allow = 443, false
+			}
+			if err := attempt(c); (err == nil) != c.allow {
+				mu.Lock()
+				wrong = append(wrong, fmt.Sprintf("%s: %v", c, err))
+				mu.Unlock()
+			}
+			// Paced so that the connections span many applies.
+			time.Sleep(3 * time.Millisecond)
+		}
+	})
+	close(stop)
+	wg.Wait()
+	if flips < 10 {
+		t.Errorf("only %d applies ran during the connections: the test did not test", flips)
+	}
+	if len(wrong) > 0 {
+		t.Errorf("%d of %d connections met neither ruleset (%d applies), first: %s", len(wrong), conns, flips, wrong[0])
+	}
+	t.Logf("%d connections, %d applies", conns, flips)
+}
+
+// TestCounters: each rule and each default counts exactly what it decided.
+func TestCounters(t *testing.T) {
+	p := mustPolicy(t)
+	cg := testenv.MustCgroup(t)
+	ns := mustAddressNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	listeners(t, side, 80)
+	mustApply(t, p, mustParse(t, fmt.Sprintf(`
+scopes:
+  - cgroup: %s
+    egress:
+      - {action: deny, cidr: 10.9.0.0/24, proto: tcp}
+      - {action: deny, cidr: 10.9.0.0/24, port: 53, proto: udp}
+`, cg.Path)))
+	side.Make(t, func() {
+		for range 3 {
+			attempt(verdictCase{op: tcpConnect, dst: "10.9.0.1", port: 80})
+		}
+		for range 2 {
+			attempt(verdictCase{op: udpSendto, dst: "10.9.0.1", port: 53})
+		}
+		attempt(verdictCase{op: tcpConnect, dst: "10.9.1.1", port: 80})
+	})
+	rep, err := p.Show()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := rep.Scopes[0]
+	if s.Cgroup != cg.Path || len(s.Egress) != 2 {
+		t.Fatalf("show: %+v", rep)
+	}
+	if got := s.Egress[0].Counts; got != (policy.Counts{Connects: 3}) {
+		t.Errorf("tcp rule: %+v, want 3 connects", got)
+	}
+	if got := s.Egress[1].Counts; got != (policy.Counts{Sends: 2}) {
+		t.Errorf("udp rule: %+v, want 2 sends", got)
+	}
+	if got := s.Counts; got != (policy.Counts{Connects: 1}) {
+		t.Errorf("default: %+v, want 1 connect", got)
+	}
+	// A rule that stays across an apply keeps its counts.
+	rs := rep.Ruleset()
+	rs.Scopes[0].Egress = rs.Scopes[0].Egress[:1]
+	mustApply(t, p, rs)
+	if rep, err = p.Show(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Scopes[0].Egress[0].Counts; got != (policy.Counts{Connects: 3}) {
+		t.Errorf("after an apply that kept it: %+v, want 3 connects", got)
+	}
+}

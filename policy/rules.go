@@ -1,0 +1,332 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Capacities, as bpf/include/policy_keys.h sizes the maps.
+const (
+	MaxRules   = 16384 // rules of a ruleset, all scopes together
+	MaxScopes  = 1024
+	maxPerAddr = 32 // rules one address can meet in a scope: its prefix's and the covering ones'
+)
+
+// Action is what a rule or a scope's default does to a connection or send.
+type Action uint8
+
+const (
+	Allow Action = Action(policyPolicyActionPOLICY_ALLOW)
+	Deny  Action = Action(policyPolicyActionPOLICY_DENY)
+)
+
+func (a Action) String() string {
+	switch a {
+	case Allow:
+		return "allow"
+	case Deny:
+		return "deny"
+	}
+	return "action(" + strconv.Itoa(int(a)) + ")"
+}
+
+// ParseAction reads "allow" or "deny".
+func ParseAction(s string) (Action, error) {
+	switch s {
+	case "allow":
+		return Allow, nil
+	case "deny":
+		return Deny, nil
+	}
+	return 0, fmt.Errorf("%q is not an action: allow or deny", s)
+}
+
+func (a Action) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
+
+func (a *Action) UnmarshalText(b []byte) (err error) {
+	*a, err = ParseAction(string(b))
+	return err
+}
+
+// Proto is a rule's transport protocol; Any matches TCP and UDP.
+type Proto uint8
+
+const (
+	Any Proto = 0
+	TCP Proto = 6
+	UDP Proto = 17
+)
+
+func (p Proto) String() string {
+	switch p {
+	case Any:
+		return "any"
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	}
+	return "proto(" + strconv.Itoa(int(p)) + ")"
+}
+
+// ParseProto reads "tcp", "udp", or "" / "any" for both.
+func ParseProto(s string) (Proto, error) {
+	switch s {
+	case "", "any":
+		return Any, nil
+	case "tcp":
+		return TCP, nil
+	case "udp":
+		return UDP, nil
+	}
+	return 0, fmt.Errorf("%q is not a protocol: tcp or udp (or leave it out for both)", s)
+}
+
+func (p Proto) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+func (p *Proto) UnmarshalText(b []byte) (err error) {
+	*p, err = ParseProto(string(b))
+	return err
+}
+
+// Ports is an inclusive range of destination ports; the zero value (and
+// 0-65535) means any port.
+type Ports struct{ Lo, Hi uint16 }
+
+// AnyPort matches every port.
+var AnyPort = Ports{0, 65535}
+
+func (p Ports) norm() Ports {
+	if p == (Ports{}) {
+		return AnyPort
+	}
+	return p
+}
+
+func (p Ports) String() string {
+	switch p = p.norm(); {
+	case p == AnyPort:
+		return "any"
+	case p.Lo == p.Hi:
+		return strconv.Itoa(int(p.Lo))
+	}
+	return fmt.Sprintf("%d-%d", p.Lo, p.Hi)
+}
+
+// ParsePorts reads "N", "N-M", or "" / "any" for every port.
+func ParsePorts(s string) (Ports, error) {
+	if s == "" || s == "any" {
+		return AnyPort, nil
+	}
+	lo, hi, isRange := strings.Cut(s, "-")
+	if !isRange {
+		hi = lo
+	}
+	l, err1 := strconv.ParseUint(lo, 10, 16)
+	h, err2 := strconv.ParseUint(hi, 10, 16)
+	if err1 != nil || err2 != nil || l == 0 {
+		return Ports{}, fmt.Errorf("%q is not a port or range: give N or N-M with ports 1-65535", s)
+	}
+	if l > h {
+		return Ports{}, fmt.Errorf("%q is an empty range: the first port must not be above the second", s)
+	}
+	return Ports{uint16(l), uint16(h)}, nil
+}
+
+func (p Ports) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+func (p *Ports) UnmarshalText(b []byte) (err error) {
+	*p, err = ParsePorts(string(b))
+	return err
+}
+
+// Rule is one egress rule of a scope: connections and sends to CIDR, on
+// Ports, over Proto, get Action.
+type Rule struct {
+	Action Action       `yaml:"action" json:"action"`
+	CIDR   netip.Prefix `yaml:"cidr" json:"cidr"`
+	Ports  Ports        `yaml:"port,omitempty" json:"port"`
+	Proto  Proto        `yaml:"proto,omitempty" json:"proto"`
+}
+
+func (r Rule) String() string {
+	return fmt.Sprintf("%s %s port %s proto %s", r.Action, r.CIDR, r.Ports, r.Proto)
+}
+
+// Scope is a cgroup subtree with its rules. Sockets of the cgroup and its
+// descendants get the action of their first matching rule (see POLICY.md
+// for the order), else Default.
+type Scope struct {
+	Cgroup  string `yaml:"cgroup" json:"cgroup"`
+	Default Action `yaml:"default,omitempty" json:"default"`
+	Egress  []Rule `yaml:"egress,omitempty" json:"egress"`
+}
+
+// Ruleset is a whole policy, what `shunt policy apply` installs at once.
+type Ruleset struct {
+	Scopes []Scope `yaml:"scopes" json:"scopes"`
+}
+
+// InputError is a mistake in a ruleset: it names the rule and the field.
+type InputError struct {
+	Where string // "scope 2 (/sys/fs/cgroup/app) egress rule 3"
+	Field string
+	Err   error
+}
+
+func (e *InputError) Error() string {
+	if e.Field == "" {
+		return e.Where + ": " + e.Err.Error()
+	}
+	return e.Where + ": " + e.Field + ": " + e.Err.Error()
+}
+
+func (e *InputError) Unwrap() error { return e.Err }
+
+// Parse reads a ruleset file (docs/POLICY.md). Unknown fields are errors.
+func Parse(b []byte) (Ruleset, error) {
+	var rs Ruleset
+	dec := yaml.NewDecoder(strings.NewReader(string(b)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&rs); err != nil {
+		if err.Error() == "EOF" {
+			return Ruleset{}, nil // an empty file: no rules
+		}
+		return Ruleset{}, &InputError{Where: "policy file", Err: yamlError(err)}
+	}
+	return rs, rs.Check()
+}
+
+// yamlError makes the decoder's message one line.
+func yamlError(err error) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg = strings.ReplaceAll(msg, "unmarshal errors:\n  ", "")
+	return fmt.Errorf("%s", strings.ReplaceAll(msg, "\n  ", "; "))
+}
+
+// Check finds what the kernel could not hold or would take differently
+// from what was written: defaults filled in, prefixes in canonical form.
+func (rs *Ruleset) Check() error {
+	seen := map[string]int{}
+	rules := 0
+	for i := range rs.Scopes {
+		s := &rs.Scopes[i]
+		where := fmt.Sprintf("scope %d", i+1)
+		if s.Cgroup == "" {
+			return &InputError{Where: where, Field: "cgroup", Err: fmt.Errorf("missing: give a cgroup v2 directory")}
+		}
+		where += " (" + s.Cgroup + ")"
+		if j, dup := seen[s.Cgroup]; dup {
+			return &InputError{Where: where, Field: "cgroup", Err: fmt.Errorf("scope %d has the same cgroup: put their rules in one scope", j)}
+		}
+		seen[s.Cgroup] = i + 1
+		if s.Default == 0 {
+			s.Default = Allow
+		}
+		rulesSeen := make(map[Rule]int, len(s.Egress))
+		for j := range s.Egress {
+			r := &s.Egress[j]
+			rw := fmt.Sprintf("%s egress rule %d", where, j+1)
+			if err := r.check(); err != nil {
+				err.Where = rw
+				return err
+			}
+			if k, dup := rulesSeen[*r]; dup {
+				return &InputError{Where: rw, Err: fmt.Errorf("same as rule %d", k)}
+			}
+			rulesSeen[*r] = j + 1
+		}
+		rules += len(s.Egress)
+	}
+	if len(rs.Scopes) > MaxScopes {
+		return &InputError{Where: "policy", Err: fmt.Errorf("%d scopes: at most %d", len(rs.Scopes), MaxScopes)}
+	}
+	if rules > MaxRules {
+		return &InputError{Where: "policy", Err: fmt.Errorf("%d rules: at most %d", rules, MaxRules)}
+	}
+	return nil
+}
+
+func (r *Rule) check() *InputError {
+	switch r.Action {
+	case Allow, Deny:
+	case 0:
+		return &InputError{Field: "action", Err: fmt.Errorf("missing: allow or deny")}
+	default:
+		return &InputError{Field: "action", Err: fmt.Errorf("%v: allow or deny", r.Action)}
+	}
+	if !r.CIDR.IsValid() {
+		return &InputError{Field: "cidr", Err: fmt.Errorf("missing: give an address prefix such as 10.0.0.0/8 or fd00::/8")}
+	}
+	if r.CIDR.Addr().Is4In6() {
+		return &InputError{Field: "cidr", Err: fmt.Errorf("%s is IPv4-mapped: write it as IPv4 (%s), which also covers IPv6 sockets reaching it", r.CIDR, mappedAsV4(r.CIDR))}
+	}
+	if r.CIDR.Addr().Zone() != "" {
+		return &InputError{Field: "cidr", Err: fmt.Errorf("%s has a zone: rules take addresses without one", r.CIDR)}
+	}
+	if m := r.CIDR.Masked(); m != r.CIDR {
+		return &InputError{Field: "cidr", Err: fmt.Errorf("%s has bits set past its prefix length: did you mean %s?", r.CIDR, m)}
+	}
+	r.Ports = r.Ports.norm()
+	return nil
+}
+
+func mappedAsV4(p netip.Prefix) string {
+	bits := p.Bits() - 96
+	if bits < 0 {
+		return "an IPv4 prefix"
+	}
+	return netip.PrefixFrom(p.Addr().Unmap(), bits).Masked().String()
+}
+
+// ParseCIDR reads a prefix, or a bare address as a /32 or /128.
+func ParseCIDR(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p, nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	return netip.Prefix{}, fmt.Errorf("%q is not an address prefix: give one such as 10.0.0.0/8, fd00::/8 or 192.0.2.1", s)
+}
+
+// UnmarshalYAML lets a rule's cidr be a bare address too.
+func (r *Rule) UnmarshalYAML(n *yaml.Node) error {
+	type plain struct {
+		Action Action `yaml:"action"`
+		CIDR   string `yaml:"cidr"`
+		Ports  Ports  `yaml:"port"`
+		Proto  Proto  `yaml:"proto"`
+	}
+	// Node.Decode does not inherit the decoder's KnownFields.
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			switch k := n.Content[i]; k.Value {
+			case "action", "cidr", "port", "proto":
+			default:
+				return fmt.Errorf("line %d: field %s not found in a rule (action, cidr, port, proto)", k.Line, k.Value)
+			}
+		}
+	}
+	var p plain
+	if err := n.Decode(&p); err != nil {
+		return err
+	}
+	*r = Rule{Action: p.Action, Ports: p.Ports, Proto: p.Proto}
+	if p.CIDR == "" {
+		return nil
+	}
+	c, err := ParseCIDR(p.CIDR)
+	if err != nil {
+		return fmt.Errorf("line %d: cidr: %w", n.Line, err)
+	}
+	r.CIDR = c
+	return nil
+}
+
+// Marshal writes a ruleset in the file format Parse reads.
+func (rs Ruleset) Marshal() ([]byte, error) { return yaml.Marshal(rs) }
