@@ -70,18 +70,19 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 	next := old ^ 1
 
 	// Counter ids: a rule already in force keeps its id, and its counts.
-	oldInfos, err := p.infos(old)
+	infos, err := p.allInfos()
 	if err != nil {
 		return nil, err
 	}
-	keep := map[string]uint32{}
-	used := map[uint32]bool{}
+	oldInfos := infos[old]
+	keep := make(map[ruleName]uint32, len(oldInfos))
+	used := make(map[uint32]bool, len(oldInfos))
 	for id, info := range oldInfos {
-		keep[info.key()] = id
+		keep[info.name()] = id
 		used[id] = true
 	}
 	nextID := uint32(1)
-	id := func(key string) uint32 {
+	id := func(key ruleName) uint32 {
 		if id, ok := keep[key]; ok {
 			return id
 		}
@@ -96,16 +97,12 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		return nil, err
 	}
 
-	spec, err := loadPolicy()
-	if err != nil {
-		return nil, fmt.Errorf("load BPF spec: %w", err)
-	}
 	// What a crash left in the idle slot goes first.
-	if err := p.clearSlot(next); err != nil {
+	if err := p.clearSlot(next, infos[next]); err != nil {
 		return nil, err
 	}
-	if err := c.write(p); err != nil {
-		p.clearSlot(next)
+	if err := c.write(p, oldInfos); err != nil {
+		p.clearSlot(next, c.infoByID())
 		return nil, err
 	}
 	attached, err := p.attachedScopes()
@@ -114,12 +111,19 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 	}
 	// New scopes' programs find no rules in the old slot and allow, as
 	// before; they start deciding at the flip.
+	var spec *ebpf.CollectionSpec
 	for _, s := range scopes {
-		if !attached[s.id] {
-			if err := p.attach(spec, s); err != nil {
-				p.clearSlot(next)
-				return nil, err
+		if complete, ok := attached[s.id]; ok && complete {
+			continue
+		}
+		if spec == nil {
+			if spec, err = loadPolicy(); err != nil {
+				return nil, fmt.Errorf("load BPF spec: %w", err)
 			}
+		}
+		if err := p.attach(spec, s); err != nil {
+			p.clearSlot(next, c.infoByID())
+			return nil, err
 		}
 	}
 	if err := p.maps.PolicyActive.Update(uint32(0), uint32(next), ebpf.UpdateAny); err != nil {
@@ -141,21 +145,14 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 			errs = append(errs, p.detach(id))
 		}
 	}
-	errs = append(errs, p.clearSlot(old))
-	for oldID := range oldInfos {
-		if !c.usesID(oldID) {
-			if err := p.maps.PolicyCounters.Delete(oldID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				errs = append(errs, err)
-			}
-		}
-	}
+	errs = append(errs, p.clearSlot(old, oldInfos), p.dropCounters(oldInfos, c))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("the new ruleset is in force, but cleaning up the old one failed: %w", err)
 	}
 
 	res := &ApplyResult{Scopes: len(scopes)}
 	for _, s := range scopes {
-		res.Rules += len(s.Egress)
+		res.Rules += len(s.Egress) + len(s.Ingress)
 	}
 	sweepStart := time.Now()
 	res.Closed, err = p.closeDenied(ctx)
@@ -165,97 +162,4 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		return res, fmt.Errorf("the new ruleset is in force, but closing the connections it denies failed: %w", err)
 	}
 	return res, nil
-}
-
-func (c *compiled) usesID(id uint32) bool {
-	for _, x := range c.ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
-}
-
-// write puts a compiled ruleset into its (idle) slot: counters first, so no
-// rule decides before it can count.
-func (c *compiled) write(p *Policy) error {
-	ncpu, err := ebpf.PossibleCPU()
-	if err != nil {
-		return err
-	}
-	zero := make([]policyPolicyCounter, ncpu)
-	for _, id := range c.ids {
-		err := p.maps.PolicyCounters.Update(id, zero, ebpf.UpdateNoExist)
-		if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-			return fmt.Errorf("create rule counters: %w", err)
-		}
-	}
-	for k, v := range c.infos {
-		if err := p.maps.PolicyRuleInfos.Update(k, v, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("write rules: %w", err)
-		}
-	}
-	for k, v := range c.lists {
-		if err := p.maps.PolicyRules.Update(k, v, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("write rules: %w", err)
-		}
-	}
-	for k, v := range c.scopes {
-		if err := p.maps.PolicyScopes.Update(k, v, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("write scopes: %w", err)
-		}
-	}
-	return nil
-}
-
-// clearSlot deletes a slot's entries from every map.
-func (p *Policy) clearSlot(slot uint8) error {
-	var errs []error
-	var sk policyPolicyScopeKey
-	var sv policyPolicyScope
-	var scopeKeys []policyPolicyScopeKey
-	it := p.maps.PolicyScopes.Iterate()
-	for it.Next(&sk, &sv) {
-		if sk.Slot == uint32(slot) {
-			scopeKeys = append(scopeKeys, sk)
-		}
-	}
-	errs = append(errs, it.Err())
-	// The trie's keys come from the rules: walking a trie costs a descent
-	// per key.
-	var ik policyPolicyRuleKey
-	var iv policyPolicyRuleInfo
-	var infoKeys []policyPolicyRuleKey
-	ruleKeys := map[policyPolicyKey]bool{}
-	it = p.maps.PolicyRuleInfos.Iterate()
-	for it.Next(&ik, &iv) {
-		if ik.Slot == uint32(slot) {
-			infoKeys = append(infoKeys, ik)
-			if iv.Seq != ^uint32(0) {
-				ruleKeys[lpmKey(slot, iv.Scope, iv.rule().CIDR)] = true
-			}
-		}
-	}
-	errs = append(errs, it.Err())
-	// Scopes first: a scope without its rules would decide by its default.
-	for _, k := range scopeKeys {
-		errs = append(errs, ignoreMissing(p.maps.PolicyScopes.Delete(k)))
-	}
-	for k := range ruleKeys {
-		errs = append(errs, ignoreMissing(p.maps.PolicyRules.Delete(k)))
-	}
-	for _, k := range infoKeys {
-		errs = append(errs, ignoreMissing(p.maps.PolicyRuleInfos.Delete(k)))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("clear ruleset %d: %w", slot, err)
-	}
-	return nil
-}
-
-func ignoreMissing(err error) error {
-	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		return nil
-	}
-	return err
 }

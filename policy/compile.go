@@ -43,13 +43,32 @@ func precedes(a, b Rule) int {
 	return 0
 }
 
-// ruleKey names a rule across applies, so a rule that stays keeps its
-// counter.
-func ruleKey(scope uint64, r *Rule) string {
+// ruleName names a rule (or, with no rule, a scope's default) across
+// applies, so a rule that stays keeps its counter.
+type ruleName struct {
+	scope    uint64
+	dir      Direction
+	isDflt   bool
+	action   Action
+	cidr     netip.Prefix
+	ports    Ports
+	protocol Proto
+}
+
+func nameOf(scope uint64, d Direction, r *Rule) ruleName {
 	if r == nil {
-		return fmt.Sprintf("%d default", scope)
+		return ruleName{scope: scope, dir: d, isDflt: true}
 	}
-	return fmt.Sprintf("%d %s", scope, r)
+	return ruleName{scope: scope, dir: d, action: r.Action, cidr: r.CIDR, ports: r.Ports.norm(), protocol: r.Proto}
+}
+
+// infoByID is the slot's rules by counter id, as allInfos reads them.
+func (c *compiled) infoByID() map[uint32]policyPolicyRuleInfo {
+	out := make(map[uint32]policyPolicyRuleInfo, len(c.infos))
+	for k, v := range c.infos {
+		out[k.Rule] = v
+	}
+	return out
 }
 
 func family(p netip.Prefix) uint8 {
@@ -59,77 +78,90 @@ func family(p netip.Prefix) uint8 {
 	return 6
 }
 
-func lpmKey(slot uint8, scope uint64, p netip.Prefix) policyPolicyKey {
-	k := policyPolicyKey{Prefixlen: uint32(policyKeyFixedBits + p.Bits()), Slot: slot, Family: family(p), Scope: scope}
+func lpmKey(slot uint8, scope uint64, d Direction, p netip.Prefix) policyPolicyKey {
+	k := policyPolicyKey{Prefixlen: uint32(policyKeyFixedBits + p.Bits()), Slot: slot, Family: family(p), Dir: uint8(d), Scope: scope}
 	a := p.Addr().AsSlice()
 	copy(k.Addr[:], a)
 	return k
 }
 
-// policyKeyFixedBits is POLICY_KEY_FIXED_BITS: slot, family, pad and scope.
+// policyKeyFixedBits is POLICY_KEY_FIXED_BITS: slot, family, dir, pad and
+// scope.
 const policyKeyFixedBits = (1 + 1 + 2 + 8) * 8
 
 // compile lays out scopes for slot. id gives each rule's counter id.
-func compile(slot uint8, scopes []scopeRules, id func(key string) uint32) (*compiled, error) {
+func compile(slot uint8, scopes []scopeRules, id func(ruleName) uint32) (*compiled, error) {
 	c := &compiled{
 		lists:  map[policyPolicyKey]policyPolicyList{},
 		scopes: map[policyPolicyScopeKey]policyPolicyScope{},
 		infos:  map[policyPolicyRuleKey]policyPolicyRuleInfo{},
 	}
 	for si, s := range scopes {
-		did := id(ruleKey(s.id, nil))
-		c.ids = append(c.ids, did)
-		c.scopes[policyPolicyScopeKey{Scope: s.id, Slot: uint32(slot)}] = policyPolicyScope{DefaultRule: did, DefaultAction: uint8(s.Default)}
-		c.infos[policyPolicyRuleKey{Slot: uint32(slot), Rule: did}] = policyPolicyRuleInfo{Scope: s.id, Action: uint8(s.Default), Seq: ^uint32(0)}
-
-		// Each prefix's rules, in precedence order, with their ids.
-		type ruled struct {
-			Rule
-			id uint32
-		}
-		byPrefix := map[netip.Prefix][]ruled{}
-		for j := range s.Egress {
-			r := s.Egress[j]
-			rid := id(ruleKey(s.id, &r))
-			c.ids = append(c.ids, rid)
-			byPrefix[r.CIDR] = append(byPrefix[r.CIDR], ruled{r, rid})
-			info := policyPolicyRuleInfo{
-				Scope: s.id, PortLo: r.Ports.Lo, PortHi: r.Ports.Hi, Bits: uint8(r.CIDR.Bits()),
-				Family: family(r.CIDR), Proto: uint8(r.Proto), Action: uint8(r.Action), Seq: uint32(j),
+		var sv policyPolicyScope
+		for _, d := range Directions {
+			did := id(nameOf(s.id, d, nil))
+			c.ids = append(c.ids, did)
+			sv.DefaultRule[d], sv.DefaultAction[d] = did, uint8(*s.DefaultOf(d))
+			c.infos[policyPolicyRuleKey{Slot: uint32(slot), Rule: did}] = policyPolicyRuleInfo{
+				Scope: s.id, Action: uint8(*s.DefaultOf(d)), Seq: ^uint32(0), Dir: uint8(d),
 			}
-			copy(info.Addr[:], r.CIDR.Addr().AsSlice())
-			c.infos[policyPolicyRuleKey{Slot: uint32(slot), Rule: rid}] = info
-		}
-		for p := range byPrefix {
-			slices.SortStableFunc(byPrefix[p], func(a, b ruled) int { return precedes(a.Rule, b.Rule) })
-		}
-		// A lookup returns the longest prefix only, so each prefix's list
-		// goes on with the rules of every prefix covering it, longest first.
-		for p, own := range byPrefix {
-			var l policyPolicyList
-			add := func(rs []ruled) error {
-				for _, r := range rs {
-					if l.N == maxPerAddr {
-						return &InputError{
-							Where: fmt.Sprintf("scope %d (%s)", si+1, s.Cgroup), Field: "egress",
-							Err: fmt.Errorf("more than %d rules apply to %s and the prefixes covering it", maxPerAddr, p),
-						}
-					}
-					l.E[l.N] = policyPolicyEntry{PortLo: r.Ports.Lo, PortHi: r.Ports.Hi, Proto: uint8(r.Proto), Action: uint8(r.Action), Rule: r.id}
-					l.N++
-				}
-				return nil
-			}
-			if err := add(own); err != nil {
+			if err := c.addRules(slot, si, s, d, id); err != nil {
 				return nil, err
 			}
-			for bits := p.Bits() - 1; bits >= 0; bits-- {
-				if err := add(byPrefix[netip.PrefixFrom(p.Addr(), bits).Masked()]); err != nil {
-					return nil, err
-				}
-			}
-			c.lists[lpmKey(slot, s.id, p)] = l
 		}
+		c.scopes[policyPolicyScopeKey{Scope: s.id, Slot: uint32(slot)}] = sv
 	}
 	return c, nil
+}
+
+// addRules lays out one direction of a scope: each prefix's list.
+func (c *compiled) addRules(slot uint8, si int, s scopeRules, d Direction, id func(ruleName) uint32) error {
+	// Each prefix's rules, in precedence order, with their ids.
+	type ruled struct {
+		Rule
+		id uint32
+	}
+	byPrefix := map[netip.Prefix][]ruled{}
+	for j, r := range *s.Rules(d) {
+		rid := id(nameOf(s.id, d, &r))
+		c.ids = append(c.ids, rid)
+		byPrefix[r.CIDR] = append(byPrefix[r.CIDR], ruled{r, rid})
+		info := policyPolicyRuleInfo{
+			Scope: s.id, PortLo: r.Ports.Lo, PortHi: r.Ports.Hi, Bits: uint8(r.CIDR.Bits()),
+			Family: family(r.CIDR), Proto: uint8(r.Proto), Action: uint8(r.Action), Seq: uint32(j), Dir: uint8(d),
+		}
+		copy(info.Addr[:], r.CIDR.Addr().AsSlice())
+		c.infos[policyPolicyRuleKey{Slot: uint32(slot), Rule: rid}] = info
+	}
+	for p := range byPrefix {
+		slices.SortStableFunc(byPrefix[p], func(a, b ruled) int { return precedes(a.Rule, b.Rule) })
+	}
+	// A lookup returns the longest prefix only, so each prefix's list goes
+	// on with the rules of every prefix covering it, longest first.
+	for p, own := range byPrefix {
+		var l policyPolicyList
+		add := func(rs []ruled) error {
+			for _, r := range rs {
+				if l.N == maxPerAddr {
+					return &InputError{
+						Where: fmt.Sprintf("scope %d (%s)", si+1, s.Cgroup), Field: d.String(),
+						Err: fmt.Errorf("more than %d rules apply to %s and the prefixes covering it", maxPerAddr, p),
+					}
+				}
+				l.E[l.N] = policyPolicyEntry{PortLo: r.Ports.Lo, PortHi: r.Ports.Hi, Proto: uint8(r.Proto), Action: uint8(r.Action), Rule: r.id}
+				l.N++
+			}
+			return nil
+		}
+		if err := add(own); err != nil {
+			return err
+		}
+		for bits := p.Bits() - 1; bits >= 0; bits-- {
+			if err := add(byPrefix[netip.PrefixFrom(p.Addr(), bits).Masked()]); err != nil {
+				return err
+			}
+		}
+		c.lists[lpmKey(slot, s.id, d, p)] = l
+	}
+	return nil
 }

@@ -1,9 +1,10 @@
-// Package policy enforces egress rules at the socket layer: which addresses,
-// ports and protocols the sockets of a cgroup subtree may connect and send
-// to, decided by cgroup sock_addr programs (connect4/6, sendmsg4/6) before a
-// byte leaves, whichever path the connection's bytes take afterwards (TCP,
-// shunt's bypass or a splice). An apply replaces the whole ruleset at once
-// and closes the open connections the new rules deny.
+// Package policy enforces rules at the socket layer: which addresses, ports
+// and protocols the sockets of a cgroup subtree may connect and send to
+// (egress, decided by cgroup sock_addr programs before a byte leaves), and
+// who may connect and send to them (ingress, a connection's SYN and each
+// UDP datagram, by cgroup_skb), whichever path the connection's bytes take
+// afterwards (TCP, shunt's bypass or a splice). An apply replaces the whole
+// ruleset at once and closes the open connections the new rules deny.
 package policy
 
 import (
@@ -42,6 +43,8 @@ var hooks = []struct {
 	{"connect6", ebpf.AttachCGroupInet6Connect, func(p *scopePrograms) *ebpf.Program { return p.Connect6 }},
 	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(p *scopePrograms) *ebpf.Program { return p.Sendmsg4 }},
 	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(p *scopePrograms) *ebpf.Program { return p.Sendmsg6 }},
+	{"ingress", ebpf.AttachCGroupInetIngress, func(p *scopePrograms) *ebpf.Program { return p.Ingress }},
+	{"sockops", ebpf.AttachCGroupSockOps, func(p *scopePrograms) *ebpf.Program { return p.Sockops }},
 }
 
 // scopePrograms are the programs one scope attaches, loaded with its id.
@@ -50,6 +53,8 @@ type scopePrograms struct {
 	Connect6 *ebpf.Program `ebpf:"shunt_policy_connect6"`
 	Sendmsg4 *ebpf.Program `ebpf:"shunt_policy_sendmsg4"`
 	Sendmsg6 *ebpf.Program `ebpf:"shunt_policy_sendmsg6"`
+	Ingress  *ebpf.Program `ebpf:"shunt_policy_ingress"`
+	Sockops  *ebpf.Program `ebpf:"shunt_policy_sockops"`
 }
 
 func (p *scopePrograms) Close() {
@@ -190,7 +195,9 @@ func (p *Policy) activeSlot() (uint8, error) {
 	return uint8(s & 1), nil
 }
 
-// attachedScopes lists the cgroup ids that have programs attached.
+// attachedScopes lists the cgroup ids that have programs attached, each
+// with whether it has every hook (a scope attached by an older shunt may
+// lack some).
 func (p *Policy) attachedScopes() (map[uint64]bool, error) {
 	ents, err := os.ReadDir(filepath.Join(p.dir, linksDir))
 	if err != nil {
@@ -198,15 +205,23 @@ func (p *Policy) attachedScopes() (map[uint64]bool, error) {
 	}
 	ids := map[uint64]bool{}
 	for _, e := range ents {
-		if id, err := strconv.ParseUint(e.Name(), 10, 64); err == nil {
-			ids[id] = true
+		id, err := strconv.ParseUint(e.Name(), 10, 64)
+		if err != nil {
+			continue
+		}
+		ids[id] = true
+		for _, h := range hooks {
+			if _, err := os.Stat(filepath.Join(p.dir, linksDir, e.Name(), h.name)); err != nil {
+				ids[id] = false
+			}
 		}
 	}
 	return ids, nil
 }
 
 // attach loads a scope's programs with its id and attaches them to its
-// cgroup, pinned under links/<id>. Built beside its final name, so a crash
+// cgroup, pinned under links/<id>. A scope that has no ingress rules gets
+// the ingress program too: an apply may give it some without attaching. Built beside its final name, so a crash
 // leaves either every hook of the scope or none.
 func (p *Policy) attach(spec *ebpf.CollectionSpec, s scopeRules) error {
 	spec = spec.Copy()
@@ -220,19 +235,32 @@ func (p *Policy) attach(spec *ebpf.CollectionSpec, s scopeRules) error {
 	}
 	defer progs.Close()
 	dir := filepath.Join(p.dir, linksDir, strconv.FormatUint(s.id, 10))
-	return pin.Install(dir, func(tmp string) error {
+	attachIn := func(dir string, only func(name string) bool) error {
 		for _, h := range hooks {
+			if !only(h.name) {
+				continue
+			}
 			l, err := link.AttachCgroup(link.CgroupOptions{Path: s.Cgroup, Attach: h.attach, Program: h.prog(&progs)})
 			if err != nil {
 				return fmt.Errorf("attach %s to %s: %w", h.name, s.Cgroup, err)
 			}
-			err = l.Pin(filepath.Join(tmp, h.name))
+			err = l.Pin(filepath.Join(dir, h.name))
 			l.Close()
 			if err != nil {
 				return fmt.Errorf("pin %s link: %w", h.name, err)
 			}
 		}
 		return nil
+	}
+	if _, err := os.Stat(dir); err == nil {
+		// A scope attached by an older shunt: add the hooks it lacks.
+		return attachIn(dir, func(name string) bool {
+			_, err := os.Stat(filepath.Join(dir, name))
+			return err != nil
+		})
+	}
+	return pin.Install(dir, func(tmp string) error {
+		return attachIn(tmp, func(string) bool { return true })
 	})
 }
 

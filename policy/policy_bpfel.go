@@ -34,6 +34,13 @@ type policyPolicyCounter struct {
 	Closed   uint64
 }
 
+type policyPolicyDir uint32
+
+const (
+	policyPolicyDirPOLICY_EGRESS  policyPolicyDir = 0
+	policyPolicyDirPOLICY_INGRESS policyPolicyDir = 1
+)
+
 type policyPolicyEntry struct {
 	_      structs.HostLayout
 	PortLo uint16
@@ -49,7 +56,8 @@ type policyPolicyKey struct {
 	Prefixlen uint32
 	Slot      uint8
 	Family    uint8
-	Pad       [2]uint8
+	Dir       uint8
+	Pad       uint8
 	Scope     uint64
 	Addr      [16]uint8
 }
@@ -72,6 +80,8 @@ type policyPolicyRuleInfo struct {
 	Proto  uint8
 	Action uint8
 	Seq    uint32
+	Dir    uint8
+	Pad    [7]uint8
 	_      [4]byte
 }
 
@@ -83,9 +93,9 @@ type policyPolicyRuleKey struct {
 
 type policyPolicyScope struct {
 	_             structs.HostLayout
-	DefaultRule   uint32
-	DefaultAction uint8
-	Pad           [3]uint8
+	DefaultRule   [2]uint32
+	DefaultAction [2]uint8
+	Pad           [6]uint8
 }
 
 type policyPolicyScopeKey struct {
@@ -127,12 +137,15 @@ const (
 	policyMapPolicyScopes         = "policy_scopes"
 	policyProgShuntPolicyConnect4 = "shunt_policy_connect4"
 	policyProgShuntPolicyConnect6 = "shunt_policy_connect6"
+	policyProgShuntPolicyIngress  = "shunt_policy_ingress"
 	policyProgShuntPolicySendmsg4 = "shunt_policy_sendmsg4"
 	policyProgShuntPolicySendmsg6 = "shunt_policy_sendmsg6"
+	policyProgShuntPolicySockops  = "shunt_policy_sockops"
 	policyProgShuntPolicySweepTcp = "shunt_policy_sweep_tcp"
 	policyProgShuntPolicySweepUdp = "shunt_policy_sweep_udp"
 	policyVarPcfg                 = "pcfg"
 	policyVarUnusedPolicyAction   = "unused_policy_action"
+	policyVarUnusedPolicyDir      = "unused_policy_dir"
 	policyVarUnusedPolicyHook     = "unused_policy_hook"
 	policyVarUnusedPolicyRuleInfo = "unused_policy_rule_info"
 	policyVarUnusedPolicyRuleKey  = "unused_policy_rule_key"
@@ -183,8 +196,10 @@ type policySpecs struct {
 type policyProgramSpecs struct {
 	ShuntPolicyConnect4 *ebpf.ProgramSpec `ebpf:"shunt_policy_connect4"`
 	ShuntPolicyConnect6 *ebpf.ProgramSpec `ebpf:"shunt_policy_connect6"`
+	ShuntPolicyIngress  *ebpf.ProgramSpec `ebpf:"shunt_policy_ingress"`
 	ShuntPolicySendmsg4 *ebpf.ProgramSpec `ebpf:"shunt_policy_sendmsg4"`
 	ShuntPolicySendmsg6 *ebpf.ProgramSpec `ebpf:"shunt_policy_sendmsg6"`
+	ShuntPolicySockops  *ebpf.ProgramSpec `ebpf:"shunt_policy_sockops"`
 	ShuntPolicySweepTcp *ebpf.ProgramSpec `ebpf:"shunt_policy_sweep_tcp"`
 	ShuntPolicySweepUdp *ebpf.ProgramSpec `ebpf:"shunt_policy_sweep_udp"`
 }
@@ -207,6 +222,7 @@ type policyMapSpecs struct {
 type policyVariableSpecs struct {
 	Pcfg                 *ebpf.VariableSpec `ebpf:"pcfg"`
 	UnusedPolicyAction   *ebpf.VariableSpec `ebpf:"unused_policy_action"`
+	UnusedPolicyDir      *ebpf.VariableSpec `ebpf:"unused_policy_dir"`
 	UnusedPolicyHook     *ebpf.VariableSpec `ebpf:"unused_policy_hook"`
 	UnusedPolicyRuleInfo *ebpf.VariableSpec `ebpf:"unused_policy_rule_info"`
 	UnusedPolicyRuleKey  *ebpf.VariableSpec `ebpf:"unused_policy_rule_key"`
@@ -258,6 +274,7 @@ func (m *policyMaps) Close() error {
 type policyVariables struct {
 	Pcfg                 *ebpf.Variable `ebpf:"pcfg"`
 	UnusedPolicyAction   *ebpf.Variable `ebpf:"unused_policy_action"`
+	UnusedPolicyDir      *ebpf.Variable `ebpf:"unused_policy_dir"`
 	UnusedPolicyHook     *ebpf.Variable `ebpf:"unused_policy_hook"`
 	UnusedPolicyRuleInfo *ebpf.Variable `ebpf:"unused_policy_rule_info"`
 	UnusedPolicyRuleKey  *ebpf.Variable `ebpf:"unused_policy_rule_key"`
@@ -270,8 +287,10 @@ type policyVariables struct {
 type policyPrograms struct {
 	ShuntPolicyConnect4 *ebpf.Program `ebpf:"shunt_policy_connect4"`
 	ShuntPolicyConnect6 *ebpf.Program `ebpf:"shunt_policy_connect6"`
+	ShuntPolicyIngress  *ebpf.Program `ebpf:"shunt_policy_ingress"`
 	ShuntPolicySendmsg4 *ebpf.Program `ebpf:"shunt_policy_sendmsg4"`
 	ShuntPolicySendmsg6 *ebpf.Program `ebpf:"shunt_policy_sendmsg6"`
+	ShuntPolicySockops  *ebpf.Program `ebpf:"shunt_policy_sockops"`
 	ShuntPolicySweepTcp *ebpf.Program `ebpf:"shunt_policy_sweep_tcp"`
 	ShuntPolicySweepUdp *ebpf.Program `ebpf:"shunt_policy_sweep_udp"`
 }
@@ -280,8 +299,10 @@ func (p *policyPrograms) Close() error {
 	return _PolicyClose(
 		p.ShuntPolicyConnect4,
 		p.ShuntPolicyConnect6,
+		p.ShuntPolicyIngress,
 		p.ShuntPolicySendmsg4,
 		p.ShuntPolicySendmsg6,
+		p.ShuntPolicySockops,
 		p.ShuntPolicySweepTcp,
 		p.ShuntPolicySweepUdp,
 	)

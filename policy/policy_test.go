@@ -56,25 +56,58 @@ func mustParse(t testing.TB, text string) policy.Ruleset {
 // mustAddressNS is a namespace where all of 10.9.0.0/16 and fd09::/64 are
 // local, so a connection to any of their addresses reaches a listener on
 // the wildcard address.
-func mustAddressNS(t *testing.T) *testenv.NetNS {
+func mustAddressNS(t testing.TB) *testenv.NetNS {
 	t.Helper()
 	ns := testenv.MustNetNS(t)
 	for _, args := range [][]string{
 		{"route", "add", "local", "10.9.0.0/16", "dev", "lo"},
 		{"-6", "route", "add", "local", "fd09::/64", "dev", "lo"},
 	} {
-		cmd := append([]string{"-n", ns.Name}, args...)
-		if out, err := exec.Command("ip", cmd...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", cmd, err, out)
+		if err := ipIn(ns, args...); err != nil {
+			t.Fatal(err)
 		}
 	}
 	return ns
 }
 
+// ipIn runs ip(8) in the namespace.
+func ipIn(ns *testenv.NetNS, args ...string) error {
+	out, err := exec.Command("ip", append([]string{"-n", ns.Name}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %v: %v: %s", args, err, out)
+	}
+	return nil
+}
+
+// received records the datagrams listeners' UDP sockets got, by payload.
+type received struct {
+	mu  sync.Mutex
+	got map[string]bool
+}
+
+func (r *received) add(p string) {
+	r.mu.Lock()
+	r.got[p] = true
+	r.mu.Unlock()
+}
+
+// within reports whether a datagram with payload p arrives within d.
+func (r *received) within(p string, d time.Duration) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
+		r.mu.Lock()
+		ok := r.got[p]
+		r.mu.Unlock()
+		if ok || time.Now().After(deadline) {
+			return ok
+		}
+	}
+}
+
 // listeners serve every port of ports over TCP (echoing) and UDP, dual
-// stack, created on side.
-func listeners(t *testing.T, side testenv.Side, ports ...int) {
+// stack, created on side; what the UDP sockets receive is recorded.
+func listeners(t testing.TB, side testenv.Side, ports ...int) *received {
 	t.Helper()
+	rec := &received{got: map[string]bool{}}
 	for _, port := range ports {
 		ln := testenv.Listen(t, side, "tcp", fmt.Sprintf("[::]:%d", port))
 		go func() {
@@ -107,7 +140,18 @@ func listeners(t *testing.T, side testenv.Side, ports ...int) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { pc.Close() })
+		go func() {
+			buf := make([]byte, 512)
+			for {
+				n, _, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				rec.add(string(buf[:n]))
+			}
+		}()
 	}
+	return rec
 }
 
 // What a case does.
@@ -135,7 +179,11 @@ func (c verdictCase) String() string {
 
 // attempt runs one case on the calling thread and returns nil if the
 // kernel let it through. An allowed TCP connection also echoes a message.
-func attempt(c verdictCase) error {
+func attempt(c verdictCase) error { return attemptFrom(c, "") }
+
+// attemptFrom is attempt from a source address (none: the kernel's
+// choice). A UDP case sends its String() from there.
+func attemptFrom(c verdictCase, from string) error {
 	a := netip.MustParseAddr(c.dst)
 	fam := unix.AF_INET6
 	var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: a.As16(), Port: c.port}
@@ -155,14 +203,28 @@ func attempt(c verdictCase) error {
 	tv := unix.Timeval{Sec: 1}
 	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	if from != "" {
+		// Free bind: the namespace's addresses are routes (AnyIP), which
+		// IPv6 binds only with it.
+		unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_FREEBIND, 1)
+		src := netip.MustParseAddr(from)
+		var bsa unix.Sockaddr = &unix.SockaddrInet6{Addr: src.As16()}
+		if fam == unix.AF_INET {
+			bsa = &unix.SockaddrInet4{Addr: src.As4()}
+		}
+		if err := unix.Bind(fd, bsa); err != nil {
+			return fmt.Errorf("bind %s: %w", from, err)
+		}
+	}
+	payload := []byte(c.String())
 	switch c.op {
 	case udpSendto:
-		return unix.Sendto(fd, []byte("x"), 0, sa)
+		return unix.Sendto(fd, payload, 0, sa)
 	case udpConnect:
 		if err := unix.Connect(fd, sa); err != nil {
 			return err
 		}
-		_, err := unix.Write(fd, []byte("x"))
+		_, err := unix.Write(fd, payload)
 		return err
 	}
 	if err := unix.Connect(fd, sa); err != nil {
@@ -435,7 +497,7 @@ func TestApplyClosesDeniedConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := rep.Scopes[0].Egress[0].Counts.Closed; got != 3 {
+	if got := rep.Scopes[0].Egress.Rules[0].Counts.Closed; got != 3 {
 		t.Errorf("the rule counts %d closed connections, want 3", got)
 	}
 }
@@ -554,16 +616,16 @@ scopes:
 		t.Fatal(err)
 	}
 	s := rep.Scopes[0]
-	if s.Cgroup != cg.Path || len(s.Egress) != 2 {
+	if s.Cgroup != cg.Path || len(s.Egress.Rules) != 2 {
 		t.Fatalf("show: %+v", rep)
 	}
-	if got := s.Egress[0].Counts; got != (policy.Counts{Connects: 3}) {
+	if got := s.Egress.Rules[0].Counts; got != (policy.Counts{Connects: 3}) {
 		t.Errorf("tcp rule: %+v, want 3 connects", got)
 	}
-	if got := s.Egress[1].Counts; got != (policy.Counts{Sends: 2}) {
+	if got := s.Egress.Rules[1].Counts; got != (policy.Counts{Sends: 2}) {
 		t.Errorf("udp rule: %+v, want 2 sends", got)
 	}
-	if got := s.Counts; got != (policy.Counts{Connects: 1}) {
+	if got := s.Egress.DefaultCounts; got != (policy.Counts{Connects: 1}) {
 		t.Errorf("default: %+v, want 1 connect", got)
 	}
 	// A rule that stays across an apply keeps its counts.
@@ -573,7 +635,7 @@ scopes:
 	if rep, err = p.Show(); err != nil {
 		t.Fatal(err)
 	}
-	if got := rep.Scopes[0].Egress[0].Counts; got != (policy.Counts{Connects: 3}) {
+	if got := rep.Scopes[0].Egress.Rules[0].Counts; got != (policy.Counts{Connects: 3}) {
 		t.Errorf("after an apply that kept it: %+v, want 3 connects", got)
 	}
 }

@@ -27,13 +27,29 @@ type RuleReport struct {
 	Counts Counts `json:"counts"`
 }
 
-// ScopeReport is a scope in force with its rules and counts.
+// RulesReport is one direction of a scope: its default and rules, with
+// their counts.
+type RulesReport struct {
+	Default       Action       `json:"default"`
+	DefaultID     uint32       `json:"default_id"` // the default's counter id
+	DefaultCounts Counts       `json:"default_counts"`
+	Rules         []RuleReport `json:"rules"`
+}
+
+// ScopeReport is a scope in force.
 type ScopeReport struct {
-	Cgroup   string       `json:"cgroup"` // "" when the cgroup was removed
-	CgroupID uint64       `json:"cgroup_id"`
-	Default  Action       `json:"default"`
-	Counts   Counts       `json:"default_counts"` // decided by the default
-	Egress   []RuleReport `json:"egress"`
+	Cgroup   string      `json:"cgroup"` // "" when the cgroup was removed
+	CgroupID uint64      `json:"cgroup_id"`
+	Egress   RulesReport `json:"egress"`
+	Ingress  RulesReport `json:"ingress"`
+}
+
+// Of returns one direction of the scope.
+func (s *ScopeReport) Of(d Direction) *RulesReport {
+	if d == Ingress {
+		return &s.Ingress
+	}
+	return &s.Egress
 }
 
 // Report is the ruleset in force.
@@ -41,14 +57,17 @@ type Report struct {
 	Scopes []ScopeReport `json:"scopes"`
 }
 
-// key names the rule as ruleKey does, for matching across applies.
-func (i policyPolicyRuleInfo) key() string {
-	if i.Seq == ^uint32(0) {
-		return ruleKey(i.Scope, nil)
+// name names the rule as nameOf does, for matching across applies.
+func (i policyPolicyRuleInfo) name() ruleName {
+	if i.isDefault() {
+		return nameOf(i.Scope, Direction(i.Dir), nil)
 	}
 	r := i.rule()
-	return ruleKey(i.Scope, &r)
+	return nameOf(i.Scope, Direction(i.Dir), &r)
 }
+
+// isDefault: the entry is a scope's default, not a rule.
+func (i policyPolicyRuleInfo) isDefault() bool { return i.Seq == ^uint32(0) }
 
 func (i policyPolicyRuleInfo) rule() Rule {
 	var a netip.Addr
@@ -61,23 +80,6 @@ func (i policyPolicyRuleInfo) rule() Rule {
 		Action: Action(i.Action), CIDR: netip.PrefixFrom(a, int(i.Bits)),
 		Ports: Ports{i.PortLo, i.PortHi}, Proto: Proto(i.Proto),
 	}
-}
-
-// infos reads a slot's rules by counter id.
-func (p *Policy) infos(slot uint8) (map[uint32]policyPolicyRuleInfo, error) {
-	out := map[uint32]policyPolicyRuleInfo{}
-	var k policyPolicyRuleKey
-	var v policyPolicyRuleInfo
-	it := p.maps.PolicyRuleInfos.Iterate()
-	for it.Next(&k, &v) {
-		if k.Slot == uint32(slot) {
-			out[k.Rule] = v
-		}
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read rules: %w", err)
-	}
-	return out, nil
 }
 
 func (p *Policy) counts(id uint32) (Counts, error) {
@@ -104,41 +106,44 @@ func (p *Policy) Show() (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	infos, err := p.infos(slot)
+	all, err := p.allInfos()
 	if err != nil {
 		return nil, err
 	}
+	infos := all[slot]
 	scopes := map[uint64]*ScopeReport{}
 	var ids []uint64
 	scope := func(id uint64) *ScopeReport {
 		if s, ok := scopes[id]; ok {
 			return s
 		}
-		s := &ScopeReport{CgroupID: id, Egress: []RuleReport{}}
+		s := &ScopeReport{CgroupID: id, Egress: RulesReport{Rules: []RuleReport{}}, Ingress: RulesReport{Rules: []RuleReport{}}}
 		scopes[id] = s
 		ids = append(ids, id)
 		return s
 	}
 	seqs := map[uint32]uint32{}
 	for id, info := range infos {
-		s := scope(info.Scope)
+		rr := scope(info.Scope).Of(Direction(info.Dir))
 		c, err := p.counts(id)
 		if err != nil {
 			return nil, err
 		}
-		if info.Seq == ^uint32(0) {
-			s.Default, s.Counts = Action(info.Action), c
+		if info.isDefault() {
+			rr.Default, rr.DefaultID, rr.DefaultCounts = Action(info.Action), id, c
 			continue
 		}
 		seqs[id] = info.Seq
-		s.Egress = append(s.Egress, RuleReport{Rule: info.rule(), ID: id, Counts: c})
+		rr.Rules = append(rr.Rules, RuleReport{Rule: info.rule(), ID: id, Counts: c})
 	}
 	paths := host.CgroupPathsByID(ids)
 	rep := &Report{Scopes: []ScopeReport{}}
 	for _, id := range ids {
 		s := scopes[id]
 		s.Cgroup = paths[id]
-		slices.SortFunc(s.Egress, func(a, b RuleReport) int { return cmp.Compare(seqs[a.ID], seqs[b.ID]) })
+		for _, d := range Directions {
+			slices.SortFunc(s.Of(d).Rules, func(a, b RuleReport) int { return cmp.Compare(seqs[a.ID], seqs[b.ID]) })
+		}
 		rep.Scopes = append(rep.Scopes, *s)
 	}
 	slices.SortFunc(rep.Scopes, func(a, b ScopeReport) int {
@@ -155,9 +160,12 @@ func (r Report) Ruleset() Ruleset {
 		if s.Cgroup == "" {
 			continue
 		}
-		sc := Scope{Cgroup: s.Cgroup, Default: s.Default}
-		for _, r := range s.Egress {
-			sc.Egress = append(sc.Egress, r.Rule)
+		sc := Scope{Cgroup: s.Cgroup}
+		for _, d := range Directions {
+			*sc.DefaultOf(d) = s.Of(d).Default
+			for _, r := range s.Of(d).Rules {
+				*sc.Rules(d) = append(*sc.Rules(d), r.Rule)
+			}
 		}
 		rs.Scopes = append(rs.Scopes, sc)
 	}

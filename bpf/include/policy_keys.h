@@ -15,6 +15,13 @@ enum policy_action {
 	POLICY_DENY = 2,
 };
 
+/* Which way a rule looks: egress rules see where a scope's sockets connect
+ * and send, ingress rules who connects and sends to them. */
+enum policy_dir {
+	POLICY_EGRESS = 0,
+	POLICY_INGRESS = 1,
+};
+
 /* What a counter counts: which hook decided. */
 enum policy_hook {
 	POLICY_HOOK_CONNECT,
@@ -30,7 +37,8 @@ struct policy_key {
 	__u32 prefixlen; /* POLICY_KEY_FIXED_BITS + the CIDR's bits */
 	__u8 slot;
 	__u8 family; /* 4 or 6 */
-	__u8 _pad[2];
+	__u8 dir;    /* enum policy_dir */
+	__u8 _pad;
 	__u64 scope; /* cgroup id */
 	__u8 addr[16];
 };
@@ -62,16 +70,17 @@ struct policy_scope_key {
 	__u32 _pad;
 };
 
+/* A scope's defaults, by enum policy_dir. */
 struct policy_scope {
-	__u32 default_rule; /* counter id of the scope's default */
-	__u8 default_action;
-	__u8 _pad[3];
+	__u32 default_rule[2]; /* counter ids of the defaults */
+	__u8 default_action[2];
+	__u8 _pad[6];
 };
 
 /* Per rule, per CPU. */
 struct policy_counter {
-	__u64 connects; /* connect() calls it decided */
-	__u64 sends;    /* unconnected UDP sends it decided */
+	__u64 connects; /* connect() calls (ingress: connection requests) it decided */
+	__u64 sends;    /* unconnected UDP sends (ingress: datagrams) it decided */
 	__u64 closed;   /* open connections an apply's sweep closed by it */
 };
 
@@ -100,4 +109,12 @@ struct policy_rule_info {
 	__u8 proto;
 	__u8 action;
 	__u32 seq; /* position in the scope's rules; ~0 for the default */
+	__u8 dir;  /* enum policy_dir */
+	__u8 _pad[7];
+};
+
+/* policy_conns: how a socket of a scope got its connection. */
+enum policy_conn {
+	POLICY_CONN_CONNECTED = 1, /* its egress rules apply */
+	POLICY_CONN_ACCEPTED = 2,  /* its ingress rules apply */
 };

@@ -16,9 +16,10 @@ func newPolicyShowCmd(e *env, g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "show [--json]",
 		Short: "List the rules in force with what each decided",
-		Long: `show lists each scope's rules in the order they were given, with their
-counters since they were installed: connect() calls and unconnected UDP
-sends they decided, and open connections an apply closed by them. A rule
+		Long: `show lists each scope's rules, egress then ingress, in the order they were
+given, with their counters since they were installed: connect() calls and
+unconnected UDP sends they decided (ingress: connection requests and
+datagrams received), and open connections an apply closed by them. A rule
 that stays across changes keeps its counts.`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -54,11 +55,15 @@ that stays across changes keeps its counts.`,
 					name = fmt.Sprintf("(removed cgroup %d)", s.CgroupID)
 				}
 				fmt.Fprintf(w, "scope %s\n", name)
-				fmt.Fprintln(w, "  ID\tACTION\tCIDR\tPORT\tPROTO\tCONNECTS\tSENDS\tCLOSED")
-				for _, r := range s.Egress {
-					fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", r.ID, r.Action, r.CIDR, r.Ports, r.Proto, r.Counts.Connects, r.Counts.Sends, r.Counts.Closed)
+				fmt.Fprintln(w, "  DIRECTION\tID\tACTION\tCIDR\tPORT\tPROTO\tCONNECTS\tSENDS\tCLOSED")
+				for _, d := range policy.Directions {
+					rr := s.Of(d)
+					for _, r := range rr.Rules {
+						fmt.Fprintf(w, "  %s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", d, r.ID, r.Action, r.CIDR, r.Ports, r.Proto, r.Counts.Connects, r.Counts.Sends, r.Counts.Closed)
+					}
+					c := rr.DefaultCounts
+					fmt.Fprintf(w, "  %s\t%d\t%s\t(default)\t\t\t%d\t%d\t%d\n", d, rr.DefaultID, rr.Default, c.Connects, c.Sends, c.Closed)
 				}
-				fmt.Fprintf(w, "  -\t%s\t(default)\t\t\t%d\t%d\t%d\n", s.Default, s.Counts.Connects, s.Counts.Sends, s.Counts.Closed)
 			}
 			return w.Flush()
 		},

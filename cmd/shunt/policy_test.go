@@ -40,17 +40,17 @@ func TestPolicyCommands(t *testing.T) {
 	must("policy", "add", "--cgroup", cg.Path, "--action", "allow", "--cidr", "fd00::1")
 	must("policy", "default", "--cgroup", cg.Path, "deny")
 	rep := show()
-	if len(rep.Scopes) != 1 || rep.Scopes[0].Cgroup != cg.Path || rep.Scopes[0].Default != policy.Deny || len(rep.Scopes[0].Egress) != 2 {
+	if len(rep.Scopes) != 1 || rep.Scopes[0].Cgroup != cg.Path || rep.Scopes[0].Egress.Default != policy.Deny || len(rep.Scopes[0].Egress.Rules) != 2 {
 		t.Fatalf("show after add: %+v", rep)
 	}
-	if r := rep.Scopes[0].Egress[0]; r.CIDR.String() != "10.1.0.0/16" || r.Ports != (policy.Ports{Lo: 80, Hi: 81}) || r.Proto != policy.TCP || r.Action != policy.Deny {
+	if r := rep.Scopes[0].Egress.Rules[0]; r.CIDR.String() != "10.1.0.0/16" || r.Ports != (policy.Ports{Lo: 80, Hi: 81}) || r.Proto != policy.TCP || r.Action != policy.Deny {
 		t.Errorf("first rule: %+v", r)
 	}
 	if out := must("policy", "show"); !strings.Contains(out, "10.1.0.0/16") || !strings.Contains(out, "(default)") {
 		t.Errorf("show: %q", out)
 	}
 	must("policy", "delete", "--cgroup", cg.Path, "--action", "deny", "--cidr", "10.1.0.0/16", "--port", "80-81", "--proto", "tcp")
-	if rep := show(); len(rep.Scopes[0].Egress) != 1 || rep.Scopes[0].Egress[0].CIDR.String() != "fd00::1/128" {
+	if rep := show(); len(rep.Scopes[0].Egress.Rules) != 1 || rep.Scopes[0].Egress.Rules[0].CIDR.String() != "fd00::1/128" {
 		t.Errorf("show after delete: %+v", rep)
 	}
 
@@ -64,7 +64,7 @@ func TestPolicyCommands(t *testing.T) {
 	}
 	os.WriteFile(f, b, 0o644)
 	must("policy", "apply", "-f", f)
-	if rep := show(); len(rep.Scopes[0].Egress) != 2 {
+	if rep := show(); len(rep.Scopes[0].Egress.Rules) != 2 {
 		t.Errorf("show after apply: %+v", rep)
 	}
 
@@ -100,7 +100,7 @@ func TestPolicyBadInput(t *testing.T) {
 		{"empty range", []string{"add", "--cgroup", cg.Path, "--action", "deny", "--cidr", "10.0.0.0/8", "--port", "90-80"}, "is an empty range"},
 		{"missing cgroup", []string{"add", "--cgroup", cg.Path + "-nope", "--action", "deny", "--cidr", "10.0.0.0/8"}, "--cgroup: cgroup " + cg.Path + "-nope does not exist"},
 		{"bad action", []string{"add", "--cgroup", cg.Path, "--action", "drop", "--cidr", "10.0.0.0/8"}, `--action: "drop" is not an action`},
-		{"ingress", []string{"add", "--cgroup", cg.Path, "--direction", "ingress", "--action", "deny", "--cidr", "10.0.0.0/8"}, "--direction: \"ingress\": only egress rules exist so far"},
+		{"direction", []string{"add", "--cgroup", cg.Path, "--direction", "inbound", "--action", "deny", "--cidr", "10.0.0.0/8"}, `--direction: "inbound" is not a direction: egress or ingress`},
 		{"unknown field", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: deny, cidr: 10.0.0.0/8, ports: 80}]\n")}, "field ports not found"},
 		{"file: port", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress:\n      - {action: deny, cidr: 10.0.0.0/8}\n      - {action: deny, cidr: 10.0.0.0/8, port: 0}\n")}, `"0" is not a port or range`},
 		{"file: missing cgroup", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n  - cgroup: CG-nope\n")}, "scope 2: cgroup: cgroup " + cg.Path + "-nope does not exist"},

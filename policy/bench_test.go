@@ -1,0 +1,203 @@
+package policy_test
+
+import (
+	"io"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/testenv"
+	"github.com/shunt-project/shunt/policy"
+)
+
+// benchRulesets are the modes the benchmarks compare: no scope, a scope
+// with one rule, and one with 10,000 (/32s under 10.8.0.0/16 on other
+// ports, so every lookup meets a full trie).
+func benchRulesets(cg host.Cgroup) map[string]policy.Ruleset {
+	one := policy.Ruleset{Scopes: []policy.Scope{{Cgroup: cg.Path, Egress: []policy.Rule{
+		{Action: policy.Deny, CIDR: netip.MustParsePrefix("10.10.0.0/16")},
+	}}}}
+	many := policy.Ruleset{Scopes: []policy.Scope{{Cgroup: cg.Path}}}
+	for i := range 10000 {
+		many.Scopes[0].Egress = append(many.Scopes[0].Egress, policy.Rule{
+			Action: policy.Deny, CIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 8, byte(i >> 8), byte(i)}), 32),
+			Ports: policy.Ports{Lo: 1000, Hi: 1000},
+		})
+	}
+	// The benchmark's own destination is one of them, allowed on its port.
+	many.Scopes[0].Egress[0] = policy.Rule{Action: policy.Allow, CIDR: netip.MustParsePrefix("10.8.0.1/32"), Ports: policy.Ports{Lo: 80, Hi: 80}}
+	return map[string]policy.Ruleset{"none": {}, "1-rule": one, "10000-rules": many}
+}
+
+var benchModes = []string{"none", "1-rule", "10000-rules"}
+
+// benchEnv is a bypassed cgroup in a namespace where 10.8.0.0/16 is local,
+// with an echo server on port 80, and a policy.
+type benchEnv struct {
+	p    *policy.Policy
+	cg   host.Cgroup
+	side testenv.Side
+	sets map[string]policy.Ruleset
+}
+
+func mustBenchEnv(b *testing.B) *benchEnv {
+	b.Helper()
+	testenv.RequireRoot(b)
+	p, err := policy.Create(testenv.MustPinDir(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { p.Remove() })
+	cg := testenv.MustCgroup(b)
+	in, err := bypass.Create(testenv.MustPinDir(b), bypass.Options{TrustReaders: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { in.Close() })
+	if _, err := in.Attach(cg); err != nil {
+		b.Fatal(err)
+	}
+	ns := testenv.MustNetNS(b)
+	if err := ipIn(ns, "route", "add", "local", "10.8.0.0/16", "dev", "lo"); err != nil {
+		b.Fatal(err)
+	}
+	side := testenv.Side{NS: ns, CG: cg}
+	listeners(b, side, 80)
+	return &benchEnv{p: p, cg: cg, side: side, sets: benchRulesets(cg)}
+}
+
+// use puts mode's ruleset in force and returns its scope's connect4
+// program (nil without a scope).
+func (e *benchEnv) use(b *testing.B, mode string) *ebpf.Program {
+	b.Helper()
+	if _, err := e.p.Apply(b.Context(), e.sets[mode]); err != nil {
+		b.Fatal(err)
+	}
+	if mode == "none" {
+		return nil
+	}
+	l, err := link.LoadPinnedLink(filepath.Join(e.p.Dir(), "links", strconv.FormatUint(e.cg.ID, 10), "connect4"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		b.Fatal(err)
+	}
+	prog, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { prog.Close() })
+	return prog
+}
+
+// hookCost reports the program's run time per run over what fn did.
+func hookCost(b *testing.B, prog *ebpf.Program, fn func()) {
+	b.Helper()
+	if prog == nil {
+		fn()
+		return
+	}
+	stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer stats.Close()
+	s0, err := prog.Stats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	fn()
+	s1, err := prog.Stats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if runs := s1.RunCount - s0.RunCount; runs > 0 {
+		b.ReportMetric(float64(s1.Runtime-s0.Runtime)/float64(runs), "hook-ns/run")
+	}
+}
+
+// BenchmarkConnect: a TCP connect and an abortive close from a scope, with
+// no policy, one rule and 10,000. Run with -count to interleave the modes.
+func BenchmarkConnect(b *testing.B) {
+	e := mustBenchEnv(b)
+	sa := &unix.SockaddrInet4{Addr: [4]byte{10, 8, 0, 1}, Port: 80}
+	for _, mode := range benchModes {
+		b.Run(mode, func(b *testing.B) {
+			prog := e.use(b, mode)
+			e.side.Make(b, func() {
+				hookCost(b, prog, func() {
+					b.ResetTimer()
+					for range b.N {
+						fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if err := unix.Connect(fd, sa); err != nil {
+							b.Fatal(err)
+						}
+						// RST, not FIN: no TIME_WAIT to run out of ports.
+						unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1})
+						unix.Close(fd)
+					}
+				})
+			})
+		})
+	}
+}
+
+// BenchmarkBypassed: round trips of 64 bytes and one-way 16 KiB writes on a
+// connection shunt bypasses, with no policy, one rule and 10,000: the
+// policy decides at connect, so these must not move.
+func BenchmarkBypassed(b *testing.B) {
+	e := mustBenchEnv(b)
+	for _, mode := range benchModes {
+		e.use(b, mode)
+		var c net.Conn
+		var err error
+		e.side.Make(b, func() { c, err = net.DialTimeout("tcp", "10.8.0.1:80", time.Second) })
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("rtt-64B/"+mode, func(b *testing.B) {
+			msg := make([]byte, 64)
+			for range b.N {
+				if _, err := c.Write(msg); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("echo-16KiB/"+mode, func(b *testing.B) {
+			msg := make([]byte, 16<<10)
+			b.SetBytes(int64(len(msg)))
+			done := make(chan error, 1)
+			go func() {
+				_, err := io.CopyN(io.Discard, c, int64(b.N)*int64(len(msg)))
+				done <- err
+			}()
+			for range b.N {
+				if _, err := c.Write(msg); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		})
+		c.Close()
+	}
+}
