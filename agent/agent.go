@@ -25,6 +25,7 @@ import (
 	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/kube"
 	"github.com/shunt-project/shunt/metrics"
+	"github.com/shunt-project/shunt/policy"
 	"github.com/shunt-project/shunt/sockindex"
 )
 
@@ -33,6 +34,7 @@ type Options struct {
 	ConfigPath string
 	PinDir     string
 	IndexDir   string
+	PolicyDir  string
 	Version    string
 	Features   host.Features
 	Log        io.Writer // one line per change it makes or problem it meets
@@ -60,6 +62,9 @@ type Agent struct {
 	metricsAddr string
 	metricsStop func()
 
+	policyApplied []byte // the ruleset last applied, as marshalled
+	policyErr     string // the policy file's last error, logged once
+
 	kick     chan struct{}     // something changed: reconcile
 	kube     *kube.Watcher     // nil without a kubernetes section
 	kubeCfg  *KubernetesConfig // what kube was started with
@@ -76,6 +81,14 @@ func New(opts Options) (*Agent, error) {
 	cfg, err := LoadConfig(opts.ConfigPath, root)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Policy.File != "" {
+		if _, err := loadPolicy(cfg.Policy.File); err != nil {
+			return nil, err
+		}
+	}
+	if opts.PolicyDir == "" {
+		opts.PolicyDir = policy.DefaultPinDir
 	}
 	if opts.Log == nil {
 		opts.Log = io.Discard
@@ -100,6 +113,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.watcher.Add(filepath.Dir(a.opts.ConfigPath)); err != nil {
 		return fmt.Errorf("watch %s: %w", a.opts.ConfigPath, err)
 	}
+	a.watchPolicyFile()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -138,6 +152,10 @@ func (a *Agent) Run(ctx context.Context) error {
 				}
 				continue
 			}
+			if f := a.cfg.Policy.File; f != "" && filepath.Clean(ev.Name) == filepath.Clean(f) {
+				a.reconcilePolicy(ctx)
+				continue
+			}
 			if !ev.Has(fsnotify.Create) && !ev.Has(fsnotify.Remove) {
 				continue
 			}
@@ -165,6 +183,7 @@ func (a *Agent) reload(ctx context.Context, why string) {
 	a.stats.reloads("ok")
 	a.logf("configuration reloaded (%s)", why)
 	a.cfg = cfg
+	a.watchPolicyFile()
 	if !reflect.DeepEqual(cfg.Kubernetes, a.kubeCfg) {
 		a.stopKube()
 		if err := a.startKube(ctx); err != nil {
@@ -264,6 +283,21 @@ func (a *Agent) reconcile(ctx context.Context) {
 			}
 		}
 	}
+	a.reconcilePolicy(ctx)
+}
+
+// watchPolicyFile watches the policy file's directory (editors replace a
+// file).
+func (a *Agent) watchPolicyFile() {
+	f := a.cfg.Policy.File
+	if f == "" || a.watched[filepath.Dir(f)] {
+		return
+	}
+	if err := a.watcher.Add(filepath.Dir(f)); err != nil {
+		a.logf("watch %s: %v (its changes are seen at the next resync)", f, err)
+		return
+	}
+	a.watched[filepath.Dir(f)] = true
 }
 
 func (a *Agent) reconcileBypass(ctx context.Context) error {
@@ -411,7 +445,7 @@ func (a *Agent) serveMetrics() error {
 	if err != nil {
 		return fmt.Errorf("metrics.address %s: %w", addr, err)
 	}
-	reg := metrics.Registry(metrics.Source{PinDir: a.opts.PinDir, IndexDir: a.opts.IndexDir, Version: a.opts.Version, Features: a.opts.Features})
+	reg := metrics.Registry(metrics.Source{PinDir: a.opts.PinDir, IndexDir: a.opts.IndexDir, PolicyDir: a.opts.PolicyDir, Version: a.opts.Version, Features: a.opts.Features})
 	reg.MustRegister(a.stats)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

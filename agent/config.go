@@ -25,7 +25,16 @@ type Config struct {
 	Bypass     BypassConfig      `yaml:"bypass"`
 	Kubernetes *KubernetesConfig `yaml:"kubernetes"`
 	Index      IndexConfig       `yaml:"index"`
+	Policy     PolicyConfig      `yaml:"policy"`
 	Metrics    MetricsConfig     `yaml:"metrics"`
+}
+
+// PolicyConfig names the egress policy the agent holds the machine to.
+type PolicyConfig struct {
+	// File is a ruleset (docs/POLICY.md), applied whole whenever it or the
+	// set of its scopes' cgroups that exist changes. "" leaves the policy
+	// as it is: removal is explicit (shunt policy clear).
+	File string `yaml:"file"`
 }
 
 // KubernetesConfig selects pods of this node, through the API server, whose
@@ -107,6 +116,9 @@ func ParseConfig(b []byte, cgroupRoot string) (*Config, error) {
 			return nil, err
 		}
 	}
+	if f := cfg.Policy.File; f != "" && !filepath.IsAbs(f) {
+		return nil, fmt.Errorf("policy.file: %q is not an absolute path", f)
+	}
 	if a := cfg.Metrics.Address; a != "" {
 		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
 			return nil, fmt.Errorf("metrics.address: %q is not HOST:PORT (e.g. 127.0.0.1:9464)", a)
@@ -118,7 +130,8 @@ func ParseConfig(b []byte, cgroupRoot string) (*Config, error) {
 // sections name the Go types yaml's errors mention as the file's sections,
 // with the fields each takes.
 var sections = strings.NewReplacer(
-	"in type agent.Config", "at the top (it takes bypass, kubernetes, index, metrics)",
+	"in type agent.Config", "at the top (it takes bypass, kubernetes, index, policy, metrics)",
+	"in type agent.PolicyConfig", "in policy (it takes file)",
 	"in type agent.BypassConfig", "in bypass (it takes cgroups, exclude, guard)",
 	"in type agent.IndexConfig", "in index (it takes enabled)",
 	"in type agent.KubernetesConfig", "in kubernetes (it takes node_name, kubeconfig, namespaces, labels, annotation, cgroup_root, driver)",

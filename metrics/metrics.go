@@ -1,5 +1,5 @@
-// Package metrics exports shunt's state to Prometheus: what bypass and the
-// socket index have counted, read from their pins at each scrape (so a
+// Package metrics exports shunt's state to Prometheus: what bypass, the
+// socket index and the policy have counted, read from their pins at each scrape (so a
 // scrape sees an enable or a disable that happened since), and what this
 // build and kernel are. Names follow `shunt_<subsystem>_<noun>_<unit|total>`.
 package metrics
@@ -9,21 +9,24 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/policy"
 	"github.com/shunt-project/shunt/sockindex"
 )
 
 // Source says where the collector reads shunt's state.
 type Source struct {
-	PinDir   string        // bypass's pins
-	IndexDir string        // the socket index's pins
-	Version  string        // this build's version
-	Features host.Features // the kernel's, probed once: it does not change under a running process
+	PinDir    string        // bypass's pins
+	IndexDir  string        // the socket index's pins
+	PolicyDir string        // the policy's pins
+	Version   string        // this build's version
+	Features  host.Features // the kernel's, probed once: it does not change under a running process
 }
 
 // Collector is a prometheus.Collector over one Source.
@@ -40,6 +43,9 @@ type Collector struct {
 
 	indexEnabled, indexSockets, indexBackends *prometheus.Desc
 	indexCounters                             []counter
+
+	policyInstalled, policyScopes, policyRules *prometheus.Desc
+	policyVerdicts                             [3]*prometheus.Desc
 }
 
 // counter is one field of a counters struct, exported as NAME_total.
@@ -92,17 +98,33 @@ func New(src Source) *Collector {
 		indexSockets:  d("index", "sockets", "Sockets indexed now."),
 		indexBackends: d("index", "backends", "Backends seen since the index was enabled."),
 		indexCounters: countersOf("index", sockindex.Counters{}),
+
+		policyInstalled: d("policy", "installed", "1 while a policy is installed at the policy directory."),
+		policyScopes:    d("policy", "scopes", "Scopes (cgroup subtrees) with rules in force."),
+		policyRules:     d("policy", "rules", "Rules in force, both directions of all scopes together."),
+		policyVerdicts: [3]*prometheus.Desc{
+			d("policy", "rule_connects_total", "connect() calls (ingress: connection requests) the rule, or a scope's default (cidr=\"default\"), decided.", policyLabels...),
+			d("policy", "rule_sends_total", "Unconnected UDP sends (ingress: datagrams received) the rule decided.", policyLabels...),
+			d("policy", "rule_closed_total", "Open connections an apply closed because the rule denies them.", policyLabels...),
+		},
 	}
 }
+
+// policyLabels name a rule: its scope, counter id and fields (cidr
+// "default" for a scope's default).
+var policyLabels = []string{"cgroup", "direction", "id", "action", "cidr", "port", "proto"}
 
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.buildInfo, c.kernelInfo, c.mechanism, c.scrapeErr,
 		c.bypassEnabled, c.bypassCgroups, c.bypassDraining, c.guardRunning, c.mapEntries, c.mapCapacity, c.learned,
-		c.indexEnabled, c.indexSockets, c.indexBackends} {
+		c.indexEnabled, c.indexSockets, c.indexBackends, c.policyInstalled, c.policyScopes, c.policyRules} {
 		ch <- d
 	}
 	for _, d := range c.cgroupTraffic {
+		ch <- d
+	}
+	for _, d := range c.policyVerdicts {
 		ch <- d
 	}
 	for _, cs := range [][]counter{c.bypassCounters, c.indexCounters} {
@@ -127,7 +149,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(c.mechanism, 1, m.Feature, via)
 	}
-	for part, read := range map[string]func(chan<- prometheus.Metric) error{"bypass": c.collectBypass, "index": c.collectIndex} {
+	for part, read := range map[string]func(chan<- prometheus.Metric) error{"bypass": c.collectBypass, "index": c.collectIndex, "policy": c.collectPolicy} {
 		err := read(ch)
 		failed := 0.0
 		if err != nil {
@@ -217,6 +239,46 @@ func (c *Collector) collectIndex(ch chan<- prometheus.Metric) error {
 	gauge(c.indexSockets, float64(st.Sockets))
 	gauge(c.indexBackends, float64(st.Backends))
 	sendCounters(ch, c.indexCounters, st.Counters)
+	return nil
+}
+
+func (c *Collector) collectPolicy(ch chan<- prometheus.Metric) error {
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	p, err := policy.Open(c.src.PolicyDir)
+	if errors.Is(err, policy.ErrNotEnabled) {
+		gauge(c.policyInstalled, 0)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	rep, err := p.Show()
+	if err != nil {
+		return err
+	}
+	rules := 0
+	for _, s := range rep.Scopes {
+		for _, d := range policy.Directions {
+			send := func(id uint32, action policy.Action, cidr, port, proto string, n policy.Counts) {
+				for i, v := range []uint64{n.Connects, n.Sends, n.Closed} {
+					ch <- prometheus.MustNewConstMetric(c.policyVerdicts[i], prometheus.CounterValue, float64(v),
+						s.Cgroup, d.String(), strconv.FormatUint(uint64(id), 10), action.String(), cidr, port, proto)
+				}
+			}
+			rr := s.Of(d)
+			rules += len(rr.Rules)
+			for _, r := range rr.Rules {
+				send(r.ID, r.Action, r.CIDR.String(), r.Ports.String(), r.Proto.String(), r.Counts)
+			}
+			send(rr.DefaultID, rr.Default, "default", "any", "any", rr.DefaultCounts)
+		}
+	}
+	gauge(c.policyInstalled, 1)
+	gauge(c.policyScopes, float64(len(rep.Scopes)))
+	gauge(c.policyRules, float64(rules))
 	return nil
 }
 

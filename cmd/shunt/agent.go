@@ -46,7 +46,7 @@ disabled. docs/AGENT.md describes the file, docs/KUBERNETES.md the DaemonSet.`,
 				return err
 			}
 			a, err := agent.New(agent.Options{ConfigPath: configPath, PinDir: g.pinDir, IndexDir: g.indexDir,
-				Version: version, Features: e.probe(), Log: e.stderr})
+				PolicyDir: g.policyDir, Version: version, Features: e.probe(), Log: e.stderr})
 			if err != nil {
 				return usageError{err}
 			}

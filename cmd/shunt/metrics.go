@@ -30,7 +30,7 @@ docs/METRICS.md lists every metric. --once prints one scrape and exits.`,
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
-			src := metrics.Source{PinDir: g.pinDir, IndexDir: g.indexDir, Version: version, Features: e.probe()}
+			src := metrics.Source{PinDir: g.pinDir, IndexDir: g.indexDir, PolicyDir: g.policyDir, Version: version, Features: e.probe()}
 			h := metrics.Handler(metrics.Registry(src), e.stderr)
 			if once {
 				rec := httptest.NewRecorder()

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/policy"
 	"github.com/shunt-project/shunt/sockindex"
 )
 
@@ -20,7 +22,8 @@ type statusReport struct {
 	Installed bool                   `json:"installed"`
 	Cgroups   []bypass.EnabledCgroup `json:"cgroups"`
 	Stats     *bypass.Stats          `json:"bypass,omitempty"`
-	Index     *sockindex.Status      `json:"index,omitempty"` // absent when not enabled
+	Index     *sockindex.Status      `json:"index,omitempty"`  // absent when not enabled
+	Policy    *policy.Report         `json:"policy,omitempty"` // absent when none is installed
 	Features  host.Features          `json:"kernel"`
 	// Mechanisms says, per feature, how this kernel gives it.
 	Mechanisms []host.Mechanism `json:"mechanisms"`
@@ -75,6 +78,17 @@ func newStatusCmd(e *env, g *globals) *cobra.Command {
 					return err
 				}
 				rep.Index = &st
+			}
+			pol, err := policy.Open(g.policyDir)
+			switch {
+			case errors.Is(err, policy.ErrNotEnabled):
+			case err != nil:
+				return err
+			default:
+				defer pol.Close()
+				if rep.Policy, err = pol.Show(); err != nil {
+					return err
+				}
 			}
 			if asJSON {
 				return writeJSON(e.stdout, rep)
@@ -146,6 +160,7 @@ func printStatus(e *env, r statusReport) {
 		fmt.Fprintf(w, "indexed:\t%d sockets, %d backends seen; %d added, %d removed, %d not indexed (full)\n",
 			ix.Sockets, ix.Backends, ix.Counters.Added, ix.Counters.Removed, ix.Counters.Full)
 	}
+	printPolicyStatus(w, r.Policy)
 	f := r.Features
 	fmt.Fprintf(w, "kernel:\t%s\n", f.Kernel)
 	for _, m := range r.Mechanisms {
@@ -159,6 +174,40 @@ func printStatus(e *env, r statusReport) {
 		fmt.Fprintf(w, "features:\t%v\n", err)
 	} else {
 		fmt.Fprintf(w, "features:\teverything bypass needs\n")
+	}
+}
+
+// printPolicyStatus gives one line per scope: what its rules and default
+// decided ('shunt policy show' has them rule by rule).
+func printPolicyStatus(w io.Writer, rep *policy.Report) {
+	if rep == nil {
+		fmt.Fprintf(w, "policy:\tnone\n")
+		return
+	}
+	fmt.Fprintf(w, "policy:\t%d scopes ('shunt policy show' lists the rules)\n", len(rep.Scopes))
+	for _, s := range rep.Scopes {
+		name := s.Cgroup
+		if name == "" {
+			name = fmt.Sprintf("(cgroup %d, removed)", s.CgroupID)
+		}
+		for _, d := range policy.Directions {
+			rr := s.Of(d)
+			var denied, allowed, closed uint64
+			add := func(a policy.Action, c policy.Counts) {
+				if a == policy.Deny {
+					denied += c.Connects + c.Sends
+				} else {
+					allowed += c.Connects + c.Sends
+				}
+				closed += c.Closed
+			}
+			for _, r := range rr.Rules {
+				add(r.Action, r.Counts)
+			}
+			add(rr.Default, rr.DefaultCounts)
+			fmt.Fprintf(w, "scope %s %s:\t%d rules, default %s; %d connections and datagrams denied, %d allowed, %d open connections closed\n",
+				name, d, len(rr.Rules), rr.Default, denied, allowed, closed)
+		}
 	}
 }
 
