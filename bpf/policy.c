@@ -51,14 +51,15 @@ volatile const struct policy_config {
 const enum policy_action unused_policy_action __attribute__((unused));
 const enum policy_hook unused_policy_hook __attribute__((unused));
 const enum policy_dir unused_policy_dir __attribute__((unused));
+const enum policy_state_key unused_policy_state_key __attribute__((unused));
 const struct policy_swept *unused_policy_swept __attribute__((unused));
 const struct policy_rule_key *unused_policy_rule_key __attribute__((unused));
 const struct policy_rule_info *unused_policy_rule_info __attribute__((unused));
 
 static __always_inline __u32 active_slot(void)
 {
-	__u32 zero = 0;
-	__u32 *s = bpf_map_lookup_elem(&policy_active, &zero);
+	__u32 key = POLICY_STATE_ACTIVE;
+	__u32 *s = bpf_map_lookup_elem(&policy_state, &key);
 	return s ? (*s & 1) : 0;
 }
 
@@ -320,10 +321,12 @@ static __always_inline void sweep(struct bpf_iter_meta *meta, struct sock_common
 		r->cookie = bpf_get_socket_cookie(sk);
 		r->netns_cookie = BPF_CORE_READ(sk, __sk_common.skc_net.net, net_cookie);
 		r->family = sk->__sk_common.skc_family;
-		if (!pcfg.sweep_finds_only)
+		/* Finding only, user space counts what sock_diag closes. */
+		if (!pcfg.sweep_finds_only) {
 			r->err = bpf_sock_destroy(skc);
-		if (!r->err)
-			count(rule, POLICY_HOOK_SWEEP);
+			if (!r->err)
+				count(rule, POLICY_HOOK_SWEEP);
+		}
 		bpf_seq_write(meta->seq, &s, sizeof(s));
 		return;
 	}

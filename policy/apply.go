@@ -11,7 +11,7 @@ import (
 	"github.com/shunt-project/shunt/host"
 )
 
-// flipGrace is how long the old ruleset stays readable after the flip.
+// flipGrace is how long the old ruleset stays untouched after the flip.
 const flipGrace = 10 * time.Millisecond
 
 // ApplyResult says what an apply did.
@@ -97,12 +97,9 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		return nil, err
 	}
 
-	// What a crash left in the idle slot goes first.
-	if err := p.clearSlot(next, infos[next]); err != nil {
-		return nil, err
-	}
-	if err := c.write(p, oldInfos); err != nil {
-		p.clearSlot(next, c.infoByID())
+	// The idle slot holds the ruleset before the one in force (or what a
+	// crash left): only what differs is written.
+	if err := p.writeIdle(next, c, infos[next], oldInfos); err != nil {
 		return nil, err
 	}
 	attached, err := p.attachedScopes()
@@ -122,17 +119,16 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 			}
 		}
 		if err := p.attach(spec, s); err != nil {
-			p.clearSlot(next, c.infoByID())
 			return nil, err
 		}
 	}
-	if err := p.maps.PolicyActive.Update(uint32(0), uint32(next), ebpf.UpdateAny); err != nil {
+	if err := p.setState(policyPolicyStateKeyPOLICY_STATE_ACTIVE, uint32(next)); err != nil {
 		return nil, fmt.Errorf("switch to the new ruleset: %w", err)
 	}
 	// A program that read the old slot number just before the flip may
-	// still be looking at the old slot: each runs for microseconds, so
-	// waiting far longer than that before taking the old slot apart keeps
-	// every decision wholly old or wholly new.
+	// still be looking at the old slot, which the next apply rewrites: each
+	// runs for microseconds, so waiting far longer than that keeps every
+	// decision wholly old or wholly new.
 	time.Sleep(flipGrace)
 	// Removed scopes find no rules in the new slot and allow from the flip.
 	inForce := map[uint64]bool{}
@@ -145,7 +141,7 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 			errs = append(errs, p.detach(id))
 		}
 	}
-	errs = append(errs, p.clearSlot(old, oldInfos), p.dropCounters(oldInfos, c))
+	errs = append(errs, p.dropCounters(oldInfos, c))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("the new ruleset is in force, but cleaning up the old one failed: %w", err)
 	}

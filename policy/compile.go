@@ -10,7 +10,8 @@ import (
 // scopeRules is a scope with its cgroup resolved.
 type scopeRules struct {
 	Scope
-	id uint64
+	id        uint64
+	defaultID [2]uint32 // set when compiling a slot back from its infos
 }
 
 // compiled is a ruleset as map entries for one slot.
@@ -91,21 +92,45 @@ const policyKeyFixedBits = (1 + 1 + 2 + 8) * 8
 
 // compile lays out scopes for slot. id gives each rule's counter id.
 func compile(slot uint8, scopes []scopeRules, id func(ruleName) uint32) (*compiled, error) {
+	return compileBy(slot, scopes, func(si int, d Direction, j int, r *Rule) uint32 {
+		return id(nameOf(scopes[si].id, d, r))
+	})
+}
+
+// compileWithIDs compiles scopes whose ids are known: ids[scope][dir][rule],
+// and each scope's defaultID.
+func compileWithIDs(slot uint8, scopes []scopeRules, ids [][2][]uint32) (*compiled, error) {
+	return compileBy(slot, scopes, func(si int, d Direction, j int, r *Rule) uint32 {
+		if r == nil {
+			return scopes[si].defaultID[d]
+		}
+		return ids[si][d][j]
+	})
+}
+
+// compileBy lays out scopes; id gives the counter id of scope si's rule j
+// in direction d (r nil: the default).
+func compileBy(slot uint8, scopes []scopeRules, id func(si int, d Direction, j int, r *Rule) uint32) (*compiled, error) {
+	n := 0
+	for _, s := range scopes {
+		n += len(s.Egress) + len(s.Ingress) + 2
+	}
 	c := &compiled{
-		lists:  map[policyPolicyKey]policyPolicyList{},
-		scopes: map[policyPolicyScopeKey]policyPolicyScope{},
-		infos:  map[policyPolicyRuleKey]policyPolicyRuleInfo{},
+		lists:  make(map[policyPolicyKey]policyPolicyList, n),
+		scopes: make(map[policyPolicyScopeKey]policyPolicyScope, len(scopes)),
+		infos:  make(map[policyPolicyRuleKey]policyPolicyRuleInfo, n),
+		ids:    make([]uint32, 0, n),
 	}
 	for si, s := range scopes {
 		var sv policyPolicyScope
 		for _, d := range Directions {
-			did := id(nameOf(s.id, d, nil))
+			did := id(si, d, -1, nil)
 			c.ids = append(c.ids, did)
 			sv.DefaultRule[d], sv.DefaultAction[d] = did, uint8(*s.DefaultOf(d))
 			c.infos[policyPolicyRuleKey{Slot: uint32(slot), Rule: did}] = policyPolicyRuleInfo{
 				Scope: s.id, Action: uint8(*s.DefaultOf(d)), Seq: ^uint32(0), Dir: uint8(d),
 			}
-			if err := c.addRules(slot, si, s, d, id); err != nil {
+			if err := c.addRules(slot, si, s, d, func(j int, r *Rule) uint32 { return id(si, d, j, r) }); err != nil {
 				return nil, err
 			}
 		}
@@ -115,7 +140,7 @@ func compile(slot uint8, scopes []scopeRules, id func(ruleName) uint32) (*compil
 }
 
 // addRules lays out one direction of a scope: each prefix's list.
-func (c *compiled) addRules(slot uint8, si int, s scopeRules, d Direction, id func(ruleName) uint32) error {
+func (c *compiled) addRules(slot uint8, si int, s scopeRules, d Direction, id func(j int, r *Rule) uint32) error {
 	// Each prefix's rules, in precedence order, with their ids.
 	type ruled struct {
 		Rule
@@ -123,7 +148,7 @@ func (c *compiled) addRules(slot uint8, si int, s scopeRules, d Direction, id fu
 	}
 	byPrefix := map[netip.Prefix][]ruled{}
 	for j, r := range *s.Rules(d) {
-		rid := id(nameOf(s.id, d, &r))
+		rid := id(j, &r)
 		c.ids = append(c.ids, rid)
 		byPrefix[r.CIDR] = append(byPrefix[r.CIDR], ruled{r, rid})
 		info := policyPolicyRuleInfo{
@@ -133,8 +158,20 @@ func (c *compiled) addRules(slot uint8, si int, s scopeRules, d Direction, id fu
 		copy(info.Addr[:], r.CIDR.Addr().AsSlice())
 		c.infos[policyPolicyRuleKey{Slot: uint32(slot), Rule: rid}] = info
 	}
+	// The prefix lengths in use, longest first, per family: a prefix's
+	// covering prefixes are looked for at those lengths only.
+	lens := map[uint8][]int{}
+	seenLen := map[[2]int]bool{}
 	for p := range byPrefix {
 		slices.SortStableFunc(byPrefix[p], func(a, b ruled) int { return precedes(a.Rule, b.Rule) })
+		f := family(p)
+		if k := [2]int{int(f), p.Bits()}; !seenLen[k] {
+			seenLen[k] = true
+			lens[f] = append(lens[f], p.Bits())
+		}
+	}
+	for f := range lens {
+		slices.SortFunc(lens[f], func(a, b int) int { return b - a })
 	}
 	// A lookup returns the longest prefix only, so each prefix's list goes
 	// on with the rules of every prefix covering it, longest first.
@@ -156,7 +193,10 @@ func (c *compiled) addRules(slot uint8, si int, s scopeRules, d Direction, id fu
 		if err := add(own); err != nil {
 			return err
 		}
-		for bits := p.Bits() - 1; bits >= 0; bits-- {
+		for _, bits := range lens[family(p)] {
+			if bits >= p.Bits() {
+				continue
+			}
 			if err := add(byPrefix[netip.PrefixFrom(p.Addr(), bits).Masked()]); err != nil {
 				return err
 			}

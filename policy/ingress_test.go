@@ -144,6 +144,10 @@ func TestSameIngressVerdictsAsNftables(t *testing.T) {
 // rule denies is closed at the apply (its client gets a reset), bypassed or
 // not; one the rules still allow goes on.
 func TestApplyClosesDeniedInbound(t *testing.T) {
+	eachCloseMethod(t, testApplyClosesDeniedInbound)
+}
+
+func testApplyClosesDeniedInbound(t *testing.T) {
 	p := mustPolicy(t)
 	server, client := testenv.MustCgroup(t), testenv.MustCgroup(t)
 	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{TrustReaders: true})

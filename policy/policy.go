@@ -79,7 +79,7 @@ func pinnedMaps(m *policyMaps) map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
 		"rules":      &m.PolicyRules,
 		"scopes":     &m.PolicyScopes,
-		"active":     &m.PolicyActive,
+		"state":      &m.PolicyState,
 		"counters":   &m.PolicyCounters,
 		"conns":      &m.PolicyConns,
 		"rule_infos": &m.PolicyRuleInfos,
@@ -108,10 +108,11 @@ func build(dir string) error {
 		return fmt.Errorf("load BPF spec: %w", err)
 	}
 	// Before 6.5 the sweep can only find; user space closes through
-	// sock_diag what it found.
+	// sock_diag what it found (and reads which from the state map).
 	var cfg policyPolicyConfig
+	findsOnly := uint32(0)
 	if !host.HasSockDestroy() {
-		cfg.SweepFindsOnly = 1
+		cfg.SweepFindsOnly, findsOnly = 1, 1
 	}
 	if err := spec.Variables["pcfg"].Set(cfg); err != nil {
 		return fmt.Errorf("configure BPF: %w", err)
@@ -129,6 +130,9 @@ func build(dir string) error {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			return err
 		}
+	}
+	if err := objs.PolicyState.Update(uint32(policyPolicyStateKeyPOLICY_STATE_FINDS_ONLY), findsOnly, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write the policy state: %w", err)
 	}
 	for name, m := range pinnedMaps(&objs.policyMaps) {
 		if err := (*m).Pin(filepath.Join(dir, mapsDir, name)); err != nil {
@@ -189,7 +193,7 @@ func (p *Policy) Remove() error {
 
 func (p *Policy) activeSlot() (uint8, error) {
 	var s uint32
-	if err := p.maps.PolicyActive.Lookup(uint32(0), &s); err != nil {
+	if err := p.maps.PolicyState.Lookup(uint32(policyPolicyStateKeyPOLICY_STATE_ACTIVE), &s); err != nil {
 		return 0, fmt.Errorf("read the active ruleset: %w", err)
 	}
 	return uint8(s & 1), nil
@@ -273,7 +277,7 @@ func (p *Policy) replacements() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
 		"policy_rules":      p.maps.PolicyRules,
 		"policy_scopes":     p.maps.PolicyScopes,
-		"policy_active":     p.maps.PolicyActive,
+		"policy_state":      p.maps.PolicyState,
 		"policy_counters":   p.maps.PolicyCounters,
 		"policy_conns":      p.maps.PolicyConns,
 		"policy_rule_infos": p.maps.PolicyRuleInfos,

@@ -105,6 +105,15 @@ type policyPolicyScopeKey struct {
 	Pad   uint32
 }
 
+type policyPolicyStateKey uint32
+
+const (
+	policyPolicyStateKeyPOLICY_STATE_ACTIVE     policyPolicyStateKey = 0
+	policyPolicyStateKeyPOLICY_STATE_IDLE_CLEAN policyPolicyStateKey = 1
+	policyPolicyStateKeyPOLICY_STATE_FINDS_ONLY policyPolicyStateKey = 2
+	policyPolicyStateKeyPOLICY_STATE_KEYS       policyPolicyStateKey = 3
+)
+
 type policyPolicySwept struct {
 	_ structs.HostLayout
 	R struct {
@@ -129,12 +138,12 @@ type policyPolicySwept struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	policyMapPolicyActive         = "policy_active"
 	policyMapPolicyConns          = "policy_conns"
 	policyMapPolicyCounters       = "policy_counters"
 	policyMapPolicyRuleInfos      = "policy_rule_infos"
 	policyMapPolicyRules          = "policy_rules"
 	policyMapPolicyScopes         = "policy_scopes"
+	policyMapPolicyState          = "policy_state"
 	policyProgShuntPolicyConnect4 = "shunt_policy_connect4"
 	policyProgShuntPolicyConnect6 = "shunt_policy_connect6"
 	policyProgShuntPolicyIngress  = "shunt_policy_ingress"
@@ -149,6 +158,7 @@ const (
 	policyVarUnusedPolicyHook     = "unused_policy_hook"
 	policyVarUnusedPolicyRuleInfo = "unused_policy_rule_info"
 	policyVarUnusedPolicyRuleKey  = "unused_policy_rule_key"
+	policyVarUnusedPolicyStateKey = "unused_policy_state_key"
 	policyVarUnusedPolicySwept    = "unused_policy_swept"
 )
 
@@ -208,12 +218,12 @@ type policyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyMapSpecs struct {
-	PolicyActive    *ebpf.MapSpec `ebpf:"policy_active"`
 	PolicyConns     *ebpf.MapSpec `ebpf:"policy_conns"`
 	PolicyCounters  *ebpf.MapSpec `ebpf:"policy_counters"`
 	PolicyRuleInfos *ebpf.MapSpec `ebpf:"policy_rule_infos"`
 	PolicyRules     *ebpf.MapSpec `ebpf:"policy_rules"`
 	PolicyScopes    *ebpf.MapSpec `ebpf:"policy_scopes"`
+	PolicyState     *ebpf.MapSpec `ebpf:"policy_state"`
 }
 
 // policyVariableSpecs contains global variables before they are loaded into the kernel.
@@ -226,6 +236,7 @@ type policyVariableSpecs struct {
 	UnusedPolicyHook     *ebpf.VariableSpec `ebpf:"unused_policy_hook"`
 	UnusedPolicyRuleInfo *ebpf.VariableSpec `ebpf:"unused_policy_rule_info"`
 	UnusedPolicyRuleKey  *ebpf.VariableSpec `ebpf:"unused_policy_rule_key"`
+	UnusedPolicyStateKey *ebpf.VariableSpec `ebpf:"unused_policy_state_key"`
 	UnusedPolicySwept    *ebpf.VariableSpec `ebpf:"unused_policy_swept"`
 }
 
@@ -249,22 +260,22 @@ func (o *policyObjects) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyMaps struct {
-	PolicyActive    *ebpf.Map `ebpf:"policy_active"`
 	PolicyConns     *ebpf.Map `ebpf:"policy_conns"`
 	PolicyCounters  *ebpf.Map `ebpf:"policy_counters"`
 	PolicyRuleInfos *ebpf.Map `ebpf:"policy_rule_infos"`
 	PolicyRules     *ebpf.Map `ebpf:"policy_rules"`
 	PolicyScopes    *ebpf.Map `ebpf:"policy_scopes"`
+	PolicyState     *ebpf.Map `ebpf:"policy_state"`
 }
 
 func (m *policyMaps) Close() error {
 	return _PolicyClose(
-		m.PolicyActive,
 		m.PolicyConns,
 		m.PolicyCounters,
 		m.PolicyRuleInfos,
 		m.PolicyRules,
 		m.PolicyScopes,
+		m.PolicyState,
 	)
 }
 
@@ -278,6 +289,7 @@ type policyVariables struct {
 	UnusedPolicyHook     *ebpf.Variable `ebpf:"unused_policy_hook"`
 	UnusedPolicyRuleInfo *ebpf.Variable `ebpf:"unused_policy_rule_info"`
 	UnusedPolicyRuleKey  *ebpf.Variable `ebpf:"unused_policy_rule_key"`
+	UnusedPolicyStateKey *ebpf.Variable `ebpf:"unused_policy_state_key"`
 	UnusedPolicySwept    *ebpf.Variable `ebpf:"unused_policy_swept"`
 }
 

@@ -422,6 +422,22 @@ scopes:
 // rules deny fail at their next call and move no further byte, TCP or
 // bypassed or connected UDP; the others go on.
 func TestApplyClosesDeniedConnections(t *testing.T) {
+	eachCloseMethod(t, testApplyClosesDeniedConnections)
+}
+
+// eachCloseMethod runs test with the sweep destroying by kfunc (6.5+) and
+// through sock_diag (as before 6.5), where this kernel has the kfunc.
+func eachCloseMethod(t *testing.T, test func(t *testing.T)) {
+	t.Run("this-kernel", test)
+	if host.HasSockDestroy() {
+		t.Run("sock_diag", func(t *testing.T) {
+			t.Setenv(host.SockDestroyEnv, "diag")
+			test(t)
+		})
+	}
+}
+
+func testApplyClosesDeniedConnections(t *testing.T) {
 	p := mustPolicy(t)
 	cg := testenv.MustCgroup(t)
 	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{TrustReaders: true})

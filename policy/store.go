@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"cmp"
 	"errors"
+	"slices"
 	"fmt"
 	"unsafe"
 
@@ -44,40 +46,149 @@ func (p *Policy) allInfos() (map[uint8]map[uint32]policyPolicyRuleInfo, error) {
 	}
 }
 
-// clearSlot deletes a slot's entries from every map; infos are the slot's
-// rules (the trie's keys are derived from them: walking a trie costs a
-// descent per key).
-func (p *Policy) clearSlot(slot uint8, infos map[uint32]policyPolicyRuleInfo) error {
-	var scopeKeys []policyPolicyScopeKey
+// idleContents is what the idle slot holds, compiled again from its rule
+// infos; with exact false (a write to it was interrupted) only its keys
+// are known, and every entry is written again.
+func (p *Policy) idleContents(slot uint8, infos map[uint32]policyPolicyRuleInfo) (prev *compiled, exact bool, err error) {
+	var clean uint32
+	if err := p.maps.PolicyState.Lookup(uint32(policyPolicyStateKeyPOLICY_STATE_IDLE_CLEAN), &clean); err != nil {
+		return nil, false, fmt.Errorf("read the policy state: %w", err)
+	}
+	// Each scope's rules in the order given (seq), with their ids.
+	type seqRule struct {
+		seq uint32
+		id  uint32
+		r   Rule
+	}
+	byScope := map[uint64]*scopeRules{}
+	rules := map[uint64]*[2][]seqRule{}
+	var order []uint64
+	for id, info := range infos {
+		s := byScope[info.Scope]
+		if s == nil {
+			s = &scopeRules{id: info.Scope}
+			byScope[info.Scope] = s
+			rules[info.Scope] = &[2][]seqRule{}
+			order = append(order, info.Scope)
+		}
+		d := Direction(info.Dir)
+		if info.isDefault() {
+			*s.DefaultOf(d) = Action(info.Action)
+			s.defaultID[d] = id
+			continue
+		}
+		rules[info.Scope][d] = append(rules[info.Scope][d], seqRule{info.Seq, id, info.rule()})
+	}
+	scopes := make([]scopeRules, 0, len(order))
+	ids := make([][2][]uint32, 0, len(order))
+	for _, sid := range order {
+		s := byScope[sid]
+		var sids [2][]uint32
+		for _, d := range Directions {
+			rs := rules[sid][d]
+			slices.SortFunc(rs, func(a, b seqRule) int { return cmp.Compare(a.seq, b.seq) })
+			for _, r := range rs {
+				*s.Rules(d) = append(*s.Rules(d), r.r)
+				sids[d] = append(sids[d], r.id)
+			}
+		}
+		scopes = append(scopes, *s)
+		ids = append(ids, sids)
+	}
+	prev, err = compileWithIDs(slot, scopes, ids)
+	if err != nil {
+		return nil, false, fmt.Errorf("read the idle ruleset: %w", err)
+	}
+	if clean == 1 {
+		return prev, true, nil
+	}
+	// Scopes written before their rules' infos are not in the infos.
 	var sk policyPolicyScopeKey
 	var sv policyPolicyScope
 	it := p.maps.PolicyScopes.Iterate()
 	for it.Next(&sk, &sv) {
 		if sk.Slot == uint32(slot) {
-			scopeKeys = append(scopeKeys, sk)
+			prev.scopes[sk] = policyPolicyScope{}
 		}
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("clear ruleset %d: %w", slot, err)
+	return prev, false, it.Err()
+}
+
+// writeIdle makes the idle slot hold c: it deletes what c lacks and writes
+// what differs, marked unclean meanwhile so a crash leads the next apply to
+// write everything. Rule infos go first and leave last, so every trie entry
+// has its info (the next apply finds the trie's keys through them).
+func (p *Policy) writeIdle(slot uint8, c *compiled, idle, inForce map[uint32]policyPolicyRuleInfo) error {
+	prev, exact, err := p.idleContents(slot, idle)
+	if err != nil {
+		return err
 	}
-	infoKeys := make([]policyPolicyRuleKey, 0, len(infos))
-	lpmKeys := map[policyPolicyKey]bool{}
-	for id, info := range infos {
-		infoKeys = append(infoKeys, policyPolicyRuleKey{Slot: uint32(slot), Rule: id})
-		if !info.isDefault() {
-			lpmKeys[lpmKey(slot, info.Scope, Direction(info.Dir), info.rule().CIDR)] = true
+	if err := p.setState(policyPolicyStateKeyPOLICY_STATE_IDLE_CLEAN, 0); err != nil {
+		return err
+	}
+	if err := c.writeCounters(p, inForce); err != nil {
+		return err
+	}
+	var ik []policyPolicyRuleKey
+	var iv []policyPolicyRuleInfo
+	for k, v := range c.infos {
+		if old, ok := prev.infos[k]; !ok || old != v {
+			ik, iv = append(ik, k), append(iv, v)
 		}
 	}
-	// Scopes first: a scope without its rules would decide by its default.
-	errs := []error{deleteAll(p.maps.PolicyScopes, scopeKeys)}
-	for k := range lpmKeys {
-		if err := p.maps.PolicyRules.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, err)
+	if err := updateAll(p.maps.PolicyRuleInfos, ik, iv, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write rules: %w", err)
+	}
+	// The trie takes no batches.
+	for k := range prev.lists {
+		if _, keep := c.lists[k]; !keep {
+			if err := p.maps.PolicyRules.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("delete rules: %w", err)
+			}
 		}
 	}
-	errs = append(errs, deleteAll(p.maps.PolicyRuleInfos, infoKeys))
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("clear ruleset %d: %w", slot, err)
+	for k, v := range c.lists {
+		if old, ok := prev.lists[k]; exact && ok && old == v {
+			continue
+		}
+		if err := p.maps.PolicyRules.Update(asBytes([]policyPolicyKey{k}), asBytes([]policyPolicyList{v}), ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("write rules: %w", err)
+		}
+	}
+	var staleScopes []policyPolicyScopeKey
+	for k := range prev.scopes {
+		if _, keep := c.scopes[k]; !keep {
+			staleScopes = append(staleScopes, k)
+		}
+	}
+	var sk []policyPolicyScopeKey
+	var sv []policyPolicyScope
+	for k, v := range c.scopes {
+		if old, ok := prev.scopes[k]; !exact || !ok || old != v {
+			sk, sv = append(sk, k), append(sv, v)
+		}
+	}
+	if err := deleteAll(p.maps.PolicyScopes, staleScopes); err != nil {
+		return fmt.Errorf("delete scopes: %w", err)
+	}
+	if err := updateAll(p.maps.PolicyScopes, sk, sv, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write scopes: %w", err)
+	}
+	var staleInfos []policyPolicyRuleKey
+	for k := range prev.infos {
+		if _, keep := c.infos[k]; !keep {
+			staleInfos = append(staleInfos, k)
+		}
+	}
+	if err := deleteAll(p.maps.PolicyRuleInfos, staleInfos); err != nil {
+		return fmt.Errorf("delete rules: %w", err)
+	}
+	return p.setState(policyPolicyStateKeyPOLICY_STATE_IDLE_CLEAN, 1)
+}
+
+func (p *Policy) setState(k policyPolicyStateKey, v uint32) error {
+	if err := p.maps.PolicyState.Update(uint32(k), v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write the policy state: %w", err)
 	}
 	return nil
 }
@@ -110,46 +221,24 @@ func updateAll[K, V any](m *ebpf.Map, keys []K, vals []V, flags ebpf.MapUpdateFl
 	return nil
 }
 
-// write puts a compiled ruleset into its (idle) slot: counters first, so no
-// rule decides before it can count; kept rules keep theirs.
-func (c *compiled) write(p *Policy, old map[uint32]policyPolicyRuleInfo) error {
+// writeCounters makes the counters of rules not in force yet, at zero (a
+// counter a crash left is reset); rules in force keep theirs.
+func (c *compiled) writeCounters(p *Policy, inForce map[uint32]policyPolicyRuleInfo) error {
 	var fresh []uint32
 	for _, id := range c.ids {
-		if _, kept := old[id]; !kept {
+		if _, kept := inForce[id]; !kept {
 			fresh = append(fresh, id)
 		}
 	}
-	if len(fresh) > 0 {
-		ncpu, err := ebpf.PossibleCPU()
-		if err != nil {
-			return err
-		}
-		// A counter left by a crash is reset as a new one is made.
-		if _, err := p.maps.PolicyCounters.BatchUpdate(fresh, make([]policyPolicyCounter, len(fresh)*ncpu), nil); err != nil {
-			return fmt.Errorf("create rule counters: %w", err)
-		}
+	if len(fresh) == 0 {
+		return nil
 	}
-	ik := make([]policyPolicyRuleKey, 0, len(c.infos))
-	iv := make([]policyPolicyRuleInfo, 0, len(c.infos))
-	for k, v := range c.infos {
-		ik, iv = append(ik, k), append(iv, v)
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return err
 	}
-	if err := updateAll(p.maps.PolicyRuleInfos, ik, iv, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("write rules: %w", err)
-	}
-	// The trie takes no batches.
-	for k, v := range c.lists {
-		if err := p.maps.PolicyRules.Update(asBytes([]policyPolicyKey{k}), asBytes([]policyPolicyList{v}), ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("write rules: %w", err)
-		}
-	}
-	sk := make([]policyPolicyScopeKey, 0, len(c.scopes))
-	sv := make([]policyPolicyScope, 0, len(c.scopes))
-	for k, v := range c.scopes {
-		sk, sv = append(sk, k), append(sv, v)
-	}
-	if err := updateAll(p.maps.PolicyScopes, sk, sv, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("write scopes: %w", err)
+	if _, err := p.maps.PolicyCounters.BatchUpdate(fresh, make([]policyPolicyCounter, len(fresh)*ncpu), nil); err != nil {
+		return fmt.Errorf("create rule counters: %w", err)
 	}
 	return nil
 }

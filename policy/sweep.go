@@ -49,7 +49,11 @@ func (s *sweepPrograms) Close() {
 // with ECONNABORTED, a TCP peer gets a reset): a denied connection whose
 // bytes bypass TCP would otherwise go on moving them.
 func (p *Policy) closeDenied(ctx context.Context) ([]Closed, error) {
-	byDiag := !host.HasSockDestroy()
+	var findsOnly uint32
+	if err := p.maps.PolicyState.Lookup(uint32(policyPolicyStateKeyPOLICY_STATE_FINDS_ONLY), &findsOnly); err != nil {
+		return nil, fmt.Errorf("read the policy state: %w", err)
+	}
+	byDiag := findsOnly == 1
 	var iters []*link.Iter
 	for _, prog := range []*ebpf.Program{p.sweep.TCP, p.sweep.UDP} {
 		it, err := link.AttachIter(link.IterOptions{Program: prog})

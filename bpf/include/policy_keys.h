@@ -15,6 +15,14 @@ enum policy_action {
 	POLICY_DENY = 2,
 };
 
+/* What policy_state holds, by key. */
+enum policy_state_key {
+	POLICY_STATE_ACTIVE,      /* the slot in force, 0 or 1 */
+	POLICY_STATE_IDLE_CLEAN,  /* 1: the idle slot holds exactly what its rule infos say */
+	POLICY_STATE_FINDS_ONLY,  /* 1: the sweep finds, user space closes (no bpf_sock_destroy) */
+	POLICY_STATE_KEYS,
+};
+
 /* Which way a rule looks: egress rules see where a scope's sockets connect
  * and send, ingress rules who connects and sends to them. */
 enum policy_dir {
@@ -31,7 +39,7 @@ enum policy_hook {
 
 /* The LPM trie's key. Two rulesets live side by side (slot 0 and 1), so
  * an apply writes the new one while the old one decides, then flips
- * policy_active. IPv4 (and IPv4-mapped IPv6) addresses are family 4 with
+ * policy_state[POLICY_STATE_ACTIVE]. IPv4 (and IPv4-mapped IPv6) addresses are family 4 with
  * the address in addr[0..3], so an IPv6 prefix never covers them. */
 struct policy_key {
 	__u32 prefixlen; /* POLICY_KEY_FIXED_BITS + the CIDR's bits */

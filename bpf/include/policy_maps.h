@@ -21,13 +21,13 @@ struct {
 	__type(value, struct policy_scope);
 } policy_scopes SEC(".maps");
 
-/* Key 0: the slot in force. */
+/* Indexed by enum policy_state_key; the programs read the slot in force. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, POLICY_STATE_KEYS);
 	__type(key, __u32);
 	__type(value, __u32);
-} policy_active SEC(".maps");
+} policy_state SEC(".maps");
 
 /* Created by Go for every rule and scope default it installs; the programs
  * only look up, so a rule's counts start at zero and outlive no rule. */

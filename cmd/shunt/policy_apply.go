@@ -105,9 +105,13 @@ go, and nothing is denied any more.`,
 				return nil
 			}
 			if err != nil {
-				return err
-			}
-			if err := p.Remove(); err != nil {
+				// An install this shunt cannot read (another version's, or
+				// half removed) still goes: its links go with its pins.
+				fmt.Fprintf(e.stderr, "shunt: %v: removing %s anyway\n", err, g.policyDir)
+				if err := os.RemoveAll(g.policyDir); err != nil {
+					return fmt.Errorf("remove %s: %w", g.policyDir, err)
+				}
+			} else if err := p.Remove(); err != nil {
 				return err
 			}
 			fmt.Fprintln(e.stdout, "policy removed: nothing is denied")
