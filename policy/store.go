@@ -3,8 +3,8 @@ package policy
 import (
 	"cmp"
 	"errors"
-	"slices"
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
