@@ -23,6 +23,28 @@ type ApplyResult struct {
 	Sweep  time.Duration `json:"sweep_ns"` // of Took, closing open connections
 }
 
+// idsAfter gives counter ids for a ruleset replacing inForce: a rule in
+// force keeps its id, and its counts; a new one takes the lowest id free.
+func idsAfter(inForce map[uint32]policyPolicyRuleInfo) func(ruleName) uint32 {
+	keep := make(map[ruleName]uint32, len(inForce))
+	used := make(map[uint32]bool, len(inForce))
+	for id, info := range inForce {
+		keep[info.name()] = id
+		used[id] = true
+	}
+	next := uint32(1)
+	return func(key ruleName) uint32 {
+		if id, ok := keep[key]; ok {
+			return id
+		}
+		for used[next] {
+			next++
+		}
+		used[next] = true
+		return next
+	}
+}
+
 // Validate checks a ruleset as Apply would, cgroups included, without
 // installing anything.
 func Validate(rs Ruleset) error {
@@ -75,24 +97,7 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		return nil, err
 	}
 	oldInfos := infos[old]
-	keep := make(map[ruleName]uint32, len(oldInfos))
-	used := make(map[uint32]bool, len(oldInfos))
-	for id, info := range oldInfos {
-		keep[info.name()] = id
-		used[id] = true
-	}
-	nextID := uint32(1)
-	id := func(key ruleName) uint32 {
-		if id, ok := keep[key]; ok {
-			return id
-		}
-		for used[nextID] {
-			nextID++
-		}
-		used[nextID] = true
-		return nextID
-	}
-	c, err := compile(next, scopes, id)
+	c, err := compile(next, scopes, idsAfter(oldInfos))
 	if err != nil {
 		return nil, err
 	}

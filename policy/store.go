@@ -131,8 +131,10 @@ func (p *Policy) writeIdle(slot uint8, c *compiled, idle, inForce map[uint32]pol
 	}
 	var ik []policyPolicyRuleKey
 	var iv []policyPolicyRuleInfo
+	// Infos are compared with what the map holds, not with prev: a slot
+	// a crash left may hold two of one rule or default.
 	for k, v := range c.infos {
-		if old, ok := prev.infos[k]; !ok || old != v {
+		if old, ok := idle[k.Rule]; !ok || old != v {
 			ik, iv = append(ik, k), append(iv, v)
 		}
 	}
@@ -175,7 +177,8 @@ func (p *Policy) writeIdle(slot uint8, c *compiled, idle, inForce map[uint32]pol
 		return fmt.Errorf("write scopes: %w", err)
 	}
 	var staleInfos []policyPolicyRuleKey
-	for k := range prev.infos {
+	for id := range idle {
+		k := policyPolicyRuleKey{Slot: uint32(slot), Rule: id}
 		if _, keep := c.infos[k]; !keep {
 			staleInfos = append(staleInfos, k)
 		}
