@@ -4,15 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/host"
 )
 
-// flipGrace is how long the old ruleset stays untouched after the flip.
-const flipGrace = 10 * time.Millisecond
+// waitForReaders returns once every BPF program that started before it
+// has finished: they run inside RCU read-side sections, and
+// membarrier(MEMBARRIER_CMD_GLOBAL) waits for an RCU grace period (about
+// 8-24 ms here). Where it does not (it refuses under nohz_full, and skips
+// the wait with one CPU online), a pause a thousand times a program's run.
+func waitForReaders() {
+	const cmdGlobal = 1 // MEMBARRIER_CMD_GLOBAL
+	_, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, cmdGlobal, 0, 0)
+	if errno != 0 || runtime.NumCPU() == 1 {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
 
 // ApplyResult says what an apply did.
 type ApplyResult struct {
@@ -131,10 +143,8 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		return nil, fmt.Errorf("switch to the new ruleset: %w", err)
 	}
 	// A program that read the old slot number just before the flip may
-	// still be looking at the old slot, which the next apply rewrites: each
-	// runs for microseconds, so waiting far longer than that keeps every
-	// decision wholly old or wholly new.
-	time.Sleep(flipGrace)
+	// still be looking at the old slot, which the next apply rewrites.
+	waitForReaders()
 	// Removed scopes find no rules in the new slot and allow from the flip.
 	inForce := map[uint64]bool{}
 	for _, s := range scopes {
