@@ -76,37 +76,45 @@ func mustBenchEnv(b *testing.B) *benchEnv {
 	return &benchEnv{p: p, cg: cg, side: side, sets: benchRulesets(cg)}
 }
 
-// use puts mode's ruleset in force and returns its scope's connect4
-// program (nil without a scope).
-func (e *benchEnv) use(b *testing.B, mode string) *ebpf.Program {
+// costHooks are the scope's programs a connection runs.
+var costHooks = []string{"connect4", "ingress", "sockops"}
+
+// use puts mode's ruleset in force and returns the scope's programs a
+// connection runs, by hook (none without a scope).
+func (e *benchEnv) use(b *testing.B, mode string) map[string]*ebpf.Program {
 	b.Helper()
 	if _, err := e.p.Apply(b.Context(), e.sets[mode]); err != nil {
 		b.Fatal(err)
 	}
+	progs := map[string]*ebpf.Program{}
 	if mode == "none" {
-		return nil
+		return progs
 	}
-	l, err := link.LoadPinnedLink(filepath.Join(e.p.Dir(), "links", strconv.FormatUint(e.cg.ID, 10), "connect4"), nil)
-	if err != nil {
-		b.Fatal(err)
+	for _, hook := range costHooks {
+		l, err := link.LoadPinnedLink(filepath.Join(e.p.Dir(), "links", strconv.FormatUint(e.cg.ID, 10), hook), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		prog, err := ebpf.NewProgramFromID(info.Program)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { prog.Close() })
+		progs[hook] = prog
 	}
-	defer l.Close()
-	info, err := l.Info()
-	if err != nil {
-		b.Fatal(err)
-	}
-	prog, err := ebpf.NewProgramFromID(info.Program)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { prog.Close() })
-	return prog
+	return progs
 }
 
-// hookCost reports the program's run time per run over what fn did.
-func hookCost(b *testing.B, prog *ebpf.Program, fn func()) {
+// hookCost reports, from bpf_stats, each program's run time per run and
+// per op over what fn did.
+func hookCost(b *testing.B, progs map[string]*ebpf.Program, fn func()) {
 	b.Helper()
-	if prog == nil {
+	if len(progs) == 0 {
 		fn()
 		return
 	}
@@ -115,17 +123,23 @@ func hookCost(b *testing.B, prog *ebpf.Program, fn func()) {
 		b.Fatal(err)
 	}
 	defer stats.Close()
-	s0, err := prog.Stats()
-	if err != nil {
-		b.Fatal(err)
+	before := map[string]*ebpf.ProgramStats{}
+	for hook, prog := range progs {
+		if before[hook], err = prog.Stats(); err != nil {
+			b.Fatal(err)
+		}
 	}
 	fn()
-	s1, err := prog.Stats()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if runs := s1.RunCount - s0.RunCount; runs > 0 {
-		b.ReportMetric(float64(s1.Runtime-s0.Runtime)/float64(runs), "hook-ns/run")
+	for hook, prog := range progs {
+		s, err := prog.Stats()
+		if err != nil {
+			b.Fatal(err)
+		}
+		runs, took := s.RunCount-before[hook].RunCount, s.Runtime-before[hook].Runtime
+		if runs > 0 {
+			b.ReportMetric(float64(took)/float64(runs), hook+"-ns/run")
+			b.ReportMetric(float64(took)/float64(b.N), hook+"-ns/op")
+		}
 	}
 }
 
@@ -136,9 +150,9 @@ func BenchmarkConnect(b *testing.B) {
 	sa := &unix.SockaddrInet4{Addr: [4]byte{10, 8, 0, 1}, Port: 80}
 	for _, mode := range benchModes {
 		b.Run(mode, func(b *testing.B) {
-			prog := e.use(b, mode)
+			progs := e.use(b, mode)
 			e.side.Make(b, func() {
-				hookCost(b, prog, func() {
+				hookCost(b, progs, func() {
 					b.ResetTimer()
 					for range b.N {
 						fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)

@@ -28,25 +28,24 @@ done
 "$out/policy.test" -test.run '^$' -test.bench 'BenchmarkApply' -test.benchtime 10x -test.count 5 |
   grep '^Benchmark' >> "$out/apply.txt"
 python3 - "$out/modes.txt" "$out/apply.txt" <<'PY'
-import collections, re, statistics, sys
+import collections, statistics, sys
 for path in sys.argv[1:]:
-    ns, mbs, hook = collections.defaultdict(list), collections.defaultdict(list), collections.defaultdict(list)
+    vals = collections.defaultdict(lambda: collections.defaultdict(list))
     for line in open(path):
-        m = re.match(r'(Benchmark\S+?)(-\d+)?\s+\d+\s+([\d.]+) ns/op(?:\s+([\d.]+) MB/s)?(?:\s+([\d.]+) hook-ns/run)?', line)
-        if not m:
+        f = line.split()
+        if len(f) < 4 or not f[0].startswith('Benchmark'):
             continue
-        ns[m[1]].append(float(m[3]))
-        if m[4]: mbs[m[1]].append(float(m[4]))
-        if m[5]: hook[m[1]].append(float(m[5]))
-    base = {n.rsplit('/', 1)[0]: statistics.median(v) for n, v in ns.items() if n.endswith('/none')}
-    for n in sorted(ns):
-        v, group = ns[n], n.rsplit('/', 1)[0]
+        name = f[0].rsplit('-', 1)[0] if f[0].rsplit('-', 1)[-1].isdigit() else f[0]
+        for value, unit in zip(f[2::2], f[3::2]):
+            vals[name][unit].append(float(value))
+    base = {n.rsplit('/', 1)[0]: statistics.median(u['ns/op']) for n, u in vals.items() if n.endswith('/none')}
+    for n in sorted(vals):
+        v, group = vals[n]['ns/op'], n.rsplit('/', 1)[0]
         line = f"{n:42s} n={len(v):2d}  median {statistics.median(v)/1000:9.1f} us  (min {min(v)/1000:.1f}, max {max(v)/1000:.1f})"
         if group in base:
             line += f"  x{statistics.median(v)/base[group]:.3f}"
-        if mbs[n]:
-            line += f"  {statistics.median(mbs[n]):.0f} MB/s"
-        if hook[n]:
-            line += f"  hook {statistics.median(hook[n]):.0f} ns/run ({min(hook[n]):.0f}-{max(hook[n]):.0f})"
+        for unit, u in sorted(vals[n].items()):
+            if unit != 'ns/op':
+                line += f"  {unit} {statistics.median(u):.0f} ({min(u):.0f}-{max(u):.0f})"
         print(line)
 PY
