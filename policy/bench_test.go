@@ -14,7 +14,6 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
-	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/policy"
@@ -59,14 +58,7 @@ func mustBenchEnv(b *testing.B) *benchEnv {
 	}
 	b.Cleanup(func() { p.Remove() })
 	cg := testenv.MustCgroup(b)
-	in, err := bypass.Create(testenv.MustPinDir(b), bypass.Options{TrustReaders: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { in.Close() })
-	if _, err := in.Attach(cg); err != nil {
-		b.Fatal(err)
-	}
+	mustBypass(b, cg)
 	ns := testenv.MustNetNS(b)
 	if err := ipIn(ns, "route", "add", "local", "10.8.0.0/16", "dev", "lo"); err != nil {
 		b.Fatal(err)

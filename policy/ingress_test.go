@@ -13,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
-	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -100,17 +99,7 @@ func TestIngressVerdicts(t *testing.T) {
 			server, client := testenv.MustCgroup(t), testenv.MustCgroup(t)
 			var in *bypass.Install
 			if mode == "bypassed" {
-				var err error
-				in, err = bypass.Create(testenv.MustPinDir(t), bypass.Options{TrustReaders: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { in.Close() })
-				for _, cg := range []host.Cgroup{server, client} {
-					if _, err := in.Attach(cg); err != nil {
-						t.Fatal(err)
-					}
-				}
+				in = mustBypass(t, server, client)
 			}
 			ns := mustAddressNS(t)
 			rec := listeners(t, testenv.Side{NS: ns, CG: server}, 53, 80, 81, 82, 443)
@@ -150,17 +139,7 @@ func TestApplyClosesDeniedInbound(t *testing.T) {
 func testApplyClosesDeniedInbound(t *testing.T) {
 	p := mustPolicy(t)
 	server, client := testenv.MustCgroup(t), testenv.MustCgroup(t)
-	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{TrustReaders: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { in.Close() })
-	if _, err := in.Attach(server); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := in.Attach(client); err != nil {
-		t.Fatal(err)
-	}
+	in := mustBypass(t, server, client)
 	ns := mustAddressNS(t)
 	listeners(t, testenv.Side{NS: ns, CG: server}, 443)
 	// The scope holds the server when it accepts, so the apply knows the
@@ -177,14 +156,6 @@ func testApplyClosesDeniedInbound(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 		return c
-	}
-	echo := func(c net.Conn) error {
-		c.SetDeadline(time.Now().Add(time.Second))
-		if _, err := c.Write([]byte("ping")); err != nil {
-			return err
-		}
-		_, err := io.ReadFull(c, make([]byte, 4))
-		return err
 	}
 	denied, kept := dial("10.9.0.2"), dial("10.9.1.2")
 	for _, c := range []net.Conn{denied, kept} {

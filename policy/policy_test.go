@@ -22,6 +22,33 @@ import (
 	"github.com/shunt-project/shunt/policy"
 )
 
+// mustBypass installs shunt's bypass (trusting readers, so a test's first
+// bytes are redirected too) for the cgroups, removed at cleanup.
+func mustBypass(t testing.TB, cgs ...host.Cgroup) *bypass.Install {
+	t.Helper()
+	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{TrustReaders: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	for _, cg := range cgs {
+		if _, err := in.Attach(cg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return in
+}
+
+// echo sends 4 bytes and waits for them back, within a second.
+func echo(c net.Conn) error {
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return err
+	}
+	_, err := io.ReadFull(c, make([]byte, 4))
+	return err
+}
+
 // mustPolicy installs an empty policy at a fresh pin directory.
 func mustPolicy(t *testing.T) *policy.Policy {
 	t.Helper()
@@ -329,21 +356,10 @@ func TestVerdicts(t *testing.T) {
 	for _, mode := range []string{"tcp path", "bypassed"} {
 		t.Run(mode, func(t *testing.T) {
 			p := mustPolicy(t)
-			var cg host.Cgroup
+			cg := testenv.MustCgroup(t)
 			var in *bypass.Install
 			if mode == "bypassed" {
-				var err error
-				cg = testenv.MustCgroup(t)
-				in, err = bypass.Create(testenv.MustPinDir(t), bypass.Options{TrustReaders: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { in.Close() })
-				if _, err := in.Attach(cg); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				cg = testenv.MustCgroup(t)
+				in = mustBypass(t, cg)
 			}
 			side := testenv.Side{NS: mustAddressNS(t), CG: cg}
 			listeners(t, side, 80, 81, 82, 443, 5432)
@@ -440,14 +456,7 @@ func eachCloseMethod(t *testing.T, test func(t *testing.T)) {
 func testApplyClosesDeniedConnections(t *testing.T) {
 	p := mustPolicy(t)
 	cg := testenv.MustCgroup(t)
-	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{TrustReaders: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { in.Close() })
-	if _, err := in.Attach(cg); err != nil {
-		t.Fatal(err)
-	}
+	in := mustBypass(t, cg)
 	ns := mustAddressNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
 	listeners(t, side, 80, 443)
@@ -464,14 +473,6 @@ func testApplyClosesDeniedConnections(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 		return c
-	}
-	echo := func(c net.Conn) error {
-		c.SetDeadline(time.Now().Add(time.Second))
-		if _, err := c.Write([]byte("ping")); err != nil {
-			return err
-		}
-		_, err := io.ReadFull(c, make([]byte, 4))
-		return err
 	}
 	denied := dial("tcp", "10.9.0.1:80")
 	bypassed := dial("tcp", "10.9.0.2:80")
