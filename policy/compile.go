@@ -63,15 +63,6 @@ func nameOf(scope uint64, d Direction, r *Rule) ruleName {
 	return ruleName{scope: scope, dir: d, action: r.Action, cidr: r.CIDR, ports: r.Ports.norm(), protocol: r.Proto}
 }
 
-// infoByID is the slot's rules by counter id, as allInfos reads them.
-func (c *compiled) infoByID() map[uint32]policyPolicyRuleInfo {
-	out := make(map[uint32]policyPolicyRuleInfo, len(c.infos))
-	for k, v := range c.infos {
-		out[k.Rule] = v
-	}
-	return out
-}
-
 func family(p netip.Prefix) uint8 {
 	if p.Addr().Is4() {
 		return 4

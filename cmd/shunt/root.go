@@ -83,7 +83,7 @@ func newRoot(e *env) *cobra.Command {
   shunt agent             keep bypass as a configuration file declares it
   shunt flows             the connections bypassed now
   shunt index enable      index connected sockets by backend
-  shunt policy            egress rules of a cgroup, held whichever path the bytes take
+  shunt policy            who a cgroup may reach and be reached by, whichever path the bytes take
   shunt reap              destroy every socket connected to a backend
   shunt fanout            relay a UDP feed to many TCP subscribers
   shunt proxy             a TCP proxy whose connections are joined in the kernel
