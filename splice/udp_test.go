@@ -300,7 +300,8 @@ func TestUDPHandOver(t *testing.T) {
 		}
 		i := int(binary.BigEndian.Uint32(buf))
 		if i < next || !bytes.Equal(buf[:m], datagram(i, 200)) {
-			t.Fatalf("datagram %d after %d, or corrupt", i, next-1)
+			ab, ba := pair.Stats()
+			t.Fatalf("datagram %d after %d, or corrupt; stats %+v %+v", i, next-1, ab, ba)
 		}
 		next = i + 1
 		got++
