@@ -28,7 +28,8 @@ func loadPolicy(file string) (policy.Ruleset, error) {
 	return rs, nil
 }
 
-// present keeps the scopes whose cgroup exists now, and names the others.
+// present keeps the scopes whose cgroup exists now, and the peer rules
+// whose peer cgroup does, and names the others.
 func present(rs policy.Ruleset) (policy.Ruleset, []string) {
 	out := policy.Ruleset{Scopes: []policy.Scope{}}
 	var missing []string
@@ -37,6 +38,19 @@ func present(rs policy.Ruleset) (policy.Ruleset, []string) {
 			missing = append(missing, s.Cgroup)
 			continue
 		}
+		// A peer rule naming a cgroup that does not exist matches no
+		// socket: left out until the cgroup comes.
+		var kept []policy.Rule
+		for _, r := range s.Ingress {
+			if r.IsPeer() {
+				if _, err := host.ResolveCgroup(r.Peer); err != nil {
+					missing = append(missing, "peer "+r.Peer)
+					continue
+				}
+			}
+			kept = append(kept, r)
+		}
+		s.Ingress = kept
 		out.Scopes = append(out.Scopes, s)
 	}
 	return out, missing

@@ -13,8 +13,12 @@
  *  ingress:    cgroup_skb on the scope's receiving sockets: a TCP SYN to a
  *              listener, and every UDP datagram, dropped if denied.
  *  sockops:    marks accepted connections, for the sweep's ingress rules.
+ *  peer egress: cgroup_skb on each cgroup an ingress peer rule names:
+ *              writes down the sender's cgroups of each connection
+ *              request and datagram for the receiver's ingress program.
  *  iter/tcp, iter/udp: run by an apply in every netns; close the marked
- *              connections the new rules deny.
+ *              connections the new rules deny (the collector first writes
+ *              every connection's cgroups down when peer rules need them).
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -63,31 +67,10 @@ static __always_inline __u32 active_slot(void)
 	return s ? (*s & 1) : 0;
 }
 
-/* The action scope gives a connection to addr:port over proto, and the
- * counter of the rule that gave it; 0 when the scope has no rules in this
- * slot. addr holds 4 or 16 bytes after family. */
-static __always_inline __u8 decide(__u32 slot, __u64 scope, __u8 dir, __u8 family, const __u8 addr[16],
-				   __u16 port, __u8 proto, __u32 *rule)
+/* The action of the first entry of l that matches port and proto, with its
+ * counter; 0 if none does. */
+static __always_inline __u8 first_match(struct policy_list *l, __u16 port, __u8 proto, __u32 *rule)
 {
-	struct policy_scope_key sk = { .scope = scope, .slot = slot };
-	struct policy_scope *s = bpf_map_lookup_elem(&policy_scopes, &sk);
-	if (!s)
-		return 0;
-	dir &= 1;
-	*rule = s->default_rule[dir];
-	__u8 action = s->default_action[dir];
-
-	struct policy_key k = {
-		.prefixlen = POLICY_KEY_FIXED_BITS + (family == 4 ? 32 : 128),
-		.slot = slot,
-		.family = family,
-		.dir = dir,
-		.scope = scope,
-	};
-	__builtin_memcpy(k.addr, addr, 16);
-	struct policy_list *l = bpf_map_lookup_elem(&policy_rules, &k);
-	if (!l)
-		return action;
 	__u32 n = l->n;
 	for (int i = 0; i < POLICY_LIST_LEN; i++) {
 		if (i >= n)
@@ -100,7 +83,89 @@ static __always_inline __u8 decide(__u32 slot, __u64 scope, __u8 dir, __u8 famil
 		*rule = e->rule;
 		return e->action;
 	}
-	return action;
+	return 0;
+}
+
+/* A walk over a sender's cgroups, by bpf_loop: verified once, not once per
+ * cgroup level at each of the sweep's scope levels. */
+struct peer_walk {
+	struct policy_sender snd; /* a copy: the callback reads it off the stack */
+	struct policy_peer_key k;
+	__u32 rule;
+	__u16 port;
+	__u8 proto;
+	__u8 action;
+};
+
+static long peer_step(__u64 i, void *data)
+{
+	struct peer_walk *w = data;
+	if (i >= w->snd.n || i >= POLICY_PEER_LEVELS)
+		return 1;
+	/* The deepest first. */
+	w->k.peer = w->snd.cgroups[(w->snd.n - 1 - i) & (POLICY_PEER_LEVELS - 1)];
+	struct policy_list *l = bpf_map_lookup_elem(&policy_peer_rules, &w->k);
+	if (!l)
+		return 0;
+	w->action = first_match(l, w->port, w->proto, &w->rule);
+	return w->action ? 1 : 0;
+}
+
+/* The action of scope's peer rules for a sender in snd's cgroups (its own
+ * first): the rules naming the deepest of them decide first. 0 if none
+ * matches. */
+static __always_inline __u8 decide_peer(__u32 slot, __u64 scope, __u8 dir, const struct policy_sender *snd,
+					__u16 port, __u8 proto, __u32 *rule)
+{
+	struct peer_walk w = {
+		.k = { .scope = scope, .slot = slot, .dir = dir },
+		.port = port,
+		.proto = proto,
+	};
+	__builtin_memcpy(&w.snd, snd, sizeof(w.snd));
+	bpf_loop(POLICY_PEER_LEVELS, peer_step, &w, 0);
+	if (w.action)
+		*rule = w.rule;
+	return w.action;
+}
+
+/* The action scope gives a connection to (egress) or from (ingress) addr,
+ * on port over proto, and the counter of the rule that gave it; 0 when the
+ * scope has no rules in this slot. addr holds 4 or 16 bytes after family.
+ * A scope with peer rules looks the flow's sender up in senders first. */
+static __always_inline __u8 decide(__u32 slot, __u64 scope, __u8 dir, __u8 family, const __u8 addr[16],
+				   __u16 port, __u8 proto, __u32 *rule, void *senders, const struct policy_flow *flow)
+{
+	struct policy_scope_key sk = { .scope = scope, .slot = slot };
+	struct policy_scope *s = bpf_map_lookup_elem(&policy_scopes, &sk);
+	if (!s)
+		return 0;
+	dir &= 1;
+	*rule = s->default_rule[dir];
+	__u8 action = s->default_action[dir];
+
+	if (flow && s->has_peer_rules[dir]) {
+		struct policy_sender *snd = bpf_map_lookup_elem(senders, flow);
+		if (snd) {
+			__u8 a = decide_peer(slot, scope, dir, snd, port, proto, rule);
+			if (a)
+				return a;
+		}
+	}
+
+	struct policy_key k = {
+		.prefixlen = POLICY_KEY_FIXED_BITS + (family == 4 ? 32 : 128),
+		.slot = slot,
+		.family = family,
+		.dir = dir,
+		.scope = scope,
+	};
+	__builtin_memcpy(k.addr, addr, 16);
+	struct policy_list *l = bpf_map_lookup_elem(&policy_rules, &k);
+	if (!l)
+		return action;
+	__u8 a = first_match(l, port, proto, rule);
+	return a ? a : action;
 }
 
 static __always_inline void count(__u32 rule, enum policy_hook hook)
@@ -150,7 +215,7 @@ static __always_inline int hook(struct bpf_sock_addr *ctx, __u8 family, const __
 	__u8 proto = ctx->protocol;
 	__u16 port = bpf_ntohs(ctx->user_port);
 	__u32 rule = 0;
-	__u8 action = decide(active_slot(), pcfg.scope, POLICY_EGRESS, family, addr, port, proto, &rule);
+	__u8 action = decide(active_slot(), pcfg.scope, POLICY_EGRESS, family, addr, port, proto, &rule, NULL, NULL);
 	if (!action)
 		return 1;
 	count(rule, h);
@@ -210,16 +275,13 @@ int shunt_policy_sendmsg6(struct bpf_sock_addr *ctx)
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
 
-/* Who sends to a socket of the scope: a connection request (a TCP SYN
- * without ACK, to a listener) or a UDP datagram is judged by the ingress
- * rules on its source address and the port it is sent to; the rest of a
- * TCP connection was decided at its SYN. IPv6 packets whose transport
- * header does not follow the fixed header (extension headers) pass. */
-SEC("cgroup_skb/ingress")
-int shunt_policy_ingress(struct __sk_buff *skb)
+/* The flow of a connection request (a TCP SYN without ACK) or a UDP
+ * datagram, addresses in the policy's form; 0 for any other packet (the
+ * rest of a TCP connection was decided at its SYN). IPv6 packets whose
+ * transport header does not follow the fixed header (extension headers)
+ * are not judged. */
+static __always_inline int parse_flow(struct __sk_buff *skb, struct policy_flow *f)
 {
-	__u8 addr[16] = {};
-	__u8 family, proto;
 	__u32 l4;
 	if (skb->protocol == ETH_P_IP_BE) {
 		struct {
@@ -230,11 +292,12 @@ int shunt_policy_ingress(struct __sk_buff *skb)
 			__u32 saddr, daddr;
 		} ip;
 		if (bpf_skb_load_bytes(skb, 0, &ip, sizeof(ip)))
-			return 1;
+			return 0;
 		if (ip.frag & bpf_htons(0x1fff)) /* a later fragment: no ports */
-			return 1;
-		family = 4, proto = ip.proto, l4 = (ip.vihl & 0xf) * 4;
-		__builtin_memcpy(addr, &ip.saddr, 4);
+			return 0;
+		f->family = 4, f->proto = ip.proto, l4 = (ip.vihl & 0xf) * 4;
+		__builtin_memcpy(f->saddr, &ip.saddr, 4);
+		__builtin_memcpy(f->daddr, &ip.daddr, 4);
 	} else if (skb->protocol == ETH_P_IPV6_BE) {
 		struct {
 			__u32 vtcfl;
@@ -243,30 +306,73 @@ int shunt_policy_ingress(struct __sk_buff *skb)
 			__u8 saddr[16], daddr[16];
 		} ip6;
 		if (bpf_skb_load_bytes(skb, 0, &ip6, sizeof(ip6)))
-			return 1;
-		family = policy_addr(ip6.saddr, addr), proto = ip6.next, l4 = sizeof(ip6);
+			return 0;
+		f->family = policy_addr(ip6.saddr, f->saddr), f->proto = ip6.next, l4 = sizeof(ip6);
+		policy_addr(ip6.daddr, f->daddr);
 	} else {
-		return 1;
+		return 0;
 	}
 	__u8 ports_flags[14];
-	if (proto == IPPROTO_TCP) {
+	if (f->proto == IPPROTO_TCP) {
 		if (bpf_skb_load_bytes(skb, l4, ports_flags, 14))
-			return 1;
+			return 0;
 		if ((ports_flags[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
-			return 1;
-	} else if (proto == IPPROTO_UDP) {
+			return 0;
+	} else if (f->proto == IPPROTO_UDP) {
 		if (bpf_skb_load_bytes(skb, l4, ports_flags, 4))
-			return 1;
+			return 0;
 	} else {
-		return 1;
+		return 0;
 	}
-	__u16 dport = ((__u16)ports_flags[2] << 8) | ports_flags[3];
+	f->sport = ((__u16)ports_flags[0] << 8) | ports_flags[1];
+	f->dport = ((__u16)ports_flags[2] << 8) | ports_flags[3];
+	return 1;
+}
+
+/* Who sends to a socket of the scope: a connection request to a listener
+ * or a UDP datagram is judged by the ingress rules on its sender (its
+ * cgroups, where a peer cgroup's program wrote them, and its address) and
+ * the port it is sent to. */
+SEC("cgroup_skb/ingress")
+int shunt_policy_ingress(struct __sk_buff *skb)
+{
+	struct policy_flow f = {};
+	if (!parse_flow(skb, &f))
+		return 1;
 	__u32 rule = 0;
-	__u8 action = decide(active_slot(), pcfg.scope, POLICY_INGRESS, family, addr, dport, proto, &rule);
+	__u8 action = decide(active_slot(), pcfg.scope, POLICY_INGRESS, f.family, f.saddr, f.dport, f.proto, &rule,
+			     &policy_senders, &f);
 	if (!action)
 		return 1;
-	count(rule, proto == IPPROTO_TCP ? POLICY_HOOK_CONNECT : POLICY_HOOK_SEND);
+	count(rule, f.proto == IPPROTO_TCP ? POLICY_HOOK_CONNECT : POLICY_HOOK_SEND);
 	return action == POLICY_ALLOW;
+}
+
+/* Attached to each cgroup a peer rule names: writes down, for each
+ * connection request and datagram its sockets send, the sender's cgroups,
+ * for the receiver's ingress program to find. */
+SEC("cgroup_skb/egress")
+int shunt_policy_peer_egress(struct __sk_buff *skb)
+{
+	struct policy_flow f = {};
+	if (!parse_flow(skb, &f))
+		return 1;
+	__u64 own = bpf_skb_cgroup_id(skb);
+	struct policy_sender *known = bpf_map_lookup_elem(&policy_senders, &f);
+	/* Written already: by a nested peer cgroup's copy of this program,
+	 * or for an earlier datagram of the flow. */
+	if (known && known->n && known->cgroups[(known->n - 1) & (POLICY_PEER_LEVELS - 1)] == own)
+		return 1;
+	struct policy_sender s = {};
+	for (int l = 1; l <= POLICY_PEER_LEVELS; l++) {
+		__u64 id = bpf_skb_ancestor_cgroup_id(skb, l);
+		if (!id)
+			break;
+		s.cgroups[l - 1] = id;
+		s.n = l;
+	}
+	bpf_map_update_elem(&policy_senders, &f, &s, BPF_ANY);
+	return 1;
 }
 
 /* Marks the connections a listener of the scope accepted: the sweep judges
@@ -280,6 +386,41 @@ int shunt_policy_sockops(struct bpf_sock_ops *skops)
 }
 
 #define POLICY_MAX_DEPTH 32
+
+/* The sweep's walk over the scopes above a socket, by bpf_loop: each level
+ * may look up address and peer rules, too much to verify unrolled. */
+struct scope_walk {
+	struct policy_flow f; /* the flow an accepted connection's peer sent */
+	__u8 addr[16];
+	__u64 cg;             /* struct cgroup *, read through CO-RE */
+	__u32 slot;
+	__u32 rule;           /* out: the rule that denied */
+	__u16 port;
+	__u8 dir, family, proto;
+	__u8 denied;          /* out */
+};
+
+static long scope_step(__u64 l, void *data)
+{
+	struct scope_walk *w = data;
+	struct cgroup *cg = (struct cgroup *)w->cg;
+	if (l > BPF_CORE_READ(cg, level))
+		return 1;
+	struct cgroup *anc = NULL;
+	bpf_core_read(&anc, sizeof(anc), &cg->ancestors[l]);
+	if (!anc)
+		return 0;
+	__u64 id = BPF_CORE_READ(anc, kn, id);
+	__u32 rule = 0;
+	/* Only ingress has peer rules: egress never looks f up. */
+	__u8 action = decide(w->slot, id, w->dir, w->family, w->addr, w->port, w->proto, &rule,
+			     &policy_conn_senders, &w->f);
+	if (!action || action == POLICY_ALLOW)
+		return 0;
+	w->rule = rule;
+	w->denied = 1;
+	return 1;
+}
 
 /* Every scope above a marked socket, from the root down: the first that
  * denies closes it. */
@@ -296,40 +437,71 @@ static __always_inline void sweep(struct bpf_iter_meta *meta, struct sock_common
 	sk_addrs(sk, r->local, &r->local_port, r->remote, &r->remote_port);
 	if (!r->remote_port)
 		return;
-	__u16 port = dir == POLICY_INGRESS ? r->local_port : r->remote_port;
-	__u8 addr[16];
-	__u8 family = policy_addr(r->remote, addr);
-	__u32 slot = active_slot();
+	struct scope_walk w = {
+		.dir = dir,
+		.proto = proto,
+		.port = dir == POLICY_INGRESS ? r->local_port : r->remote_port,
+		.slot = active_slot(),
+	};
+	w.family = policy_addr(r->remote, w.addr);
+	/* An accepted connection's sender is its peer: the flow as the peer
+	 * sent its SYN, under which the collector wrote the peer's cgroups. */
+	w.f.family = w.family, w.f.proto = proto, w.f.sport = r->remote_port, w.f.dport = r->local_port;
+	__builtin_memcpy(w.f.saddr, w.addr, 16);
+	policy_addr(r->local, w.f.daddr);
+	w.cg = (__u64)BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
+	if (!w.cg)
+		return;
+	bpf_loop(POLICY_MAX_DEPTH, scope_step, &w, 0);
+	if (!w.denied)
+		return;
+	s.rule = w.rule;
+	r->cookie = bpf_get_socket_cookie(sk);
+	r->netns_cookie = BPF_CORE_READ(sk, __sk_common.skc_net.net, net_cookie);
+	r->family = sk->__sk_common.skc_family;
+	/* Finding only, user space counts what sock_diag closes. */
+	if (!pcfg.sweep_finds_only) {
+		r->err = bpf_sock_destroy(skc);
+		if (!r->err)
+			count(w.rule, POLICY_HOOK_SWEEP);
+	}
+	bpf_seq_write(meta->seq, &s, sizeof(s));
+}
 
+/* Before a sweep that needs them (peer rules): every TCP connection's
+ * cgroups, under the flow its SYN had if it connected, or the one the
+ * peer's SYN-ACK had if it accepted (the sweep looks its accepted
+ * connections' peers up by the first). */
+SEC("iter/tcp")
+int shunt_policy_collect_tcp(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	struct sock *sk = skc ? iter_tcp_conn(skc) : NULL;
+	if (!sk)
+		return 0;
 	struct cgroup *cg = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
 	if (!cg)
-		return;
+		return 0;
+	__u8 local[16], remote[16];
+	__u16 lport, rport;
+	sk_addrs(sk, local, &lport, remote, &rport);
+	struct policy_flow f = { .proto = IPPROTO_TCP, .sport = lport, .dport = rport };
+	f.family = policy_addr(local, f.saddr);
+	policy_addr(remote, f.daddr);
+
+	struct policy_sender snd = {};
 	int level = BPF_CORE_READ(cg, level);
-	for (int l = 0; l < POLICY_MAX_DEPTH; l++) {
+	/* The levels the peer egress program writes. */
+	for (int l = 1; l <= POLICY_PEER_LEVELS; l++) {
 		if (l > level)
-			return;
+			break;
 		struct cgroup *anc = NULL;
 		bpf_core_read(&anc, sizeof(anc), &cg->ancestors[l]);
-		if (!anc)
-			continue;
-		__u64 id = BPF_CORE_READ(anc, kn, id);
-		__u32 rule = 0;
-		__u8 action = decide(slot, id, dir, family, addr, port, proto, &rule);
-		if (!action || action == POLICY_ALLOW)
-			continue;
-		s.rule = rule;
-		r->cookie = bpf_get_socket_cookie(sk);
-		r->netns_cookie = BPF_CORE_READ(sk, __sk_common.skc_net.net, net_cookie);
-		r->family = sk->__sk_common.skc_family;
-		/* Finding only, user space counts what sock_diag closes. */
-		if (!pcfg.sweep_finds_only) {
-			r->err = bpf_sock_destroy(skc);
-			if (!r->err)
-				count(rule, POLICY_HOOK_SWEEP);
-		}
-		bpf_seq_write(meta->seq, &s, sizeof(s));
-		return;
+		snd.cgroups[l - 1] = anc ? BPF_CORE_READ(anc, kn, id) : 0;
+		snd.n = l;
 	}
+	bpf_map_update_elem(&policy_conn_senders, &f, &snd, BPF_ANY);
+	return 0;
 }
 
 SEC("iter/tcp")

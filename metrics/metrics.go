@@ -111,8 +111,8 @@ func New(src Source) *Collector {
 }
 
 // policyLabels name a rule: its scope, counter id and fields (cidr
-// "default" for a scope's default).
-var policyLabels = []string{"cgroup", "direction", "id", "action", "cidr", "port", "proto"}
+// "default" for a scope's default; a peer rule has peer_cgroup, no cidr).
+var policyLabels = []string{"cgroup", "direction", "id", "action", "cidr", "peer_cgroup", "port", "proto"}
 
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -262,18 +262,22 @@ func (c *Collector) collectPolicy(ch chan<- prometheus.Metric) error {
 	rules := 0
 	for _, s := range rep.Scopes {
 		for _, d := range policy.Directions {
-			send := func(id uint32, action policy.Action, cidr, port, proto string, n policy.Counts) {
+			send := func(id uint32, action policy.Action, cidr, peer, port, proto string, n policy.Counts) {
 				for i, v := range []uint64{n.Connects, n.Sends, n.Closed} {
 					ch <- prometheus.MustNewConstMetric(c.policyVerdicts[i], prometheus.CounterValue, float64(v),
-						s.Cgroup, d.String(), strconv.FormatUint(uint64(id), 10), action.String(), cidr, port, proto)
+						s.Cgroup, d.String(), strconv.FormatUint(uint64(id), 10), action.String(), cidr, peer, port, proto)
 				}
 			}
 			rr := s.Of(d)
 			rules += len(rr.Rules)
 			for _, r := range rr.Rules {
-				send(r.ID, r.Action, r.CIDR.String(), r.Ports.String(), r.Proto.String(), r.Counts)
+				cidr := ""
+				if !r.IsPeer() {
+					cidr = r.CIDR.String()
+				}
+				send(r.ID, r.Action, cidr, r.Peer, r.Ports.String(), r.Proto.String(), r.Counts)
 			}
-			send(rr.DefaultID, rr.Default, "default", "any", "any", rr.DefaultCounts)
+			send(rr.DefaultID, rr.Default, "default", "", "any", "any", rr.DefaultCounts)
 		}
 	}
 	gauge(c.policyInstalled, 1)

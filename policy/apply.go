@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -82,6 +83,23 @@ func resolve(rs Ruleset) ([]scopeRules, error) {
 		}
 		seen[cg.ID] = i + 1
 		s.Cgroup = cg.Path
+		// Peer rules: the cgroup each names, resolved in a copy.
+		s.Ingress = slices.Clone(s.Ingress)
+		for j := range s.Ingress {
+			r := &s.Ingress[j]
+			if !r.IsPeer() {
+				continue
+			}
+			where := fmt.Sprintf("scope %d (%s) ingress rule %d", i+1, s.Cgroup, j+1)
+			peer, err := host.ResolveCgroup(r.Peer)
+			if err != nil {
+				return nil, &InputError{Where: where, Field: "peer_cgroup", Err: err}
+			}
+			if lv := peer.Level(); lv > maxPeerLevel {
+				return nil, &InputError{Where: where, Field: "peer_cgroup", Err: fmt.Errorf("%s is %d levels deep: peer rules see %d", peer.Path, lv, maxPeerLevel)}
+			}
+			r.Peer, r.peer = peer.Path, peer.ID
+		}
 		out = append(out, scopeRules{Scope: s, id: cg.ID})
 	}
 	return out, nil
@@ -139,6 +157,12 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 			return nil, err
 		}
 	}
+	// Cgroups that peer rules name write their senders down from before
+	// the rules are in force.
+	peers, err := p.attachPeers(spec, scopes)
+	if err != nil {
+		return nil, err
+	}
 	if err := p.setState(policyPolicyStateKeyPOLICY_STATE_ACTIVE, uint32(next)); err != nil {
 		return nil, fmt.Errorf("switch to the new ruleset: %w", err)
 	}
@@ -156,6 +180,7 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 			errs = append(errs, p.detach(id))
 		}
 	}
+	errs = append(errs, p.detachPeersBut(peers))
 	errs = append(errs, p.dropCounters(oldInfos, c))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("the new ruleset is in force, but cleaning up the old one failed: %w", err)
@@ -166,7 +191,7 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		res.Rules += len(s.Egress) + len(s.Ingress)
 	}
 	sweepStart := time.Now()
-	res.Closed, err = p.closeDenied(ctx)
+	res.Closed, err = p.closeDenied(ctx, len(peers) > 0)
 	res.Sweep = time.Since(sweepStart)
 	res.Took = time.Since(start)
 	if err != nil {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -17,6 +18,7 @@ type scopeRules struct {
 // compiled is a ruleset as map entries for one slot.
 type compiled struct {
 	lists  map[policyPolicyKey]policyPolicyList
+	peers  map[policyPolicyPeerKey]policyPolicyList // peer rules' lists
 	scopes map[policyPolicyScopeKey]policyPolicyScope
 	infos  map[policyPolicyRuleKey]policyPolicyRuleInfo
 	ids    []uint32 // every counter the slot uses
@@ -54,13 +56,14 @@ type ruleName struct {
 	cidr     netip.Prefix
 	ports    Ports
 	protocol Proto
+	peer     uint64
 }
 
 func nameOf(scope uint64, d Direction, r *Rule) ruleName {
 	if r == nil {
 		return ruleName{scope: scope, dir: d, isDflt: true}
 	}
-	return ruleName{scope: scope, dir: d, action: r.Action, cidr: r.CIDR, ports: r.Ports.norm(), protocol: r.Proto}
+	return ruleName{scope: scope, dir: d, action: r.Action, cidr: r.CIDR, ports: r.Ports.norm(), protocol: r.Proto, peer: r.peer}
 }
 
 func family(p netip.Prefix) uint8 {
@@ -108,6 +111,7 @@ func compileBy(slot uint8, scopes []scopeRules, id func(si int, d Direction, j i
 	}
 	c := &compiled{
 		lists:  make(map[policyPolicyKey]policyPolicyList, n),
+		peers:  map[policyPolicyPeerKey]policyPolicyList{},
 		scopes: make(map[policyPolicyScopeKey]policyPolicyScope, len(scopes)),
 		infos:  make(map[policyPolicyRuleKey]policyPolicyRuleInfo, n),
 		ids:    make([]uint32, 0, n),
@@ -121,8 +125,12 @@ func compileBy(slot uint8, scopes []scopeRules, id func(si int, d Direction, j i
 			c.infos[policyPolicyRuleKey{Slot: uint32(slot), Rule: did}] = policyPolicyRuleInfo{
 				Scope: s.id, Action: uint8(*s.DefaultOf(d)), Seq: ^uint32(0), Dir: uint8(d),
 			}
-			if err := c.addRules(slot, si, s, d, func(j int, r *Rule) uint32 { return id(si, d, j, r) }); err != nil {
+			hasPeer, err := c.addRules(slot, si, s, d, func(j int, r *Rule) uint32 { return id(si, d, j, r) })
+			if err != nil {
 				return nil, err
+			}
+			if hasPeer {
+				sv.HasPeerRules[d] = 1
 			}
 		}
 		c.scopes[policyPolicyScopeKey{Scope: s.id, Slot: uint32(slot)}] = sv
@@ -130,24 +138,59 @@ func compileBy(slot uint8, scopes []scopeRules, id func(si int, d Direction, j i
 	return c, nil
 }
 
-// addRules lays out one direction of a scope: each prefix's list.
-func (c *compiled) addRules(slot uint8, si int, s scopeRules, d Direction, id func(j int, r *Rule) uint32) error {
-	// Each prefix's rules, in precedence order, with their ids.
-	type ruled struct {
-		Rule
-		id uint32
+// ruled is a rule with its counter id.
+type ruled struct {
+	Rule
+	id uint32
+}
+
+// add appends rs to l in order; past maxPerAddr it is the user's
+// mistake, said of what (a prefix or a peer cgroup).
+func (l *policyPolicyList) add(rs []ruled, si int, s scopeRules, d Direction, what string) error {
+	for _, r := range rs {
+		if l.N == maxPerAddr {
+			return &InputError{
+				Where: fmt.Sprintf("scope %d (%s)", si+1, s.Cgroup), Field: d.String(),
+				Err: fmt.Errorf("more than %d rules apply to %s", maxPerAddr, what),
+			}
+		}
+		l.E[l.N] = policyPolicyEntry{PortLo: r.Ports.Lo, PortHi: r.Ports.Hi, Proto: uint8(r.Proto), Action: uint8(r.Action), Rule: r.id}
+		l.N++
 	}
+	return nil
+}
+
+// addRules lays out one direction of a scope: each prefix's list, and each
+// peer cgroup's. It says whether there were peer rules.
+func (c *compiled) addRules(slot uint8, si int, s scopeRules, d Direction, id func(j int, r *Rule) uint32) (bool, error) {
+	// Each prefix's (and peer cgroup's) rules, in precedence order, with
+	// their ids.
 	byPrefix := map[netip.Prefix][]ruled{}
+	byPeer := map[uint64][]ruled{}
 	for j, r := range *s.Rules(d) {
 		rid := id(j, &r)
 		c.ids = append(c.ids, rid)
-		byPrefix[r.CIDR] = append(byPrefix[r.CIDR], ruled{r, rid})
 		info := policyPolicyRuleInfo{
-			Scope: s.id, PortLo: r.Ports.Lo, PortHi: r.Ports.Hi, Bits: uint8(r.CIDR.Bits()),
-			Family: family(r.CIDR), Proto: uint8(r.Proto), Action: uint8(r.Action), Seq: uint32(j), Dir: uint8(d),
+			Scope: s.id, PortLo: r.Ports.Lo, PortHi: r.Ports.Hi,
+			Proto: uint8(r.Proto), Action: uint8(r.Action), Seq: uint32(j), Dir: uint8(d),
 		}
-		copy(info.Addr[:], r.CIDR.Addr().AsSlice())
+		if r.IsPeer() {
+			byPeer[r.peer] = append(byPeer[r.peer], ruled{r, rid})
+			binary.LittleEndian.PutUint64(info.Addr[:8], r.peer) // family 0
+		} else {
+			byPrefix[r.CIDR] = append(byPrefix[r.CIDR], ruled{r, rid})
+			info.Bits, info.Family = uint8(r.CIDR.Bits()), family(r.CIDR)
+			copy(info.Addr[:], r.CIDR.Addr().AsSlice())
+		}
 		c.infos[policyPolicyRuleKey{Slot: uint32(slot), Rule: rid}] = info
+	}
+	for peer, rs := range byPeer {
+		slices.SortStableFunc(rs, func(a, b ruled) int { return precedes(a.Rule, b.Rule) })
+		var l policyPolicyList
+		if err := l.add(rs, si, s, d, "peer cgroup "+rs[0].Peer); err != nil {
+			return false, err
+		}
+		c.peers[policyPolicyPeerKey{Scope: s.id, Peer: peer, Slot: slot, Dir: uint8(d)}] = l
 	}
 	// The prefix lengths in use, longest first, per family: a prefix's
 	// covering prefixes are looked for at those lengths only.
@@ -168,31 +211,19 @@ func (c *compiled) addRules(slot uint8, si int, s scopeRules, d Direction, id fu
 	// on with the rules of every prefix covering it, longest first.
 	for p, own := range byPrefix {
 		var l policyPolicyList
-		add := func(rs []ruled) error {
-			for _, r := range rs {
-				if l.N == maxPerAddr {
-					return &InputError{
-						Where: fmt.Sprintf("scope %d (%s)", si+1, s.Cgroup), Field: d.String(),
-						Err: fmt.Errorf("more than %d rules apply to %s and the prefixes covering it", maxPerAddr, p),
-					}
-				}
-				l.E[l.N] = policyPolicyEntry{PortLo: r.Ports.Lo, PortHi: r.Ports.Hi, Proto: uint8(r.Proto), Action: uint8(r.Action), Rule: r.id}
-				l.N++
-			}
-			return nil
-		}
-		if err := add(own); err != nil {
-			return err
+		what := p.String() + " and the prefixes covering it"
+		if err := l.add(own, si, s, d, what); err != nil {
+			return false, err
 		}
 		for _, bits := range lens[family(p)] {
 			if bits >= p.Bits() {
 				continue
 			}
-			if err := add(byPrefix[netip.PrefixFrom(p.Addr(), bits).Masked()]); err != nil {
-				return err
+			if err := l.add(byPrefix[netip.PrefixFrom(p.Addr(), bits).Masked()], si, s, d, what); err != nil {
+				return false, err
 			}
 		}
 		c.lists[lpmKey(slot, s.id, d, p)] = l
 	}
-	return nil
+	return len(byPeer) > 0, nil
 }

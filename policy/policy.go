@@ -31,6 +31,7 @@ const (
 	mapsDir  = "maps"
 	progsDir = "progs" // the sweep's iterators: verified once, at install
 	linksDir = "links" // links/<scope cgroup id>/<hook>
+	peersDir = "peers" // peers/<cgroup id>: the peer egress link of a cgroup peer rules name
 )
 
 // The hooks each scope gets, pinned as cgroup links.
@@ -77,12 +78,15 @@ func (p *Policy) Dir() string { return p.dir }
 
 func pinnedMaps(m *policyMaps) map[string]**ebpf.Map {
 	return map[string]**ebpf.Map{
-		"rules":      &m.PolicyRules,
-		"scopes":     &m.PolicyScopes,
-		"state":      &m.PolicyState,
-		"counters":   &m.PolicyCounters,
-		"conns":      &m.PolicyConns,
-		"rule_infos": &m.PolicyRuleInfos,
+		"rules":        &m.PolicyRules,
+		"scopes":       &m.PolicyScopes,
+		"state":        &m.PolicyState,
+		"counters":     &m.PolicyCounters,
+		"conns":        &m.PolicyConns,
+		"rule_infos":   &m.PolicyRuleInfos,
+		"peer_rules":   &m.PolicyPeerRules,
+		"senders":      &m.PolicySenders,
+		"conn_senders": &m.PolicyConnSenders,
 	}
 }
 
@@ -103,16 +107,43 @@ func Create(dir string) (*Policy, error) {
 
 // build makes the maps and the sweep's programs and pins them in dir.
 func build(dir string) error {
+	for _, d := range []string{mapsDir, progsDir, linksDir, peersDir} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			return err
+		}
+	}
+	// Before 6.5 the sweep can only find; user space closes through
+	// sock_diag what it found (and reads which from the state map).
+	findsOnly := !host.HasSockDestroy()
+	p := &Policy{dir: dir}
+	if err := p.pinNew(findsOnly, nil, func(string) bool { return true }); err != nil {
+		return err
+	}
+	state, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, "state"), nil)
+	if err != nil {
+		return err
+	}
+	defer state.Close()
+	v := uint32(0)
+	if findsOnly {
+		v = 1
+	}
+	if err := state.Update(uint32(policyPolicyStateKeyPOLICY_STATE_FINDS_ONLY), v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write the policy state: %w", err)
+	}
+	return nil
+}
+
+// pinNew loads the maps (those in repl reused) and the sweep's programs,
+// and pins those whose path under the policy's dir want names.
+func (p *Policy) pinNew(findsOnly bool, repl map[string]*ebpf.Map, want func(rel string) bool) error {
 	spec, err := loadPolicy()
 	if err != nil {
 		return fmt.Errorf("load BPF spec: %w", err)
 	}
-	// Before 6.5 the sweep can only find; user space closes through
-	// sock_diag what it found (and reads which from the state map).
 	var cfg policyPolicyConfig
-	findsOnly := uint32(0)
-	if !host.HasSockDestroy() {
-		cfg.SweepFindsOnly, findsOnly = 1, 1
+	if findsOnly {
+		cfg.SweepFindsOnly = 1
 	}
 	if err := spec.Variables["pcfg"].Set(cfg); err != nil {
 		return fmt.Errorf("configure BPF: %w", err)
@@ -121,27 +152,23 @@ func build(dir string) error {
 		policyMaps
 		sweepPrograms
 	}
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: repl}); err != nil {
 		return host.Explain(fmt.Errorf("load BPF objects: %w", err), "the policy", host.MinKernel)
 	}
 	defer objs.policyMaps.Close()
 	defer objs.sweepPrograms.Close()
-	for _, d := range []string{mapsDir, progsDir, linksDir} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
-			return err
-		}
-	}
-	if err := objs.PolicyState.Update(uint32(policyPolicyStateKeyPOLICY_STATE_FINDS_ONLY), findsOnly, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("write the policy state: %w", err)
-	}
 	for name, m := range pinnedMaps(&objs.policyMaps) {
-		if err := (*m).Pin(filepath.Join(dir, mapsDir, name)); err != nil {
-			return fmt.Errorf("pin map %s: %w", name, err)
+		if rel := filepath.Join(mapsDir, name); want(rel) {
+			if err := (*m).Pin(filepath.Join(p.dir, rel)); err != nil {
+				return fmt.Errorf("pin map %s: %w", name, err)
+			}
 		}
 	}
 	for name, prog := range objs.sweepPrograms.pinned() {
-		if err := (*prog).Pin(filepath.Join(dir, progsDir, name)); err != nil {
-			return fmt.Errorf("pin program %s: %w", name, err)
+		if rel := filepath.Join(progsDir, name); want(rel) {
+			if err := (*prog).Pin(filepath.Join(p.dir, rel)); err != nil {
+				return fmt.Errorf("pin program %s: %w", name, err)
+			}
 		}
 	}
 	return nil
@@ -156,6 +183,9 @@ func Open(dir string) (*Policy, error) {
 		return nil, fmt.Errorf("open %s: %w", dir, err)
 	}
 	p := &Policy{dir: dir}
+	if err := p.addMissing(); err != nil {
+		return nil, err
+	}
 	for name, dst := range pinnedMaps(&p.maps) {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil)
 		if err != nil {
@@ -173,6 +203,42 @@ func Open(dir string) (*Policy, error) {
 		*dst = prog
 	}
 	return p, nil
+}
+
+// addMissing pins the maps and programs a policy installed by an older
+// shunt lacks (those of peer rules), made as build makes them, beside the
+// ones it has.
+func (p *Policy) addMissing() error {
+	missing := false
+	for name := range pinnedMaps(&policyMaps{}) {
+		if _, err := os.Stat(filepath.Join(p.dir, mapsDir, name)); err != nil {
+			missing = true
+		}
+	}
+	for name := range (&sweepPrograms{}).pinned() {
+		if _, err := os.Stat(filepath.Join(p.dir, progsDir, name)); err != nil {
+			missing = true
+		}
+	}
+	if !missing {
+		return nil
+	}
+	var have policyMaps
+	defer have.Close()
+	for name, dst := range pinnedMaps(&have) {
+		if m, err := ebpf.LoadPinnedMap(filepath.Join(p.dir, mapsDir, name), nil); err == nil {
+			*dst = m
+		}
+	}
+	repl := mapReplacements(&have)
+	var findsOnly uint32
+	if have.PolicyState != nil {
+		_ = have.PolicyState.Lookup(uint32(policyPolicyStateKeyPOLICY_STATE_FINDS_ONLY), &findsOnly)
+	}
+	return p.pinNew(findsOnly == 1, repl, func(name string) bool {
+		_, err := os.Stat(filepath.Join(p.dir, name))
+		return err != nil
+	})
 }
 
 // Close releases this process's handles; the pinned policy stays in force.
@@ -273,13 +339,26 @@ func (p *Policy) detach(id uint64) error {
 	return os.RemoveAll(filepath.Join(p.dir, linksDir, strconv.FormatUint(id, 10)))
 }
 
-func (p *Policy) replacements() map[string]*ebpf.Map {
-	return map[string]*ebpf.Map{
-		"policy_rules":      p.maps.PolicyRules,
-		"policy_scopes":     p.maps.PolicyScopes,
-		"policy_state":      p.maps.PolicyState,
-		"policy_counters":   p.maps.PolicyCounters,
-		"policy_conns":      p.maps.PolicyConns,
-		"policy_rule_infos": p.maps.PolicyRuleInfos,
+func (p *Policy) replacements() map[string]*ebpf.Map { return mapReplacements(&p.maps) }
+
+// mapReplacements names m's maps as the programs do, leaving out those
+// not open.
+func mapReplacements(m *policyMaps) map[string]*ebpf.Map {
+	all := map[string]*ebpf.Map{
+		"policy_rules":        m.PolicyRules,
+		"policy_scopes":       m.PolicyScopes,
+		"policy_state":        m.PolicyState,
+		"policy_counters":     m.PolicyCounters,
+		"policy_conns":        m.PolicyConns,
+		"policy_rule_infos":   m.PolicyRuleInfos,
+		"policy_peer_rules":   m.PolicyPeerRules,
+		"policy_senders":      m.PolicySenders,
+		"policy_conn_senders": m.PolicyConnSenders,
 	}
+	for k, v := range all {
+		if v == nil {
+			delete(all, k)
+		}
+	}
+	return all
 }

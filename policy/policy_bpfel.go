@@ -51,6 +51,17 @@ type policyPolicyEntry struct {
 	Rule   uint32
 }
 
+type policyPolicyFlow struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Sport  uint16
+	Dport  uint16
+	Pad    uint16
+	Saddr  [16]uint8
+	Daddr  [16]uint8
+}
+
 type policyPolicyKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -67,6 +78,15 @@ type policyPolicyList struct {
 	N   uint32
 	Pad uint32
 	E   [32]policyPolicyEntry
+}
+
+type policyPolicyPeerKey struct {
+	_     structs.HostLayout
+	Scope uint64
+	Peer  uint64
+	Slot  uint8
+	Dir   uint8
+	Pad   [6]uint8
 }
 
 type policyPolicyRuleInfo struct {
@@ -95,7 +115,8 @@ type policyPolicyScope struct {
 	_             structs.HostLayout
 	DefaultRule   [2]uint32
 	DefaultAction [2]uint8
-	Pad           [6]uint8
+	HasPeerRules  [2]uint8
+	Pad           [4]uint8
 }
 
 type policyPolicyScopeKey struct {
@@ -103,6 +124,13 @@ type policyPolicyScopeKey struct {
 	Scope uint64
 	Slot  uint32
 	Pad   uint32
+}
+
+type policyPolicySender struct {
+	_       structs.HostLayout
+	N       uint32
+	Pad     uint32
+	Cgroups [16]uint64
 }
 
 type policyPolicyStateKey uint32
@@ -138,28 +166,33 @@ type policyPolicySwept struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	policyMapPolicyConns          = "policy_conns"
-	policyMapPolicyCounters       = "policy_counters"
-	policyMapPolicyRuleInfos      = "policy_rule_infos"
-	policyMapPolicyRules          = "policy_rules"
-	policyMapPolicyScopes         = "policy_scopes"
-	policyMapPolicyState          = "policy_state"
-	policyProgShuntPolicyConnect4 = "shunt_policy_connect4"
-	policyProgShuntPolicyConnect6 = "shunt_policy_connect6"
-	policyProgShuntPolicyIngress  = "shunt_policy_ingress"
-	policyProgShuntPolicySendmsg4 = "shunt_policy_sendmsg4"
-	policyProgShuntPolicySendmsg6 = "shunt_policy_sendmsg6"
-	policyProgShuntPolicySockops  = "shunt_policy_sockops"
-	policyProgShuntPolicySweepTcp = "shunt_policy_sweep_tcp"
-	policyProgShuntPolicySweepUdp = "shunt_policy_sweep_udp"
-	policyVarPcfg                 = "pcfg"
-	policyVarUnusedPolicyAction   = "unused_policy_action"
-	policyVarUnusedPolicyDir      = "unused_policy_dir"
-	policyVarUnusedPolicyHook     = "unused_policy_hook"
-	policyVarUnusedPolicyRuleInfo = "unused_policy_rule_info"
-	policyVarUnusedPolicyRuleKey  = "unused_policy_rule_key"
-	policyVarUnusedPolicyStateKey = "unused_policy_state_key"
-	policyVarUnusedPolicySwept    = "unused_policy_swept"
+	policyMapPolicyConnSenders      = "policy_conn_senders"
+	policyMapPolicyConns            = "policy_conns"
+	policyMapPolicyCounters         = "policy_counters"
+	policyMapPolicyPeerRules        = "policy_peer_rules"
+	policyMapPolicyRuleInfos        = "policy_rule_infos"
+	policyMapPolicyRules            = "policy_rules"
+	policyMapPolicyScopes           = "policy_scopes"
+	policyMapPolicySenders          = "policy_senders"
+	policyMapPolicyState            = "policy_state"
+	policyProgShuntPolicyCollectTcp = "shunt_policy_collect_tcp"
+	policyProgShuntPolicyConnect4   = "shunt_policy_connect4"
+	policyProgShuntPolicyConnect6   = "shunt_policy_connect6"
+	policyProgShuntPolicyIngress    = "shunt_policy_ingress"
+	policyProgShuntPolicyPeerEgress = "shunt_policy_peer_egress"
+	policyProgShuntPolicySendmsg4   = "shunt_policy_sendmsg4"
+	policyProgShuntPolicySendmsg6   = "shunt_policy_sendmsg6"
+	policyProgShuntPolicySockops    = "shunt_policy_sockops"
+	policyProgShuntPolicySweepTcp   = "shunt_policy_sweep_tcp"
+	policyProgShuntPolicySweepUdp   = "shunt_policy_sweep_udp"
+	policyVarPcfg                   = "pcfg"
+	policyVarUnusedPolicyAction     = "unused_policy_action"
+	policyVarUnusedPolicyDir        = "unused_policy_dir"
+	policyVarUnusedPolicyHook       = "unused_policy_hook"
+	policyVarUnusedPolicyRuleInfo   = "unused_policy_rule_info"
+	policyVarUnusedPolicyRuleKey    = "unused_policy_rule_key"
+	policyVarUnusedPolicyStateKey   = "unused_policy_state_key"
+	policyVarUnusedPolicySwept      = "unused_policy_swept"
 )
 
 // loadPolicy returns the embedded CollectionSpec for policy.
@@ -204,26 +237,31 @@ type policySpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyProgramSpecs struct {
-	ShuntPolicyConnect4 *ebpf.ProgramSpec `ebpf:"shunt_policy_connect4"`
-	ShuntPolicyConnect6 *ebpf.ProgramSpec `ebpf:"shunt_policy_connect6"`
-	ShuntPolicyIngress  *ebpf.ProgramSpec `ebpf:"shunt_policy_ingress"`
-	ShuntPolicySendmsg4 *ebpf.ProgramSpec `ebpf:"shunt_policy_sendmsg4"`
-	ShuntPolicySendmsg6 *ebpf.ProgramSpec `ebpf:"shunt_policy_sendmsg6"`
-	ShuntPolicySockops  *ebpf.ProgramSpec `ebpf:"shunt_policy_sockops"`
-	ShuntPolicySweepTcp *ebpf.ProgramSpec `ebpf:"shunt_policy_sweep_tcp"`
-	ShuntPolicySweepUdp *ebpf.ProgramSpec `ebpf:"shunt_policy_sweep_udp"`
+	ShuntPolicyCollectTcp *ebpf.ProgramSpec `ebpf:"shunt_policy_collect_tcp"`
+	ShuntPolicyConnect4   *ebpf.ProgramSpec `ebpf:"shunt_policy_connect4"`
+	ShuntPolicyConnect6   *ebpf.ProgramSpec `ebpf:"shunt_policy_connect6"`
+	ShuntPolicyIngress    *ebpf.ProgramSpec `ebpf:"shunt_policy_ingress"`
+	ShuntPolicyPeerEgress *ebpf.ProgramSpec `ebpf:"shunt_policy_peer_egress"`
+	ShuntPolicySendmsg4   *ebpf.ProgramSpec `ebpf:"shunt_policy_sendmsg4"`
+	ShuntPolicySendmsg6   *ebpf.ProgramSpec `ebpf:"shunt_policy_sendmsg6"`
+	ShuntPolicySockops    *ebpf.ProgramSpec `ebpf:"shunt_policy_sockops"`
+	ShuntPolicySweepTcp   *ebpf.ProgramSpec `ebpf:"shunt_policy_sweep_tcp"`
+	ShuntPolicySweepUdp   *ebpf.ProgramSpec `ebpf:"shunt_policy_sweep_udp"`
 }
 
 // policyMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type policyMapSpecs struct {
-	PolicyConns     *ebpf.MapSpec `ebpf:"policy_conns"`
-	PolicyCounters  *ebpf.MapSpec `ebpf:"policy_counters"`
-	PolicyRuleInfos *ebpf.MapSpec `ebpf:"policy_rule_infos"`
-	PolicyRules     *ebpf.MapSpec `ebpf:"policy_rules"`
-	PolicyScopes    *ebpf.MapSpec `ebpf:"policy_scopes"`
-	PolicyState     *ebpf.MapSpec `ebpf:"policy_state"`
+	PolicyConnSenders *ebpf.MapSpec `ebpf:"policy_conn_senders"`
+	PolicyConns       *ebpf.MapSpec `ebpf:"policy_conns"`
+	PolicyCounters    *ebpf.MapSpec `ebpf:"policy_counters"`
+	PolicyPeerRules   *ebpf.MapSpec `ebpf:"policy_peer_rules"`
+	PolicyRuleInfos   *ebpf.MapSpec `ebpf:"policy_rule_infos"`
+	PolicyRules       *ebpf.MapSpec `ebpf:"policy_rules"`
+	PolicyScopes      *ebpf.MapSpec `ebpf:"policy_scopes"`
+	PolicySenders     *ebpf.MapSpec `ebpf:"policy_senders"`
+	PolicyState       *ebpf.MapSpec `ebpf:"policy_state"`
 }
 
 // policyVariableSpecs contains global variables before they are loaded into the kernel.
@@ -260,21 +298,27 @@ func (o *policyObjects) Close() error {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyMaps struct {
-	PolicyConns     *ebpf.Map `ebpf:"policy_conns"`
-	PolicyCounters  *ebpf.Map `ebpf:"policy_counters"`
-	PolicyRuleInfos *ebpf.Map `ebpf:"policy_rule_infos"`
-	PolicyRules     *ebpf.Map `ebpf:"policy_rules"`
-	PolicyScopes    *ebpf.Map `ebpf:"policy_scopes"`
-	PolicyState     *ebpf.Map `ebpf:"policy_state"`
+	PolicyConnSenders *ebpf.Map `ebpf:"policy_conn_senders"`
+	PolicyConns       *ebpf.Map `ebpf:"policy_conns"`
+	PolicyCounters    *ebpf.Map `ebpf:"policy_counters"`
+	PolicyPeerRules   *ebpf.Map `ebpf:"policy_peer_rules"`
+	PolicyRuleInfos   *ebpf.Map `ebpf:"policy_rule_infos"`
+	PolicyRules       *ebpf.Map `ebpf:"policy_rules"`
+	PolicyScopes      *ebpf.Map `ebpf:"policy_scopes"`
+	PolicySenders     *ebpf.Map `ebpf:"policy_senders"`
+	PolicyState       *ebpf.Map `ebpf:"policy_state"`
 }
 
 func (m *policyMaps) Close() error {
 	return _PolicyClose(
+		m.PolicyConnSenders,
 		m.PolicyConns,
 		m.PolicyCounters,
+		m.PolicyPeerRules,
 		m.PolicyRuleInfos,
 		m.PolicyRules,
 		m.PolicyScopes,
+		m.PolicySenders,
 		m.PolicyState,
 	)
 }
@@ -297,21 +341,25 @@ type policyVariables struct {
 //
 // It can be passed to loadPolicyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type policyPrograms struct {
-	ShuntPolicyConnect4 *ebpf.Program `ebpf:"shunt_policy_connect4"`
-	ShuntPolicyConnect6 *ebpf.Program `ebpf:"shunt_policy_connect6"`
-	ShuntPolicyIngress  *ebpf.Program `ebpf:"shunt_policy_ingress"`
-	ShuntPolicySendmsg4 *ebpf.Program `ebpf:"shunt_policy_sendmsg4"`
-	ShuntPolicySendmsg6 *ebpf.Program `ebpf:"shunt_policy_sendmsg6"`
-	ShuntPolicySockops  *ebpf.Program `ebpf:"shunt_policy_sockops"`
-	ShuntPolicySweepTcp *ebpf.Program `ebpf:"shunt_policy_sweep_tcp"`
-	ShuntPolicySweepUdp *ebpf.Program `ebpf:"shunt_policy_sweep_udp"`
+	ShuntPolicyCollectTcp *ebpf.Program `ebpf:"shunt_policy_collect_tcp"`
+	ShuntPolicyConnect4   *ebpf.Program `ebpf:"shunt_policy_connect4"`
+	ShuntPolicyConnect6   *ebpf.Program `ebpf:"shunt_policy_connect6"`
+	ShuntPolicyIngress    *ebpf.Program `ebpf:"shunt_policy_ingress"`
+	ShuntPolicyPeerEgress *ebpf.Program `ebpf:"shunt_policy_peer_egress"`
+	ShuntPolicySendmsg4   *ebpf.Program `ebpf:"shunt_policy_sendmsg4"`
+	ShuntPolicySendmsg6   *ebpf.Program `ebpf:"shunt_policy_sendmsg6"`
+	ShuntPolicySockops    *ebpf.Program `ebpf:"shunt_policy_sockops"`
+	ShuntPolicySweepTcp   *ebpf.Program `ebpf:"shunt_policy_sweep_tcp"`
+	ShuntPolicySweepUdp   *ebpf.Program `ebpf:"shunt_policy_sweep_udp"`
 }
 
 func (p *policyPrograms) Close() error {
 	return _PolicyClose(
+		p.ShuntPolicyCollectTcp,
 		p.ShuntPolicyConnect4,
 		p.ShuntPolicyConnect6,
 		p.ShuntPolicyIngress,
+		p.ShuntPolicyPeerEgress,
 		p.ShuntPolicySendmsg4,
 		p.ShuntPolicySendmsg6,
 		p.ShuntPolicySockops,

@@ -11,9 +11,10 @@ import (
 
 // Capacities, as bpf/include/policy_keys.h sizes the maps.
 const (
-	MaxRules   = 16384 // rules of a ruleset, all scopes together
-	MaxScopes  = 1024
-	maxPerAddr = 32 // rules one address can meet in a scope: its prefix's and the covering ones'
+	MaxRules     = 16384 // rules of a ruleset, all scopes together
+	MaxScopes    = 1024
+	maxPerAddr   = 32 // rules one address can meet in a scope: its prefix's and the covering ones'
+	maxPeerLevel = 16 // POLICY_PEER_LEVELS: how deep a peer cgroup may be
 )
 
 // Action is what a rule or a scope's default does to a connection or send.
@@ -144,18 +145,37 @@ func (p *Ports) UnmarshalText(b []byte) (err error) {
 	return err
 }
 
-// Rule is one egress rule of a scope: connections and sends to CIDR, on
-// Ports, over Proto, get Action.
+// Rule is one rule of a scope: connections and sends to (egress) or from
+// (ingress) CIDR, on Ports, over Proto, get Action. An ingress rule may
+// name the sender's cgroup subtree (Peer) instead of an address.
 type Rule struct {
 	Action Action       `yaml:"action" json:"action"`
-	CIDR   netip.Prefix `yaml:"cidr" json:"cidr"`
+	CIDR   netip.Prefix `yaml:"cidr,omitempty" json:"cidr,omitzero"`
+	Peer   string       `yaml:"peer_cgroup,omitempty" json:"peer_cgroup,omitempty"`
 	Ports  Ports        `yaml:"port,omitempty" json:"port"`
 	Proto  Proto        `yaml:"proto,omitempty" json:"proto"`
+
+	peer uint64 // Peer's cgroup id, once resolved
 }
 
 func (r Rule) String() string {
-	return fmt.Sprintf("%s %s port %s proto %s", r.Action, r.CIDR, r.Ports, r.Proto)
+	return fmt.Sprintf("%s %s port %s proto %s", r.Action, r.From(), r.Ports, r.Proto)
 }
+
+// From names what the rule matches the other end by: its prefix, or
+// "cgroup PATH" for a peer rule.
+func (r Rule) From() string {
+	if r.Peer != "" {
+		return "cgroup " + r.Peer
+	}
+	if r.peer != 0 {
+		return fmt.Sprintf("cgroup id %d (removed)", r.peer)
+	}
+	return r.CIDR.String()
+}
+
+// IsPeer says the rule names the sender's cgroup, not an address.
+func (r Rule) IsPeer() bool { return r.Peer != "" || r.peer != 0 }
 
 // Direction says which way a rule looks.
 type Direction uint8
@@ -292,6 +312,9 @@ func (rs *Ruleset) Check() error {
 					err.Where = rw
 					return err
 				}
+				if r.IsPeer() && d != Ingress {
+					return &InputError{Where: rw, Field: "peer_cgroup", Err: fmt.Errorf("only ingress rules name a peer's cgroup (who may connect to this scope); write the rule on the scope being connected to")}
+				}
 				if k, dup := ruleSeen[*r]; dup {
 					return &InputError{Where: rw, Err: fmt.Errorf("same as rule %d", k)}
 				}
@@ -317,8 +340,15 @@ func (r *Rule) check() *InputError {
 	default:
 		return &InputError{Field: "action", Err: fmt.Errorf("%v: allow or deny", r.Action)}
 	}
+	if r.IsPeer() {
+		if r.CIDR.IsValid() {
+			return &InputError{Field: "peer_cgroup", Err: fmt.Errorf("a rule names a cidr or a peer_cgroup, not both")}
+		}
+		r.Ports = r.Ports.norm()
+		return nil
+	}
 	if !r.CIDR.IsValid() {
-		return &InputError{Field: "cidr", Err: fmt.Errorf("missing: give an address prefix such as 10.0.0.0/8 or fd00::/8")}
+		return &InputError{Field: "cidr", Err: fmt.Errorf("missing: give an address prefix such as 10.0.0.0/8 or fd00::/8 (or, ingress, a peer_cgroup)")}
 	}
 	if r.CIDR.Addr().Is4In6() {
 		return &InputError{Field: "cidr", Err: fmt.Errorf("%s is IPv4-mapped: write it as IPv4 (%s), which also covers IPv6 sockets reaching it", r.CIDR, mappedAsV4(r.CIDR))}
@@ -358,7 +388,7 @@ func ParseCIDR(s string) (netip.Prefix, error) {
 // not inherit the decoder's KnownFields).
 func (r *Rule) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.MappingNode {
-		return fmt.Errorf("line %d: a rule is a mapping (action, cidr, port, proto)", n.Line)
+		return fmt.Errorf("line %d: a rule is a mapping (action, cidr or peer_cgroup, port, proto)", n.Line)
 	}
 	*r = Rule{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
@@ -372,18 +402,39 @@ func (r *Rule) UnmarshalYAML(n *yaml.Node) error {
 			r.Action, err = ParseAction(v.Value)
 		case "cidr":
 			r.CIDR, err = ParseCIDR(v.Value)
+		case "peer_cgroup":
+			if r.Peer = v.Value; r.Peer == "" {
+				err = fmt.Errorf("empty: give a cgroup v2 directory")
+			}
 		case "port":
 			r.Ports, err = ParsePorts(v.Value)
 		case "proto":
 			r.Proto, err = ParseProto(v.Value)
 		default:
-			return fmt.Errorf("line %d: field %s not found in a rule (action, cidr, port, proto)", k.Line, k.Value)
+			return fmt.Errorf("line %d: field %s not found in a rule (action, cidr, peer_cgroup, port, proto)", k.Line, k.Value)
 		}
 		if err != nil {
 			return fmt.Errorf("line %d: %s: %w", v.Line, k.Value, err)
 		}
 	}
 	return nil
+}
+
+// MarshalYAML writes a rule as UnmarshalYAML reads it (yaml.v3 would take
+// a netip.Prefix, all unexported fields, for empty and leave it out).
+func (r Rule) MarshalYAML() (any, error) {
+	type fields struct {
+		Action Action `yaml:"action"`
+		CIDR   string `yaml:"cidr,omitempty"`
+		Peer   string `yaml:"peer_cgroup,omitempty"`
+		Ports  Ports  `yaml:"port,omitempty"`
+		Proto  Proto  `yaml:"proto,omitempty"`
+	}
+	f := fields{Action: r.Action, Peer: r.Peer, Ports: r.Ports, Proto: r.Proto}
+	if r.CIDR.IsValid() {
+		f.CIDR = r.CIDR.String()
+	}
+	return f, nil
 }
 
 // Marshal writes a ruleset in the file format Parse reads.

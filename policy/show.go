@@ -2,6 +2,7 @@ package policy
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -70,6 +71,9 @@ func (i policyPolicyRuleInfo) name() ruleName {
 func (i policyPolicyRuleInfo) isDefault() bool { return i.Seq == ^uint32(0) }
 
 func (i policyPolicyRuleInfo) rule() Rule {
+	if i.Family == 0 { // a peer rule; Show fills in the path
+		return Rule{Action: Action(i.Action), Ports: Ports{i.PortLo, i.PortHi}, Proto: Proto(i.Proto), peer: i.peerID()}
+	}
 	var a netip.Addr
 	if i.Family == 4 {
 		a = netip.AddrFrom4([4]byte(i.Addr[:4]))
@@ -81,6 +85,9 @@ func (i policyPolicyRuleInfo) rule() Rule {
 		Ports: Ports{i.PortLo, i.PortHi}, Proto: Proto(i.Proto),
 	}
 }
+
+// peerID is a peer rule's cgroup id.
+func (i policyPolicyRuleInfo) peerID() uint64 { return binary.LittleEndian.Uint64(i.Addr[:8]) }
 
 func (p *Policy) counts(id uint32) (Counts, error) {
 	var per []policyPolicyCounter
@@ -136,11 +143,22 @@ func (p *Policy) Show() (*Report, error) {
 		seqs[id] = info.Seq
 		rr.Rules = append(rr.Rules, RuleReport{Rule: info.rule(), ID: id, Counts: c})
 	}
-	paths := host.CgroupPathsByID(ids)
+	lookup := slices.Clone(ids)
+	for _, info := range infos {
+		if !info.isDefault() && info.Family == 0 {
+			lookup = append(lookup, info.peerID())
+		}
+	}
+	paths := host.CgroupPathsByID(lookup)
 	rep := &Report{Scopes: []ScopeReport{}}
 	for _, id := range ids {
 		s := scopes[id]
 		s.Cgroup = paths[id]
+		for i := range s.Ingress.Rules {
+			if r := &s.Ingress.Rules[i].Rule; r.peer != 0 {
+				r.Peer = paths[r.peer] // "" when the cgroup was removed
+			}
+		}
 		for _, d := range Directions {
 			slices.SortFunc(s.Of(d).Rules, func(a, b RuleReport) int { return cmp.Compare(seqs[a.ID], seqs[b.ID]) })
 		}
@@ -164,6 +182,9 @@ func (r Report) Ruleset() Ruleset {
 		for _, d := range Directions {
 			*sc.DefaultOf(d) = s.Of(d).Default
 			for _, r := range s.Of(d).Rules {
+				if r.IsPeer() && r.Peer == "" {
+					continue // its cgroup was removed: nobody can match it again
+				}
 				*sc.Rules(d) = append(*sc.Rules(d), r.Rule)
 			}
 		}

@@ -157,6 +157,24 @@ func (p *Policy) writeIdle(slot uint8, c *compiled, idle, inForce map[uint32]pol
 			return fmt.Errorf("write rules: %w", err)
 		}
 	}
+	var stalePeers, pk []policyPolicyPeerKey
+	var pv []policyPolicyList
+	for k := range prev.peers {
+		if _, keep := c.peers[k]; !keep {
+			stalePeers = append(stalePeers, k)
+		}
+	}
+	for k, v := range c.peers {
+		if old, ok := prev.peers[k]; !exact || !ok || old != v {
+			pk, pv = append(pk, k), append(pv, v)
+		}
+	}
+	if err := deleteAll(p.maps.PolicyPeerRules, stalePeers); err != nil {
+		return fmt.Errorf("delete peer rules: %w", err)
+	}
+	if err := updateAll(p.maps.PolicyPeerRules, pk, pv, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write peer rules: %w", err)
+	}
 	var staleScopes []policyPolicyScopeKey
 	for k := range prev.scopes {
 		if _, keep := c.scopes[k]; !keep {

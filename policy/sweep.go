@@ -27,12 +27,13 @@ type Closed struct {
 }
 
 type sweepPrograms struct {
-	TCP *ebpf.Program `ebpf:"shunt_policy_sweep_tcp"`
-	UDP *ebpf.Program `ebpf:"shunt_policy_sweep_udp"`
+	TCP     *ebpf.Program `ebpf:"shunt_policy_sweep_tcp"`
+	UDP     *ebpf.Program `ebpf:"shunt_policy_sweep_udp"`
+	Collect *ebpf.Program `ebpf:"shunt_policy_collect_tcp"`
 }
 
 func (s *sweepPrograms) pinned() map[string]**ebpf.Program {
-	return map[string]**ebpf.Program{"sweep_tcp": &s.TCP, "sweep_udp": &s.UDP}
+	return map[string]**ebpf.Program{"sweep_tcp": &s.TCP, "sweep_udp": &s.UDP, "collect_tcp": &s.Collect}
 }
 
 func (s *sweepPrograms) Close() {
@@ -48,7 +49,16 @@ func (s *sweepPrograms) Close() {
 // now deny. Connections are destroyed (the application's next call fails
 // with ECONNABORTED, a TCP peer gets a reset): a denied connection whose
 // bytes bypass TCP would otherwise go on moving them.
-func (p *Policy) closeDenied(ctx context.Context) ([]Closed, error) {
+// With peer rules in force it first writes down every connection's
+// cgroups in every namespace (an accepted connection's peer may live in
+// another), and forgets them after.
+func (p *Policy) closeDenied(ctx context.Context, peerRules bool) ([]Closed, error) {
+	if peerRules {
+		defer p.forgetConnSenders()
+		if err := p.collectSenders(ctx); err != nil {
+			return nil, err
+		}
+	}
 	var findsOnly uint32
 	if err := p.maps.PolicyState.Lookup(uint32(policyPolicyStateKeyPOLICY_STATE_FINDS_ONLY), &findsOnly); err != nil {
 		return nil, fmt.Errorf("read the policy state: %w", err)
@@ -142,4 +152,42 @@ func (p *Policy) countClosed(rule uint32) {
 	}
 	per[0].Closed++
 	_ = p.maps.PolicyCounters.Update(rule, per, ebpf.UpdateExist)
+}
+
+// collectSenders runs the collector in every network namespace.
+func (p *Policy) collectSenders(ctx context.Context) error {
+	it, err := link.AttachIter(link.IterOptions{Program: p.sweep.Collect})
+	if err != nil {
+		return fmt.Errorf("attach the collector: %w", err)
+	}
+	defer it.Close()
+	for _, ns := range host.AllNetns() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var readErr error
+		err := host.InNetns(ns.Path, func() error {
+			_, readErr = bpfiter.Read(it)
+			return nil
+		})
+		if err != nil {
+			continue // the namespace went away
+		}
+		if readErr != nil {
+			return fmt.Errorf("collect connections in %s: %w", ns.Path, readErr)
+		}
+	}
+	return nil
+}
+
+// forgetConnSenders empties what collectSenders wrote.
+func (p *Policy) forgetConnSenders() {
+	var keys []policyPolicyFlow
+	var k policyPolicyFlow
+	var v policyPolicySender
+	it := p.maps.PolicyConnSenders.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	_ = deleteAll(p.maps.PolicyConnSenders, keys)
 }

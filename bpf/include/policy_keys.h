@@ -82,7 +82,45 @@ struct policy_scope_key {
 struct policy_scope {
 	__u32 default_rule[2]; /* counter ids of the defaults */
 	__u8 default_action[2];
+	__u8 has_peer_rules[2]; /* 1: look the sender's cgroups up first */
+	__u8 _pad[4];
+};
+
+/* Peer rules: those naming the sender's cgroup (a subtree) instead of an
+ * address, one list per scope, direction and named cgroup, in the order
+ * they take precedence. A hash, looked up once per cgroup above the
+ * sender, deepest first. */
+struct policy_peer_key {
+	__u64 scope; /* cgroup id */
+	__u64 peer;  /* cgroup id the rules name */
+	__u8 slot;
+	__u8 dir;
 	__u8 _pad[6];
+};
+
+/* How deep a sender's cgroup may be for peer rules to see all of its
+ * ancestors (the root is level 0; a kubelet pod's container is level 4). */
+#define POLICY_PEER_LEVELS 16
+
+/* A connection request or datagram as its sender put it on the wire: the
+ * key under which the sender's cgroups are found by the receiver. */
+struct policy_flow {
+	__u8 family; /* 4 (IPv4 and IPv4-mapped) or 6 */
+	__u8 proto;
+	__u16 sport; /* host order */
+	__u16 dport;
+	__u16 _pad;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+/* The sender's cgroup ids from the root down: cgroups[0] is its ancestor at
+ * level 1, cgroups[n - 1] its own (or, deeper than POLICY_PEER_LEVELS, its
+ * ancestor at that level). */
+struct policy_sender {
+	__u32 n;
+	__u32 _pad;
+	__u64 cgroups[POLICY_PEER_LEVELS];
 };
 
 /* Per rule, per CPU. */
@@ -109,11 +147,11 @@ struct policy_rule_key {
 
 struct policy_rule_info {
 	__u64 scope;
-	__u8 addr[16];
+	__u8 addr[16]; /* family 0 (a peer rule): the peer cgroup's id in the first 8 */
 	__u16 port_lo;
 	__u16 port_hi;
 	__u8 bits; /* prefix length */
-	__u8 family;
+	__u8 family; /* 4, 6, or 0 for a peer rule */
 	__u8 proto;
 	__u8 action;
 	__u32 seq; /* position in the scope's rules; ~0 for the default */

@@ -53,3 +53,33 @@ struct {
 	__type(key, struct policy_rule_key);
 	__type(value, struct policy_rule_info);
 } policy_rule_infos SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 2 * POLICY_MAX_RULES);
+	__type(key, struct policy_peer_key);
+	__type(value, struct policy_list);
+} policy_peer_rules SEC(".maps");
+
+/* Senders of connection requests and datagrams in flight, written by the
+ * peer cgroups' egress program, read by the receivers' ingress program.
+ * An entry is needed only until its packet is received: least recently
+ * used ones go. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct policy_flow);
+	__type(value, struct policy_sender);
+} policy_senders SEC(".maps");
+
+/* Senders of the open connections, by flow as their peer sees it: written
+ * by the collecting iterator before a sweep that needs them, emptied by
+ * user space after it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1 << 20);
+	__type(key, struct policy_flow);
+	__type(value, struct policy_sender);
+} policy_conn_senders SEC(".maps");

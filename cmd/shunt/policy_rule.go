@@ -12,7 +12,7 @@ import (
 
 // ruleFlags are the flags that name one rule.
 type ruleFlags struct {
-	cgroup, direction, action, cidr, port, proto string
+	cgroup, direction, action, cidr, peer, port, proto string
 }
 
 func (f *ruleFlags) register(c *cobra.Command) {
@@ -20,6 +20,7 @@ func (f *ruleFlags) register(c *cobra.Command) {
 	c.Flags().StringVar(&f.direction, "direction", "egress", "egress (where the scope's sockets connect and send) or ingress (who connects and sends to them)")
 	c.Flags().StringVar(&f.action, "action", "", "allow or deny")
 	c.Flags().StringVar(&f.cidr, "cidr", "", "the peer's prefix (10.0.0.0/8, fd00::/8) or address: egress the destination, ingress the source")
+	c.Flags().StringVar(&f.peer, "peer-cgroup", "", "ingress only, instead of --cidr: the cgroup v2 directory (a subtree) of the sockets connecting or sending")
 	c.Flags().StringVar(&f.port, "port", "", "the port connected or sent to, N or N-M (default: any); ingress: the scope's own port")
 	c.Flags().StringVar(&f.proto, "proto", "", "tcp or udp (default: both)")
 }
@@ -39,11 +40,24 @@ func (f *ruleFlags) rule() (cg host.Cgroup, d policy.Direction, r policy.Rule, e
 	if r.Action, err = policy.ParseAction(f.action); err != nil {
 		return cg, d, r, bad("action", err)
 	}
-	if f.cidr == "" {
-		return cg, d, r, bad("cidr", fmt.Errorf("missing: give the peer's prefix"))
-	}
-	if r.CIDR, err = policy.ParseCIDR(f.cidr); err != nil {
-		return cg, d, r, bad("cidr", err)
+	switch {
+	case f.cidr != "" && f.peer != "":
+		return cg, d, r, bad("peer-cgroup", fmt.Errorf("give --cidr or --peer-cgroup, not both"))
+	case f.peer != "":
+		if d != policy.Ingress {
+			return cg, d, r, bad("peer-cgroup", fmt.Errorf("only ingress rules name a peer's cgroup: add it to the scope being connected to, with --direction ingress"))
+		}
+		peer, err := host.ResolveCgroup(f.peer)
+		if err != nil {
+			return cg, d, r, bad("peer-cgroup", err)
+		}
+		r.Peer = peer.Path
+	case f.cidr == "":
+		return cg, d, r, bad("cidr", fmt.Errorf("missing: give the peer's prefix (or, ingress, --peer-cgroup)"))
+	default:
+		if r.CIDR, err = policy.ParseCIDR(f.cidr); err != nil {
+			return cg, d, r, bad("cidr", err)
+		}
 	}
 	if r.Ports, err = policy.ParsePorts(f.port); err != nil {
 		return cg, d, r, bad("port", err)
@@ -75,7 +89,7 @@ func scopeOf(rs *policy.Ruleset, path string, create bool) *policy.Scope {
 func newPolicyAddCmd(e *env, g *globals) *cobra.Command {
 	var f ruleFlags
 	c := &cobra.Command{
-		Use:   "add --cgroup PATH [--direction egress|ingress] --action allow|deny --cidr CIDR [--port N[-M]] [--proto tcp|udp]",
+		Use:   "add --cgroup PATH [--direction egress|ingress] --action allow|deny --cidr CIDR|--peer-cgroup PATH [--port N[-M]] [--proto tcp|udp]",
 		Short: "Add a rule to a scope (made if new, defaults allow)",
 		Args:  noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -102,7 +116,7 @@ func newPolicyAddCmd(e *env, g *globals) *cobra.Command {
 func newPolicyDeleteCmd(e *env, g *globals) *cobra.Command {
 	var f ruleFlags
 	c := &cobra.Command{
-		Use:   "delete --cgroup PATH [--direction egress|ingress] --action allow|deny --cidr CIDR [--port N[-M]] [--proto tcp|udp]",
+		Use:   "delete --cgroup PATH [--direction egress|ingress] --action allow|deny --cidr CIDR|--peer-cgroup PATH [--port N[-M]] [--proto tcp|udp]",
 		Short: "Delete the rule these flags name",
 		Long: `delete removes the rule of the scope that has exactly these fields. A scope
 left with no rules and both defaults allow is removed too.`,

@@ -55,11 +55,11 @@ that stays across changes keeps its counts.`,
 					name = fmt.Sprintf("(removed cgroup %d)", s.CgroupID)
 				}
 				fmt.Fprintf(w, "scope %s\n", name)
-				fmt.Fprintln(w, "  DIRECTION\tID\tACTION\tCIDR\tPORT\tPROTO\tCONNECTS\tSENDS\tCLOSED")
+				fmt.Fprintln(w, "  DIRECTION\tID\tACTION\tPEER\tPORT\tPROTO\tCONNECTS\tSENDS\tCLOSED")
 				for _, d := range policy.Directions {
 					rr := s.Of(d)
 					for _, r := range rr.Rules {
-						fmt.Fprintf(w, "  %s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", d, r.ID, r.Action, r.CIDR, r.Ports, r.Proto, r.Counts.Connects, r.Counts.Sends, r.Counts.Closed)
+						fmt.Fprintf(w, "  %s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", d, r.ID, r.Action, r.From(), r.Ports, r.Proto, r.Counts.Connects, r.Counts.Sends, r.Counts.Closed)
 					}
 					c := rr.DefaultCounts
 					fmt.Fprintf(w, "  %s\t%d\t%s\t(default)\t\t\t%d\t%d\t%d\n", d, rr.DefaultID, rr.Default, c.Connects, c.Sends, c.Closed)

@@ -68,6 +68,22 @@ func TestPolicyCommands(t *testing.T) {
 		t.Errorf("show after apply: %+v", rep)
 	}
 
+	// A peer rule: shown by its cgroup, and kept when another change
+	// rewrites the ruleset from show.
+	peer := testenv.MustCgroup(t)
+	must("policy", "add", "--cgroup", cg.Path, "--direction", "ingress", "--action", "allow", "--peer-cgroup", peer.Path, "--port", "80")
+	must("policy", "add", "--cgroup", cg.Path, "--action", "deny", "--cidr", "10.2.0.0/16")
+	if rep := show(); len(rep.Scopes[0].Ingress.Rules) != 1 || rep.Scopes[0].Ingress.Rules[0].Peer != peer.Path {
+		t.Errorf("show after adding a peer rule: %+v", rep.Scopes[0].Ingress)
+	}
+	if out := must("policy", "show"); !strings.Contains(out, "cgroup "+peer.Path) {
+		t.Errorf("show: %q", out)
+	}
+	must("policy", "delete", "--cgroup", cg.Path, "--direction", "ingress", "--action", "allow", "--peer-cgroup", peer.Path, "--port", "80")
+	if rep := show(); len(rep.Scopes[0].Ingress.Rules) != 0 {
+		t.Errorf("show after deleting the peer rule: %+v", rep.Scopes[0].Ingress)
+	}
+
 	must("policy", "clear", "--cgroup", cg.Path)
 	if rep := show(); len(rep.Scopes) != 0 {
 		t.Errorf("show after clear --cgroup: %+v", rep)
@@ -105,6 +121,11 @@ func TestPolicyBadInput(t *testing.T) {
 		{"file: port", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress:\n      - {action: deny, cidr: 10.0.0.0/8}\n      - {action: deny, cidr: 10.0.0.0/8, port: 0}\n")}, `"0" is not a port or range`},
 		{"file: missing cgroup", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n  - cgroup: CG-nope\n")}, "scope 2: cgroup: cgroup " + cg.Path + "-nope does not exist"},
 		{"file: mapped", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: deny, cidr: \"::ffff:10.0.0.0/104\"}]\n")}, "scope 1 (" + cg.Path + ") egress rule 1: cidr: ::ffff:10.0.0.0/104 is IPv4-mapped: write it as IPv4 (10.0.0.0/8)"},
+		{"peer egress", []string{"add", "--cgroup", cg.Path, "--action", "allow", "--peer-cgroup", cg.Path}, "--peer-cgroup: only ingress rules name a peer's cgroup"},
+		{"peer and cidr", []string{"add", "--cgroup", cg.Path, "--direction", "ingress", "--action", "allow", "--peer-cgroup", cg.Path, "--cidr", "10.0.0.0/8"}, "--peer-cgroup: give --cidr or --peer-cgroup, not both"},
+		{"missing peer", []string{"add", "--cgroup", cg.Path, "--direction", "ingress", "--action", "allow", "--peer-cgroup", cg.Path + "-nope"}, "--peer-cgroup: cgroup " + cg.Path + "-nope does not exist"},
+		{"file: missing peer", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    ingress: [{action: allow, peer_cgroup: CG-nope}]\n")}, "scope 1 (" + cg.Path + ") ingress rule 1: peer_cgroup: cgroup " + cg.Path + "-nope does not exist"},
+		{"file: peer egress", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: allow, peer_cgroup: CG}]\n")}, "egress rule 1: peer_cgroup: only ingress rules name a peer's cgroup"},
 		{"file: duplicate", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: deny, cidr: 10.0.0.0/8}, {action: deny, cidr: 10.0.0.0/8, port: any}]\n")}, "egress rule 2: same as rule 1"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

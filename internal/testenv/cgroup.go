@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/shunt-project/shunt/host"
@@ -28,4 +29,28 @@ func InCgroup(t testing.TB, cg host.Cgroup, fn func()) {
 	if err := lab.InCgroup(cg, func() error { fn(); return nil }); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// MustChildCgroup creates a cgroup v2 directory named name inside parent,
+// removed in cleanup (before parent, which was made first).
+func MustChildCgroup(t testing.TB, parent host.Cgroup, name string) host.Cgroup {
+	t.Helper()
+	root, err := host.Cgroup2Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(root, filepath.Join(parent.Path, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg, remove, err := lab.NewCgroup(rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := remove(); err != nil {
+			t.Error(err)
+		}
+	})
+	return cg
 }

@@ -1,0 +1,170 @@
+package policy_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/lab"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// Peer rules: the backend scope takes connections from the frontend
+// subtree only, except that its canary may not reach port 81, and from
+// 10.9.0.7 by address.
+const peerRules = `
+scopes:
+  - cgroup: %s
+    ingress_default: deny
+    ingress:
+      - {action: allow, peer_cgroup: %s}
+      - {action: deny, peer_cgroup: %s, port: 81}
+      - {action: allow, cidr: 10.9.0.7}
+`
+
+// peerCase is a verdictCase made by a client in one of the test's cgroups.
+type peerCase struct {
+	verdictCase
+	from   string // source address
+	client string // frontend, canary (inside frontend) or other
+}
+
+var peerTable = []peerCase{
+	{verdictCase{tcpConnect, "127.0.0.1", 80, true, "frontend is allowed"}, "127.0.0.1", "frontend"},
+	{verdictCase{tcpConnect, "127.0.0.1", 80, true, "canary is in frontend"}, "127.0.0.1", "canary"},
+	{verdictCase{tcpConnect, "127.0.0.1", 81, false, "canary's own rule, the deeper cgroup, first"}, "127.0.0.1", "canary"},
+	{verdictCase{tcpConnect, "127.0.0.1", 81, true, "frontend has no port rule"}, "127.0.0.1", "frontend"},
+	{verdictCase{tcpConnect, "127.0.0.1", 80, false, "other cgroup: the default"}, "127.0.0.1", "other"},
+	{verdictCase{tcpConnect, "10.9.0.1", 80, true, "other, from the allowed address"}, "10.9.0.7", "other"},
+	{verdictCase{tcpConnect, "10.9.0.1", 81, false, "peer rules before address rules"}, "10.9.0.7", "canary"},
+	{verdictCase{tcpConnect, "fd09::1", 80, true, "frontend over IPv6"}, "fd09::2", "frontend"},
+	{verdictCase{tcpConnect, "::ffff:10.9.0.1", 80, true, "frontend, IPv4-mapped"}, "::ffff:10.9.0.2", "frontend"},
+	{verdictCase{tcpConnect, "::ffff:10.9.0.1", 80, false, "other, IPv4-mapped"}, "::ffff:10.9.0.2", "other"},
+	{verdictCase{udpSendto, "fd09::1", 53, true, "frontend, a datagram"}, "fd09::2", "frontend"},
+	{verdictCase{udpSendto, "fd09::1", 82, false, "other, a datagram"}, "fd09::2", "other"}, // a port of its own: the payload says the case
+	{verdictCase{udpConnect, "127.0.0.1", 81, false, "canary, connected UDP to 81"}, "127.0.0.1", "canary"},
+	{verdictCase{udpConnect, "127.0.0.1", 82, true, "canary, connected UDP to 82"}, "127.0.0.1", "canary"},
+}
+
+// peerCgroups are the test's client cgroups, by name.
+func peerCgroups(t *testing.T) map[string]host.Cgroup {
+	frontend := testenv.MustCgroup(t)
+	return map[string]host.Cgroup{
+		"frontend": frontend,
+		"canary":   testenv.MustChildCgroup(t, frontend, "canary"),
+		"other":    testenv.MustCgroup(t),
+	}
+}
+
+// TestPeerVerdicts runs the peer table against a backend scope, on the TCP
+// path and with every end bypassed: a peer rule decides by the cgroup of
+// the socket that connects or sends, not its address.
+func TestPeerVerdicts(t *testing.T) {
+	for _, mode := range []string{"tcp path", "bypassed"} {
+		t.Run(mode, func(t *testing.T) {
+			p := mustPolicy(t)
+			server := testenv.MustCgroup(t)
+			clients := peerCgroups(t)
+			if mode == "bypassed" {
+				mustBypass(t, server, clients["frontend"], clients["other"])
+			}
+			ns := mustAddressNS(t)
+			rec := listeners(t, testenv.Side{NS: ns, CG: server}, 53, 80, 81, 82)
+			mustApply(t, p, mustParse(t, fmt.Sprintf(peerRules, server.Path, clients["frontend"].Path, clients["canary"].Path)))
+			for _, c := range peerTable {
+				var err error
+				testenv.Side{NS: ns, CG: clients[c.client]}.Make(t, func() { err = attemptFrom(c.verdictCase, c.from) })
+				if err == nil && c.op != tcpConnect && !rec.within(c.String(), 500*time.Millisecond) {
+					err = errors.New("the datagram did not arrive")
+				}
+				if (err == nil) != c.allow {
+					t.Errorf("%s from %s in %s: got through=%v (%v), want %v: %s", c, c.from, c.client, err == nil, err, c.allow, c.reason)
+				}
+			}
+			rep, err := p.Show()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rules := rep.Scopes[0].Ingress.Rules
+			if rules[0].Peer != clients["frontend"].Path || rules[0].Counts.Connects == 0 {
+				t.Errorf("show: the first rule is %+v, want the frontend's, counting", rules[0])
+			}
+		})
+	}
+}
+
+// TestPeerRulesAcrossNamespaces: pods have network namespaces of their own.
+// A client in one namespace reaches a server in another over a veth pair;
+// a peer rule still knows the client's cgroup. And an apply that brings
+// peer rules closes the open connections they deny, made before any
+// peer rule existed, and keeps the others.
+func TestPeerRulesAcrossNamespaces(t *testing.T) {
+	eachCloseMethod(t, func(t *testing.T) {
+		p := mustPolicy(t)
+		server := testenv.MustCgroup(t)
+		clients := peerCgroups(t)
+		in := mustBypass(t, server, clients["frontend"], clients["other"])
+		serverNS, clientNS := testenv.MustNetNS(t), testenv.MustNetNS(t)
+		testenv.Veth(t, clientNS, serverNS)
+		listeners(t, testenv.Side{NS: serverNS, CG: server}, 80)
+		// The scope holds the server when it accepts.
+		mustApply(t, p, mustParse(t, fmt.Sprintf("scopes: [{cgroup: %s}]", server.Path)))
+		dial := func(client string, addr string) (net.Conn, error) {
+			var c net.Conn
+			var err error
+			d := net.Dialer{Timeout: time.Second}
+			testenv.Side{NS: clientNS, CG: clients[client]}.Make(t, func() { c, err = d.Dial("tcp", addr) })
+			if err == nil {
+				t.Cleanup(func() { c.Close() })
+			}
+			return c, err
+		}
+		v4 := net.JoinHostPort(lab.VethIPv4B, "80")
+		v6 := net.JoinHostPort(lab.VethIPv6B, "80")
+		var open []net.Conn
+		for _, who := range []string{"frontend", "other"} {
+			c, err := dial(who, v4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := echo(c); err != nil {
+				t.Fatal(err)
+			}
+			open = append(open, c)
+		}
+		if st, _ := in.Stats(); st.Counters.Paired < 2 {
+			t.Fatalf("the connections were not bypassed: %+v", st.Counters)
+		}
+		res := mustApply(t, p, mustParse(t, fmt.Sprintf(`
+scopes:
+  - cgroup: %s
+    ingress_default: deny
+    ingress: [{action: allow, peer_cgroup: %s}]
+`, server.Path, clients["frontend"].Path)))
+		if len(res.Closed) != 1 {
+			t.Errorf("apply closed %d connections, want the other's: %+v", len(res.Closed), res.Closed)
+		}
+		if err := echo(open[1]); !errors.Is(err, unix.ECONNRESET) && !errors.Is(err, io.EOF) {
+			t.Errorf("other's connection after the apply: %v, want a reset", err)
+		}
+		if err := echo(open[0]); err != nil {
+			t.Errorf("frontend's connection, which the rules allow: %v", err)
+		}
+		for _, addr := range []string{v4, v6} {
+			if c, err := dial("canary", addr); err != nil {
+				t.Errorf("canary (in frontend) to %s: %v", addr, err)
+			} else if err := echo(c); err != nil {
+				t.Errorf("canary to %s: %v", addr, err)
+			}
+			if _, err := dial("other", addr); err == nil {
+				t.Errorf("other to %s got through", addr)
+			}
+		}
+	})
+}
