@@ -35,10 +35,16 @@ func benchRulesets(cg host.Cgroup) map[string]policy.Ruleset {
 	}
 	// The benchmark's own destination is one of them, allowed on its port.
 	many.Scopes[0].Egress[0] = policy.Rule{Action: policy.Allow, CIDR: netip.MustParsePrefix("10.8.0.1/32"), Ports: policy.Ports{Lo: 80, Hi: 80}}
-	return map[string]policy.Ruleset{"none": {}, "1-rule": one, "10000-rules": many}
+	// A peer rule: the scope takes connections from its own cgroup only,
+	// so each connection's SYN is written down by the peer program and
+	// looked up by the ingress program.
+	peer := policy.Ruleset{Scopes: []policy.Scope{{Cgroup: cg.Path, IngressDefault: policy.Deny, Ingress: []policy.Rule{
+		{Action: policy.Allow, Peer: cg.Path},
+	}}}}
+	return map[string]policy.Ruleset{"none": {}, "1-rule": one, "10000-rules": many, "peer-rule": peer}
 }
 
-var benchModes = []string{"none", "1-rule", "10000-rules"}
+var benchModes = []string{"none", "1-rule", "10000-rules", "peer-rule"}
 
 // benchEnv is a bypassed cgroup in a namespace where 10.8.0.0/16 is local,
 // with an echo server on port 80, and a policy.
@@ -82,8 +88,15 @@ func (e *benchEnv) use(b *testing.B, mode string) map[string]*ebpf.Program {
 	if mode == "none" {
 		return progs
 	}
+	pins := map[string]string{}
 	for _, hook := range costHooks {
-		l, err := link.LoadPinnedLink(filepath.Join(e.p.Dir(), "links", strconv.FormatUint(e.cg.ID, 10), hook), nil)
+		pins[hook] = filepath.Join(e.p.Dir(), "links", strconv.FormatUint(e.cg.ID, 10), hook)
+	}
+	if peer := filepath.Join(e.p.Dir(), "peers", strconv.FormatUint(e.cg.ID, 10)); mode == "peer-rule" {
+		pins["peer-egress"] = peer
+	}
+	for hook, pin := range pins {
+		l, err := link.LoadPinnedLink(pin, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

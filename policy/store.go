@@ -157,37 +157,14 @@ func (p *Policy) writeIdle(slot uint8, c *compiled, idle, inForce map[uint32]pol
 			return fmt.Errorf("write rules: %w", err)
 		}
 	}
-	var stalePeers, pk []policyPolicyPeerKey
-	var pv []policyPolicyList
-	for k := range prev.peers {
-		if _, keep := c.peers[k]; !keep {
-			stalePeers = append(stalePeers, k)
-		}
-	}
-	for k, v := range c.peers {
-		if old, ok := prev.peers[k]; !exact || !ok || old != v {
-			pk, pv = append(pk, k), append(pv, v)
-		}
-	}
+	stalePeers, pk, pv := changes(prev.peers, c.peers, exact)
 	if err := deleteAll(p.maps.PolicyPeerRules, stalePeers); err != nil {
 		return fmt.Errorf("delete peer rules: %w", err)
 	}
 	if err := updateAll(p.maps.PolicyPeerRules, pk, pv, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write peer rules: %w", err)
 	}
-	var staleScopes []policyPolicyScopeKey
-	for k := range prev.scopes {
-		if _, keep := c.scopes[k]; !keep {
-			staleScopes = append(staleScopes, k)
-		}
-	}
-	var sk []policyPolicyScopeKey
-	var sv []policyPolicyScope
-	for k, v := range c.scopes {
-		if old, ok := prev.scopes[k]; !exact || !ok || old != v {
-			sk, sv = append(sk, k), append(sv, v)
-		}
-	}
+	staleScopes, sk, sv := changes(prev.scopes, c.scopes, exact)
 	if err := deleteAll(p.maps.PolicyScopes, staleScopes); err != nil {
 		return fmt.Errorf("delete scopes: %w", err)
 	}
@@ -205,6 +182,22 @@ func (p *Policy) writeIdle(slot uint8, c *compiled, idle, inForce map[uint32]pol
 		return fmt.Errorf("delete rules: %w", err)
 	}
 	return p.setState(policyPolicyStateKeyPOLICY_STATE_IDLE_CLEAN, 1)
+}
+
+// changes lists the keys of prev that next lacks, and the entries of next
+// that prev does not hold (all of them unless exact).
+func changes[K, V comparable](prev, next map[K]V, exact bool) (stale, keys []K, vals []V) {
+	for k := range prev {
+		if _, keep := next[k]; !keep {
+			stale = append(stale, k)
+		}
+	}
+	for k, v := range next {
+		if old, ok := prev[k]; !exact || !ok || old != v {
+			keys, vals = append(keys, k), append(vals, v)
+		}
+	}
+	return stale, keys, vals
 }
 
 func (p *Policy) setState(k policyPolicyStateKey, v uint32) error {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The policy's cost, interleaved: each round runs the connect and bypassed
 # benchmarks of policy/bench_test.go once per mode (no policy, one rule,
-# 10,000 rules), in alternating order, pinned to one CPU; then the apply
+# 10,000 rules, a peer rule), in alternating order, pinned to one CPU; then the apply
 # benchmarks. Prints per benchmark the median over rounds, its spread and
 # its ratio to no policy. As root; ~20 s per round.
 #
@@ -16,8 +16,8 @@ cd "$repo"
 go test -c -o "$out/policy.test" ./policy
 cd policy # the test binary reads nothing from here, but go test would run here
 for i in $(seq 1 "$rounds"); do
-  order="none 1-rule 10000-rules"
-  [ $((i % 2)) = 0 ] && order="10000-rules 1-rule none"
+  order="none 1-rule 10000-rules peer-rule"
+  [ $((i % 2)) = 0 ] && order="peer-rule 10000-rules 1-rule none"
   for m in $order; do
     for bench in "BenchmarkConnect/^$m\$" "BenchmarkBypassed/./^$m\$"; do
       taskset -c 1 "$out/policy.test" -test.run '^$' -test.bench "$bench" -test.benchtime 20000x |

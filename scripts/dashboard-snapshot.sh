@@ -3,7 +3,9 @@
 # docs/img/dashboard.png: Debian's Prometheus scrapes a shunt agent and a
 # kernel-mode shunt proxy for about 2.5 minutes while redis-benchmark
 # against redis-server and short connections run between two bypassed
-# cgroups on loopback, and iperf3 through the proxy, then
+# cgroups on loopback, and iperf3 through the proxy, with a policy in force
+# (the server's cgroup takes the client's, by a peer rule) and connections
+# it denies, then
 # scripts/dashboard-render draws each panel from Prometheus's answers to its
 # queries, laid out as Grafana lays it out. Grafana itself does not run on
 # these machines (not packaged by Debian, not reachable otherwise).
@@ -22,7 +24,7 @@ go build -o "$tmp/render" ./scripts/dashboard-render
 
 root=$(awk '$9 == "cgroup2" {print $5; exit}' /proc/self/mountinfo)
 srv="$root/shunt-test-dash-server" cli="$root/shunt-test-dash-client"
-pin=/sys/fs/bpf/shunt-test-dash idx=/sys/fs/bpf/shunt-test-dash-index
+pin=/sys/fs/bpf/shunt-test-dash idx=/sys/fs/bpf/shunt-test-dash-index pol=/sys/fs/bpf/shunt-test-dash-policy
 agent_port=19464 proxy_port=19465 prom_port=19090 iperf_port=15201 proxied_port=15202 echo_port=15203 redis_port=15204
 pids=()
 cleanup() {
@@ -30,6 +32,7 @@ cleanup() {
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   "$shunt" bypass disable --all --pin-dir "$pin" >/dev/null 2>&1 || true
   "$shunt" index disable --index-dir "$idx" >/dev/null 2>&1 || true
+  "$shunt" policy clear --policy-dir "$pol" >/dev/null 2>&1 || true
   rm -rf "$pin-learned"
   rmdir "$srv" "$cli" 2>/dev/null || true
   rm -f /run/shunt/*shunt-test-dash*
@@ -42,15 +45,31 @@ in_cgroup='echo $$ > "$1/cgroup.procs"; shift; exec "$@"'
 run_in() { sh -c "$in_cgroup" _ "$@"; }
 bg_in() { sh -c "$in_cgroup" _ "$@" & pids+=($!); }
 
+# The policy: the server takes connections from the client's cgroup, and
+# from anyone on iperf3's port (the proxy, in no cgroup of the test,
+# connects there); the client may not reach the discard port.
+cat > "$tmp/policy.yaml" <<YAML
+scopes:
+  - cgroup: $srv
+    ingress_default: deny
+    ingress:
+      - {action: allow, peer_cgroup: $cli}
+      - {action: allow, cidr: 127.0.0.1, port: $iperf_port, proto: tcp}
+  - cgroup: $cli
+    egress:
+      - {action: deny, cidr: 127.0.0.1, port: 9}
+YAML
 cat > "$tmp/agent.yaml" <<YAML
 bypass:
   cgroups: ["$root/shunt-test-dash-*"]
 index:
   enabled: true
+policy:
+  file: $tmp/policy.yaml
 metrics:
   address: 127.0.0.1:$agent_port
 YAML
-"$shunt" agent --config "$tmp/agent.yaml" --pin-dir "$pin" --index-dir "$idx" >"$tmp/agent.log" 2>&1 & pids+=($!)
+"$shunt" agent --config "$tmp/agent.yaml" --pin-dir "$pin" --index-dir "$idx" --policy-dir "$pol" >"$tmp/agent.log" 2>&1 & pids+=($!)
 
 cat > "$tmp/prometheus.yml" <<YAML
 global: {scrape_interval: 1s, evaluation_interval: 1s}
@@ -126,6 +145,23 @@ phase bash -c "$(declare -f for_secs); for_secs 25 redis-benchmark -p $redis_por
 sleep 5
 phase bash -c "$(declare -f for_secs); for_secs 25 redis-benchmark -p $redis_port -t set,get -d 64 -P 16 -c 50 -n 1000000 -q"
 sleep 5
+# Meanwhile, what the policy denies: the client's connects to the discard
+# port (EPERM at once), and connections from outside the client's cgroup
+# to the echo server (their SYNs dropped: each attempt times out).
+denied() {
+  python3 -c '
+import socket, sys, time
+end = time.time() + float(sys.argv[2])
+while time.time() < end:
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=0.2).close()
+    except OSError:
+        pass
+    time.sleep(0.05)
+' "$1" "$2"
+}
+run_in "$cli" bash -c "$(declare -f denied); denied 9 25" & pids+=($!)
+denied $echo_port 25 & pids+=($!)
 phase bash -c "$(declare -f short); short $echo_port 25"
 sleep 5
 # Through the kernel-mode proxy (not in a bypassed cgroup: the proxy joins).

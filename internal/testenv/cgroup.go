@@ -11,7 +11,14 @@ import (
 // MustCgroup creates a cgroup v2 directory, removed in cleanup.
 func MustCgroup(t testing.TB) host.Cgroup {
 	t.Helper()
-	cg, remove, err := lab.NewCgroup(Name())
+	return mustNewCgroup(t, Name())
+}
+
+// mustNewCgroup creates the cgroup at name, relative to the hierarchy's
+// root, removed in cleanup.
+func mustNewCgroup(t testing.TB, name string) host.Cgroup {
+	t.Helper()
+	cg, remove, err := lab.NewCgroup(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,14 +50,5 @@ func MustChildCgroup(t testing.TB, parent host.Cgroup, name string) host.Cgroup 
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg, remove, err := lab.NewCgroup(rel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := remove(); err != nil {
-			t.Error(err)
-		}
-	})
-	return cg
+	return mustNewCgroup(t, rel)
 }
