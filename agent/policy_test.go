@@ -32,6 +32,9 @@ func rulesInForce(t *testing.T, dir string) map[string][]string {
 		for _, r := range s.Egress.Rules {
 			out[s.Cgroup] = append(out[s.Cgroup], r.Rule.String())
 		}
+		for _, r := range s.Ingress.Rules {
+			out[s.Cgroup] = append(out[s.Cgroup], "ingress "+r.Rule.String())
+		}
 	}
 	return out
 }
@@ -55,8 +58,8 @@ func TestAgentAppliesPolicyFile(t *testing.T) {
 	cg := testenv.MustCgroup(t)
 	dir := t.TempDir()
 	config, file := filepath.Join(dir, "config.yaml"), filepath.Join(dir, "policy.yaml")
-	later := filepath.Join(cg.Path, "later")
-	writeConfig(t, file, fmt.Sprintf("scopes:\n  - cgroup: %s\n    egress: [{action: deny, cidr: 10.0.0.0/8}]\n  - cgroup: %s\n    default: deny\n", cg.Path, later))
+	later, peer := filepath.Join(cg.Path, "later"), filepath.Join(cg.Path, "peer")
+	writeConfig(t, file, fmt.Sprintf("scopes:\n  - cgroup: %s\n    egress: [{action: deny, cidr: 10.0.0.0/8}]\n    ingress: [{action: allow, peer_cgroup: %s}]\n  - cgroup: %s\n    default: deny\n", cg.Path, peer, later))
 	writeConfig(t, config, "policy: {file: "+file+"}\n")
 	log := runAgentWith(t, agent.Options{ConfigPath: config, PinDir: pin, IndexDir: filepath.Join(pin, "no-index"),
 		PolicyDir: policyDir, Version: "test", Features: host.Probe()})
@@ -66,12 +69,17 @@ func TestAgentAppliesPolicyFile(t *testing.T) {
 		t.Errorf("a scope whose cgroup does not exist was applied")
 	}
 	waitFor(t, "the log saying the scope waits for its cgroup", log, func() bool { return strings.Contains(log.String(), "waiting for "+later) })
+	// A peer rule naming a cgroup that does not exist yet matches no socket:
+	// left out until it does.
+	waitFor(t, "the log saying the peer rule waits for its cgroup", log, func() bool { return strings.Contains(log.String(), "peer "+peer) })
 
-	// The cgroup comes; the next event (here the file written again) applies it.
+	// The cgroups come; the next event (here the file written again) applies them.
 	mkCgroup(t, cg.Path, "later")
+	mkCgroup(t, cg.Path, "peer")
 	b, _ := os.ReadFile(file)
 	writeConfig(t, file, string(b))
 	waitFor(t, "the scope applied once its cgroup exists", log, func() bool { _, ok := rulesInForce(t, policyDir)[later]; return ok })
+	waitFor(t, "the peer rule applied once its cgroup exists", log, func() bool { return len(rulesInForce(t, policyDir)[cg.Path]) == 2 })
 
 	writeConfig(t, file, fmt.Sprintf("scopes:\n  - cgroup: %s\n    egress: [{action: deny, cidr: 10.0.0.0/8}, {action: allow, cidr: 10.1.0.0/16}]\n", cg.Path))
 	waitFor(t, "the changed file applied", log, func() bool {

@@ -68,9 +68,12 @@ static __always_inline __u32 active_slot(void)
 }
 
 /* The action of the first entry of l that matches port and proto, with its
- * counter; 0 if none does. */
-static __always_inline __u8 first_match(struct policy_list *l, __u16 port, __u8 proto, __u32 *rule)
+ * counter; 0 if none does. A global function: the verifier checks it once,
+ * not at each of the places the hooks call it from. */
+__noinline int first_match(struct policy_list *l, __u32 port, __u32 proto, __u32 *rule)
 {
+	if (!l || !rule)
+		return 0;
 	__u32 n = l->n;
 	for (int i = 0; i < POLICY_LIST_LEN; i++) {
 		if (i >= n)

@@ -111,6 +111,15 @@ func resolve(rs Ruleset) ([]scopeRules, error) {
 // connections the new rules deny are closed (Closed).
 func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 	start := time.Now()
+	// A program that read the slot number just before the last apply's
+	// flip may still be reading the slot this apply rewrites: one grace
+	// period from now, which passes while the new ruleset is compiled,
+	// they are done.
+	readersGone := make(chan struct{})
+	go func() {
+		waitForReaders()
+		close(readersGone)
+	}()
 	scopes, err := resolve(rs)
 	if err != nil {
 		return nil, err
@@ -127,14 +136,25 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		return nil, err
 	}
 	oldInfos := infos[old]
+	// The idle slot holds the ruleset before the one in force (or what a
+	// crash left): only what differs is written. What it holds is compiled
+	// back from its infos while the new ruleset is compiled.
+	var idle idleSlot
+	idleRead := make(chan struct{})
+	go func() {
+		idle.prev, idle.exact, idle.err = p.idleContents(next, infos[next])
+		close(idleRead)
+	}()
 	c, err := compile(next, scopes, idsAfter(oldInfos))
+	<-idleRead
 	if err != nil {
 		return nil, err
 	}
-
-	// The idle slot holds the ruleset before the one in force (or what a
-	// crash left): only what differs is written.
-	if err := p.writeIdle(next, c, infos[next], oldInfos); err != nil {
+	if idle.err != nil {
+		return nil, idle.err
+	}
+	<-readersGone
+	if err := p.writeIdle(next, c, idle, infos[next], oldInfos); err != nil {
 		return nil, err
 	}
 	attached, err := p.attachedScopes()
@@ -167,8 +187,8 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		return nil, fmt.Errorf("switch to the new ruleset: %w", err)
 	}
 	// A program that read the old slot number just before the flip may
-	// still be looking at the old slot, which the next apply rewrites.
-	waitForReaders()
+	// still be looking at the old slot: the next apply waits before it
+	// rewrites it.
 	// Removed scopes find no rules in the new slot and allow from the flip.
 	inForce := map[uint64]bool{}
 	for _, s := range scopes {
@@ -181,10 +201,12 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		}
 	}
 	errs = append(errs, p.detachPeersBut(peers))
-	errs = append(errs, p.dropCounters(oldInfos, c))
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("the new ruleset is in force, but cleaning up the old one failed: %w", err)
 	}
+	// The old rules' counters go while the sweep runs.
+	dropped := make(chan error, 1)
+	go func() { dropped <- p.dropCounters(oldInfos, c) }()
 
 	res := &ApplyResult{Scopes: len(scopes)}
 	for _, s := range scopes {
@@ -193,9 +215,13 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 	sweepStart := time.Now()
 	res.Closed, err = p.closeDenied(ctx, len(peers) > 0)
 	res.Sweep = time.Since(sweepStart)
+	derr := <-dropped
 	res.Took = time.Since(start)
 	if err != nil {
 		return res, fmt.Errorf("the new ruleset is in force, but closing the connections it denies failed: %w", err)
+	}
+	if derr != nil {
+		return res, fmt.Errorf("the new ruleset is in force, but cleaning up the old one failed: %w", derr)
 	}
 	return res, nil
 }

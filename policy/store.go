@@ -46,6 +46,13 @@ func (p *Policy) allInfos() (map[uint8]map[uint32]policyPolicyRuleInfo, error) {
 	}
 }
 
+// idleSlot is what idleContents found.
+type idleSlot struct {
+	prev  *compiled
+	exact bool
+	err   error
+}
+
 // idleContents is what the idle slot holds, compiled again from its rule
 // infos; with exact false (a write to it was interrupted) only its keys
 // are known, and every entry is written again.
@@ -118,15 +125,27 @@ func (p *Policy) idleContents(slot uint8, infos map[uint32]policyPolicyRuleInfo)
 // what differs, marked unclean meanwhile so a crash leads the next apply to
 // write everything. Rule infos go first and leave last, so every trie entry
 // has its info (the next apply finds the trie's keys through them).
-func (p *Policy) writeIdle(slot uint8, c *compiled, idle, inForce map[uint32]policyPolicyRuleInfo) error {
-	prev, exact, err := p.idleContents(slot, idle)
-	if err != nil {
-		return err
-	}
+func (p *Policy) writeIdle(slot uint8, c *compiled, held idleSlot, idle, inForce map[uint32]policyPolicyRuleInfo) error {
+	prev, exact := held.prev, held.exact
 	if err := p.setState(policyPolicyStateKeyPOLICY_STATE_IDLE_CLEAN, 0); err != nil {
 		return err
 	}
+	// Trie entries the new ruleset lacks go while the counters and infos
+	// are written (other maps, other locks): a system call each.
+	deleted := make(chan error, 1)
+	go func() {
+		for k := range prev.lists {
+			if _, keep := c.lists[k]; !keep {
+				if err := p.maps.PolicyRules.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					deleted <- fmt.Errorf("delete rules: %w", err)
+					return
+				}
+			}
+		}
+		deleted <- nil
+	}()
 	if err := c.writeCounters(p, inForce); err != nil {
+		<-deleted
 		return err
 	}
 	var ik []policyPolicyRuleKey
@@ -138,25 +157,37 @@ func (p *Policy) writeIdle(slot uint8, c *compiled, idle, inForce map[uint32]pol
 			ik, iv = append(ik, k), append(iv, v)
 		}
 	}
-	if err := updateAll(p.maps.PolicyRuleInfos, ik, iv, ebpf.UpdateAny); err != nil {
+	err := updateAll(p.maps.PolicyRuleInfos, ik, iv, ebpf.UpdateAny)
+	if derr := <-deleted; derr != nil {
+		return derr
+	}
+	if err != nil {
 		return fmt.Errorf("write rules: %w", err)
 	}
-	// The trie takes no batches.
-	for k := range prev.lists {
-		if _, keep := c.lists[k]; !keep {
-			if err := p.maps.PolicyRules.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("delete rules: %w", err)
-			}
-		}
-	}
+	// The trie takes no batches: a system call per entry, while the other
+	// maps are brought in line beside it. The infos of rules that go may
+	// leave now: their trie entries are gone.
+	others := make(chan error, 1)
+	go func() { others <- p.writeIdleOthers(slot, c, prev, exact, idle) }()
+	var err2 error
 	for k, v := range c.lists {
 		if old, ok := prev.lists[k]; exact && ok && old == v {
 			continue
 		}
 		if err := p.maps.PolicyRules.Update(asBytes([]policyPolicyKey{k}), asBytes([]policyPolicyList{v}), ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("write rules: %w", err)
+			err2 = fmt.Errorf("write rules: %w", err)
+			break
 		}
 	}
+	if err := errors.Join(err2, <-others); err != nil {
+		return err
+	}
+	return p.setState(policyPolicyStateKeyPOLICY_STATE_IDLE_CLEAN, 1)
+}
+
+// writeIdleOthers brings the idle slot's peer rules and scopes in line
+// with c, and deletes the infos of rules c lacks.
+func (p *Policy) writeIdleOthers(slot uint8, c, prev *compiled, exact bool, idle map[uint32]policyPolicyRuleInfo) error {
 	stalePeers, pk, pv := changes(prev.peers, c.peers, exact)
 	if err := deleteAll(p.maps.PolicyPeerRules, stalePeers); err != nil {
 		return fmt.Errorf("delete peer rules: %w", err)
@@ -181,7 +212,7 @@ func (p *Policy) writeIdle(slot uint8, c *compiled, idle, inForce map[uint32]pol
 	if err := deleteAll(p.maps.PolicyRuleInfos, staleInfos); err != nil {
 		return fmt.Errorf("delete rules: %w", err)
 	}
-	return p.setState(policyPolicyStateKeyPOLICY_STATE_IDLE_CLEAN, 1)
+	return nil
 }
 
 // changes lists the keys of prev that next lacks, and the entries of next
