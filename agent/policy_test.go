@@ -68,7 +68,9 @@ func TestAgentAppliesPolicyFile(t *testing.T) {
 	if _, ok := rulesInForce(t, policyDir)[later]; ok {
 		t.Errorf("a scope whose cgroup does not exist was applied")
 	}
-	waitFor(t, "the log saying the scope waits for its cgroup", log, func() bool { return strings.Contains(log.String(), "waiting for "+later) })
+	waitFor(t, "the log saying the scope waits for its cgroup", log, func() bool {
+		return strings.Contains(log.String(), "waiting for ") && strings.Contains(log.String(), ", "+later)
+	})
 	// A peer rule naming a cgroup that does not exist yet matches no socket:
 	// left out until it does.
 	waitFor(t, "the log saying the peer rule waits for its cgroup", log, func() bool { return strings.Contains(log.String(), "peer "+peer) })
