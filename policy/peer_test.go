@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,16 +80,7 @@ func TestPeerVerdicts(t *testing.T) {
 			ns := mustAddressNS(t)
 			rec := listeners(t, testenv.Side{NS: ns, CG: server}, 53, 80, 81, 82)
 			mustApply(t, p, mustParse(t, fmt.Sprintf(peerRules, server.Path, clients["frontend"].Path, clients["canary"].Path)))
-			for _, c := range peerTable {
-				var err error
-				testenv.Side{NS: ns, CG: clients[c.client]}.Make(t, func() { err = attemptFrom(c.verdictCase, c.from) })
-				if err == nil && c.op != tcpConnect && !rec.within(c.String(), 500*time.Millisecond) {
-					err = errors.New("the datagram did not arrive")
-				}
-				if (err == nil) != c.allow {
-					t.Errorf("%s from %s in %s: got through=%v (%v), want %v: %s", c, c.from, c.client, err == nil, err, c.allow, c.reason)
-				}
-			}
+			checkPeerTable(t, runPeerTable(t, ns, clients, rec), mode)
 			rep, err := p.Show()
 			if err != nil {
 				t.Fatal(err)
@@ -97,6 +91,83 @@ func TestPeerVerdicts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runPeerTable runs each case from its client's cgroup and reports whether
+// it got through to the listeners.
+func runPeerTable(t *testing.T, ns *testenv.NetNS, clients map[string]host.Cgroup, rec *received) map[string]error {
+	t.Helper()
+	got := map[string]error{}
+	for _, c := range peerTable {
+		var err error
+		testenv.Side{NS: ns, CG: clients[c.client]}.Make(t, func() { err = attemptFrom(c.verdictCase, c.from) })
+		if err == nil && c.op != tcpConnect && !rec.within(c.String(), 500*time.Millisecond) {
+			err = errors.New("the datagram did not arrive")
+		}
+		got[c.key()] = err
+	}
+	return got
+}
+
+func (c peerCase) key() string { return c.String() + " from " + c.from + " in " + c.client }
+
+func checkPeerTable(t *testing.T, got map[string]error, what string) {
+	t.Helper()
+	for _, c := range peerTable {
+		err := got[c.key()]
+		if (err == nil) != c.allow {
+			t.Errorf("%s: %s: got through=%v (%v), want %v: %s", what, c.key(), err == nil, err, c.allow, c.reason)
+		}
+	}
+}
+
+// peerNft is the peer rules' intent as netfilter can say it: on the
+// senders' output path, where the packet still has its socket (on the
+// receiver's input path it has none), new flows to the listeners' ports
+// judged by the sender's cgroup (nft's socket cgroupv2, by level), in the
+// documented order: the deeper cgroup, then the shallower, then the
+// address, then the default.
+const peerNft = `
+table inet shunt_test {
+	chain out {
+		type filter hook output priority 0; policy accept;
+		ct state != new accept
+		th dport != { 53, 80, 81, 82 } accept
+		socket cgroupv2 level %[2]d "%[3]s" th dport 81 drop
+		socket cgroupv2 level %[1]d "%[4]s" accept
+		ip saddr 10.9.0.7 accept
+		drop
+	}
+}
+`
+
+// TestSamePeerVerdictsAsNftables runs the peer table against that chain,
+// with no shunt policy, and expects the same verdicts.
+func TestSamePeerVerdictsAsNftables(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.NeedProgram(t, "nft")
+	ns := mustAddressNS(t)
+	clients := peerCgroups(t)
+	rec := listeners(t, testenv.Side{NS: ns}, 53, 80, 81, 82)
+	// nft finds a cgroupv2 path under /sys/fs/cgroup, wherever cgroup2 is
+	// mounted (here it may be /sys/fs/cgroup/unified), and takes its id;
+	// the level is the kernel's, below cgroup2's root.
+	rel := func(cg host.Cgroup) string {
+		r, err := filepath.Rel("/sys/fs/cgroup", cg.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	ruleset := fmt.Sprintf(peerNft, clients["frontend"].Level(), clients["canary"].Level(), rel(clients["canary"]), rel(clients["frontend"]))
+	// nsenter, not ip netns exec: that one mounts a /sys of its own, with
+	// no cgroup hierarchy in it for nft to find the paths in.
+	nft := exec.Command("nsenter", "--net=/run/netns/"+ns.Name, "nft", "-f", "-")
+	nft.Stdin = strings.NewReader(ruleset)
+	if out, err := nft.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s\n%s", err, out, ruleset)
+	}
+	checkPeerTable(t, runPeerTable(t, ns, clients, rec), "nftables")
 }
 
 // TestPeerRulesAcrossNamespaces: pods have network namespaces of their own.
