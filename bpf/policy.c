@@ -114,9 +114,8 @@ static long peer_step(__u64 i, void *data)
 	return w->action ? 1 : 0;
 }
 
-/* The action of scope's peer rules for a sender in snd's cgroups (its own
- * first): the rules naming the deepest of them decide first. 0 if none
- * matches. */
+/* The action of scope's peer rules for a sender in snd's cgroups: the rules
+ * naming the deepest of them decide first. 0 if none matches. */
 static __always_inline __u8 decide_peer(__u32 slot, __u64 scope, __u8 dir, const struct policy_sender *snd,
 					__u16 port, __u8 proto, __u32 *rule)
 {
