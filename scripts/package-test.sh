@@ -63,7 +63,11 @@ done
 kill "$agent"
 wait "$agent" || fail "the agent exited $? on SIGTERM"
 agent=
-/usr/bin/shunt status --pin-dir "$pin" | grep -q "$cg/$name/app-1" || fail "bypass did not stay enabled after the agent stopped"
+if ! st=$(/usr/bin/shunt status --pin-dir "$pin" 2>&1) || ! grep -q "$cg/$name/app-1" <<<"$st"; then
+  printf '%s\n--- the agent log:\n' "$st" >&2
+  cat "/tmp/$name.log" >&2
+  fail "bypass did not stay enabled after the agent stopped"
+fi
 echo "package-test: the unit's command ran with $caps and no_new_privs: cgroup enabled, guard running, metrics served, bypass kept after stop"
 
 /usr/bin/shunt bypass disable --all --pin-dir "$pin" >/dev/null
