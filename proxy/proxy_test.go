@@ -534,6 +534,13 @@ func TestSlowUpstreamHoldsClient(t *testing.T) {
 		})
 		p := mustProxy(t, ns, proxy.Config{Upstreams: []netip.AddrPort{server}, Mode: mode})
 		c := dial(t, ns, p.Addr())
+		if mode == proxy.Kernel {
+			// Bytes the client sends before the join are forwarded from
+			// user space (they were queued); a stall of the upstream met
+			// there holds the client without flow control. Stream once the
+			// pair is in the kernel.
+			waitInKernel(t, p, 2)
+		}
 		stream = testenv.Stream{Seed: 41, Size: 512 << 20, MaxChunk: 64 << 10}
 		n, err := stream.WriteUntilStalled(c, 500*time.Millisecond)
 		if !errors.Is(err, testenv.ErrStalled) {
