@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"time"
@@ -124,6 +126,9 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := p.canEnforce(scopes); err != nil {
+		return nil, err
+	}
 	old, err := p.activeSlot()
 	if err != nil {
 		return nil, err
@@ -224,4 +229,20 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		return res, fmt.Errorf("the new ruleset is in force, but cleaning up the old one failed: %w", derr)
 	}
 	return res, nil
+}
+
+// canEnforce refuses peer rules on an install whose programs predate them:
+// they would be written and never looked at.
+func (p *Policy) canEnforce(scopes []scopeRules) error {
+	if _, err := os.Stat(filepath.Join(p.dir, legacyDir)); err != nil {
+		return nil
+	}
+	for _, s := range scopes {
+		for _, r := range s.Ingress {
+			if r.IsPeer() {
+				return fmt.Errorf("the policy at %s was installed by an older shunt whose programs do not enforce peer rules: remove it with 'shunt policy clear' and apply again", p.dir)
+			}
+		}
+	}
+	return nil
 }

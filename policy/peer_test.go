@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/lab"
 	"github.com/shunt-project/shunt/internal/testenv"
+	"github.com/shunt-project/shunt/policy"
 )
 
 // Peer rules: the backend scope takes connections from the frontend
@@ -238,4 +240,47 @@ scopes:
 			}
 		}
 	})
+}
+
+// TestPeerRulesRefusedOnOlderInstall: an install made before peer rules
+// (here one with their maps and collector unpinned, which is what it
+// lacked) runs scope and sweep programs that never look peer rules up. It
+// is opened and keeps working, but an apply with peer rules is refused in
+// one line naming the remedy, and nothing changes; a fresh install takes
+// them.
+func TestPeerRulesRefusedOnOlderInstall(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := testenv.MustPinDir(t)
+	p, err := policy.Create(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Remove() })
+	p.Close()
+	for _, pin := range []string{"maps/peer_rules", "maps/senders", "maps/conn_senders", "progs/collect_tcp"} {
+		if err := os.Remove(filepath.Join(dir, pin)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, err = policy.Open(dir); err != nil {
+		t.Fatalf("open an older install: %v", err)
+	}
+	server, client := testenv.MustCgroup(t), testenv.MustCgroup(t)
+	withAddress := fmt.Sprintf("scopes: [{cgroup: %s, ingress: [{action: deny, cidr: 10.9.0.0/16}]}]", server.Path)
+	mustApply(t, p, mustParse(t, withAddress))
+	withPeer := fmt.Sprintf("scopes: [{cgroup: %s, ingress_default: deny, ingress: [{action: allow, peer_cgroup: %s}]}]", server.Path, client.Path)
+	_, err = p.Apply(t.Context(), mustParse(t, withPeer))
+	if err == nil || !strings.Contains(err.Error(), "installed by an older shunt") || !strings.Contains(err.Error(), "shunt policy clear") {
+		t.Fatalf("apply of a peer rule on an older install: %v", err)
+	}
+	if rep, err := p.Show(); err != nil || len(rep.Scopes) != 1 || len(rep.Scopes[0].Ingress.Rules) != 1 || rep.Scopes[0].Ingress.Rules[0].IsPeer() {
+		t.Fatalf("after the refusal: %+v, %v; want the address rule still in force", rep, err)
+	}
+	if err := p.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = policy.Create(dir); err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, p, mustParse(t, withPeer))
 }

@@ -32,6 +32,9 @@ const (
 	progsDir = "progs" // the sweep's iterators: verified once, at install
 	linksDir = "links" // links/<scope cgroup id>/<hook>
 	peersDir = "peers" // peers/<cgroup id>: the peer egress link of a cgroup peer rules name
+	// legacyDir marks an install made by a shunt before peer rules: its
+	// scopes' and sweep's programs do not know them.
+	legacyDir = "legacy"
 )
 
 // The hooks each scope gets, pinned as cgroup links.
@@ -207,7 +210,8 @@ func Open(dir string) (*Policy, error) {
 
 // addMissing pins the maps and programs a policy installed by an older
 // shunt lacks (those of peer rules), made as build makes them, beside the
-// ones it has.
+// ones it has, and marks the install legacy: the programs it runs predate
+// peer rules, so Apply refuses those until the policy is installed anew.
 func (p *Policy) addMissing() error {
 	missing := false
 	for name := range pinnedMaps(&policyMaps{}) {
@@ -222,6 +226,9 @@ func (p *Policy) addMissing() error {
 	}
 	if !missing {
 		return nil
+	}
+	if err := os.Mkdir(filepath.Join(p.dir, legacyDir), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
 	}
 	var have policyMaps
 	defer have.Close()
