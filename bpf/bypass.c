@@ -62,10 +62,16 @@ volatile const struct config {
 	__u32 trust_readers;  /* redirect before the reader was seen in recv (no splice readers here) */
 	__u32 splice_nr;      /* this architecture's system call number of splice(2) */
 	__u32 probe_reads;    /* no bpf_rdonly_cast (before 6.2): read the peer with bpf_probe_read_kernel */
+	__u64 stall_ns;       /* a reader that has not read for this long, told bytes are not there, is stalled */
+	__u64 scan_stall_ns;  /* the stall scan: bytes queued and nothing read for this long */
+	__u32 fionread_misses_tcp; /* FIONREAD of a sockhash socket leaves out bytes that came by TCP (6.18) */
+	__u32 _pad;
 } cfg = {
 	.pending_ttl_ns = 300ULL * 1000 * 1000 * 1000,
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,
+	.stall_ns = 20ULL * 1000 * 1000,
+	.scan_stall_ns = 400ULL * 1000 * 1000,
 };
 
 static __always_inline void register_handshake(struct bpf_sock_ops *skops)
@@ -608,34 +614,182 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 	bpf_ringbuf_submit(ev, 0);
 }
 
+/* Bytes TCP holds for the reader (the socket read through a probe-safe
+ * pointer: the timer's untrusted one or a trusted one). */
+static __always_inline __u32 tcp_queued(struct sock *sk)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	return BPF_CORE_READ(tp, rcv_nxt) - BPF_CORE_READ(tp, copied_seq);
+}
+
+/* Queued bytes that FIONREAD leaves out on this kernel: TCP's while the
+ * socket is in a sockhash (6.18 without 04af4efde58a), redirected ones
+ * where the psock does not count them (6.1). A reader that reads a full
+ * buffer, asks FIONREAD and waits for the next edge when told 0 (nginx)
+ * waits for ever with these queued and nothing else on the way. */
+static __always_inline __u32 hidden_bytes(struct sock *sk, struct peer_ref *ref)
+{
+	__u32 n = 0;
+	if (cfg.fionread_misses_tcp)
+		n += tcp_queued(sk);
+	if (!PSOCK_COUNTS)
+		n += unread_redirected(sk, ref);
+	return n;
+}
+
+/* How far the reader has read: TCP's copied_seq plus the redirected bytes
+ * shunt counted it reading (6.1; 0 where the psock counts). Only grows. */
+static __always_inline __u32 read_progress(struct sock *sk, struct peer_ref *ref)
+{
+	return BPF_CORE_READ((struct tcp_sock *)sk, copied_seq) + (__u32)ref->redirected_read;
+}
+
+/* Who reads a watched socket, for the guard to wake. */
+struct reader {
+	__u64 cookie;
+	__u64 ino;
+	__u32 pid;
+	char comm[COMM_LEN];
+};
+
+static __always_inline void reader_of(struct peer_ref *ref, struct reader *r)
+{
+	r->cookie = ref->cookie;
+	r->ino = ref->reader_ino;
+	r->pid = ref->reader_pid;
+	__builtin_memcpy(r->comm, ref->reader_comm, sizeof(r->comm));
+}
+
+/* Tells the guard to wake the socket's reader: no BPF program can call
+ * sk_data_ready, a setsockopt(SO_RCVLOWAT) from user space does. */
+static __always_inline void report_stall(struct sock_key *key, struct reader *r, __u32 kind, __u32 hidden)
+{
+	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
+	if (!ev)
+		return;
+	ev->self = *key;
+	ev->cookie = r->cookie;
+	ev->unread = hidden;
+	ev->pid = r->pid;
+	ev->kind = kind;
+	__builtin_memcpy(ev->comm, r->comm, sizeof(ev->comm));
+	ev->ino = r->ino;
+	bpf_ringbuf_submit(ev, 0);
+}
+
+/* Starts the socket's leave no earlier than after delay: a redirect decided
+ * before the switch that calls this lands until then. */
+static __always_inline void start_leave(struct peer_ref *ref, __u64 delay)
+{
+	ref->leave_after = bpf_ktime_get_ns() + delay;
+	bpf_timer_start(&ref->leave, delay, 0);
+}
+
 /* Takes a socket whose reader needs TCP out of the sockhash, so it runs as
  * plain TCP again (the kernel restores its own receive path: FIONREAD,
  * MSG_WAITALL, splice and signals as TCP has them), then its peer likewise.
- * Started cfg.settle_ns after the switch: a redirect the peer decided before
- * it saw the switch completes inside its sendmsg after the verdict. Waits
- * while redirected bytes are unread (deleting would drop them). */
-static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref)
+ * Not before leave_after: a redirect the peer decided before it saw the
+ * switch completes inside its sendmsg after the verdict. Waits while
+ * redirected bytes are unread (deleting would drop them). */
+static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, struct tcp_sock *tp)
 {
-	struct tcp_sock *tp = ref->sk;
-	if (!tp)
+	__u64 now = bpf_ktime_get_ns();
+	if (now < ref->leave_after) {
+		bpf_timer_start(&ref->leave, ref->leave_after - now, 0);
 		return 0;
+	}
 	if (!ingress_empty((struct sock *)tp)) {
 		/* A splice reader never reads them: a redirect decided before
 		 * it was seen splicing landed after. */
 		if (ref->reads & STATE_SPLICE)
 			report_caught(ref, key, (struct sock *)tp);
+		/* A rescued reader not told of them (6.1) reads on when woken. */
+		if (ref->reads & STATE_RESCUED) {
+			struct reader r = {};
+			reader_of(ref, &r);
+			report_stall(key, &r, EVENT_STALL_RESCUED, hidden_bytes((struct sock *)tp, ref));
+		}
 		bpf_timer_start(&ref->leave, cfg.settle_ns, 0);
 		return 0;
 	}
 	struct peer_ref *peer = bpf_map_lookup_elem(&peer_refs, &ref->peer);
 	if (peer && !__sync_fetch_and_or(&peer->leaving, 1))
-		bpf_timer_start(&peer->leave, cfg.settle_ns, 0);
+		start_leave(peer, cfg.settle_ns);
+	/* The entry goes with the delete: what the wake-up needs, first. A
+	 * reader watched for hidden bytes may have been told 0 by FIONREAD
+	 * just before the leave; out of the sockhash it is told right, once
+	 * woken. */
+	__u32 reads = ref->reads;
+	__u32 queued = tcp_queued((struct sock *)tp);
+	struct reader told = {};
+	if ((reads & STATE_WATCHED) && queued)
+		reader_of(ref, &told);
 	/* Gone from peer_refs first: the peer's sends see no peer and take TCP. */
 	struct sock_key k = *key;
 	bpf_map_delete_elem(&peer_refs, &k);
 	bpf_map_delete_elem(&sock_hash, &k);
 	count(CNT_LEFT);
+	if (told.pid)
+		report_stall(&k, &told, (reads & STATE_RESCUED) ? EVENT_STALL_RESCUED : EVENT_WAKE, queued);
 	return 0;
+}
+
+/* The reader has not read for cfg.stall_ns since a read left bytes queued
+ * that FIONREAD does not count: it may be waiting for an edge that never
+ * comes (the writer is blocked on a full window). Its connection goes back
+ * to TCP at once (nothing can be redirected to a socket holding TCP bytes
+ * unread: the ordering rule sends by TCP until they are read), and the
+ * guard wakes the reader once it has left, when FIONREAD counts them. */
+static __always_inline void rescue(struct sock_key *key, struct peer_ref *ref, __u64 delay)
+{
+	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_TCP_READER | STATE_RESCUED | STATE_WATCHED);
+	if (old & STATE_TCP_READER)
+		return; /* leaving already */
+	count(CNT_STALL_RESCUED);
+	start_leave(ref, delay);
+}
+
+static __always_inline int stall_check(struct sock_key *key, struct peer_ref *ref, struct tcp_sock *tp)
+{
+	if (!(ref->reads & STATE_WATCHED))
+		return 0;
+	struct sock *sk = (struct sock *)tp;
+	if (!hidden_bytes(sk, ref)) {
+		__sync_fetch_and_and(&ref->reads, ~STATE_WATCHED);
+		/* A read may have left some between the test and the clear
+		 * and found the watch on. */
+		if (!hidden_bytes(sk, ref) || (__sync_fetch_and_or(&ref->reads, STATE_WATCHED) & STATE_WATCHED))
+			return 0;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	__u32 progress = read_progress(sk, ref);
+	if (progress != ref->watch_progress) {
+		/* Read since, and some still hidden: watch on from now. */
+		ref->watch_progress = progress;
+		ref->watch_at = now;
+		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
+		return 0;
+	}
+	if (now - ref->watch_at < cfg.stall_ns) {
+		bpf_timer_start(&ref->leave, cfg.stall_ns - (now - ref->watch_at), 0);
+		return 0;
+	}
+	/* TCP bytes unread: no redirect can be on its way, leave now. Only
+	 * redirected ones hidden (6.1): after the settle, once they are read. */
+	rescue(key, ref, ingress_empty(sk) ? 0 : cfg.settle_ns);
+	return leave(key, ref, tp);
+}
+
+/* The peer_ref's timer: the leave once the socket's reader needs TCP (or
+ * its peer left), else the stall watch. */
+static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref)
+{
+	struct tcp_sock *tp = ref->sk;
+	if (!tp)
+		return 0;
+	if (ref->leaving || (ref->reads & STATE_TCP_READER))
+		return leave(key, ref, tp);
+	return stall_check(key, ref, tp);
 }
 
 #define EAGAIN 11
@@ -708,6 +862,44 @@ static __always_inline void count_read(struct sock_state *st, struct sock *sk, i
 		__sync_fetch_and_add(&ref->redirected_read, ret);
 }
 
+/* The socket's inode number: "socket:[ino]" among its process's fds. */
+static __always_inline __u64 socket_ino(struct sock *sk)
+{
+	struct socket *sock = BPF_CORE_READ(sk, sk_socket);
+	if (!sock)
+		return 0;
+	struct socket_alloc *sa = container_of(sock, struct socket_alloc, socket);
+	return BPF_CORE_READ(sa, vfs_inode.i_ino);
+}
+
+/* A recv reader's read left bytes queued that FIONREAD does not count on
+ * this kernel: if it reads no more within cfg.stall_ns, it may be waiting
+ * for an edge that never comes (stall_check). Costs the reads below for a
+ * held socket; the timer only starts once per episode. */
+static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
+{
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	if (!ref)
+		return;
+	if (!hidden_bytes(sk, ref))
+		return;
+	ref->watch_progress = read_progress(sk, ref);
+	ref->watch_at = bpf_ktime_get_ns();
+	if (ref->reads & (STATE_WATCHED | STATE_TCP_READER))
+		return;
+	ref->cookie = bpf_get_socket_cookie(sk);
+	ref->reader_pid = bpf_get_current_pid_tgid() >> 32;
+	ref->reader_ino = socket_ino(sk);
+	struct splice_program prog = {};
+	current_program(&prog);
+	__builtin_memcpy(ref->reader_comm, prog.comm, sizeof(ref->reader_comm));
+	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_WATCHED);
+	/* A leave pending keeps its own time (leave_after), so a restart here
+	 * cannot hasten it. */
+	if (!(old & (STATE_WATCHED | STATE_TCP_READER)) && !ref->leaving)
+		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
+}
+
 static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 {
 	if (flags & MSG_ERRQUEUE)
@@ -723,8 +915,11 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	if (ret == -EAGAIN)
 		report_blocking_eagain(sk, st, waits);
 	__u32 mark = reader_mark(flags, waits);
-	if (st->flags & mark)
+	if (st->flags & mark) {
+		if (mark == STATE_READS && ret > 0)
+			watch_stall(sk, st);
 		return 0;
+	}
 	if (mark == STATE_READS && learned_splicer()) {
 		/* This program splices: its first recv may be followed by a
 		 * splice that could not read redirected bytes. */
@@ -737,12 +932,17 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	/* The socket's own sends update flags too (sk_msg): atomics. */
 	__sync_fetch_and_or(&st->flags, mark);
 	__u32 old = __sync_fetch_and_or(&ref->reads, mark);
-	if (mark != STATE_TCP_READER || (old & mark))
+	if (mark != STATE_TCP_READER) {
+		if (ret > 0)
+			watch_stall(sk, st);
+		return 0;
+	}
+	if (old & mark)
 		return 0;
 	count(CNT_TCP_READER);
 	/* Never seen in recv before: the peer never redirected to it, so
 	 * nothing can be on the way. */
-	bpf_timer_start(&ref->leave, (old & STATE_READS) ? cfg.settle_ns : 0, 0);
+	start_leave(ref, (old & STATE_READS) ? cfg.settle_ns : 0);
 	return 0;
 }
 
@@ -815,7 +1015,7 @@ int BPF_PROG(shunt_splices, struct sock *sk)
 		/* Unseen in recv: nothing was ever redirected to it. Else
 		 * wait for redirects decided before the mark (leave_cb
 		 * reports them if they land). */
-		bpf_timer_start(&ref->leave, (old & STATE_READS) ? cfg.settle_ns : 0, 0);
+		start_leave(ref, (old & STATE_READS) ? cfg.settle_ns : 0);
 	}
 	return 0;
 }
@@ -943,5 +1143,49 @@ int shunt_iter_drain(struct bpf_iter__task_file *ctx)
 		return 0;
 	}
 	bpf_map_delete_elem(&sock_hash, &k);
+	return 0;
+}
+
+/* The stall scan, which the guard runs every few hundred milliseconds: a
+ * held socket with bytes queued (TCP's or redirected) whose reader has read
+ * nothing for cfg.scan_stall_ns goes back to TCP and its reader is woken,
+ * whatever FIONREAD says on this kernel and whatever the reader waits for:
+ * no reader is left waiting on shunt. A reader that only pauses loses the
+ * bypass of that connection, nothing else. Writes the key of each socket
+ * it rescues. */
+SEC("iter/task_file")
+int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
+{
+	struct sock *sk = 0;
+	struct sock_state *st = held_socket(ctx->file, &sk);
+	struct task_struct *task = ctx->task;
+	if (!st || !sk || !task)
+		return 0;
+	struct sock_key k = st->self;
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &k);
+	if (!ref || ref->leaving || (ref->reads & STATE_TCP_READER))
+		return 0;
+	__u32 queued = tcp_queued(sk) + (__u32)unread_redirected(sk, ref);
+	if (!queued) {
+		ref->scan_at = 0;
+		return 0;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	__u32 progress = read_progress(sk, ref);
+	if (!ref->scan_at || ref->scan_progress != progress) {
+		ref->scan_at = now;
+		ref->scan_progress = progress;
+		return 0;
+	}
+	if (now - ref->scan_at < cfg.scan_stall_ns)
+		return 0;
+	ref->cookie = bpf_get_socket_cookie(sk);
+	ref->reader_pid = task->tgid;
+	ref->reader_ino = socket_ino(sk);
+	struct task_struct *leader = task->group_leader;
+	if (leader)
+		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
+	rescue(&k, ref, cfg.settle_ns);
+	bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 	return 0;
 }

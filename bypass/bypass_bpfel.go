@@ -22,13 +22,17 @@ type bypassCgroupTraffic struct {
 }
 
 type bypassConfig struct {
-	_            structs.HostLayout
-	PendingTtlNs uint64
-	SettleNs     uint64
-	MaxBacklog   uint32
-	TrustReaders uint32
-	SpliceNr     uint32
-	ProbeReads   uint32
+	_                 structs.HostLayout
+	PendingTtlNs      uint64
+	SettleNs          uint64
+	MaxBacklog        uint32
+	TrustReaders      uint32
+	SpliceNr          uint32
+	ProbeReads        uint32
+	StallNs           uint64
+	ScanStallNs       uint64
+	FionreadMissesTcp uint32
+	Pad               uint32
 }
 
 type bypassControlWord struct {
@@ -60,7 +64,8 @@ const (
 	bypassCounterCNT_SPLICE_REFUSED   bypassCounter = 17
 	bypassCounterCNT_ZEROCOPY_REFUSED bypassCounter = 18
 	bypassCounterCNT_CGROUPS_FULL     bypassCounter = 19
-	bypassCounterCNT_MAX              bypassCounter = 20
+	bypassCounterCNT_STALL_RESCUED    bypassCounter = 20
+	bypassCounterCNT_MAX              bypassCounter = 21
 )
 
 type bypassEventKind uint32
@@ -68,6 +73,8 @@ type bypassEventKind uint32
 const (
 	bypassEventKindEVENT_SPLICE_CAUGHT   bypassEventKind = 1
 	bypassEventKindEVENT_BLOCKING_EAGAIN bypassEventKind = 2
+	bypassEventKindEVENT_STALL_RESCUED   bypassEventKind = 3
+	bypassEventKindEVENT_WAKE            bypassEventKind = 4
 )
 
 type bypassFlowRecord struct {
@@ -87,6 +94,7 @@ type bypassGuardEvent struct {
 	Pid    uint32
 	Kind   uint32
 	Comm   [16]int8
+	Ino    uint64
 }
 
 type bypassPending struct {
@@ -147,6 +155,8 @@ const (
 	bypassStateFlagsSTATE_TCP_READER bypassStateFlags = 8
 	bypassStateFlagsSTATE_SPLICE     bypassStateFlags = 16
 	bypassStateFlagsSTATE_CAUGHT     bypassStateFlags = 32
+	bypassStateFlagsSTATE_WATCHED    bypassStateFlags = 64
+	bypassStateFlagsSTATE_RESCUED    bypassStateFlags = 128
 )
 
 type bypassTuple struct {
@@ -173,6 +183,7 @@ const (
 	bypassMapSplicePrograms      = "splice_programs"
 	bypassProgShuntIterDrain     = "shunt_iter_drain"
 	bypassProgShuntIterFlows     = "shunt_iter_flows"
+	bypassProgShuntIterStalls    = "shunt_iter_stalls"
 	bypassProgShuntReads         = "shunt_reads"
 	bypassProgShuntReadsFexit    = "shunt_reads_fexit"
 	bypassProgShuntRefuseSplice  = "shunt_refuse_splice"
@@ -235,6 +246,7 @@ type bypassSpecs struct {
 type bypassProgramSpecs struct {
 	ShuntIterDrain    *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows    *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
+	ShuntIterStalls   *ebpf.ProgramSpec `ebpf:"shunt_iter_stalls"`
 	ShuntReads        *ebpf.ProgramSpec `ebpf:"shunt_reads"`
 	ShuntReadsFexit   *ebpf.ProgramSpec `ebpf:"shunt_reads_fexit"`
 	ShuntRefuseSplice *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
@@ -343,6 +355,7 @@ type bypassVariables struct {
 type bypassPrograms struct {
 	ShuntIterDrain    *ebpf.Program `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows    *ebpf.Program `ebpf:"shunt_iter_flows"`
+	ShuntIterStalls   *ebpf.Program `ebpf:"shunt_iter_stalls"`
 	ShuntReads        *ebpf.Program `ebpf:"shunt_reads"`
 	ShuntReadsFexit   *ebpf.Program `ebpf:"shunt_reads_fexit"`
 	ShuntRefuseSplice *ebpf.Program `ebpf:"shunt_refuse_splice"`
@@ -356,6 +369,7 @@ func (p *bypassPrograms) Close() error {
 	return _BypassClose(
 		p.ShuntIterDrain,
 		p.ShuntIterFlows,
+		p.ShuntIterStalls,
 		p.ShuntReads,
 		p.ShuntReadsFexit,
 		p.ShuntRefuseSplice,

@@ -34,6 +34,17 @@ const HandshakeTTL = 5 * time.Minute
 // sender's sendmsg, after the verdict, without a lock anyone else can wait on.
 const redirectSettle = 100 * time.Millisecond
 
+// stallAfter is how long a reader may go without reading after a read left
+// bytes queued that FIONREAD does not count on this kernel, before shunt
+// takes it for a reader waiting on an edge that never comes: an event loop
+// that reads on does so within microseconds.
+const stallAfter = 20 * time.Millisecond
+
+// scanStallAfter is how long the stall scan lets any held socket sit with
+// bytes queued and nothing read before it sends the connection to TCP and
+// wakes the reader; the guard scans at half that.
+const scanStallAfter = 400 * time.Millisecond
+
 // ErrNotInstalled means no bypass install exists at the pin directory.
 var ErrNotInstalled = errors.New("bypass is not enabled")
 
@@ -188,14 +199,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if opts.MaxBacklog == 0 {
 		opts.MaxBacklog = DefaultMaxBacklog
 	}
-	cfg := bypassConfig{PendingTtlNs: uint64(HandshakeTTL), SettleNs: uint64(redirectSettle), MaxBacklog: opts.MaxBacklog, SpliceNr: unix.SYS_SPLICE}
-	if opts.TrustReaders {
-		cfg.TrustReaders = 1
-	}
-	if host.ProbeReads() {
-		cfg.ProbeReads = 1
-	}
-	if err := spec.Variables["cfg"].Set(cfg); err != nil {
+	if err := spec.Variables["cfg"].Set(newConfig(opts)); err != nil {
 		return fmt.Errorf("configure BPF: %w", err)
 	}
 	var objs struct {
@@ -268,6 +272,30 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 		return ErrNoSpliceRefusal
 	}
 	return attachSpliceRefusal(dir, spec, &objs.bypassMaps)
+}
+
+// newConfig is the programs' configuration for an install with opts.
+func newConfig(opts Options) bypassConfig {
+	cfg := bypassConfig{
+		PendingTtlNs: uint64(HandshakeTTL),
+		SettleNs:     uint64(redirectSettle),
+		MaxBacklog:   opts.MaxBacklog,
+		SpliceNr:     unix.SYS_SPLICE,
+		StallNs:      uint64(stallAfter),
+		ScanStallNs:  uint64(scanStallAfter),
+	}
+	if opts.TrustReaders {
+		cfg.TrustReaders = 1
+	}
+	if host.ProbeReads() {
+		cfg.ProbeReads = 1
+	}
+	// Where it cannot be measured, watch TCP's bytes too: a wake-up too
+	// many costs nothing.
+	if !host.FionreadCountsTCP() {
+		cfg.FionreadMissesTcp = 1
+	}
+	return cfg
 }
 
 // loadReaderWatch loads the reader watch on the sock_recv_length tracepoint

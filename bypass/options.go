@@ -16,17 +16,28 @@ import (
 // the splice refusal's link, and stay as they were for as long as the
 // install exists.
 func (in *Install) Options() (Options, error) {
+	cfg, err := in.config()
+	if err != nil {
+		return Options{}, fmt.Errorf("read install options: %w", err)
+	}
+	_, refusal := os.Stat(filepath.Join(in.dir, linksDir, refuseLink))
+	return Options{MaxBacklog: cfg.MaxBacklog, TrustReaders: cfg.TrustReaders != 0, RefuseSplice: refusal == nil}, nil
+}
+
+// config reads the configuration the install's programs were loaded with.
+func (in *Install) config() (bypassConfig, error) {
+	var cfg bypassConfig
 	spec, err := loadBypass()
 	if err != nil {
-		return Options{}, err
+		return cfg, err
 	}
 	v, ok := spec.Variables["cfg"]
 	if !ok {
-		return Options{}, fmt.Errorf("read install options: the BPF object has no cfg")
+		return cfg, fmt.Errorf("the BPF object has no cfg")
 	}
 	info, err := in.sockops.Info()
 	if err != nil {
-		return Options{}, fmt.Errorf("read install options: %w", err)
+		return cfg, err
 	}
 	ids, _ := info.MapIDs()
 	for _, id := range ids {
@@ -43,17 +54,13 @@ func (in *Install) Options() (Options, error) {
 		err = m.Lookup(uint32(0), data)
 		m.Close()
 		if err != nil {
-			return Options{}, fmt.Errorf("read install options: %w", err)
+			return cfg, err
 		}
 		if int(v.Offset)+int(v.Size()) > len(data) {
-			return Options{}, fmt.Errorf("read install options: the installed programs are of another shunt version")
+			return cfg, fmt.Errorf("the installed programs are of another shunt version")
 		}
-		var cfg bypassConfig
-		if err := binary.Read(bytes.NewReader(data[v.Offset:v.Offset+v.Size()]), binary.NativeEndian, &cfg); err != nil {
-			return Options{}, fmt.Errorf("read install options: %w", err)
-		}
-		_, refusal := os.Stat(filepath.Join(in.dir, linksDir, refuseLink))
-		return Options{MaxBacklog: cfg.MaxBacklog, TrustReaders: cfg.TrustReaders != 0, RefuseSplice: refusal == nil}, nil
+		err = binary.Read(bytes.NewReader(data[v.Offset:v.Offset+v.Size()]), binary.NativeEndian, &cfg)
+		return cfg, err
 	}
-	return Options{}, fmt.Errorf("read install options: the sockops program has no read-only data")
+	return cfg, fmt.Errorf("the sockops program has no read-only data")
 }

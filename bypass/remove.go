@@ -139,15 +139,37 @@ func (it *iterators) Close() {
 
 // loadIterators loads the iterator programs bound to the pinned maps.
 func (in *Install) loadIterators() (*iterators, error) {
-	spec, err := loadBypass()
-	if err != nil {
-		return nil, err
-	}
 	var it iterators
-	if err := spec.LoadAndAssign(&it, &ebpf.CollectionOptions{MapReplacements: in.maps}); err != nil {
+	if err := in.loadBound(&it); err != nil {
 		return nil, fmt.Errorf("load BPF iterators: %w", err)
 	}
 	return &it, nil
+}
+
+// loadBound loads the programs objs names against the install's pinned
+// maps, configured as the install's own programs are. An install made by
+// an older shunt keeps the shapes its maps were made with: the spec takes
+// them, so programs that do not use a map whose shape changed still load
+// (a program that reads past an older value is refused by the verifier).
+func (in *Install) loadBound(objs any) error {
+	spec, err := loadBypass()
+	if err != nil {
+		return err
+	}
+	if cfg, err := in.config(); err == nil {
+		if err := spec.Variables["cfg"].Set(cfg); err != nil {
+			return err
+		}
+	}
+	for name, m := range in.maps {
+		ms, ok := spec.Maps[name]
+		if !ok || ms.Compatible(m) == nil {
+			continue
+		}
+		ms.ValueSize, ms.MaxEntries = m.ValueSize(), m.MaxEntries()
+		ms.Value = nil
+	}
+	return spec.LoadAndAssign(objs, &ebpf.CollectionOptions{MapReplacements: in.maps})
 }
 
 // runIter runs one pass of an iterator over every open file on the host

@@ -139,6 +139,13 @@ const (
 	// have restarted it (a signal, stop or ptrace ended its wait, in a
 	// connection's first read, before shunt saw the reader block).
 	BlockingEAGAIN = EventKind(bypassEventKindEVENT_BLOCKING_EAGAIN)
+	// StallRescued: a reader read nothing for a while with bytes queued
+	// (bytes its kernel's FIONREAD leaves out, or any, to the stall
+	// scan); its connection goes back to TCP and the guard wakes it.
+	StallRescued = EventKind(bypassEventKindEVENT_STALL_RESCUED)
+	// Wake: a socket whose reader may have been told by FIONREAD that
+	// queued bytes were not there left the sockhash; the guard wakes it.
+	Wake = EventKind(bypassEventKindEVENT_WAKE)
 )
 
 // Event is what the BPF programs tell the guard about one socket.
@@ -147,9 +154,10 @@ type Event struct {
 	Local, Remote netip.AddrPort // the reading socket's own address, and its peer's
 	Netns         uint64
 	Cookie        uint64
-	Unread        uint64 // SpliceCaught: redirected bytes queued when caught
+	Unread        uint64 // SpliceCaught: redirected bytes queued when caught; StallRescued, Wake: bytes queued
 	PID           int    // the process that read
 	Command       string
+	Inode         uint64 // StallRescued, Wake: the socket's inode ("socket:[N]" in /proc/PID/fd)
 }
 
 // EventReader delivers events as the BPF programs report them.
@@ -180,7 +188,7 @@ func (r *EventReader) Read(deadline time.Time) (Event, error) {
 	t := ev.Self.Tuple
 	client := netip.AddrPortFrom(netip.AddrFrom16(t.ClientIp).Unmap(), t.ClientPort)
 	server := netip.AddrPortFrom(netip.AddrFrom16(t.ServerIp).Unmap(), t.ServerPort)
-	e := Event{Kind: EventKind(ev.Kind), Local: server, Remote: client, Netns: ev.Self.Netns, Cookie: ev.Cookie, Unread: ev.Unread, PID: int(ev.Pid), Command: commString(ev.Comm)}
+	e := Event{Kind: EventKind(ev.Kind), Local: server, Remote: client, Netns: ev.Self.Netns, Cookie: ev.Cookie, Unread: ev.Unread, PID: int(ev.Pid), Command: commString(ev.Comm), Inode: ev.Ino}
 	if ev.Self.Role == roleClient {
 		e.Local, e.Remote = client, server
 	}
@@ -190,9 +198,11 @@ func (r *EventReader) Read(deadline time.Time) (Event, error) {
 // Close stops the reader.
 func (r *EventReader) Close() error { return r.rd.Close() }
 
+// decodeInto reads a record into v. Records of installs made by an older
+// shunt may be shorter (fields were added at the end): the rest stays zero.
 func decodeInto(b []byte, v any) error {
-	if len(b) < binary.Size(v) {
-		return fmt.Errorf("a %d-byte record is shorter than %d bytes", len(b), binary.Size(v))
+	if size := binary.Size(v); len(b) < size {
+		b = append(b[:len(b):len(b)], make([]byte, size-len(b))...)
 	}
 	return binary.Read(bytes.NewReader(b), binary.NativeEndian, v)
 }

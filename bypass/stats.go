@@ -43,6 +43,7 @@ type Counters struct {
 	SplicesRefused  uint64 `json:"splices_refused" help:"splice(2) calls from a bypassed socket refused with EINVAL before reading (BPF LSM kernels): the application read instead."`
 	ZerocopyRefused uint64 `json:"zerocopy_refused" help:"setsockopt(SO_ZEROCOPY) calls on a bypassed socket refused with EOPNOTSUPP: no completion would ever come."`
 	CgroupsFull     uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
+	StallsRescued   uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count, or any for the stall scan): their connection sent back to TCP and the reader woken."`
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -126,7 +127,9 @@ func (in *Install) MapFills(names ...string) ([]MapFill, error) {
 // Counters sums the per-CPU counters of the BPF programs.
 func (in *Install) Counters() (Counters, error) {
 	var vals [bypassCounterCNT_MAX][]uint64
-	for i := range vals {
+	// An install made by an older shunt has fewer counters: the rest are 0.
+	n := min(int(in.maps["counters"].MaxEntries()), len(vals))
+	for i := range vals[:n] {
 		if err := in.maps["counters"].Lookup(uint32(i), &vals[i]); err != nil {
 			return Counters{}, err
 		}
@@ -159,6 +162,7 @@ func (in *Install) Counters() (Counters, error) {
 		SplicesRefused:  sum(bypassCounterCNT_SPLICE_REFUSED),
 		ZerocopyRefused: sum(bypassCounterCNT_ZEROCOPY_REFUSED),
 		CgroupsFull:     sum(bypassCounterCNT_CGROUPS_FULL),
+		StallsRescued:   sum(bypassCounterCNT_STALL_RESCUED),
 	}, nil
 }
 

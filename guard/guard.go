@@ -1,10 +1,20 @@
-// Package guard ends connections that a splice(2) reader would wait on for
-// ever. A splice reads only what TCP queued; bytes shunt redirected into the
-// socket before its reader was seen splicing are invisible to it. The bypass
-// programs catch such a reader, send its connection back to TCP and report
-// it; on a kernel that offers no hook before the splice, the guard resets
-// the connection so the application sees an error (ECONNABORTED, and a
-// reset at the peer) within a second, instead of a silent stall.
+// Package guard keeps applications from waiting for ever on shunt.
+//
+// A splice(2) reader reads only what TCP queued; bytes shunt redirected into
+// the socket before its reader was seen splicing are invisible to it. The
+// bypass programs catch such a reader, send its connection back to TCP and
+// report it; on a kernel that offers no hook before the splice, the guard
+// resets the connection so the application sees an error (ECONNABORTED, and
+// a reset at the peer) within a second, instead of a silent stall.
+//
+// A reader may also wait for an event that never comes while bytes sit
+// queued: told by FIONREAD that nothing is left (6.18 leaves out bytes that
+// came by TCP into a socket in a sockhash; 6.1 the redirected ones), an
+// edge-triggered reader like nginx waits for the next edge. The programs
+// notice a reader that stops after such a read, and the stall scan any held
+// socket whose reader reads nothing with bytes queued; either sends the
+// connection back to TCP, and the guard wakes the reader once it has left
+// (no BPF program can), so it reads everything.
 package guard
 
 import (
@@ -24,17 +34,43 @@ import (
 // on (its context, and the install still being there).
 const poll = 500 * time.Millisecond
 
-// Run resets every caught connection of the install, and reports each
-// blocking read that got EAGAIN, until ctx ends or the install is removed.
-// report is told of each, in one line.
+// Run resets every caught connection of the install, wakes every reader the
+// programs or the stall scan found waiting with bytes queued, and reports
+// each blocking read that got EAGAIN, until ctx ends or the install is
+// removed. report is told of each, in one line.
 func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 	rd, err := in.WatchEvents()
 	if err != nil {
 		return err
 	}
 	defer rd.Close()
+	scan, err := in.OpenStallScan()
+	switch {
+	case errors.Is(err, bypass.ErrNoStallScan):
+		report(err.Error())
+	case err != nil:
+		return err
+	default:
+		defer scan.Close()
+	}
+	w := newWaker(report)
+	next := time.Now()
 	for ctx.Err() == nil {
-		ev, err := rd.Read(time.Now().Add(poll))
+		deadline := time.Now().Add(poll)
+		if scan != nil {
+			if !time.Now().Before(next) {
+				// Its finds come back as events once they have left.
+				if _, err := scan.Run(); err != nil {
+					if _, serr := os.Stat(in.Dir()); serr != nil {
+						return nil
+					}
+					return err
+				}
+				next = time.Now().Add(bypass.StallScanInterval)
+			}
+			deadline = next
+		}
+		ev, err := rd.Read(deadline)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			if _, err := os.Stat(in.Dir()); err != nil {
 				return nil // removed: nothing left to guard
@@ -50,9 +86,44 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 		case bypass.BlockingEAGAIN:
 			report(fmt.Sprintf("pid %d (%s) got EAGAIN from a blocking read on %s (peer %s): a signal, stop or ptrace ended its wait in the connection's first read, which TCP would have restarted; the connection is on TCP from now on",
 				ev.PID, ev.Command, ev.Local, ev.Remote))
+		case bypass.StallRescued, bypass.Wake:
+			w.wake(ev)
 		}
 	}
 	return nil
+}
+
+// waker wakes readers and says so once per connection.
+type waker struct {
+	report func(string)
+	told   map[uint64]bool // cookies of connections reported
+}
+
+func newWaker(report func(string)) *waker {
+	return &waker{report: report, told: map[uint64]bool{}}
+}
+
+func (w *waker) wake(ev bypass.Event) {
+	err := Wake(ev.PID, ev.Inode, ev.Cookie)
+	if errors.Is(err, os.ErrNotExist) {
+		err = nil // closed: nobody waits
+	}
+	if ev.Kind == bypass.Wake && err == nil {
+		return // routine: the socket left while its reader was watched
+	}
+	if w.told[ev.Cookie] && err == nil {
+		return // a rescued reader woken again, to read on (6.1)
+	}
+	if len(w.told) > 4096 {
+		clear(w.told)
+	}
+	w.told[ev.Cookie] = true
+	what := fmt.Sprintf("pid %d (%s) read nothing from %s (peer %s) with %d bytes queued", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
+	if err != nil {
+		w.report(what + fmt.Sprintf(": the connection went back to TCP, but waking the reader failed: %v", err))
+		return
+	}
+	w.report(what + ": the connection went back to TCP and the reader was woken")
 }
 
 // Reset aborts a caught connection's splicing socket and says what it did.

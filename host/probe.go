@@ -231,6 +231,13 @@ func ProbeReads() bool {
 	return os.Getenv(ProbeReadsEnv) == "probe" || !HasRdonlyCast() || !kernelHasFunc("bpf_cast_to_kern_ctx")
 }
 
+// FionreadCountsTCP says whether FIONREAD counts the bytes that came by TCP
+// into a socket in a sockhash with an sk_msg program (Features has the
+// same answer among the others).
+func FionreadCountsTCP() bool {
+	return fionreadCountsTCP(canLinkSkMsg())
+}
+
 // PsockCountsQueue says whether the kernel's psock counts the bytes
 // redirected into it (sk_psock.msg_tot_len): FIONREAD counts them there,
 // and shunt's flow control reads the count; before it (6.1) shunt counts.

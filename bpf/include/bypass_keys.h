@@ -79,6 +79,8 @@ enum state_flags {
 	STATE_TCP_READER = 8, /* its reader blocks in recv, asked for MSG_WAITALL or splices: its peer's sends stay on TCP */
 	STATE_SPLICE = 16,    /* its reader called splice(2) on it (with STATE_TCP_READER) */
 	STATE_CAUGHT = 32,    /* ... while redirected bytes it can never splice were queued (peer_refs only) */
+	STATE_WATCHED = 64,   /* a read left bytes queued that this kernel's FIONREAD does not count: the stall watch runs (peer_refs only) */
+	STATE_RESCUED = 128,  /* its reader stopped with such bytes queued: sent back to TCP and woken (peer_refs only) */
 };
 
 /* Record written by the flows iterator. */
@@ -118,6 +120,7 @@ enum counter {
 	CNT_SPLICE_REFUSED, /* splice(2) calls from a bypassed socket refused (EINVAL) before reading: the application reads instead */
 	CNT_ZEROCOPY_REFUSED, /* setsockopt(SO_ZEROCOPY) on a bypassed socket refused (EOPNOTSUPP) */
 	CNT_CGROUPS_FULL,     /* sockets paired whose cgroup found no room in cgroup_sends: their sends are not counted per cgroup */
+	CNT_STALL_RESCUED,    /* readers found waiting while bytes sat queued: their connection sent back to TCP and woken */
 	CNT_MAX,
 };
 
@@ -139,18 +142,23 @@ struct splice_seen {
 enum event_kind {
 	EVENT_SPLICE_CAUGHT = 1,    /* a splice reader with redirected bytes it cannot read */
 	EVENT_BLOCKING_EAGAIN = 2,  /* a blocking read failed with EAGAIN where TCP restarts it */
+	EVENT_STALL_RESCUED = 3,    /* a reader stopped with bytes queued: wake it (the connection is on its way to TCP) */
+	EVENT_WAKE = 4,             /* a socket left with bytes queued that its reader may have been told are not there: wake it */
 };
 
 /* What the guard (user space) hears of: a splice reader caught with
  * redirected bytes it cannot read (it resets the connection, so the
  * application sees an error instead of waiting for bytes that never come),
- * or a blocking read that a signal, stop or ptrace ended with EAGAIN (it
- * logs it: nothing on 6.18 can give that read TCP's answer). */
+ * a blocking read that a signal, stop or ptrace ended with EAGAIN (it
+ * logs it: nothing on 6.18 can give that read TCP's answer), or a reader
+ * that waits while bytes sit queued (it wakes the socket from user space:
+ * no BPF program can). */
 struct guard_event {
 	struct sock_key self;  /* the reading socket */
 	__u64 cookie;          /* its socket cookie */
-	__u64 unread;          /* redirected bytes queued when caught */
+	__u64 unread;          /* bytes queued: redirected (caught), or hidden from FIONREAD (stalls) */
 	__u32 pid;             /* the process that read */
 	__u32 kind;            /* enum event_kind */
 	char comm[COMM_LEN];
+	__u64 ino;             /* the socket's inode (stalls): finds its descriptor in /proc/PID/fd */
 };

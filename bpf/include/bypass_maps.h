@@ -61,7 +61,8 @@ struct {
  * much redirected data it has not read yet (flow control) and how its reader
  * reads (reads: STATE_READS and STATE_TCP_READER, set by shunt_reads). The
  * timer takes the socket out of the sockhash when its reader needs plain TCP
- * (leave_cb); it deletes the entry as it does. */
+ * (leave_cb; it deletes the entry as it does), and checks on a reader that
+ * may be waiting for bytes it was told are not there (the stall watch). */
 struct peer_ref {
 	struct tcp_sock __kptr_untrusted *sk;
 	struct sock_key peer;  /* the peer's key: it follows once this socket left */
@@ -80,6 +81,22 @@ struct peer_ref {
 	__u64 redirected_read;
 	__u32 tcp_copied;
 	__u32 _pad2;
+	/* The leave may not delete before this (bpf_ktime_get_ns): a redirect
+	 * decided before the switch that started it lands until then. */
+	__u64 leave_after;
+	/* The stall watch (STATE_WATCHED): a read left bytes queued that
+	 * FIONREAD does not count here, at watch_at, when the reader had
+	 * consumed watch_progress (copied_seq plus redirected bytes read). */
+	__u64 watch_at;
+	__u32 watch_progress;
+	__u32 reader_pid;      /* who read (tgid), to be woken */
+	__u64 reader_ino;      /* its socket's inode, to find the descriptor */
+	char reader_comm[COMM_LEN];
+	/* The stall scan (shunt_iter_stalls): when a scan first found bytes
+	 * queued with the reader at scan_progress (0: none queued). */
+	__u64 scan_at;
+	__u32 scan_progress;
+	__u32 _pad3;
 };
 
 struct {

@@ -76,6 +76,17 @@ struct socket {
 	struct sock *sk;
 };
 
+struct inode {
+	unsigned long i_ino;
+};
+
+/* A socket and its inode are allocated together (include/net/sock.h):
+ * "socket:[ino]" in /proc/PID/fd names it. */
+struct socket_alloc {
+	struct socket socket;
+	struct inode vfs_inode;
+};
+
 struct sock {
 	struct sock_common __sk_common;
 	struct sock_cgroup_data sk_cgrp_data;
@@ -92,6 +103,7 @@ struct sock {
 struct tcp_sock {
 	__u32 write_seq;  /* end of what this socket's sends queued for TCP */
 	__u32 copied_seq; /* end of what its reader has read from TCP */
+	__u32 rcv_nxt;    /* end of what TCP has received */
 	__u32 snd_una;    /* first byte the far end has not acknowledged */
 };
 

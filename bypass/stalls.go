@@ -1,0 +1,50 @@
+package bypass
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// StallScanInterval is how often the guard runs the stall scan: a held
+// socket whose reader reads nothing for about twice this with bytes queued
+// goes back to TCP and is woken.
+const StallScanInterval = scanStallAfter / 2
+
+// StallScan finds readers that wait while bytes sit queued for them,
+// whatever the kernel's FIONREAD says and whatever they wait for, and sends
+// their connections back to TCP (the guard wakes them when they have left).
+// It visits every open file on the host, as `shunt flows` does.
+type StallScan struct {
+	prog *ebpf.Program
+}
+
+// OpenStallScan loads the scan against the install's maps. An install made
+// by an older shunt has no room for the scan's state: ErrNoStallScan.
+func (in *Install) OpenStallScan() (*StallScan, error) {
+	var objs struct {
+		Stalls *ebpf.Program `ebpf:"shunt_iter_stalls"`
+	}
+	if err := in.loadBound(&objs); err != nil {
+		if spec, serr := loadBypass(); serr == nil && in.maps["peer_refs"].ValueSize() != spec.Maps["peer_refs"].ValueSize {
+			return nil, ErrNoStallScan
+		}
+		return nil, fmt.Errorf("load the stall scan: %w", err)
+	}
+	return &StallScan{prog: objs.Stalls}, nil
+}
+
+// ErrNoStallScan: the install predates the stall scan.
+var ErrNoStallScan = fmt.Errorf("this install was made by an older shunt and has no stall scan: run 'shunt bypass disable --all' and enable again to get it")
+
+// Run scans once and returns how many sockets it sent back to TCP.
+func (s *StallScan) Run() (int, error) {
+	buf, err := runIter(s.prog)
+	if err != nil {
+		return 0, fmt.Errorf("stall scan: %w", err)
+	}
+	return len(decodeKeys(buf)), nil
+}
+
+// Close releases the scan's program.
+func (s *StallScan) Close() error { return s.prog.Close() }
