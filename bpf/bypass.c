@@ -54,6 +54,8 @@ const struct splice_program *unused_splice_program __attribute__((unused));
 const struct splice_seen *unused_splice_seen __attribute__((unused));
 const enum event_kind *unused_event_kind __attribute__((unused));
 
+#define WAIT_NRS 8
+
 /* Set from Go before load. */
 volatile const struct config {
 	__u64 pending_ttl_ns; /* a registration older than this is a dead handshake */
@@ -66,6 +68,7 @@ volatile const struct config {
 	__u64 scan_stall_ns;  /* the stall scan: bytes queued and nothing read for this long */
 	__u32 fionread_misses_tcp; /* FIONREAD of a sockhash socket leaves out bytes that came by TCP (6.18) */
 	__u32 _pad;
+	__u32 wait_nrs[WAIT_NRS]; /* system calls that wait for readiness (epoll_wait, poll, ...); ~0: unused */
 } cfg = {
 	.pending_ttl_ns = 300ULL * 1000 * 1000 * 1000,
 	.settle_ns = 100ULL * 1000 * 1000,
@@ -703,11 +706,18 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
 		 * it was seen splicing landed after. */
 		if (ref->reads & STATE_SPLICE)
 			report_caught(ref, key, (struct sock *)tp);
-		/* A rescued reader not told of them (6.1) reads on when woken. */
+		/* A rescued reader not told of them (6.1) reads on when woken,
+		 * one buffer a wake-up: wake it again while it reads nothing. */
 		if (ref->reads & STATE_RESCUED) {
-			struct reader r = {};
-			reader_of(ref, &r);
-			report_stall(key, &r, EVENT_STALL_RESCUED, hidden_bytes((struct sock *)tp, ref));
+			__u32 progress = read_progress((struct sock *)tp, ref);
+			if (progress == ref->watch_progress) {
+				struct reader r = {};
+				reader_of(ref, &r);
+				report_stall(key, &r, EVENT_WAKE, hidden_bytes((struct sock *)tp, ref));
+			}
+			ref->watch_progress = progress;
+			bpf_timer_start(&ref->leave, cfg.stall_ns / 4, 0);
+			return 0;
 		}
 		bpf_timer_start(&ref->leave, cfg.settle_ns, 0);
 		return 0;
@@ -730,23 +740,49 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
 	bpf_map_delete_elem(&sock_hash, &k);
 	count(CNT_LEFT);
 	if (told.pid)
-		report_stall(&k, &told, (reads & STATE_RESCUED) ? EVENT_STALL_RESCUED : EVENT_WAKE, queued);
+		report_stall(&k, &told, EVENT_WAKE, queued);
 	return 0;
 }
 
 /* The reader has not read for cfg.stall_ns since a read left bytes queued
- * that FIONREAD does not count: it may be waiting for an edge that never
- * comes (the writer is blocked on a full window). Its connection goes back
- * to TCP at once (nothing can be redirected to a socket holding TCP bytes
+ * that FIONREAD does not count, and sleeps in a wait for readiness: it may
+ * be waiting for an edge that never comes (the writer is blocked on a full
+ * window, or done). Its connection goes back to TCP, at once where TCP's
+ * bytes are hidden (nothing can be redirected to a socket holding TCP bytes
  * unread: the ordering rule sends by TCP until they are read), and the
- * guard wakes the reader once it has left, when FIONREAD counts them. */
-static __always_inline void rescue(struct sock_key *key, struct peer_ref *ref, __u64 delay)
+ * guard logs it and wakes the reader: once it has left (EVENT_WAKE), when
+ * FIONREAD counts them, and while redirected bytes it is not told of stay
+ * unread (6.1). */
+static __always_inline void rescue(struct sock_key *key, struct peer_ref *ref, __u32 hidden, __u64 delay)
 {
 	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_TCP_READER | STATE_RESCUED | STATE_WATCHED);
 	if (old & STATE_TCP_READER)
 		return; /* leaving already */
 	count(CNT_STALL_RESCUED);
+	struct reader r = {};
+	reader_of(ref, &r);
+	report_stall(key, &r, EVENT_STALL_RESCUED, hidden);
 	start_leave(ref, delay);
+}
+
+/* The thread that read last sleeps in a wait for readiness (epoll_wait,
+ * poll, select): it may be waiting for an edge. One that runs, waits for a
+ * CPU or sleeps elsewhere (a Go thread parked in futex while its goroutine
+ * waits for a turn) reads on by itself. Read through the thread's saved
+ * pointers, fault-safe: a thread gone reads as not waiting. */
+static __always_inline int waits_for_readiness(struct peer_ref *ref)
+{
+	struct task_struct *task = ref->reader_task;
+	struct pt_regs *regs = (struct pt_regs *)ref->reader_regs;
+	if (!task || !regs)
+		return 0;
+	if (!(BPF_CORE_READ(task, __state) & TASK_INTERRUPTIBLE))
+		return 0;
+	unsigned long nr = BPF_CORE_READ(regs, orig_ax);
+	for (int i = 0; i < WAIT_NRS; i++)
+		if (nr == cfg.wait_nrs[i])
+			return 1;
+	return 0;
 }
 
 static __always_inline int stall_check(struct sock_key *key, struct peer_ref *ref, struct tcp_sock *tp)
@@ -774,9 +810,13 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		bpf_timer_start(&ref->leave, cfg.stall_ns - (now - ref->watch_at), 0);
 		return 0;
 	}
+	if (!waits_for_readiness(ref)) {
+		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
+		return 0;
+	}
 	/* TCP bytes unread: no redirect can be on its way, leave now. Only
 	 * redirected ones hidden (6.1): after the settle, once they are read. */
-	rescue(key, ref, ingress_empty(sk) ? 0 : cfg.settle_ns);
+	rescue(key, ref, hidden_bytes(sk, ref), ingress_empty(sk) ? 0 : cfg.settle_ns);
 	return leave(key, ref, tp);
 }
 
@@ -885,6 +925,10 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 		return;
 	ref->watch_progress = read_progress(sk, ref);
 	ref->watch_at = bpf_ktime_get_ns();
+	/* The thread that read last: threads of one process take turns. */
+	struct task_struct *task = bpf_get_current_task_btf();
+	ref->reader_task = task;
+	ref->reader_regs = (__u64)bpf_task_pt_regs(task);
 	if (ref->reads & (STATE_WATCHED | STATE_TCP_READER))
 		return;
 	ref->cookie = bpf_get_socket_cookie(sk);
@@ -1147,12 +1191,12 @@ int shunt_iter_drain(struct bpf_iter__task_file *ctx)
 }
 
 /* The stall scan, which the guard runs every few hundred milliseconds: a
- * held socket with bytes queued (TCP's or redirected) whose reader has read
- * nothing for cfg.scan_stall_ns goes back to TCP and its reader is woken,
- * whatever FIONREAD says on this kernel and whatever the reader waits for:
- * no reader is left waiting on shunt. A reader that only pauses loses the
- * bypass of that connection, nothing else. Writes the key of each socket
- * it rescues. */
+ * held socket with bytes queued that FIONREAD does not count here, whose
+ * reader has read nothing for cfg.scan_stall_ns, goes back to TCP and its
+ * reader is woken, whatever the reader waits for and however it got there
+ * (a read the stall watch saw, or none: FIONREAD asked before the first
+ * read). A reader that only pauses loses the bypass of that connection,
+ * nothing else. Writes the key of each socket it rescues. */
 SEC("iter/task_file")
 int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 {
@@ -1165,8 +1209,8 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &k);
 	if (!ref || ref->leaving || (ref->reads & STATE_TCP_READER))
 		return 0;
-	__u32 queued = tcp_queued(sk) + (__u32)unread_redirected(sk, ref);
-	if (!queued) {
+	__u32 hidden = hidden_bytes(sk, ref);
+	if (!hidden) {
 		ref->scan_at = 0;
 		return 0;
 	}
@@ -1185,7 +1229,7 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	struct task_struct *leader = task->group_leader;
 	if (leader)
 		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
-	rescue(&k, ref, cfg.settle_ns);
+	rescue(&k, ref, hidden, cfg.settle_ns);
 	bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 	return 0;
 }

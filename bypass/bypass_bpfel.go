@@ -33,6 +33,7 @@ type bypassConfig struct {
 	ScanStallNs       uint64
 	FionreadMissesTcp uint32
 	Pad               uint32
+	WaitNrs           [8]uint32
 }
 
 type bypassControlWord struct {

@@ -284,6 +284,14 @@ func newConfig(opts Options) bypassConfig {
 		StallNs:      uint64(stallAfter),
 		ScanStallNs:  uint64(scanStallAfter),
 	}
+	// The stall watch wakes a reader whose thread sleeps in one of these.
+	waits := []uint32{unix.SYS_EPOLL_WAIT, unix.SYS_EPOLL_PWAIT, unix.SYS_EPOLL_PWAIT2, unix.SYS_POLL, unix.SYS_PPOLL, unix.SYS_SELECT, unix.SYS_PSELECT6, unix.SYS_IO_URING_ENTER}
+	for i := range cfg.WaitNrs {
+		cfg.WaitNrs[i] = ^uint32(0)
+		if i < len(waits) {
+			cfg.WaitNrs[i] = waits[i]
+		}
+	}
 	if opts.TrustReaders {
 		cfg.TrustReaders = 1
 	}

@@ -93,37 +93,27 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 	return nil
 }
 
-// waker wakes readers and says so once per connection.
+// waker wakes readers, and says so for each connection rescued.
 type waker struct {
 	report func(string)
-	told   map[uint64]bool // cookies of connections reported
 }
 
-func newWaker(report func(string)) *waker {
-	return &waker{report: report, told: map[uint64]bool{}}
-}
+func newWaker(report func(string)) *waker { return &waker{report: report} }
 
 func (w *waker) wake(ev bypass.Event) {
 	err := Wake(ev.PID, ev.Inode, ev.Cookie)
 	if errors.Is(err, os.ErrNotExist) {
 		err = nil // closed: nobody waits
 	}
-	if ev.Kind == bypass.Wake && err == nil {
-		return // routine: the socket left while its reader was watched
+	what := fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with %d bytes queued that FIONREAD does not count", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
+	switch {
+	case ev.Kind == bypass.StallRescued && err == nil:
+		w.report(what + ": the connection goes back to TCP and the reader was woken")
+	case ev.Kind == bypass.StallRescued:
+		w.report(what + fmt.Sprintf(": the connection goes back to TCP; waking the reader failed: %v", err))
+	case err != nil:
+		w.report(fmt.Sprintf("pid %d (%s): waking the reader of %s (peer %s) failed: %v", ev.PID, ev.Command, ev.Local, ev.Remote, err))
 	}
-	if w.told[ev.Cookie] && err == nil {
-		return // a rescued reader woken again, to read on (6.1)
-	}
-	if len(w.told) > 4096 {
-		clear(w.told)
-	}
-	w.told[ev.Cookie] = true
-	what := fmt.Sprintf("pid %d (%s) read nothing from %s (peer %s) with %d bytes queued", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
-	if err != nil {
-		w.report(what + fmt.Sprintf(": the connection went back to TCP, but waking the reader failed: %v", err))
-		return
-	}
-	w.report(what + ": the connection went back to TCP and the reader was woken")
 }
 
 // Reset aborts a caught connection's splicing socket and says what it did.

@@ -90,6 +90,8 @@ struct peer_ref {
 	__u64 watch_at;
 	__u32 watch_progress;
 	__u32 reader_pid;      /* who read (tgid), to be woken */
+	struct task_struct __kptr_untrusted *reader_task; /* the thread that read */
+	__u64 reader_regs;     /* where that thread's system call registers are (bpf_task_pt_regs) */
 	__u64 reader_ino;      /* its socket's inode, to find the descriptor */
 	char reader_comm[COMM_LEN];
 	/* The stall scan (shunt_iter_stalls): when a scan first found bytes

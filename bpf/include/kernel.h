@@ -131,6 +131,7 @@ struct bpf_iter_meta {
 struct bpf_map;
 
 struct task_struct {
+	unsigned int __state;
 	int pid;
 	int tgid;
 	struct task_struct *group_leader;
@@ -200,6 +201,10 @@ enum {
  * timeout of a socket without SO_RCVTIMEO (MAX_SCHEDULE_TIMEOUT). */
 #define O_NONBLOCK 04000
 #define MAX_SCHEDULE_TIMEOUT 0x7fffffffffffffffL
+
+/* A task asleep until woken (include/linux/sched.h): in epoll_wait, poll,
+ * a futex. */
+#define TASK_INTERRUPTIBLE 0x1
 
 /* For bpf_timer_init (include/uapi/linux/time.h). */
 #define CLOCK_MONOTONIC 1

@@ -1,0 +1,187 @@
+package bypass_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/guard"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// Readers that trust FIONREAD, as nginx does: on an edge-triggered EPOLLIN
+// they read a full buffer, ask FIONREAD how much is left and, told 0, wait
+// for the next edge. On 6.18 FIONREAD of a socket in the sockhash leaves out
+// bytes that came by TCP (a connection's first bytes), on 6.1 the redirected
+// ones: such a reader waited for ever once the writer had nothing more to
+// send. Through shunt, with the guard running, every byte must arrive, soon.
+func TestFIONREADReaderNeverStalls(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// warm: a round trip first, so the bytes come by redirect;
+		// else they are the connection's first bytes, by TCP.
+		warm bool
+		// askFirst: FIONREAD before the first read, which the read
+		// watch never sees (the stall scan must find it).
+		askFirst bool
+	}{
+		{"first bytes", false, false},
+		{"first bytes, FIONREAD before reading", false, true},
+		{"redirected", true, false},
+	} {
+		for _, network := range []string{"tcp4", "tcp6"} {
+			t.Run(tc.name+"/"+network, func(t *testing.T) {
+				in, cg := mustInstall(t)
+				runGuard(t, in)
+				side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+				addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
+				c, s := testenv.ConnPair(t, network, side, addr, side, addr)
+				if tc.warm {
+					testenv.Warm(t, c, s)
+				}
+				data := make([]byte, 1<<20)
+				rng := rand.NewChaCha8([32]byte{7})
+				_, _ = rng.Read(data)
+				var wg sync.WaitGroup
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if _, err := s.Write(data); err != nil {
+						t.Errorf("write: %v", err)
+					}
+				}()
+				start := time.Now()
+				got, err := fionreadRead(t, c, len(data), tc.askFirst, 10*time.Second)
+				took := time.Since(start)
+				wg.Wait()
+				st, serr := in.Stats()
+				if serr != nil {
+					t.Fatal(serr)
+				}
+				t.Logf("%d bytes in %v; stalls rescued %d, sockets left %d", len(got), took.Round(time.Millisecond), st.Counters.StallsRescued, st.Counters.Left)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, data) {
+					t.Fatalf("got %d bytes that differ from the %d sent", len(got), len(data))
+				}
+				// Found within a second (the scan), woken at once.
+				if took > 2*time.Second {
+					t.Errorf("the reader took %v: it waited on a stall", took)
+				}
+			})
+		}
+	}
+}
+
+// runGuard runs the guard on the install until the test ends.
+func runGuard(t *testing.T, in *bypass.Install) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- guard.Run(ctx, in, func(s string) { t.Logf("guard: %s", s) }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("guard: %v", err)
+		}
+	})
+}
+
+// fionreadRead reads want bytes from c as nginx does: it waits for an
+// edge-triggered EPOLLIN, reads 16 KiB buffers, and after a full one asks
+// FIONREAD how much is left, waiting for the next edge when told 0.
+// askFirst: it also asks before its first read after an edge, and reads
+// only when told bytes are there. Fails after timeout with what it got.
+func fionreadRead(t *testing.T, c *net.TCPConn, want int, askFirst bool, timeout time.Duration) ([]byte, error) {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	var rerr error
+	err = raw.Control(func(fd uintptr) {
+		got, rerr = fionreadLoop(int(fd), want, askFirst, time.Now().Add(timeout))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got, rerr
+}
+
+func fionreadLoop(fd, want int, askFirst bool, deadline time.Time) ([]byte, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(ep)
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return nil, err
+	}
+	got := make([]byte, 0, want)
+	buf := make([]byte, 16<<10)
+	events := make([]unix.EpollEvent, 1)
+	var trail []string
+	for len(got) < want {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return got, fmt.Errorf("stalled: %d of %d bytes after the deadline; last steps: %s", len(got), want, strings.Join(trail, ", "))
+		}
+		n, err := unix.EpollWait(ep, events, int(left/time.Millisecond)+1)
+		if err == unix.EINTR || n == 0 {
+			continue
+		}
+		if err != nil {
+			return got, err
+		}
+		if events[0].Events&unix.EPOLLIN == 0 {
+			continue
+		}
+		if askFirst {
+			avail, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+			if err != nil {
+				return got, err
+			}
+			trail = append(trail[max(0, len(trail)-8):], fmt.Sprintf("first FIONREAD %d", avail))
+			if avail == 0 {
+				continue
+			}
+		}
+		for {
+			r, err := unix.Read(fd, buf)
+			if err == unix.EAGAIN {
+				break
+			}
+			if err != nil {
+				return got, err
+			}
+			if r == 0 {
+				return got, fmt.Errorf("EOF after %d of %d bytes", len(got), want)
+			}
+			got = append(got, buf[:r]...)
+			if r < len(buf) {
+				break
+			}
+			avail, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+			if err != nil {
+				return got, err
+			}
+			if avail == 0 {
+				trail = append(trail[max(0, len(trail)-8):], fmt.Sprintf("FIONREAD 0 at %d", len(got)))
+				break
+			}
+		}
+	}
+	return got, nil
+}
