@@ -4,6 +4,8 @@ import (
 	"errors"
 	"sort"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/shunt-project/shunt/host"
 )
 
@@ -24,11 +26,45 @@ type CgroupTraffic struct {
 // again with this version to get them).
 var ErrNoCgroupTraffic = errors.New("this install keeps no per-cgroup counts: it was enabled by an older shunt")
 
-// CgroupTraffic lists the counts of every cgroup that still exists, by
-// path, and deletes those of cgroups that are gone (a socket a gone cgroup
-// left behind is no longer counted), so that the map (16,384 cgroups) holds
-// live ones.
-func (in *Install) CgroupTraffic() ([]CgroupTraffic, error) {
+// retiredID is the cgroup_sends entry that keeps the counts of cgroups that
+// are gone (no cgroup has id 0), so totals outlive them.
+const retiredID = 0
+
+// Traffic is what every socket shunt held sent since bypass was enabled.
+type Traffic struct {
+	RedirectedBytes uint64 `json:"redirected_bytes"`
+	RedirectedSends uint64 `json:"redirected_sends"`
+	TCPBytes        uint64 `json:"tcp_bytes"` // sends of held sockets that took TCP
+	TCPSends        uint64 `json:"tcp_sends"`
+}
+
+func (t *Traffic) add(o Traffic) {
+	t.RedirectedBytes += o.RedirectedBytes
+	t.RedirectedSends += o.RedirectedSends
+	t.TCPBytes += o.TCPBytes
+	t.TCPSends += o.TCPSends
+}
+
+// Totals sums the counts of every cgroup, those gone included.
+func (in *Install) Totals() (Traffic, error) {
+	var t Traffic
+	all, err := in.cgroupCounts()
+	if err != nil {
+		return t, err
+	}
+	for _, c := range all {
+		t.add(c.Traffic())
+	}
+	return t, nil
+}
+
+// Traffic is the cgroup's counts without its name.
+func (c CgroupTraffic) Traffic() Traffic {
+	return Traffic{RedirectedBytes: c.RedirectedBytes, RedirectedSends: c.RedirectedSends, TCPBytes: c.TCPBytes, TCPSends: c.TCPSends}
+}
+
+// cgroupCounts reads every entry of cgroup_sends, summed over CPUs.
+func (in *Install) cgroupCounts() ([]CgroupTraffic, error) {
 	m, ok := in.maps[cgroupSendsMap]
 	if !ok {
 		return nil, ErrNoCgroupTraffic
@@ -37,7 +73,6 @@ func (in *Install) CgroupTraffic() ([]CgroupTraffic, error) {
 		id     uint64
 		perCPU []bypassCgroupTraffic
 		out    []CgroupTraffic
-		ids    []uint64
 	)
 	it := m.Iterate()
 	for it.Next(&id, &perCPU) {
@@ -49,20 +84,54 @@ func (in *Install) CgroupTraffic() ([]CgroupTraffic, error) {
 			t.TCPSends += c.TcpSends
 		}
 		out = append(out, t)
-		ids = append(ids, id)
 	}
-	if err := it.Err(); err != nil {
+	return out, it.Err()
+}
+
+// CgroupTraffic lists the counts of every cgroup that still exists, by
+// path, and moves those of cgroups that are gone (a socket a gone cgroup
+// left behind is no longer counted) into the retired entry, so that the map
+// (16,384 cgroups) holds live ones and Totals keeps every byte.
+func (in *Install) CgroupTraffic() ([]CgroupTraffic, error) {
+	all, err := in.cgroupCounts()
+	if err != nil {
 		return nil, err
 	}
+	var ids []uint64
+	for _, t := range all {
+		ids = append(ids, t.ID)
+	}
 	paths := host.CgroupPathsByID(ids)
-	kept := out[:0]
-	for _, t := range out {
-		if t.Path = paths[t.ID]; t.Path != "" {
+	var kept []CgroupTraffic
+	var retired Traffic
+	for _, t := range all {
+		switch {
+		case t.ID == retiredID:
+		case paths[t.ID] != "":
+			t.Path = paths[t.ID]
 			kept = append(kept, t)
-		} else {
-			_ = m.Delete(t.ID)
+		case in.maps[cgroupSendsMap].Delete(t.ID) == nil:
+			// Only the process whose delete succeeded retires them.
+			retired.add(t.Traffic())
+		}
+	}
+	if retired != (Traffic{}) {
+		if err := in.retire(retired); err != nil {
+			return nil, err
 		}
 	}
 	sort.Slice(kept, func(i, j int) bool { return kept[i].Path < kept[j].Path })
 	return kept, nil
+}
+
+// retire adds t to the retired entry (its first CPU's slot).
+func (in *Install) retire(t Traffic) error {
+	m := in.maps[cgroupSendsMap]
+	perCPU := make([]bypassCgroupTraffic, ebpf.MustPossibleCPU())
+	_ = m.Lookup(uint64(retiredID), &perCPU)
+	perCPU[0].RedirectedBytes += t.RedirectedBytes
+	perCPU[0].RedirectedSends += t.RedirectedSends
+	perCPU[0].TcpBytes += t.TCPBytes
+	perCPU[0].TcpSends += t.TCPSends
+	return m.Update(uint64(retiredID), perCPU, ebpf.UpdateAny)
 }

@@ -74,6 +74,10 @@ func TestCgroupTrafficLeavesOutGoneCgroups(t *testing.T) {
 	}
 	c, s := warmPair(t, cg)
 	exchange(t, c, s, "x")
+	before, err := in.Totals()
+	if err != nil {
+		t.Fatal(err)
+	}
 	listed := func() bool {
 		got, err := in.CgroupTraffic()
 		if err != nil {
@@ -99,5 +103,12 @@ func TestCgroupTrafficLeavesOutGoneCgroups(t *testing.T) {
 	}
 	if in.CgroupCounted(cg.ID) {
 		t.Error("the removed cgroup's counts are still in the map after a listing")
+	}
+	after, err := in.Totals()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before || after.RedirectedBytes == 0 {
+		t.Errorf("totals %+v after the cgroup went, %+v before: a gone cgroup's counts must stay in the totals", after, before)
 	}
 }

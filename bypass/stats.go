@@ -66,6 +66,9 @@ type Stats struct {
 	SplicePrograms []SpliceProgram `json:"splice_programs"`
 	// ExcludedPorts are server ports whose connections stay on TCP.
 	ExcludedPorts []uint16 `json:"excluded_ports"`
+	// Totals is what the held sockets sent since install, by redirect and
+	// by TCP; nil for an install made before per-cgroup counts.
+	Totals *Traffic `json:"totals,omitempty"`
 }
 
 // Stats reads map fill and counters as the kernel left them: reading
@@ -95,6 +98,13 @@ func (in *Install) Stats() (Stats, error) {
 	}
 	if s.Counters, err = in.Counters(); err != nil {
 		return s, err
+	}
+	switch t, err := in.Totals(); {
+	case errors.Is(err, ErrNoCgroupTraffic):
+	case err != nil:
+		return s, err
+	default:
+		s.Totals = &t
 	}
 	return s, nil
 }

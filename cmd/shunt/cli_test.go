@@ -82,13 +82,16 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	if st.Guard == nil || !st.Guard.Running || st.Stats.SplicePrograms == nil {
 		t.Fatalf("status --json: want the guard running (enable starts it) and a splice program list: %s", out)
 	}
+	if tot := st.Stats.Totals; tot == nil || tot.RedirectedBytes != 5 || tot.RedirectedSends != 1 {
+		t.Fatalf("status --json totals = %+v, want the 5 bytes in 1 send redirected", st.Stats.Totals)
+	}
 	for _, p := range st.Stats.Programs {
 		if p.ID == 0 || len(p.Links) != 1 {
 			t.Fatalf("status --json program %+v: want an id and one link", p)
 		}
 	}
 	out, _, code = runShunt(t, nil, "status", "--pin-dir", pin)
-	if code != 0 || !strings.Contains(out, cg.Path) || !strings.Contains(out, "1 paired") {
+	if code != 0 || !strings.Contains(out, cg.Path) || !strings.Contains(out, "1 paired") || !strings.Contains(out, "5 B in 1 sends redirected") {
 		t.Fatalf("status = %q", out)
 	}
 

@@ -130,11 +130,16 @@ func printStatus(e *env, r statusReport) {
 				fmt.Fprintf(w, "map %s:\t%d of %d entries\n", m.Name, m.Entries, m.Max)
 			}
 		}
+		if t := r.Stats.Totals; t != nil {
+			fmt.Fprintf(w, "sent:\t%s in %d sends redirected, %s in %d sends by TCP (sockets shunt held, since install)\n",
+				humanBytes(t.RedirectedBytes), t.RedirectedSends, humanBytes(t.TCPBytes), t.TCPSends)
+		}
 		c := r.Stats.Counters
 		fmt.Fprintf(w, "connections:\t%d paired, %d local peers not paired, %d ambiguous handshakes, %d registry full, %d insert failures\n",
 			c.Paired, c.Unpaired, c.Ambiguous, c.RegistryFull, c.InsertFailed)
 		fmt.Fprintf(w, "fallbacks:\t%d directions moved to the TCP path, %d throttled by flow control\n", c.FallenBack, c.Throttled)
 		fmt.Fprintf(w, "kept on TCP:\t%d connections with an SO_ZEROCOPY end, %d to excluded ports, %d directions whose reader blocks or uses MSG_WAITALL (%d sockets back on plain TCP)\n", c.Zerocopy, c.Excluded, c.TCPReaders, c.Left)
+		fmt.Fprintf(w, "stalls:\t%d readers found waiting with bytes queued that FIONREAD does not count: sent back to TCP and woken by the guard\n", c.StallsRescued)
 		fmt.Fprintf(w, "differences:\t%d blocking reads failed with EAGAIN where TCP would have restarted them (a signal), %d setsockopt(SO_ZEROCOPY) refused with EOPNOTSUPP (docs/TRANSPARENCY.md)\n", c.EAGAIN, c.ZerocopyRefused)
 		fmt.Fprintf(w, "splice readers:\t%d splices refused with EINVAL (the application read instead), %d sockets sent back to TCP when their reader spliced, %d caught with redirected bytes queued (reset by the guard), %d readers kept on TCP because their program splices\n", c.SplicesRefused, c.SpliceReaders, c.SpliceCaught, c.LearnedReaders)
 		for _, p := range r.Stats.SplicePrograms {
