@@ -549,20 +549,91 @@ static __always_inline int ingress_empty(struct sock *sk)
 	return BPF_CORE_READ(psock, ingress_msg.next) == head && !BPF_CORE_READ(psock, ingress_skb.qlen);
 }
 
-/* The calling process, by its thread group leader's command name. */
-static __always_inline void current_program(struct splice_program *prog)
+/* The calling process's command name (its thread group leader's). */
+static __always_inline void current_comm(char *comm)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct task_struct *leader = task->group_leader;
 	if (leader)
-		bpf_probe_read_kernel_str(prog->comm, sizeof(prog->comm), leader->comm);
+		bpf_probe_read_kernel_str(comm, COMM_LEN, leader->comm);
 }
 
-/* The calling process was seen splicing from a TCP socket before. */
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+#define FNV_PRIME 0x100000001b3ULL
+
+/* Hashing a command line (current_program, struct args_walk), one byte per bpf_loop step:
+ * the program is its command and the arguments up to the first that is not
+ * an option ("python3 app.py", "java -jar app.jar", "python3 -m module");
+ * later arguments (a port) do not make another program. */
+
+/* bpf_loop takes its context on the stack: the walk is in a map. */
+struct walk_ref {
+	struct args_walk *w;
+};
+
+static long args_step(__u64 i, struct walk_ref *ref)
+{
+	struct args_walk *w = ref->w;
+	if (!w || i >= w->len || i >= ARGS_LEN)
+		return 1;
+	__u8 c = w->args[i & (ARGS_LEN - 1)];
+	if (w->at_start && w->arg > 0 && c != '-')
+		w->last = 1;
+	w->hash = (w->hash ^ c) * FNV_PRIME;
+	w->end = i + 1;
+	if (c)
+		w->at_start = 0;
+	else if (w->last)
+		return 1;
+	else {
+		w->arg++;
+		w->at_start = 1;
+	}
+	return 0;
+}
+
+/* The calling process as learning knows it: command name and a hash of the
+ * part of its command line that names the program. Returns the walk, whose
+ * args hold the start of the line (user space cuts it as the hash did). A
+ * kernel thread (no mm) or an unreadable line hashes as an empty one. */
+static __always_inline struct args_walk *current_program(struct splice_program *prog)
+{
+	current_comm(prog->comm);
+	__u32 zero = 0;
+	struct args_walk *w = bpf_map_lookup_elem(&args_scratch, &zero);
+	if (!w)
+		return 0;
+	w->len = 0;
+	w->hash = FNV_OFFSET;
+	w->arg = 0;
+	w->at_start = 1;
+	w->last = 0;
+	w->end = 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct mm_struct *mm = task->mm;
+	if (mm) {
+		unsigned long start = BPF_CORE_READ(mm, arg_start), end = BPF_CORE_READ(mm, arg_end);
+		__u64 len = end > start ? end - start : 0;
+		if (len > ARGS_LEN)
+			len = ARGS_LEN;
+		if (len && !bpf_probe_read_user(w->args, len, (void *)start))
+			w->len = len;
+	}
+	struct walk_ref ref = { .w = w };
+	bpf_loop(ARGS_LEN, args_step, &ref, 0);
+	prog->args = w->hash ? w->hash : 1; /* 0 means any command line */
+	return w;
+}
+
+/* The calling process was seen splicing from a TCP socket before: this
+ * very command line, or its command taught by name. */
 static __always_inline int learned_splicer(void)
 {
 	struct splice_program prog = {};
 	current_program(&prog);
+	if (bpf_map_lookup_elem(&splice_programs, &prog))
+		return 1;
+	prog.args = 0;
 	return bpf_map_lookup_elem(&splice_programs, &prog) != 0;
 }
 
@@ -578,14 +649,31 @@ static __always_inline __u64 unread_redirected(struct sock *sk, struct peer_ref 
 	return BPF_CORE_READ(psock, msg_tot_len);
 }
 
-/* Counts what a program's splices did; adds the program when new. */
-static __always_inline void learn(struct splice_program *prog, __u64 splices, __u64 caught)
+/* Counts what a program's splices did; adds the program when new (with
+ * the start of its command line, from the walk that hashed it). */
+static __always_inline void learn(struct splice_program *prog, struct args_walk *w, __u64 splices, __u64 caught)
 {
 	struct splice_seen *seen = bpf_map_lookup_elem(&splice_programs, prog);
 	__u64 now = bpf_ktime_get_ns();
 	if (!seen) {
-		struct splice_seen fresh = { .first_ns = now, .last_ns = now, .splices = splices, .caught = caught };
-		bpf_map_update_elem(&splice_programs, prog, &fresh, BPF_NOEXIST);
+		/* Without a walk (from a timer: not the splicer's context), an
+		 * entry the LRU dropped comes back without its line. */
+		__u32 zero = 0;
+		int line = w != 0;
+		if (!w)
+			w = bpf_map_lookup_elem(&args_scratch, &zero);
+		if (!w)
+			return;
+		struct splice_seen *fresh = &w->fresh;
+		fresh->first_ns = now;
+		fresh->last_ns = now;
+		fresh->splices = splices;
+		fresh->caught = caught;
+		if (line)
+			__builtin_memcpy(fresh->cmdline, w->args, sizeof(fresh->cmdline));
+		else
+			__builtin_memset(fresh->cmdline, 0, sizeof(fresh->cmdline));
+		bpf_map_update_elem(&splice_programs, prog, fresh, BPF_NOEXIST);
 		return;
 	}
 	seen->last_ns = now;
@@ -602,9 +690,9 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 	if (__sync_fetch_and_or(&ref->reads, STATE_CAUGHT) & STATE_CAUGHT)
 		return;
 	count(CNT_SPLICE_CAUGHT);
-	struct splice_program prog = {};
+	struct splice_program prog = { .args = ref->splicer_args };
 	__builtin_memcpy(prog.comm, ref->splicer_comm, sizeof(prog.comm));
-	learn(&prog, 0, 1);
+	learn(&prog, 0, 0, 1);
 	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
 	if (!ev)
 		return;
@@ -864,9 +952,7 @@ static __always_inline void report_blocking_eagain(struct sock *sk, struct sock_
 	ev->unread = 0;
 	ev->pid = bpf_get_current_pid_tgid() >> 32;
 	ev->kind = EVENT_BLOCKING_EAGAIN;
-	struct splice_program prog = {};
-	current_program(&prog);
-	__builtin_memcpy(ev->comm, prog.comm, sizeof(ev->comm));
+	current_comm(ev->comm);
 	bpf_ringbuf_submit(ev, 0);
 }
 
@@ -934,9 +1020,7 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 	ref->cookie = bpf_get_socket_cookie(sk);
 	ref->reader_pid = bpf_get_current_pid_tgid() >> 32;
 	ref->reader_ino = socket_ino(sk);
-	struct splice_program prog = {};
-	current_program(&prog);
-	__builtin_memcpy(ref->reader_comm, prog.comm, sizeof(ref->reader_comm));
+	current_comm(ref->reader_comm);
 	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_WATCHED);
 	/* A leave pending keeps its own time (leave_after), so a restart here
 	 * cannot hasten it. */
@@ -1039,8 +1123,7 @@ int BPF_PROG(shunt_splices, struct sock *sk)
 	if (!in_splice())
 		return 0;
 	struct splice_program prog = {};
-	current_program(&prog);
-	learn(&prog, 1, 0);
+	learn(&prog, current_program(&prog), 1, 0);
 	/* The socket's own sends update flags too (sk_msg): atomics. */
 	__sync_fetch_and_or(&st->flags, STATE_SPLICE | STATE_TCP_READER);
 	count(CNT_SPLICE_READER);
@@ -1050,6 +1133,7 @@ int BPF_PROG(shunt_splices, struct sock *sk)
 	ref->cookie = bpf_get_socket_cookie(sk);
 	ref->splicer_pid = bpf_get_current_pid_tgid() >> 32;
 	__builtin_memcpy(ref->splicer_comm, prog.comm, sizeof(prog.comm));
+	ref->splicer_args = prog.args;
 	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_SPLICE | STATE_TCP_READER);
 	struct sock_key self = st->self;
 	if (!ingress_empty(sk))

@@ -137,6 +137,7 @@ type bypassSockState struct {
 type bypassSpliceProgram struct {
 	_    structs.HostLayout
 	Comm [16]int8
+	Args uint64
 }
 
 type bypassSpliceSeen struct {
@@ -145,6 +146,7 @@ type bypassSpliceSeen struct {
 	LastNs  uint64
 	Splices uint64
 	Caught  uint64
+	Cmdline [128]int8
 }
 
 type bypassStateFlags uint32
@@ -172,6 +174,7 @@ type bypassTuple struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	bypassMapArgsScratch         = "args_scratch"
 	bypassMapCgroupSends         = "cgroup_sends"
 	bypassMapControl             = "control"
 	bypassMapCounters            = "counters"
@@ -261,6 +264,7 @@ type bypassProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassMapSpecs struct {
+	ArgsScratch    *ebpf.MapSpec `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.MapSpec `ebpf:"cgroup_sends"`
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
@@ -308,6 +312,7 @@ func (o *bypassObjects) Close() error {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassMaps struct {
+	ArgsScratch    *ebpf.Map `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.Map `ebpf:"cgroup_sends"`
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
@@ -322,6 +327,7 @@ type bypassMaps struct {
 
 func (m *bypassMaps) Close() error {
 	return _BypassClose(
+		m.ArgsScratch,
 		m.CgroupSends,
 		m.Control,
 		m.Counters,

@@ -165,12 +165,21 @@ func RemoveLearned(dir string, onlyIfEmpty bool) error {
 // creates and pins it there.
 func openLearned(dir string) (*ebpf.Map, error) {
 	where := filepath.Join(LearnedDir(dir), learnedMap)
-	if m, err := ebpf.LoadPinnedMap(where, nil); err == nil {
-		return m, nil
-	}
 	spec, err := loadBypass()
 	if err != nil {
 		return nil, fmt.Errorf("load BPF spec: %w", err)
+	}
+	if m, err := ebpf.LoadPinnedMap(where, nil); err == nil {
+		if spec.Maps[learnedMap].Compatible(m) == nil {
+			return m, nil
+		}
+		// Learned by an older shunt, by command name alone: what it
+		// holds would keep every script of an interpreter on TCP.
+		// Programs are learned again, by command line.
+		m.Close()
+		if err := os.Remove(where); err != nil {
+			return nil, err
+		}
 	}
 	m, err := ebpf.NewMap(spec.Maps[learnedMap])
 	if err != nil {

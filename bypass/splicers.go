@@ -2,13 +2,16 @@ package bypass
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,13 +22,24 @@ import (
 
 // SpliceProgram is a program seen calling splice(2) on a TCP socket. A
 // splice reads only what TCP queued, never bytes shunt redirected, so every
-// later reader of that program stays on TCP from its first recv.
+// later reader of that program stays on TCP from its first recv. A program
+// is its command name and its command line up to the first argument that is
+// not an option (an interpreter's script, "java -jar app.jar"), so a
+// splicing script keeps no other script of one interpreter on TCP, and a
+// restart with other arguments is the same program; one taught by name
+// (--splicer) matches any command line.
 type SpliceProgram struct {
-	Command string    `json:"command"` // its process's command name (comm)
-	First   time.Time `json:"first_seen"`
-	Last    time.Time `json:"last_seen"`
-	Splices uint64    `json:"splices"` // splice calls seen (once per socket shunt held)
-	Caught  uint64    `json:"caught"`  // connections caught with redirected bytes it could not read
+	Command string `json:"command"` // its process's command name (comm)
+	// CommandLine is the part of its command line it is known by
+	// (arguments separated by spaces); "" for a program taught by name.
+	CommandLine string    `json:"command_line"`
+	ByName      bool      `json:"by_name"` // taught by name: any command line matches
+	First       time.Time `json:"first_seen"`
+	Last        time.Time `json:"last_seen"`
+	Splices     uint64    `json:"splices"` // splice calls seen (once per socket shunt held)
+	Caught      uint64    `json:"caught"`  // connections caught with redirected bytes it could not read
+	// PIDs are the running processes it keeps on TCP.
+	PIDs []int `json:"pids"`
 }
 
 func commKey(name string) bypassSpliceProgram {
@@ -47,28 +61,118 @@ func commString(c [16]int8) string {
 	return string(b)
 }
 
-// SplicePrograms lists the programs shunt has seen splicing, by command.
+// argsLen is how much of a command line the BPF programs hash (ARGS_LEN).
+const argsLen = 256
+
+// programArgs is the part of a command line (NUL-separated, as
+// /proc/PID/cmdline has it) that names the program, as the BPF programs
+// take it: within its first argsLen bytes, the command and the arguments up
+// to the first that is not an option, with its NUL ("python3\0app.py\0",
+// "java\0-jar\0app.jar\0").
+func programArgs(cmdline []byte) []byte {
+	b := cmdline[:min(len(cmdline), argsLen)]
+	arg, atStart := 0, true
+	for i, c := range b {
+		if atStart && arg > 0 && c != '-' {
+			if j := bytes.IndexByte(b[i:], 0); j >= 0 {
+				return b[:i+j+1]
+			}
+			return b
+		}
+		if c == 0 {
+			arg++
+			atStart = true
+		} else {
+			atStart = false
+		}
+	}
+	return b
+}
+
+// argsHash is what the BPF programs compute for a command line: FNV-1a 64
+// of programArgs, never 0 (0 stands for any command line).
+func argsHash(cmdline []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(programArgs(cmdline))
+	if v := h.Sum64(); v != 0 {
+		return v
+	}
+	return 1
+}
+
+// showArgs turns NUL-separated arguments into one line.
+func showArgs(b []byte) string {
+	return strings.TrimSpace(strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " "))
+}
+
+// SplicePrograms lists the programs shunt has seen splicing, by command,
+// with the running processes each keeps on TCP.
 func (in *Install) SplicePrograms() ([]SpliceProgram, error) {
 	wall := bootOffset()
 	out := []SpliceProgram{}
 	var k bypassSpliceProgram
 	var v bypassSpliceSeen
+	var keys []bypassSpliceProgram
 	it := in.maps[learnedMap].Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, SpliceProgram{Command: commString(k.Comm), First: wall(v.FirstNs), Last: wall(v.LastNs), Splices: v.Splices, Caught: v.Caught})
+		cmdline := make([]byte, len(v.Cmdline))
+		for i, c := range v.Cmdline {
+			cmdline[i] = byte(c)
+		}
+		out = append(out, SpliceProgram{Command: commString(k.Comm), CommandLine: showArgs(programArgs(cmdline)), ByName: k.Args == 0,
+			First: wall(v.FirstNs), Last: wall(v.LastNs), Splices: v.Splices, Caught: v.Caught, PIDs: []int{}})
+		keys = append(keys, k)
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read %s: %w", learnedMap, err)
 	}
-	slices.SortFunc(out, func(a, b SpliceProgram) int { return strings.Compare(a.Command, b.Command) })
+	for _, p := range runningPrograms() {
+		for i, k := range keys {
+			if commString(k.Comm) == p.comm && (k.Args == 0 || k.Args == p.args) {
+				out[i].PIDs = append(out[i].PIDs, p.pid)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b SpliceProgram) int {
+		return cmp.Or(strings.Compare(a.Command, b.Command), strings.Compare(a.CommandLine, b.CommandLine))
+	})
 	return out, nil
+}
+
+type runningProgram struct {
+	pid  int
+	comm string
+	args uint64
+}
+
+// runningPrograms lists the processes of the host as learning knows them.
+func runningPrograms() []runningProgram {
+	ents, _ := os.ReadDir("/proc")
+	var out []runningProgram
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		out = append(out, runningProgram{pid: pid, comm: strings.TrimSuffix(string(comm), "\n"), args: argsHash(cmdline)})
+	}
+	return out
 }
 
 // ErrUnknownProgram means Forget was asked for a program shunt never saw.
 var ErrUnknownProgram = errors.New("no such program among those seen splicing")
 
-// Forget drops one program (by command name) from those seen splicing, or
-// every program with "": their readers may be bypassed again.
+// Forget drops one program (by command name: every command line of it)
+// from those seen splicing, or every program with "": their readers may be
+// bypassed again.
 func (in *Install) Forget(command string) (int, error) {
 	return forget(in.maps[learnedMap], command)
 }
@@ -91,31 +195,30 @@ func ForgetAt(dir, command string) (int, error) {
 }
 
 func forget(m *ebpf.Map, command string) (int, error) {
-	if command != "" {
-		if err := m.Delete(commKey(command)); err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return 0, fmt.Errorf("%q: %w", command, ErrUnknownProgram)
-			}
-			return 0, err
-		}
-		return 1, nil
-	}
 	var k bypassSpliceProgram
-	var keys []bypassSpliceProgram
 	var v bypassSpliceSeen
+	var keys []bypassSpliceProgram
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		keys = append(keys, k)
+		if command == "" || commString(k.Comm) == command {
+			keys = append(keys, k)
+		}
 	}
 	if err := it.Err(); err != nil {
 		return 0, err
 	}
+	if command != "" && len(keys) == 0 {
+		return 0, fmt.Errorf("%q: %w", command, ErrUnknownProgram)
+	}
+	n := 0
 	for _, k := range keys {
-		if err := m.Delete(k); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return 0, err
+		if err := m.Delete(k); err == nil {
+			n++
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return n, err
 		}
 	}
-	return len(keys), nil
+	return n, nil
 }
 
 // Learn adds a program (by command name) to those whose readers stay on

@@ -62,8 +62,8 @@ func newEnv(t testing.TB, shunt bool) *env {
 }
 
 // start runs a program in the env's namespace and cgroup until the test
-// ends, and fails the test if it exits early.
-func (e *env) start(t testing.TB, argv ...string) {
+// ends, and returns its pid.
+func (e *env) start(t testing.TB, argv ...string) int {
 	t.Helper()
 	cmd, done := e.command(t, argv...)
 	defer done()
@@ -87,6 +87,7 @@ func (e *env) start(t testing.TB, argv ...string) {
 			t.Logf("%s said:\n%s", argv[0], out.String())
 		}
 	})
+	return cmd.Process.Pid
 }
 
 // command makes argv run in the env's namespace and cgroup; done releases

@@ -126,10 +126,20 @@ enum counter {
 
 #define COMM_LEN 16
 
-/* A program seen calling splice(2) on a TCP socket, by the command name of
- * its process (the thread group leader's comm). Its readers stay on TCP. */
+/* How much of a process's command line (its argv, NUL-separated, as
+ * /proc/PID/cmdline shows it) tells programs apart: an interpreter's
+ * script and first arguments. */
+#define ARGS_LEN 256
+#define ARGS_SHOWN 128
+
+/* A program seen calling splice(2) on a TCP socket: the command name of its
+ * process (the thread group leader's comm) and a hash of its command line
+ * (FNV-1a 64 of its first ARGS_LEN bytes), so one splicing Python script
+ * keeps no other Python program on TCP. args 0 stands for any command line
+ * (a program taught by name). Its readers stay on TCP. */
 struct splice_program {
 	char comm[COMM_LEN];
+	__u64 args;
 };
 
 struct splice_seen {
@@ -137,6 +147,7 @@ struct splice_seen {
 	__u64 last_ns;
 	__u64 splices;  /* splice calls seen on TCP sockets (counted once per socket for shunt's) */
 	__u64 caught;   /* connections caught with redirected bytes queued */
+	char cmdline[ARGS_SHOWN]; /* the start of its command line, NULs between arguments */
 };
 
 enum event_kind {

@@ -99,6 +99,7 @@ struct peer_ref {
 	__u64 scan_at;
 	__u32 scan_progress;
 	__u32 _pad3;
+	__u64 splicer_args;    /* the splicer's command line hash (struct splice_program) */
 };
 
 struct {
@@ -130,6 +131,26 @@ struct {
 	__type(key, struct splice_program);
 	__type(value, struct splice_seen);
 } splice_programs SEC(".maps");
+
+/* A command line being hashed (current_program in bypass.c), in a per-CPU
+ * map: more than a program's stack holds. */
+struct args_walk {
+	char args[ARGS_LEN];
+	__u64 len;  /* bytes read into args */
+	__u64 hash;
+	__u32 arg;  /* which argument the walk is in */
+	__u32 at_start;
+	__u32 last; /* in the last argument taken */
+	__u32 end;  /* bytes taken */
+	struct splice_seen fresh; /* a new entry of splice_programs, built here */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct args_walk);
+} args_scratch SEC(".maps");
 
 /* What the guard hears of (struct guard_event). */
 struct {

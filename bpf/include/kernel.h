@@ -130,7 +130,13 @@ struct bpf_iter_meta {
 
 struct bpf_map;
 
+struct mm_struct {
+	unsigned long arg_start;
+	unsigned long arg_end;
+};
+
 struct task_struct {
+	struct mm_struct *mm;
 	unsigned int __state;
 	int pid;
 	int tgid;

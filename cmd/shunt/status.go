@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -101,6 +103,25 @@ func newStatusCmd(e *env, g *globals) *cobra.Command {
 	return c
 }
 
+// pidList names a few pids, and how many more there are.
+func pidList(pids []int) string {
+	if len(pids) == 0 {
+		return "no process now"
+	}
+	var b strings.Builder
+	for i, p := range pids {
+		if i == 5 {
+			fmt.Fprintf(&b, " and %d more", len(pids)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "pid %d", p)
+	}
+	return b.String()
+}
+
 func printStatus(e *env, r statusReport) {
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	defer w.Flush()
@@ -143,7 +164,12 @@ func printStatus(e *env, r statusReport) {
 		fmt.Fprintf(w, "differences:\t%d blocking reads failed with EAGAIN where TCP would have restarted them (a signal), %d setsockopt(SO_ZEROCOPY) refused with EOPNOTSUPP (docs/TRANSPARENCY.md)\n", c.EAGAIN, c.ZerocopyRefused)
 		fmt.Fprintf(w, "splice readers:\t%d splices refused with EINVAL (the application read instead), %d sockets sent back to TCP when their reader spliced, %d caught with redirected bytes queued (reset by the guard), %d readers kept on TCP because their program splices\n", c.SplicesRefused, c.SpliceReaders, c.SpliceCaught, c.LearnedReaders)
 		for _, p := range r.Stats.SplicePrograms {
-			fmt.Fprintf(w, "splicer %s:\tseen %s, %d splices, %d caught (shunt bypass forget %s)\n", p.Command, p.First.Format(time.RFC3339), p.Splices, p.Caught, p.Command)
+			line := "any command line (taught by name)"
+			if !p.ByName {
+				line = strconv.Quote(p.CommandLine)
+			}
+			fmt.Fprintf(w, "splicer %s:\t%s, seen %s, %d splices, %d caught, running as %s (shunt bypass forget %s)\n",
+				p.Command, line, p.First.Format(time.RFC3339), p.Splices, p.Caught, pidList(p.PIDs), p.Command)
 		}
 		if r.Guard.Running {
 			fmt.Fprintf(w, "guard:\trunning, log %s\n", r.Guard.Log)

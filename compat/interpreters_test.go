@@ -1,0 +1,172 @@
+package compat_test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// spliceScript reads a 4-byte header with recv, then echoes the rest of
+// the connection with splice(2) through a pipe, as a proxy that splices
+// after reading its header does.
+const spliceScript = `import os, socket, sys
+l = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+while True:
+    c, _ = l.accept()
+    c.settimeout(10)
+    head = c.recv(4)
+    c.setblocking(True)
+    r, w = os.pipe()
+    while True:
+        n = os.splice(c.fileno(), w, 65536)
+        if n == 0:
+            break
+        while n:
+            n -= os.splice(r, c.fileno(), n)
+    c.close()
+`
+
+// echoScript is an event-loop style echo server: sockets with a timeout
+// read without blocking, as asyncio and most Python servers do.
+const echoScript = `import socket, sys
+l = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+while True:
+    c, _ = l.accept()
+    c.settimeout(10)
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+`
+
+// One Python script that splices must not keep every other Python program
+// on TCP: shunt learns a program by its command line, not by the
+// interpreter's name. The event-loop echo server started after the splicer
+// was learned stays bypassed; a second copy of the splicing script is
+// known as learned from its first recv.
+func TestSplicingScriptLeavesOtherScriptsBypassed(t *testing.T) {
+	testenv.NeedProgram(t, "python3")
+	e := newEnv(t, true)
+	dir := t.TempDir()
+	splicer, echo := filepath.Join(dir, "splicer.py"), filepath.Join(dir, "echo.py")
+	for path, text := range map[string]string{splicer: spliceScript, echo: echoScript} {
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spliceRound := func(addr string) {
+		t.Helper()
+		// The splicer may be caught and reset on its first connection
+		// (redirected bytes queued before it spliced): that is the one
+		// failure learning allows.
+		if err := echoOnce(t, e, addr, "HEAD", strings.Repeat("spliced ", 4096)); err != nil {
+			t.Logf("splicer's connection: %v", err)
+		}
+	}
+
+	port := e.freePort(t)
+	pid := e.start(t, "python3", splicer, fmt.Sprint(port))
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	e.waitListening(t, addr)
+	spliceRound(addr)
+	progs, err := e.in.SplicePrograms()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(progs) != 1 || progs[0].Command != "python3" || !strings.Contains(progs[0].CommandLine, filepath.Base(splicer)) || progs[0].ByName || !slices.Contains(progs[0].PIDs, pid) {
+		t.Fatalf("learned %+v: want python3 %s, pid %d, by command line", progs, splicer, pid)
+	}
+
+	echoPort := e.freePort(t)
+	e.start(t, "python3", echo, fmt.Sprint(echoPort))
+	echoAddr := fmt.Sprintf("127.0.0.1:%d", echoPort)
+	e.waitListening(t, echoAddr)
+	before, err := e.in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.dial(t, echoAddr)
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	for i := 0; i < 20; i++ {
+		msg := fmt.Sprintf("message %d %s", i, strings.Repeat("x", 1000))
+		if _, err := io.WriteString(c, msg); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
+			t.Fatalf("echo %d: %q, %v", i, got, err)
+		}
+	}
+	after, err := e.in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := after.Counters.LearnedReaders - before.Counters.LearnedReaders; n != 0 {
+		t.Errorf("%d readers of the echo script were kept on TCP as a learned splicer's", n)
+	}
+	flows, err := e.in.Flows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bypassed := false
+	for _, f := range flows {
+		if f.Client != nil && f.Server != nil && f.Client.Addr.String() == c.LocalAddr().String() {
+			bypassed = f.Client.TxBytes > 0 && f.Server.TxBytes > 0
+			t.Logf("echo connection: %d bytes redirected up, %d down; readers %s/%s", f.Client.TxBytes, f.Server.TxBytes, f.Client.Reader, f.Server.Reader)
+		}
+	}
+	if !bypassed {
+		t.Errorf("the echo script's connection is not bypassed both ways (flows %+v)", flows)
+	}
+	c.Close()
+
+	// The splicing script again, as a second process: learned already.
+	port2 := e.freePort(t)
+	e.start(t, "python3", splicer, fmt.Sprint(port2))
+	addr2 := fmt.Sprintf("127.0.0.1:%d", port2)
+	e.waitListening(t, addr2)
+	if err := echoOnce(t, e, addr2, "HEAD", strings.Repeat("spliced ", 4096)); err != nil {
+		t.Errorf("the learned splicer's connection: %v", err)
+	}
+	last, err := e.in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last.Counters.LearnedReaders == after.Counters.LearnedReaders {
+		t.Errorf("the second copy of the splicing script was not known as learned (counters %+v)", last.Counters)
+	}
+}
+
+// echoOnce sends head and body to a server that echoes what follows its
+// header, and checks body comes back.
+func echoOnce(t *testing.T, e *env, addr, head, body string) error {
+	var c net.Conn
+	var err error
+	e.side.Make(t, func() { c, err = net.DialTimeout("tcp4", addr, 5*time.Second) })
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, head+body); err != nil {
+		return err
+	}
+	got := make([]byte, len(body))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return err
+	}
+	if string(got) != body {
+		return fmt.Errorf("echo differs")
+	}
+	return nil
+}
