@@ -74,7 +74,7 @@ volatile const struct config {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,
 	.stall_ns = 20ULL * 1000 * 1000,
-	.scan_stall_ns = 400ULL * 1000 * 1000,
+	.scan_stall_ns = 500ULL * 1000 * 1000,
 };
 
 static __always_inline void register_handshake(struct bpf_sock_ops *skops)
@@ -644,9 +644,12 @@ static __always_inline __u64 unread_redirected(struct sock *sk, struct peer_ref 
 	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
 	if (!psock)
 		return 0;
-	if (!PSOCK_COUNTS)
-		return counted_unread(ref);
-	return BPF_CORE_READ(psock, msg_tot_len);
+	if (PSOCK_COUNTS)
+		return BPF_CORE_READ(psock, msg_tot_len);
+	/* shunt's own count can only be an estimate: never 0 while the
+	 * queue holds anything. */
+	__u32 n = counted_unread(ref);
+	return n ? n : !ingress_empty(sk);
 }
 
 /* Counts what a program's splices did; adds the program when new (with
@@ -768,6 +771,14 @@ static __always_inline void report_stall(struct sock_key *key, struct reader *r,
 	bpf_ringbuf_submit(ev, 0);
 }
 
+/* How often a rescued reader is looked at while it drains redirected bytes
+ * FIONREAD does not count (6.1), to wake it once it has read. */
+#define DRAIN_WAKE_NS (1000ULL * 1000)
+
+/* What a reader that trusts FIONREAD reads after a wake-up: one buffer
+ * (nginx's is 16 KiB). One that reads on by itself takes what is queued. */
+#define ONE_BUFFER (64 << 10)
+
 /* Starts the socket's leave no earlier than after delay: a redirect decided
  * before the switch that calls this lands until then. */
 static __always_inline void start_leave(struct peer_ref *ref, __u64 delay)
@@ -794,17 +805,19 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
 		 * it was seen splicing landed after. */
 		if (ref->reads & STATE_SPLICE)
 			report_caught(ref, key, (struct sock *)tp);
-		/* A rescued reader not told of them (6.1) reads on when woken,
-		 * one buffer a wake-up: wake it again while it reads nothing. */
+		/* A rescued reader not told of them (6.1) reads one buffer a
+		 * wake-up: wake it again as soon as it has read, or if a wake-up
+		 * went unanswered for a while. */
 		if (ref->reads & STATE_RESCUED) {
 			__u32 progress = read_progress((struct sock *)tp, ref);
-			if (progress == ref->watch_progress) {
+			if (progress != ref->watch_progress || now - ref->watch_at >= cfg.stall_ns) {
 				struct reader r = {};
 				reader_of(ref, &r);
 				report_stall(key, &r, EVENT_WAKE, hidden_bytes((struct sock *)tp, ref));
+				ref->watch_progress = progress;
+				ref->watch_at = now;
 			}
-			ref->watch_progress = progress;
-			bpf_timer_start(&ref->leave, cfg.stall_ns / 4, 0);
+			bpf_timer_start(&ref->leave, DRAIN_WAKE_NS, 0);
 			return 0;
 		}
 		bpf_timer_start(&ref->leave, cfg.settle_ns, 0);
@@ -873,13 +886,24 @@ static __always_inline int waits_for_readiness(struct peer_ref *ref)
 	return 0;
 }
 
+/* When a rescued socket may leave the sockhash: at once while TCP holds
+ * bytes for it and no redirected one waits (a redirect is decided only when
+ * the reader has read every TCP byte its peer sent, and lands inside that
+ * same sendmsg, so none can be on its way behind TCP bytes still unread);
+ * else after the settle, as any switch. shunt's own count of redirected
+ * bytes (6.1) includes one still landing: it is no proof. */
+static __always_inline __u64 move_delay(struct sock *sk)
+{
+	return tcp_queued(sk) && ingress_empty(sk) ? 0 : cfg.settle_ns;
+}
+
 static __always_inline int stall_check(struct sock_key *key, struct peer_ref *ref, struct tcp_sock *tp)
 {
 	if (!(ref->reads & STATE_WATCHED))
 		return 0;
 	struct sock *sk = (struct sock *)tp;
 	if (!hidden_bytes(sk, ref)) {
-		__sync_fetch_and_and(&ref->reads, ~STATE_WATCHED);
+		__sync_fetch_and_and(&ref->reads, ~(STATE_WATCHED | STATE_WOKEN));
 		/* A read may have left some between the test and the clear
 		 * and found the watch on. */
 		if (!hidden_bytes(sk, ref) || (__sync_fetch_and_or(&ref->reads, STATE_WATCHED) & STATE_WATCHED))
@@ -902,9 +926,24 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
 		return 0;
 	}
-	/* TCP bytes unread: no redirect can be on its way, leave now. Only
-	 * redirected ones hidden (6.1): after the settle, once they are read. */
-	rescue(key, ref, hidden_bytes(sk, ref), ingress_empty(sk) ? 0 : cfg.settle_ns);
+	__u32 hidden = hidden_bytes(sk, ref);
+	if ((!cfg.fionread_misses_tcp || !tcp_queued(sk)) &&
+	    (!(ref->reads & STATE_WOKEN) || progress - ref->woke_progress > ONE_BUFFER)) {
+		/* Only redirected bytes hidden (6.1): a stream's reader always
+		 * has some, so a pause is no proof of a reader told 0. Wake it:
+		 * one that reads on by itself takes what is queued; one that
+		 * trusts FIONREAD reads one buffer and stops again, and is
+		 * moved to TCP at its next stop. */
+		struct reader r = {};
+		reader_of(ref, &r);
+		report_stall(key, &r, EVENT_WAKE, hidden);
+		ref->woke_progress = progress;
+		__sync_fetch_and_or(&ref->reads, STATE_WOKEN);
+		ref->watch_at = now;
+		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
+		return 0;
+	}
+	rescue(key, ref, hidden, move_delay(sk));
 	return leave(key, ref, tp);
 }
 
@@ -1313,7 +1352,7 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	struct task_struct *leader = task->group_leader;
 	if (leader)
 		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
-	rescue(&k, ref, hidden, cfg.settle_ns);
+	rescue(&k, ref, hidden, move_delay(sk));
 	bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 	return 0;
 }

@@ -160,6 +160,7 @@ const (
 	bypassStateFlagsSTATE_CAUGHT     bypassStateFlags = 32
 	bypassStateFlagsSTATE_WATCHED    bypassStateFlags = 64
 	bypassStateFlagsSTATE_RESCUED    bypassStateFlags = 128
+	bypassStateFlagsSTATE_WOKEN      bypassStateFlags = 256
 )
 
 type bypassTuple struct {

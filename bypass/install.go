@@ -40,10 +40,11 @@ const redirectSettle = 100 * time.Millisecond
 // that reads on does so within microseconds.
 const stallAfter = 20 * time.Millisecond
 
-// scanStallAfter is how long the stall scan lets any held socket sit with
-// bytes queued and nothing read before it sends the connection to TCP and
-// wakes the reader; the guard scans at half that.
-const scanStallAfter = 400 * time.Millisecond
+// scanStallAfter is how long the stall scan lets a held socket sit with
+// bytes queued that FIONREAD does not count, and nothing read, before it
+// sends the connection to TCP and the guard wakes the reader. The guard
+// scans as often, so such a reader is found within twice this.
+const scanStallAfter = 500 * time.Millisecond
 
 // ErrNotInstalled means no bypass install exists at the pin directory.
 var ErrNotInstalled = errors.New("bypass is not enabled")

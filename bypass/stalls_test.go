@@ -74,8 +74,10 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 				if !bytes.Equal(got, data) {
 					t.Fatalf("got %d bytes that differ from the %d sent", len(got), len(data))
 				}
-				// Found within a second (the scan), woken at once.
-				if took > 2*time.Second {
+				// Found within a second (the scan), woken at once; on
+				// 6.1, where redirected bytes are what FIONREAD misses,
+				// read one buffer a wake-up (2.3 s under qemu).
+				if took > 5*time.Second {
 					t.Errorf("the reader took %v: it waited on a stall", took)
 				}
 			})
@@ -184,4 +186,51 @@ func fionreadLoop(fd, want int, askFirst bool, deadline time.Time) ([]byte, erro
 		}
 	}
 	return got, nil
+}
+
+// BenchmarkStallScan prices one pass of the stall scan (the guard runs it
+// every bypass.StallScanInterval) with 15,000 more open files on the host
+// than it has, 1,000 of them held sockets: it visits every open file.
+func BenchmarkStallScan(b *testing.B) {
+	testenv.RequireRoot(b)
+	pin := testenv.MustPinDir(b)
+	cg := testenv.MustCgroup(b)
+	in, err := bypass.Create(pin, bypass.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { in.Close() })
+	if _, err := in.Attach(cg); err != nil {
+		b.Fatal(err)
+	}
+	side := testenv.Side{NS: testenv.MustNetNS(b), CG: cg}
+	for i := 0; i < 500; i++ {
+		c, s := testenv.ConnPair(b, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+		testenv.Warm(b, c, s)
+	}
+	var files []int
+	for i := 0; i < 14000; i++ {
+		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		files = append(files, fd)
+	}
+	b.Cleanup(func() {
+		for _, fd := range files {
+			unix.Close(fd)
+		}
+	})
+	scan, err := in.OpenStallScan()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer scan.Close()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := scan.Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/float64(bypass.StallScanInterval.Milliseconds())/10, "%cpu")
 }

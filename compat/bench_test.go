@@ -135,6 +135,20 @@ var benchPrograms = []struct {
 		v, _ := number(b, out, `TPS: ([0-9]+)`, "memcaslap's TPS")
 		return v
 	}},
+	// nginx as a proxy (http, kept-alive upstream connections) in front of
+	// an nginx origin, both on serverCPU.
+	{"nginx-proxy-wrk-1KB", "nginx", "req/s", func(b *testing.B, e *env) float64 {
+		origin := nginxOriginPinned(b, e, newBlob(1<<10, 1))
+		return wrkRate(b, e, "http://"+nginxProxy(b, e, "http-keepalive", origin, serverCPU)+"/blob", 20)
+	}},
+	{"nginx-proxy-wrk-1MB", "nginx", "req/s", func(b *testing.B, e *env) float64 {
+		origin := nginxOriginPinned(b, e, newBlob(1<<20, 1))
+		return wrkRate(b, e, "http://"+nginxProxy(b, e, "http-keepalive", origin, serverCPU)+"/blob", 4)
+	}},
+	{"nginx-stream-wrk-1KB", "nginx", "req/s", func(b *testing.B, e *env) float64 {
+		origin := nginxOriginPinned(b, e, newBlob(1<<10, 1))
+		return wrkRate(b, e, "http://"+nginxProxy(b, e, "stream", origin, serverCPU)+"/blob", 20)
+	}},
 	{"haproxy-wrk-1KB", "haproxy", "req/s", func(b *testing.B, e *env) float64 {
 		origin := nginxOriginPinned(b, e, newBlob(1<<10, 1))
 		port := e.freePort(b)

@@ -61,6 +61,26 @@ func newEnv(t testing.TB, shunt bool) *env {
 	return e
 }
 
+// logState logs what shunt holds in the env, for a test that failed.
+func logState(t testing.TB, e *env) {
+	t.Helper()
+	if e.in == nil {
+		return
+	}
+	if flows, err := e.in.Flows(); err == nil {
+		for _, f := range flows {
+			for _, ep := range []*bypass.Endpoint{f.Client, f.Server} {
+				if ep != nil {
+					t.Logf("held: %+v", *ep)
+				}
+			}
+		}
+	}
+	if st, err := e.in.Stats(); err == nil {
+		t.Logf("counters: %+v", st.Counters)
+	}
+}
+
 // start runs a program in the env's namespace and cgroup until the test
 // ends, and returns its pid.
 func (e *env) start(t testing.TB, argv ...string) int {

@@ -34,13 +34,14 @@ func TestNginxProxy(t *testing.T) {
 				for _, size := range sizes {
 					body := newBlob(size, uint64(size))
 					originAddr := nginxOrigin(t, e, body, true)
-					addr := nginxProxy(t, e, mode, originAddr)
+					addr := nginxProxy(t, e, mode, originAddr, -1)
 					var counts [4]int
 					for i := 0; i < rounds; i++ {
 						o, why := e.download(t, addr, body, 15*time.Second)
 						counts[o]++
 						if o != intact {
 							t.Errorf("shunt=%v %d bytes, download %d: %s", shunt, size, i, why)
+							logState(t, e)
 						}
 					}
 					t.Logf("shunt=%v %d bytes: %d intact, %d wrong, %d reset, %d hung", shunt, size, counts[intact], counts[wrong], counts[reset], counts[hung])
@@ -63,9 +64,9 @@ func TestNginxProxy(t *testing.T) {
 
 // nginxProxy starts nginx proxying to origin in mode: "stream" (the stream
 // module), "http" (proxy_pass, a new upstream connection per request) or
-// "http-keepalive" (HTTP/1.1 to the upstream, connections kept), and
-// returns where it listens.
-func nginxProxy(t *testing.T, e *env, mode, origin string) string {
+// "http-keepalive" (HTTP/1.1 to the upstream, connections kept), on cpu
+// (-1: not pinned), and returns where it listens.
+func nginxProxy(t testing.TB, e *env, mode, origin string, cpu int) string {
 	t.Helper()
 	dir := t.TempDir()
 	port := e.freePort(t)
@@ -114,7 +115,11 @@ events { worker_connections 256; }
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e.start(t, "nginx", "-c", conf, "-p", dir, "-e", "stderr")
+	argv := []string{"nginx", "-c", conf, "-p", dir, "-e", "stderr"}
+	if cpu >= 0 {
+		argv = pinned(cpu, argv...)
+	}
+	e.start(t, argv...)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	e.waitListening(t, addr)
 	return addr

@@ -81,6 +81,7 @@ enum state_flags {
 	STATE_CAUGHT = 32,    /* ... while redirected bytes it can never splice were queued (peer_refs only) */
 	STATE_WATCHED = 64,   /* a read left bytes queued that this kernel's FIONREAD does not count: the stall watch runs (peer_refs only) */
 	STATE_RESCUED = 128,  /* its reader stopped with such bytes queued: sent back to TCP and woken (peer_refs only) */
+	STATE_WOKEN = 256,    /* the stall watch woke its reader, which had only redirected bytes hidden (peer_refs only) */
 };
 
 /* Record written by the flows iterator. */

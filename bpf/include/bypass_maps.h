@@ -98,7 +98,7 @@ struct peer_ref {
 	 * queued with the reader at scan_progress (0: none queued). */
 	__u64 scan_at;
 	__u32 scan_progress;
-	__u32 _pad3;
+	__u32 woke_progress;   /* the reader's progress when the stall watch woke it (STATE_WOKEN) */
 	__u64 splicer_args;    /* the splicer's command line hash (struct splice_program) */
 };
 
