@@ -2,7 +2,6 @@ package bypass_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -14,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
-	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -41,7 +39,7 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 		for _, network := range []string{"tcp4", "tcp6"} {
 			t.Run(tc.name+"/"+network, func(t *testing.T) {
 				in, cg := mustInstall(t)
-				runGuard(t, in)
+				testenv.RunGuard(t, in, func(s string) { t.Logf("guard: %s", s) })
 				side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
 				addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
 				c, s := testenv.ConnPair(t, network, side, addr, side, addr)
@@ -83,20 +81,6 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 			})
 		}
 	}
-}
-
-// runGuard runs the guard on the install until the test ends.
-func runGuard(t *testing.T, in *bypass.Install) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- guard.Run(ctx, in, func(s string) { t.Logf("guard: %s", s) }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("guard: %v", err)
-		}
-	})
 }
 
 // fionreadRead reads want bytes from c as nginx does: it waits for an

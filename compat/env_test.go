@@ -1,7 +1,6 @@
 package compat_test
 
 import (
-	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -17,7 +16,6 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/bypass"
-	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -46,17 +44,7 @@ func newEnv(t testing.TB, shunt bool) *env {
 	if _, err := in.Attach(e.cg); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- guard.Run(ctx, in, func(line string) { t.Logf("guard: %s", line) })
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("guard: %v", err)
-		}
-	})
+	testenv.RunGuard(t, in, func(line string) { t.Logf("guard: %s", line) })
 	e.in = in
 	return e
 }

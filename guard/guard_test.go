@@ -1,7 +1,6 @@
 package guard_test
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/bypass"
-	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -32,16 +30,8 @@ func guarded(t *testing.T) (*bypass.Install, testenv.Side, <-chan string) {
 	if _, err := in.Attach(cg); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	reports := make(chan string, 16)
-	done := make(chan error, 1)
-	go func() { done <- guard.Run(ctx, in, func(s string) { reports <- s }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("guard: %v", err)
-		}
-	})
+	testenv.RunGuard(t, in, func(s string) { reports <- s })
 	return in, testenv.Side{NS: testenv.MustNetNS(t), CG: cg}, reports
 }
 
