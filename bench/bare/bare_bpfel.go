@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	bareMapArgsScratch     = "args_scratch"
 	bareMapCgroupSends     = "cgroup_sends"
 	bareMapControl         = "control"
 	bareMapCounters        = "counters"
@@ -78,6 +79,7 @@ type bareProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bareMapSpecs struct {
+	ArgsScratch    *ebpf.MapSpec `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.MapSpec `ebpf:"cgroup_sends"`
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
@@ -116,6 +118,7 @@ func (o *bareObjects) Close() error {
 //
 // It can be passed to loadBareObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bareMaps struct {
+	ArgsScratch    *ebpf.Map `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.Map `ebpf:"cgroup_sends"`
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
@@ -130,6 +133,7 @@ type bareMaps struct {
 
 func (m *bareMaps) Close() error {
 	return _BareClose(
+		m.ArgsScratch,
 		m.CgroupSends,
 		m.Control,
 		m.Counters,
