@@ -39,7 +39,7 @@ func (in *Install) OpenStallScan() (*StallScan, error) {
 }
 
 // ErrNoStallScan: the install predates the stall scan.
-var ErrNoStallScan = fmt.Errorf("this install was made by an older shunt and has no stall scan: run 'shunt bypass disable --all' and enable again to get it")
+var ErrNoStallScan = errors.New("this install was made by an older shunt and has no stall scan: run 'shunt bypass disable --all' and enable again to get it")
 
 // Run scans once and returns how many sockets it sent back to TCP. With no
 // socket held there is nothing to scan, and it returns at once.

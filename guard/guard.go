@@ -53,7 +53,6 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 	default:
 		defer scan.Close()
 	}
-	w := newWaker(report)
 	next := time.Now()
 	for ctx.Err() == nil {
 		deadline := time.Now().Add(poll)
@@ -87,20 +86,15 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 			report(fmt.Sprintf("pid %d (%s) got EAGAIN from a blocking read on %s (peer %s): a signal, stop or ptrace ended its wait in the connection's first read, which TCP would have restarted; the connection is on TCP from now on",
 				ev.PID, ev.Command, ev.Local, ev.Remote))
 		case bypass.StallRescued, bypass.Wake:
-			w.wake(ev)
+			wake(ev, report)
 		}
 	}
 	return nil
 }
 
-// waker wakes readers, and says so for each connection rescued.
-type waker struct {
-	report func(string)
-}
-
-func newWaker(report func(string)) *waker { return &waker{report: report} }
-
-func (w *waker) wake(ev bypass.Event) {
+// wake wakes the reader an event names, and says so for each connection
+// rescued (a Wake is routine: only its failure is reported).
+func wake(ev bypass.Event, report func(string)) {
 	err := Wake(ev.PID, ev.Inode, ev.Cookie)
 	if errors.Is(err, os.ErrNotExist) {
 		err = nil // closed: nobody waits
@@ -108,11 +102,11 @@ func (w *waker) wake(ev bypass.Event) {
 	what := fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with %d bytes queued that FIONREAD does not count", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
 	switch {
 	case ev.Kind == bypass.StallRescued && err == nil:
-		w.report(what + ": the connection goes back to TCP and the reader was woken")
+		report(what + ": the connection goes back to TCP and the reader was woken")
 	case ev.Kind == bypass.StallRescued:
-		w.report(what + fmt.Sprintf(": the connection goes back to TCP; waking the reader failed: %v", err))
+		report(what + fmt.Sprintf(": the connection goes back to TCP; waking the reader failed: %v", err))
 	case err != nil:
-		w.report(fmt.Sprintf("pid %d (%s): waking the reader of %s (peer %s) failed: %v", ev.PID, ev.Command, ev.Local, ev.Remote, err))
+		report(fmt.Sprintf("pid %d (%s): waking the reader of %s (peer %s) failed: %v", ev.PID, ev.Command, ev.Local, ev.Remote, err))
 	}
 }
 
