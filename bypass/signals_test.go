@@ -52,7 +52,7 @@ func TestSignalDuringBlockingRead(t *testing.T) {
 				if n, err := (blockingReader{t, s, 0}).Read(make([]byte, 4)); n != 4 || err != nil {
 					t.Fatalf("blocking read: %d %v", n, err)
 				}
-				waitLeft(t, in, 2*time.Second)
+				waitLeft(t, in)
 			}
 			before, _ := in.Stats()
 			tids := make(chan int, 1)

@@ -31,7 +31,7 @@ func TestTaughtSplicerStaysOnTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, s := warmPair(t, cg)
-	waitLeft(t, in, 5*time.Second)
+	waitLeft(t, in)
 	for i := 0; i < 10; i++ {
 		exchange(t, c, s, "over TCP")
 		exchange(t, s, c, "and back")
