@@ -79,19 +79,35 @@ func startGuard(e *env, pinDir string) (string, error) {
 		return "", fmt.Errorf("start the guard: %w", err)
 	}
 	// Reap it if it ends while this process still runs; it outlives us
-	// otherwise, by design.
-	go cmd.Wait()
+	// otherwise, by design. Only this goroutine touches cmd after Start.
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
 	// Wait until it holds its lock, so status reports it at once.
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if guard.Running(pinDir) {
-			return logPath, nil
-		}
-		if cmd.ProcessState != nil {
-			break
+	deadline := time.After(guardStartTimeout)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !guard.Running(pinDir) {
+		select {
+		case err := <-exited:
+			if err == nil {
+				err = errors.New("exited")
+			}
+			return "", fmt.Errorf("the guard did not start (%v; its log: %s); run 'shunt bypass guard' to see why", err, logPath)
+		case <-deadline:
+			// A guard that never took its lock is no guard: stop it, so
+			// no second one is left running beside the next attempt.
+			_ = cmd.Process.Kill()
+			<-exited
+			return "", fmt.Errorf("the guard did not start within %v (stopped it; its log: %s); run 'shunt bypass guard' to see why", guardStartTimeout, logPath)
+		case <-tick.C:
 		}
 	}
-	return "", errors.New("the guard did not start; run 'shunt bypass guard' to see why")
+	return logPath, nil
 }
+
+// guardStartTimeout bounds how long enable waits for the guard it started to
+// take its lock.
+const guardStartTimeout = 5 * time.Second
 
 // selfCommand runs this binary with args.
 func selfCommand(args ...string) *exec.Cmd {
