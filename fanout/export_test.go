@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // KernelMapEntries counts the subscribers' entries in the kernel path's maps
@@ -50,3 +51,10 @@ var CurrentCPU = currentCPU
 // KernelRelayed is how many messages the kernel path's pacer counted out of
 // the loopback queue.
 func (f *Forwarder) KernelRelayed() uint64 { return f.kern.relayed() }
+
+// BreakEpoll closes the forwarder's epoll descriptor, so Run returns on an
+// epoll error.
+func (f *Forwarder) BreakEpoll() {
+	unix.Close(f.ep)
+	f.ep = -1
+}

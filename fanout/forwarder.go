@@ -238,9 +238,22 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	} else {
 		defer runtime.UnlockOSThread()
 	}
+	// Cancelling ctx wakes the loop through the eventfd. The waker ends
+	// before Run returns, however Run returns: a waker left behind would
+	// write to f.stop after Close closed it (by then, perhaps, another
+	// file's descriptor).
+	runDone, wakerDone := make(chan struct{}), make(chan struct{})
 	go func() {
-		<-ctx.Done()
-		unix.Write(f.stop, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+		defer close(wakerDone)
+		select {
+		case <-ctx.Done():
+			unix.Write(f.stop, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+		case <-runDone:
+		}
+	}()
+	defer func() {
+		close(runDone)
+		<-wakerDone
 	}()
 	events := make([]unix.EpollEvent, 256)
 	for {
