@@ -2,13 +2,18 @@
 /* shunt bypass: host-local TCP connections skip the TCP/IP stack.
  *
  * Pairing (see docs/ARCHITECTURE.md):
- *  1. server side, request socket (TIMEOUT_INIT): register the tuple with the
- *     server's netns in `handshakes`. A second registration of the same tuple from
- *     another netns marks it ambiguous: those connections are never paired.
- *  2. client side, ACTIVE_ESTABLISHED: a registered tuple means the peer is on
- *     this host and enabled. Claim it, record our netns, insert ourselves.
- *  3. server side, PASSIVE_ESTABLISHED: a claimed tuple from our own netns is
- *     our client. Insert ourselves; the entry is done.
+ *  1. server side: the SYN-ACK a listener sends (WRITE_HDR_OPT) registers the
+ *     handshake's two initial sequence numbers, with the server's netns and
+ *     tuple, in `isn_handshakes`; the request socket (TIMEOUT_INIT) registers
+ *     its tuple in `handshakes` too, for listeners older than the install.
+ *     A second registration of the same key from another netns marks it
+ *     ambiguous: those connections are never paired.
+ *  2. client side, ACTIVE_ESTABLISHED: the sequence numbers of the SYN-ACK it
+ *     received (or, failing them, its tuple) find the registration, so the
+ *     peer is on this host and enabled, whatever NAT rewrote between them.
+ *     Claim it, record our netns and tuple, insert ourselves.
+ *  3. server side, PASSIVE_ESTABLISHED: a claimed registration from our own
+ *     netns is our client. Insert ourselves; the entries are done.
  * Each side's sockhash key carries its own netns, so a key names one live
  * socket on the host. Sockets whose peer is elsewhere are never inserted.
  *
@@ -202,11 +207,115 @@ static __always_inline int uses_zerocopy(struct bpf_sock *sk)
 	return (flags >> bpf_core_enum_value(enum sock_flags, SOCK_ZEROCOPY)) & 1;
 }
 
+/* seq and ack_seq of the TCP segment in skops' skb (a SYN-ACK being sent or
+ * received). -1 when the context has none. */
+static __always_inline int skb_seqs(struct bpf_sock_ops *skops, __u32 *seq, __u32 *ack)
+{
+	void *data = (void *)(long)skops->skb_data;
+	void *end = (void *)(long)skops->skb_data_end;
+	__u32 *w = data;
+	if (data + 12 > end)
+		return -1;
+	*seq = bpf_ntohl(w[1]);
+	*ack = bpf_ntohl(w[2]);
+	return 0;
+}
+
+/* Server side, the SYN-ACK on its way out (WRITE_HDR_OPT for a request
+ * socket): register the handshake by its sequence numbers, with the tuple
+ * the server sees. A client whose tuple differs (translated) finds it by
+ * the same numbers in the SYN-ACK it receives. */
+static __always_inline void register_isn(struct bpf_sock_ops *skops)
+{
+	__u32 seq, ack;
+	if (skb_seqs(skops, &seq, &ack))
+		return;
+	struct isn_pending fresh = {};
+	if (tuple_from_skops(skops, &fresh.server, 0))
+		return;
+	if (bpf_map_lookup_elem(&excluded_ports, &fresh.server.server_port))
+		return; /* counted at TIMEOUT_INIT */
+	struct isn_pair k = { .client_isn = ack - 1, .server_isn = seq };
+	__u64 netns = bpf_get_netns_cookie(skops);
+	fresh.p.server_netns = netns;
+	fresh.p.created_ns = bpf_ktime_get_ns();
+	fresh.p.state = PENDING_REGISTERED;
+	fresh.p.registrants = 1;
+	if (bpf_map_update_elem(&isn_handshakes, &k, &fresh, BPF_NOEXIST) == 0)
+		return;
+	struct isn_pending *x = bpf_map_lookup_elem(&isn_handshakes, &k);
+	if (!x || x->p.server_netns == netns)
+		return; /* evicted meanwhile, or this SYN-ACK sent again */
+	/* Two servers sent the same pair of sequence numbers: whichever
+	 * client holds them, neither is paired. */
+	__sync_fetch_and_or(&x->p.state, PENDING_AMBIGUOUS);
+	count(CNT_AMBIGUOUS);
+}
+
+/* Client side: claim the registration whose state is *state and insert
+ * ourselves. The server pairs only after our handshake ACK, which is sent
+ * after this callback returns: poisoning the state cannot race with it. */
+static __always_inline void join_as_client(struct bpf_sock_ops *skops, struct bpf_sock *sk, __u32 *state,
+					   struct sock_key *self, struct sock_key *peer)
+{
+	if (__sync_val_compare_and_swap(state, PENDING_REGISTERED, PENDING_CLAIMED) != PENDING_REGISTERED) {
+		count(CNT_UNPAIRED);
+		return;
+	}
+	if (!new_state(sk, self, peer)) {
+		__sync_fetch_and_or(state, PENDING_AMBIGUOUS);
+		count(CNT_INSERT_FAILED);
+		return;
+	}
+	if (bpf_sock_hash_update(skops, &sock_hash, self, BPF_NOEXIST)) {
+		bpf_sk_storage_delete(&sock_states, sk);
+		__sync_fetch_and_or(state, PENDING_AMBIGUOUS);
+		count(CNT_INSERT_FAILED);
+		return;
+	}
+	publish(skops, sk, self, peer);
+}
+
 static __always_inline void client_established(struct bpf_sock_ops *skops)
 {
 	struct tuple t = {};
 	if (tuple_from_skops(skops, &t, 1))
 		return;
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+	__u64 netns = bpf_get_netns_cookie(skops);
+	struct sock_key self = { .netns = netns, .tuple = t, .role = ROLE_CLIENT };
+	struct sock_key peer = { .role = ROLE_SERVER };
+
+	/* By sequence numbers first: they name this very connection whatever
+	 * translated its addresses, and only this client holds the server's. */
+	__u32 seq, ack;
+	struct isn_pending *x = 0;
+	if (!skb_seqs(skops, &seq, &ack)) {
+		struct isn_pair k = { .client_isn = ack - 1, .server_isn = seq };
+		x = bpf_map_lookup_elem(&isn_handshakes, &k);
+	}
+	if (x) {
+		if (x->p.state != PENDING_REGISTERED) {
+			count(CNT_UNPAIRED);
+			return;
+		}
+		if (uses_zerocopy(sk)) {
+			/* Unclaimed, the registration pairs nobody. */
+			count(CNT_ZEROCOPY);
+			return;
+		}
+		peer.netns = x->p.server_netns;
+		peer.tuple = x->server;
+		x->client = t;
+		x->p.client_netns = netns;
+		join_as_client(skops, sk, &x->p.state, &self, &peer);
+		return;
+	}
+
+	/* A server that listened before shunt was enabled for its cgroup
+	 * registered its tuple only: pair by that, untranslated. */
 	struct pending *p = bpf_map_lookup_elem(&handshakes, &t);
 	if (!p)
 		return; /* peer elsewhere or not enabled: stay out of the way */
@@ -214,39 +323,16 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 		count(CNT_UNPAIRED);
 		return;
 	}
-	struct bpf_sock *sk = skops->sk;
-	if (!sk)
-		return;
 	if (uses_zerocopy(sk)) {
 		/* Unclaimed, the registration pairs nobody: the server's
 		 * PASSIVE_ESTABLISHED finds it unclaimed and drops it. */
 		count(CNT_ZEROCOPY);
 		return;
 	}
-
-	__u64 netns = bpf_get_netns_cookie(skops);
-	struct sock_key self = { .netns = netns, .tuple = t, .role = ROLE_CLIENT };
-	struct sock_key peer = { .netns = p->server_netns, .tuple = t, .role = ROLE_SERVER };
-
+	peer.netns = p->server_netns;
+	peer.tuple = t;
 	p->client_netns = netns;
-	if (__sync_val_compare_and_swap(&p->state, PENDING_REGISTERED, PENDING_CLAIMED) != PENDING_REGISTERED) {
-		count(CNT_UNPAIRED);
-		return;
-	}
-	/* The server pairs only after our handshake ACK, which is sent after
-	 * this callback returns: poisoning below cannot race with it. */
-	if (!new_state(sk, &self, &peer)) {
-		__sync_fetch_and_or(&p->state, PENDING_AMBIGUOUS);
-		count(CNT_INSERT_FAILED);
-		return;
-	}
-	if (bpf_sock_hash_update(skops, &sock_hash, &self, BPF_NOEXIST)) {
-		bpf_sk_storage_delete(&sock_states, sk);
-		__sync_fetch_and_or(&p->state, PENDING_AMBIGUOUS);
-		count(CNT_INSERT_FAILED);
-		return;
-	}
-	publish(skops, sk, &self, &peer);
+	join_as_client(skops, sk, &p->state, &self, &peer);
 }
 
 /* The server declines a connection its client already joined: take the
@@ -260,22 +346,59 @@ static __always_inline void release_client(struct sock_key *client)
 
 static __always_inline void server_established(struct bpf_sock_ops *skops)
 {
+	/* A child inherits its listener's flags; its own segments need no
+	 * header callback. */
+	if (skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG)
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 	struct tuple t = {};
 	if (tuple_from_skops(skops, &t, 0))
 		return;
-	struct pending *p = bpf_map_lookup_elem(&handshakes, &t);
-	if (!p)
-		return;
-
-	__u64 netns = bpf_get_netns_cookie(skops);
-	int ours = p->state == PENDING_CLAIMED && p->server_netns == netns;
-	struct sock_key self = { .netns = netns, .tuple = t, .role = ROLE_SERVER };
-	struct sock_key peer = { .netns = p->client_netns, .tuple = t, .role = ROLE_CLIENT };
-
-	if (__sync_fetch_and_add(&p->registrants, -1) <= 1)
-		bpf_map_delete_elem(&handshakes, &t);
 	struct bpf_sock *sk = skops->sk;
-	if (!ours || !sk) {
+	if (!sk)
+		return;
+	__u64 netns = bpf_get_netns_cookie(skops);
+	struct sock_key self = { .netns = netns, .tuple = t, .role = ROLE_SERVER };
+	struct sock_key peer = { .role = ROLE_CLIENT };
+	int found = 0, by_isn = 0, ours = 0, translated = 0;
+
+	/* Nothing but the SYN-ACK sent and nothing read yet: snd_una and
+	 * copied_seq are each ISN + 1. */
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (tp) {
+		struct isn_pair k = { .client_isn = tp->copied_seq - 1, .server_isn = skops->snd_una - 1 };
+		struct isn_pending *x = bpf_map_lookup_elem(&isn_handshakes, &k);
+		if (x && x->p.server_netns == netns) {
+			found = by_isn = 1;
+			if (x->p.state == PENDING_CLAIMED) {
+				ours = 1;
+				peer.netns = x->p.client_netns;
+				peer.tuple = x->client;
+				translated = !same_tuple(&peer.tuple, &t);
+			}
+			bpf_map_delete_elem(&isn_handshakes, &k);
+		}
+	}
+	struct pending *p = bpf_map_lookup_elem(&handshakes, &t);
+	if (p) {
+		found = 1;
+		if (p->state == PENDING_CLAIMED && p->server_netns == netns) {
+			struct sock_key claimant = { .netns = p->client_netns, .tuple = t, .role = ROLE_CLIENT };
+			if (!by_isn) {
+				ours = 1;
+				peer = claimant;
+			} else if (!ours) {
+				/* Our true client, local and enabled, would
+				 * have claimed by sequence numbers: a socket
+				 * elsewhere that only shares the tuple did. */
+				release_client(&claimant);
+			}
+		}
+		if (__sync_fetch_and_add(&p->registrants, -1) <= 1)
+			bpf_map_delete_elem(&handshakes, &t);
+	}
+	if (!found)
+		return;
+	if (!ours) {
 		count(CNT_UNPAIRED);
 		return;
 	}
@@ -297,6 +420,8 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 	}
 	publish(skops, sk, &self, &peer);
 	count(CNT_PAIRED);
+	if (translated)
+		count(CNT_PAIRED_TRANSLATED);
 }
 
 SEC("sockops")
@@ -308,6 +433,22 @@ int shunt_sockops(struct bpf_sock_ops *skops)
 		 * request socket (not a full socket) registers. */
 		if (!skops->is_fullsock)
 			register_handshake(skops);
+		break;
+	case BPF_SOCK_OPS_TCP_LISTEN_CB:
+		/* Ask for this listener's SYN-ACKs: they carry the sequence
+		 * numbers a translated connection pairs by. */
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+		break;
+	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
+		/* Not a full socket: a request socket's SYN-ACK. The write
+		 * callback runs only where room was reserved; the kernel
+		 * pads what it does not write with NOPs (4 bytes). */
+		if (!skops->is_fullsock)
+			bpf_reserve_hdr_opt(skops, 4, 0);
+		break;
+	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB:
+		if (!skops->is_fullsock)
+			register_isn(skops);
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		client_established(skops);

@@ -45,28 +45,29 @@ type bypassControlWord struct {
 type bypassCounter uint32
 
 const (
-	bypassCounterCNT_REGISTERED       bypassCounter = 0
-	bypassCounterCNT_AMBIGUOUS        bypassCounter = 1
-	bypassCounterCNT_REGISTRY_FULL    bypassCounter = 2
-	bypassCounterCNT_PAIRED           bypassCounter = 3
-	bypassCounterCNT_UNPAIRED         bypassCounter = 4
-	bypassCounterCNT_INSERT_FAILED    bypassCounter = 5
-	bypassCounterCNT_FALLBACK         bypassCounter = 6
-	bypassCounterCNT_THROTTLED        bypassCounter = 7
-	bypassCounterCNT_ZEROCOPY         bypassCounter = 8
-	bypassCounterCNT_EXCLUDED         bypassCounter = 9
-	bypassCounterCNT_TCP_READER       bypassCounter = 10
-	bypassCounterCNT_LEFT             bypassCounter = 11
-	bypassCounterCNT_EAGAIN           bypassCounter = 12
-	bypassCounterCNT_SPLICE_READER    bypassCounter = 13
-	bypassCounterCNT_SPLICE_CAUGHT    bypassCounter = 14
-	bypassCounterCNT_LEARNED_READER   bypassCounter = 15
-	bypassCounterCNT_REFUSED_SENDS    bypassCounter = 16
-	bypassCounterCNT_SPLICE_REFUSED   bypassCounter = 17
-	bypassCounterCNT_ZEROCOPY_REFUSED bypassCounter = 18
-	bypassCounterCNT_CGROUPS_FULL     bypassCounter = 19
-	bypassCounterCNT_STALL_RESCUED    bypassCounter = 20
-	bypassCounterCNT_MAX              bypassCounter = 21
+	bypassCounterCNT_REGISTERED        bypassCounter = 0
+	bypassCounterCNT_AMBIGUOUS         bypassCounter = 1
+	bypassCounterCNT_REGISTRY_FULL     bypassCounter = 2
+	bypassCounterCNT_PAIRED            bypassCounter = 3
+	bypassCounterCNT_UNPAIRED          bypassCounter = 4
+	bypassCounterCNT_INSERT_FAILED     bypassCounter = 5
+	bypassCounterCNT_FALLBACK          bypassCounter = 6
+	bypassCounterCNT_THROTTLED         bypassCounter = 7
+	bypassCounterCNT_ZEROCOPY          bypassCounter = 8
+	bypassCounterCNT_EXCLUDED          bypassCounter = 9
+	bypassCounterCNT_TCP_READER        bypassCounter = 10
+	bypassCounterCNT_LEFT              bypassCounter = 11
+	bypassCounterCNT_EAGAIN            bypassCounter = 12
+	bypassCounterCNT_SPLICE_READER     bypassCounter = 13
+	bypassCounterCNT_SPLICE_CAUGHT     bypassCounter = 14
+	bypassCounterCNT_LEARNED_READER    bypassCounter = 15
+	bypassCounterCNT_REFUSED_SENDS     bypassCounter = 16
+	bypassCounterCNT_SPLICE_REFUSED    bypassCounter = 17
+	bypassCounterCNT_ZEROCOPY_REFUSED  bypassCounter = 18
+	bypassCounterCNT_CGROUPS_FULL      bypassCounter = 19
+	bypassCounterCNT_STALL_RESCUED     bypassCounter = 20
+	bypassCounterCNT_PAIRED_TRANSLATED bypassCounter = 21
+	bypassCounterCNT_MAX               bypassCounter = 22
 )
 
 type bypassEventKind uint32
@@ -182,6 +183,7 @@ const (
 	bypassMapExcludedPorts       = "excluded_ports"
 	bypassMapGuardEvents         = "guard_events"
 	bypassMapHandshakes          = "handshakes"
+	bypassMapIsnHandshakes       = "isn_handshakes"
 	bypassMapPeerRefs            = "peer_refs"
 	bypassMapSockHash            = "sock_hash"
 	bypassMapSockStates          = "sock_states"
@@ -272,6 +274,7 @@ type bypassMapSpecs struct {
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.MapSpec `ebpf:"guard_events"`
 	Handshakes     *ebpf.MapSpec `ebpf:"handshakes"`
+	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
@@ -320,6 +323,7 @@ type bypassMaps struct {
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.Map `ebpf:"guard_events"`
 	Handshakes     *ebpf.Map `ebpf:"handshakes"`
+	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
@@ -335,6 +339,7 @@ func (m *bypassMaps) Close() error {
 		m.ExcludedPorts,
 		m.GuardEvents,
 		m.Handshakes,
+		m.IsnHandshakes,
 		m.PeerRefs,
 		m.SockHash,
 		m.SockStates,

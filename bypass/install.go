@@ -71,6 +71,10 @@ var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "
 // install from before it lacks it).
 const cgroupSendsMap = "cgroup_sends"
 
+// isnHandshakesMap holds handshakes by sequence numbers (not in pinnedMaps:
+// installs made before pairing through address translation have none).
+const isnHandshakesMap = "isn_handshakes"
+
 // learnedMap is pinned beside the install (LearnedDir), not in it, so what
 // shunt learned outlives a removal and applies to the next install.
 const learnedMap = "splice_programs"
@@ -418,6 +422,7 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		"excluded_ports": m.ExcludedPorts,
 		"guard_events":   m.GuardEvents,
 		cgroupSendsMap:   m.CgroupSends,
+		isnHandshakesMap: m.IsnHandshakes,
 	}
 }
 
@@ -439,10 +444,12 @@ func Open(dir string) (*Install, error) {
 		}
 		in.maps[name] = m
 	}
-	// Installs made before per-cgroup counts have no such map; they
-	// still open (and can be removed).
-	if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, cgroupSendsMap), nil); err == nil {
-		in.maps[cgroupSendsMap] = m
+	// Installs made before per-cgroup counts or pairing by sequence
+	// numbers lack those maps; they still open (and can be removed).
+	for _, name := range []string{cgroupSendsMap, isnHandshakesMap} {
+		if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil); err == nil {
+			in.maps[name] = m
+		}
 	}
 	learned, err := ebpf.LoadPinnedMap(filepath.Join(LearnedDir(dir), learnedMap), nil)
 	if err != nil {

@@ -23,6 +23,7 @@ const (
 	bareMapExcludedPorts   = "excluded_ports"
 	bareMapGuardEvents     = "guard_events"
 	bareMapHandshakes      = "handshakes"
+	bareMapIsnHandshakes   = "isn_handshakes"
 	bareMapPeerRefs        = "peer_refs"
 	bareMapSockHash        = "sock_hash"
 	bareMapSockStates      = "sock_states"
@@ -86,6 +87,7 @@ type bareMapSpecs struct {
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.MapSpec `ebpf:"guard_events"`
 	Handshakes     *ebpf.MapSpec `ebpf:"handshakes"`
+	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
@@ -125,6 +127,7 @@ type bareMaps struct {
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.Map `ebpf:"guard_events"`
 	Handshakes     *ebpf.Map `ebpf:"handshakes"`
+	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
@@ -140,6 +143,7 @@ func (m *bareMaps) Close() error {
 		m.ExcludedPorts,
 		m.GuardEvents,
 		m.Handshakes,
+		m.IsnHandshakes,
 		m.PeerRefs,
 		m.SockHash,
 		m.SockStates,

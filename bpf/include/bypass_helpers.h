@@ -29,3 +29,15 @@ static __always_inline int tuple_from_skops(struct bpf_sock_ops *skops, struct t
 	t->server_port = is_client ? rport : lport;
 	return 0;
 }
+
+/* Whether two tuples are the same (BPF has no memcmp). */
+static __always_inline int same_tuple(const struct tuple *a, const struct tuple *b)
+{
+	if (a->client_port != b->client_port || a->server_port != b->server_port)
+		return 0;
+#pragma unroll
+	for (int i = 0; i < 16; i++)
+		if (a->client_ip[i] != b->client_ip[i] || a->server_ip[i] != b->server_ip[i])
+			return 0;
+	return 1;
+}

@@ -48,6 +48,23 @@ struct pending {
 	__u32 registrants;  /* server-side registrations not yet resolved */
 };
 
+/* A connection's two initial sequence numbers. Address translation (DNAT,
+ * REDIRECT, SNAT, masquerade) rewrites addresses and ports, not sequence
+ * numbers, so both ends see the same pair; the server's is known only to the
+ * client its SYN-ACK reached. */
+struct isn_pair {
+	__u32 client_isn;
+	__u32 server_isn;
+};
+
+/* A handshake registered by its sequence numbers (the server's SYN-ACK):
+ * the two ends' tuples may differ, so each records its own for the other. */
+struct isn_pending {
+	struct pending p;
+	struct tuple server; /* as the server sees it */
+	struct tuple client; /* as the client sees it, written at its claim */
+};
+
 /* Per-socket state in socket-local storage: freed with the socket, so a
  * closed connection can never leave a stale entry behind.
  */
@@ -122,6 +139,7 @@ enum counter {
 	CNT_ZEROCOPY_REFUSED, /* setsockopt(SO_ZEROCOPY) on a bypassed socket refused (EOPNOTSUPP) */
 	CNT_CGROUPS_FULL,     /* sockets paired whose cgroup found no room in cgroup_sends: their sends are not counted per cgroup */
 	CNT_STALL_RESCUED,    /* readers found waiting while bytes sat queued: their connection sent back to TCP and woken */
+	CNT_PAIRED_TRANSLATED, /* of CNT_PAIRED: connections whose ends see different tuples (address translation between them) */
 	CNT_MAX,
 };
 

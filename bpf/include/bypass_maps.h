@@ -30,6 +30,15 @@ struct {
 	__type(value, struct pending);
 } handshakes SEC(".maps");
 
+/* Handshakes by sequence numbers, registered from the server's SYN-ACK. LRU:
+ * a handshake that never completes is evicted, not swept. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_PENDING);
+	__type(key, struct isn_pair);
+	__type(value, struct isn_pending);
+} isn_handshakes SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);

@@ -1,0 +1,263 @@
+package bypass_test
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// A translated connection: the client dials vip, address translation in
+// between delivers it to the server listening on listen. Both ends are in
+// the enabled cgroup.
+type translation struct {
+	client, server *testenv.NetNS
+	listen, vip    string
+	// seenFrom is the client address the server sees, when translation
+	// rewrites it too (masquerade); "" when it is the client's own.
+	seenFrom string
+	// sameNetns: the server is in the namespace that translates, where
+	// conntrack answers its SO_ORIGINAL_DST (elsewhere: ENOENT, shunt or
+	// not).
+	sameNetns bool
+}
+
+// Connections through the address translation a node runs already (a
+// Service's DNAT in a router, that and masquerade, a sidecar's REDIRECT, a
+// published port's DNAT on output) are bypassed, byte-exact, with what each
+// end sees (its addresses, SO_ORIGINAL_DST) as without shunt.
+func TestBypassThroughTranslation(t *testing.T) {
+	testenv.NeedProgram(t, "nft")
+	in, cg := mustInstall(t)
+	for _, fam := range []string{"ipv4", "ipv6"} {
+		for _, tc := range []struct {
+			name  string
+			build func(t *testing.T, v6 bool) translation
+		}{
+			{"dnat-in-router", func(t *testing.T, v6 bool) translation { return routed(t, v6, false) }},
+			{"dnat-and-masquerade-in-router", func(t *testing.T, v6 bool) translation { return routed(t, v6, true) }},
+			{"redirect-on-output", redirected},
+			{"dnat-on-output-over-veth", publishedPort},
+		} {
+			t.Run(fam+"/"+tc.name, func(t *testing.T) {
+				tr := tc.build(t, fam == "ipv6")
+				checkTranslated(t, in, cg, tr)
+			})
+		}
+	}
+}
+
+func checkTranslated(t *testing.T, in *bypass.Install, cg host.Cgroup, tr translation) {
+	before, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp", tr.listen)
+	c := testenv.Dial(t, testenv.Side{NS: tr.client, CG: cg}, "tcp", tr.vip, nil)
+	s := testenv.Accept(t, ln)
+	defer c.Close()
+	defer s.Close()
+
+	// What each end sees is the translation's doing, not shunt's.
+	if got := c.RemoteAddr().String(); got != tr.vip {
+		t.Errorf("client's peer %s, want %s", got, tr.vip)
+	}
+	wantFrom := c.LocalAddr().(*net.TCPAddr).IP.String()
+	if tr.seenFrom != "" {
+		wantFrom = tr.seenFrom
+	}
+	if got := s.RemoteAddr().(*net.TCPAddr); got.IP.String() != wantFrom {
+		t.Errorf("server sees the client as %s, want %s", got, wantFrom)
+	}
+	if got := originalDst(t, s); tr.sameNetns && got != tr.vip {
+		t.Errorf("server's SO_ORIGINAL_DST %s, want %s", got, tr.vip)
+	}
+
+	testenv.Warm(t, c, s)
+	up := testenv.Stream{Seed: 21, Size: 4 << 20, MaxChunk: 64 << 10}
+	down := testenv.Stream{Seed: 22, Size: 4 << 20, MaxChunk: 64 << 10}
+	for _, d := range []struct {
+		st   testenv.Stream
+		w, r *net.TCPConn
+	}{{up, c, s}, {down, s, c}} {
+		wrote := make(chan error, 1)
+		go func() { wrote <- d.st.Write(d.w) }()
+		if err := d.st.Check(d.r, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-wrote; err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := flowOf(t, in, testenv.Cookie(t, c))
+	if f == nil || f.Client == nil || f.Server == nil {
+		st, _ := in.Stats()
+		t.Fatalf("not bypassed: flow %+v; counters %+v", f, st.Counters)
+	}
+	if f.Client.TxBytes < uint64(up.Size)/2 || f.Server.TxBytes < uint64(down.Size)/2 {
+		t.Errorf("redirected %d bytes up and %d down of %d each: the rest crossed TCP", f.Client.TxBytes, f.Server.TxBytes, up.Size)
+	}
+	after, _ := in.Stats()
+	if n := after.Counters.Translated - before.Counters.Translated; n != 1 {
+		t.Errorf("%d connections counted as translated, want 1", n)
+	}
+}
+
+// originalDst is the destination the client dialled, as conntrack kept it
+// for the server's socket (what a sidecar reads).
+func originalDst(t *testing.T, s *net.TCPConn) string {
+	t.Helper()
+	var out string
+	raw, err := s.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.Control(func(fd uintptr) {
+		var sa [28]byte
+		l := uint32(len(sa))
+		level := unix.SOL_IP
+		if s.LocalAddr().(*net.TCPAddr).IP.To4() == nil {
+			level = unix.SOL_IPV6
+		}
+		const soOriginalDst = 80 // SO_ORIGINAL_DST, IP6T_SO_ORIGINAL_DST
+		_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, uintptr(level), soOriginalDst,
+			uintptr(unsafe.Pointer(&sa[0])), uintptr(unsafe.Pointer(&l)), 0)
+		if e != 0 {
+			out = "error: " + e.Error()
+			return
+		}
+		port := int(sa[2])<<8 | int(sa[3])
+		var a netip.Addr
+		if level == unix.SOL_IP {
+			a = netip.AddrFrom4([4]byte(sa[4:8]))
+		} else {
+			a = netip.AddrFrom16([16]byte(sa[8:24]))
+		}
+		out = netip.AddrPortFrom(a, uint16(port)).String()
+	})
+	return out
+}
+
+// nft loads rules into a namespace.
+func nft(t *testing.T, ns *testenv.NetNS, rules string) {
+	t.Helper()
+	run(t, exec.Command("ip", "netns", "exec", ns.Name, "nft", "-f", "-"), rules)
+}
+
+// ipIn runs ip(8) in a namespace.
+func ipIn(t *testing.T, ns *testenv.NetNS, args ...string) {
+	t.Helper()
+	run(t, exec.Command("ip", append([]string{"-n", ns.Name}, args...)...), "")
+}
+
+func run(t *testing.T, cmd *exec.Cmd, stdin string) {
+	t.Helper()
+	cmd.Stdin = strings.NewReader(stdin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", strings.Join(cmd.Args, " "), err, out)
+	}
+}
+
+// vethLink joins a and b with a veth pair named an and bn, addressed net.1 on a
+// and net.2 on b (IPv4 10.N.0.0/24 and IPv6 fd00:N::/64).
+func vethLink(t *testing.T, a *testenv.NetNS, an string, b *testenv.NetNS, bn string, n int) {
+	t.Helper()
+	run(t, exec.Command("ip", "link", "add", an, "netns", a.Name, "type", "veth", "peer", "name", bn, "netns", b.Name), "")
+	for _, e := range []struct {
+		ns   *testenv.NetNS
+		name string
+		host int
+	}{{a, an, 1}, {b, bn, 2}} {
+		ipIn(t, e.ns, "addr", "add", fmt.Sprintf("10.%d.0.%d/24", n, e.host), "dev", e.name)
+		ipIn(t, e.ns, "addr", "add", fmt.Sprintf("fd00:%d::%d/64", n, e.host), "dev", e.name, "nodad")
+		ipIn(t, e.ns, "link", "set", e.name, "up")
+	}
+}
+
+func pick(v6 bool, v4addr, v6addr string) string {
+	if v6 {
+		return v6addr
+	}
+	return v4addr
+}
+
+// routed: client and server namespaces routed through a third that DNATs a
+// virtual address to the server in prerouting (kube-proxy's shape), and
+// with masq also rewrites the client's address to its own.
+func routed(t *testing.T, v6, masq bool) translation {
+	client, router, server := testenv.MustNetNS(t), testenv.MustNetNS(t), testenv.MustNetNS(t)
+	vethLink(t, router, "r0", client, "c0", 201)
+	vethLink(t, router, "r1", server, "s0", 202)
+	ipIn(t, client, "route", "add", "default", "via", "10.201.0.1")
+	ipIn(t, client, "-6", "route", "add", "default", "via", "fd00:201::1")
+	ipIn(t, server, "route", "add", "default", "via", "10.202.0.1")
+	ipIn(t, server, "-6", "route", "add", "default", "via", "fd00:202::1")
+	run(t, exec.Command("ip", "netns", "exec", router.Name, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"), "")
+	post := ""
+	if masq {
+		post = `chain post { type nat hook postrouting priority srcnat; oifname "r1" masquerade; }`
+	}
+	nft(t, router, `table inet shunt_test {
+	chain pre {
+		type nat hook prerouting priority dstnat;
+		ip daddr 10.96.0.10 tcp dport 80 dnat ip to 10.202.0.2:8080
+		ip6 daddr fd00:96::10 tcp dport 80 dnat ip6 to [fd00:202::2]:8080
+	}
+	`+post+`
+}`)
+	tr := translation{client: client, server: server,
+		listen: pick(v6, "10.202.0.2:8080", "[fd00:202::2]:8080"),
+		vip:    pick(v6, "10.96.0.10:80", "[fd00:96::10]:80")}
+	if masq {
+		tr.seenFrom = pick(v6, "10.202.0.1", "fd00:202::1")
+	}
+	return tr
+}
+
+// redirected: one namespace whose output REDIRECTs a virtual address's
+// port to a local listener, as a mesh captures an application's traffic
+// for its sidecar.
+func redirected(t *testing.T, v6 bool) translation {
+	ns := testenv.MustNetNS(t)
+	ipIn(t, ns, "addr", "add", "10.96.0.11/32", "dev", "lo")
+	ipIn(t, ns, "addr", "add", "fd00:96::11/128", "dev", "lo", "nodad")
+	nft(t, ns, `table inet shunt_test {
+	chain out {
+		type nat hook output priority -100;
+		ip daddr 10.96.0.11 tcp dport 80 redirect to :15001
+		ip6 daddr fd00:96::11 tcp dport 80 redirect to :15001
+	}
+}`)
+	return translation{client: ns, server: ns, sameNetns: true,
+		listen: pick(v6, "0.0.0.0:15001", "[::]:15001"),
+		vip:    pick(v6, "10.96.0.11:80", "[fd00:96::11]:80")}
+}
+
+// publishedPort: the client's namespace DNATs a virtual address on output
+// to a server one veth away (a container's published port, reached from
+// the host).
+func publishedPort(t *testing.T, v6 bool) translation {
+	client, server := testenv.MustNetNS(t), testenv.MustNetNS(t)
+	vethLink(t, client, "c0", server, "s0", 203)
+	ipIn(t, client, "route", "add", "10.96.0.12/32", "dev", "c0")
+	ipIn(t, client, "-6", "route", "add", "fd00:96::12/128", "dev", "c0")
+	nft(t, client, `table inet shunt_test {
+	chain out {
+		type nat hook output priority -100;
+		ip daddr 10.96.0.12 tcp dport 80 dnat ip to 10.203.0.2:8080
+		ip6 daddr fd00:96::12 tcp dport 80 dnat ip6 to [fd00:203::2]:8080
+	}
+}`)
+	return translation{client: client, server: server,
+		listen: pick(v6, "10.203.0.2:8080", "[fd00:203::2]:8080"),
+		vip:    pick(v6, "10.96.0.12:80", "[fd00:96::12]:80")}
+}
