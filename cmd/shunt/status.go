@@ -156,8 +156,8 @@ func printStatus(e *env, r statusReport) {
 				humanBytes(t.RedirectedBytes), t.RedirectedSends, humanBytes(t.TCPBytes), t.TCPSends)
 		}
 		c := r.Stats.Counters
-		fmt.Fprintf(w, "connections:\t%d paired, %d local peers not paired, %d ambiguous handshakes, %d registry full, %d insert failures\n",
-			c.Paired, c.Unpaired, c.Ambiguous, c.RegistryFull, c.InsertFailed)
+		fmt.Fprintf(w, "connections:\t%d paired (%d through address translation), %d local peers not paired, %d ambiguous handshakes, %d registry full, %d insert failures\n",
+			c.Paired, c.Translated, c.Unpaired, c.Ambiguous, c.RegistryFull, c.InsertFailed)
 		fmt.Fprintf(w, "fallbacks:\t%d directions moved to the TCP path, %d throttled by flow control\n", c.FallenBack, c.Throttled)
 		fmt.Fprintf(w, "kept on TCP:\t%d connections with an SO_ZEROCOPY end, %d to excluded ports, %d directions whose reader blocks or uses MSG_WAITALL (%d sockets back on plain TCP)\n", c.Zerocopy, c.Excluded, c.TCPReaders, c.Left)
 		fmt.Fprintf(w, "stalls:\t%d readers found waiting with bytes queued that FIONREAD does not count: sent back to TCP and woken by the guard\n", c.StallsRescued)
