@@ -386,10 +386,11 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 			if (!by_isn) {
 				ours = 1;
 				peer = claimant;
-			} else if (!ours) {
-				/* Our true client, local and enabled, would
-				 * have claimed by sequence numbers: a socket
-				 * elsewhere that only shares the tuple did. */
+			} else {
+				/* Our true client, local and enabled, claims
+				 * by sequence numbers, never by tuple: a socket
+				 * elsewhere that only shares the tuple did, and
+				 * must not send into ours. */
 				release_client(&claimant);
 			}
 		}

@@ -10,14 +10,25 @@ import (
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
-// Registrations left by handshakes that never completed must not pile up nor
+// Tuple registrations (a listener older than the install pairs by its
+// tuple alone) left by handshakes that never completed must not pile up nor
 // block later connections, and a live one from another namespace must still
-// keep an identical tuple off the redirect path.
+// keep an identical tuple off the redirect path. A listener made since pairs
+// by sequence numbers, which such a collision does not confuse.
 func TestHandshakeRegistryCleanup(t *testing.T) {
-	in, cg := mustInstall(t)
+	testenv.RequireRoot(t)
+	pin, cg := testenv.MustPinDir(t), testenv.MustCgroup(t)
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
-	ln := testenv.Listen(t, side, "tcp4", "127.0.0.1:0")
+	ln := testenv.Listen(t, side, "tcp4", "127.0.0.1:0") // before the install: tuple only
+	in, err := bypass.Create(pin, bypass.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	if _, err := in.Attach(cg); err != nil {
+		t.Fatal(err)
+	}
 	srv := netip.MustParseAddrPort(ln.Addr().String())
 	const foreignNetns = 0xdead
 
@@ -38,8 +49,8 @@ func TestHandshakeRegistryCleanup(t *testing.T) {
 		}
 	})
 
-	connect := func(t *testing.T, port int) bool {
-		c := testenv.Dial(t, side, "tcp4", srv.String(), &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+	connect := func(t *testing.T, ln *net.TCPListener, port int) bool {
+		c := testenv.Dial(t, side, "tcp4", ln.Addr().String(), &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
 		s := testenv.Accept(t, ln)
 		testenv.Warm(t, c, s)
 		exchange(t, c, s, "hello")
@@ -52,7 +63,7 @@ func TestHandshakeRegistryCleanup(t *testing.T) {
 		if err := in.InjectHandshake(client, srv, foreignNetns, bypass.HandshakeTTL+time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		if !connect(t, int(client.Port())) {
+		if !connect(t, ln, int(client.Port())) {
 			t.Error("a dead handshake's leftover kept a later connection with its tuple off the redirect path")
 		}
 	})
@@ -62,8 +73,20 @@ func TestHandshakeRegistryCleanup(t *testing.T) {
 		if err := in.InjectHandshake(client, srv, foreignNetns, time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if connect(t, int(client.Port())) {
+		if connect(t, ln, int(client.Port())) {
 			t.Error("a connection was bypassed although another namespace had a handshake with its tuple under way")
+		}
+	})
+
+	t.Run("a listener made since the install pairs by sequence numbers", func(t *testing.T) {
+		ln := testenv.Listen(t, side, "tcp4", "127.0.0.1:0")
+		srv := netip.MustParseAddrPort(ln.Addr().String())
+		client := netip.MustParseAddrPort("127.0.0.1:40005")
+		if err := in.InjectHandshake(client, srv, foreignNetns, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if !connect(t, ln, int(client.Port())) {
+			t.Error("a connection to a listener made since the install was not bypassed: a tuple registration from another namespace confused its sequence numbers")
 		}
 	})
 }

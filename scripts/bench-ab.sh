@@ -7,21 +7,29 @@
 #     cross CPU), mode shunt only.
 #   join: the kernel join (bench proxy --modes shunt-kernel): 64 B and 16 KiB
 #     request/response, 16 KiB and 2 MiB bulk.
+#   newconn: short connections (bench latency --new-conn: connect, one 14 B
+#     exchange, close), same and cross CPU: what pairing costs.
 #
-#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join]
+#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn]
 #
 # Build a commit's binary with:
 #   git worktree add /tmp/old COMMIT && (cd /tmp/old && go build -o /tmp/shunt-old ./cmd/shunt)
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn]" >&2; exit 2; }
 a=$1 b=$2 rounds=${3:-7} what=${4:-bypass}
-case $what in bypass|join) ;; *) echo "$0: what to compare: bypass or join, not $what" >&2; exit 2 ;; esac
+case $what in bypass|join|newconn) ;; *) echo "$0: what to compare: bypass, join or newconn, not $what" >&2; exit 2 ;; esac
 out=$(mktemp -d /tmp/shunt-bench-ab-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 
 run() { # binary tag round
   if [ "$what" = join ]; then
     "$1" bench proxy --modes shunt-kernel --rounds 1 --json > "$out/$2-join-$3.json"
+    return
+  fi
+  if [ "$what" = newconn ]; then
+    "$1" bench latency --new-conn --sizes 14 --modes shunt --placement same-cpu,cross-cpu --rounds 1 \
+      --count 3000 --warmup 200 --json > "$out/$2-lat-$3.json"
+    echo '[]' > "$out/$2-tput-$3.json"
     return
   fi
   "$1" bench latency --sizes 14,16K --modes shunt --placement same-cpu,cross-cpu --rounds 1 \
