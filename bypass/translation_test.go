@@ -21,6 +21,7 @@ import (
 // the enabled cgroup.
 type translation struct {
 	client, server *testenv.NetNS
+	router         *testenv.NetNS // between them, if routed
 	listen, vip    string
 	// seenFrom is the client address the server sees, when translation
 	// rewrites it too (masquerade); "" when it is the client's own.
@@ -214,7 +215,7 @@ func routed(t *testing.T, v6, masq bool) translation {
 	}
 	`+post+`
 }`)
-	tr := translation{client: client, server: server,
+	tr := translation{client: client, server: server, router: router,
 		listen: pick(v6, "10.202.0.2:8080", "[fd00:202::2]:8080"),
 		vip:    pick(v6, "10.96.0.10:80", "[fd00:96::10]:80")}
 	if masq {
@@ -261,3 +262,52 @@ func publishedPort(t *testing.T, v6 bool) translation {
 		listen: pick(v6, "10.203.0.2:8080", "[fd00:203::2]:8080"),
 		vip:    pick(v6, "10.96.0.12:80", "[fd00:96::12]:80")}
 }
+
+// A socket elsewhere that shares the tuple a translated connection's server
+// sees (same addresses and port, another namespace, connected while that
+// handshake is under way) is never paired with that server: the server pairs
+// with the client that holds the handshake's sequence numbers and releases
+// the look-alike, which then runs as plain TCP with its own peer.
+func TestTranslatedLookAlikeNotPaired(t *testing.T) {
+	testenv.NeedProgram(t, "nft")
+	in, cg := mustInstall(t)
+	tr := routed(t, false, false)
+	// Hold the real handshake open: the router drops the client's ACKs
+	// (the SYN-ACK passes, so the client is established and has claimed).
+	router := tr.router
+	nft(t, router, `table inet shunt_hold { chain hold { type filter hook forward priority 0; ip saddr 10.201.0.2 tcp dport 8080 tcp flags & (syn|ack) == ack drop; }; }`)
+
+	// The look-alike: 10.201.0.2 too, in a namespace of its own, whose
+	// route leads to another 10.202.0.2:8080, a listener shunt does not
+	// hold (the test's own cgroup).
+	x, y := testenv.MustNetNS(t), testenv.MustNetNS(t)
+	vethLink(t, y, "y0", x, "x0", 201) // x: 10.201.0.2, y: 10.201.0.1
+	ipIn(t, x, "route", "add", "default", "via", "10.201.0.1")
+	ipIn(t, y, "addr", "add", "10.202.0.2/32", "dev", "lo")
+	other := testenv.Listen(t, testenv.Side{NS: y}, "tcp4", "10.202.0.2:8080")
+
+	ln := testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp4", tr.listen)
+	c := testenv.Dial(t, testenv.Side{NS: tr.client, CG: cg}, "tcp4", tr.vip, nil)
+	port := c.LocalAddr().(*net.TCPAddr).Port
+	look := testenv.Dial(t, testenv.Side{NS: x, CG: cg}, "tcp4", "10.202.0.2:8080", &net.TCPAddr{IP: net.IPv4(10, 201, 0, 2), Port: port})
+	lookPeer := testenv.Accept(t, other)
+
+	run(t, exec.Command("ip", "netns", "exec", router.Name, "nft", "delete", "table", "inet", "shunt_hold"), "")
+	s := testenv.Accept(t, ln) // after the SYN-ACK's retransmission, about a second
+	testenv.Warm(t, c, s)
+	testenv.Warm(t, look, lookPeer)
+	for i := 0; i < 20; i++ {
+		exchange(t, c, s, fmt.Sprintf("real %d", i))
+		exchange(t, s, c, fmt.Sprintf("back %d", i))
+		exchange(t, look, lookPeer, fmt.Sprintf("look-alike %d", i))
+	}
+
+	f := flowOf(t, in, testenv.Cookie(t, s))
+	if f == nil || f.Client == nil || f.Client.Cookie != testenv.Cookie(t, c) {
+		t.Fatalf("the server is paired with %+v, want its client (cookie %d)", f, testenv.Cookie(t, c))
+	}
+	if g := flowOf(t, in, testenv.Cookie(t, look)); g != nil {
+		t.Errorf("the look-alike is still held: %+v", g)
+	}
+}
+
