@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -311,3 +313,59 @@ func TestTranslatedLookAlikeNotPaired(t *testing.T) {
 	}
 }
 
+// Bypassed bytes never advance TCP's sequence numbers, so the segments that
+// still cross (handshake, FIN) stay inside the window conntrack tracks: a
+// translated connection's entry ends with it, as without shunt (kube-proxy's
+// rules drop what conntrack calls invalid, and an entry left established
+// would hold the table for days).
+func TestTranslatedConnectionsEndInConntrack(t *testing.T) {
+	testenv.NeedProgram(t, "nft")
+	in, cg := mustInstall(t)
+	tr := routed(t, false, false)
+	ln := testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp4", tr.listen)
+	const conns = 200
+	before, _ := in.Stats()
+	for i := 0; i < conns; i++ {
+		c := testenv.Dial(t, testenv.Side{NS: tr.client, CG: cg}, "tcp4", tr.vip, nil)
+		s := testenv.Accept(t, ln)
+		testenv.Warm(t, c, s)
+		exchange(t, c, s, strings.Repeat("x", 16<<10))
+		exchange(t, s, c, strings.Repeat("y", 16<<10))
+		c.Close()
+		s.Close()
+	}
+	after, _ := in.Stats()
+	if n := after.Counters.Translated - before.Counters.Translated; n != conns {
+		t.Errorf("%d of %d connections paired through the translation", n, conns)
+	}
+	var states map[string]int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		states = conntrackStates(t, tr.router, "sport=8080") // the reply tuple
+		if states["TIME_WAIT"]+states["CLOSE"] == conns || time.Now().After(deadline) {
+			break
+		}
+	}
+	if states["TIME_WAIT"]+states["CLOSE"] != conns {
+		t.Errorf("conntrack entries of the %d closed connections by state: %v, want all TIME_WAIT or CLOSE", conns, states)
+	}
+}
+
+// conntrackStates counts a namespace's TCP conntrack entries by state,
+// those whose line contains match.
+func conntrackStates(t *testing.T, ns *testenv.NetNS, match string) map[string]int {
+	t.Helper()
+	var b []byte
+	var err error
+	ns.Do(t, func() { b, err = os.ReadFile("/proc/thread-self/net/nf_conntrack") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]int{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 5 && f[2] == "tcp" && strings.Contains(line, match) {
+			states[f[5]]++
+		}
+	}
+	return states
+}
