@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -134,33 +136,86 @@ func (e *env) dial(t *testing.T, addr string) *net.TCPConn {
 func TestRedis(t *testing.T) {
 	testenv.NeedProgram(t, "redis-server")
 	bothWays(t, redirected, 2*200*100<<10, func(t *testing.T, e *env) {
-		c, r := e.serveAndDial(t, func(port string) []string {
-			return []string{"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"}
-		})
-		const n = 200
-		sums := make([][32]byte, n)
-		for i := 0; i < n; i++ {
-			v := newBlob(100<<10, uint64(i)).data
-			sums[i] = sha256.Sum256(v)
-			fmt.Fprintf(c, "*3\r\n$3\r\nSET\r\n$%d\r\nk%d\r\n$%d\r\n", len(strconv.Itoa(i))+1, i, len(v))
-			c.Write(append(v, '\r', '\n'))
-			if line, err := r.ReadString('\n'); err != nil || line != "+OK\r\n" {
-				t.Fatalf("SET %d: %q %v", i, line, err)
-			}
-		}
-		for i := 0; i < n; i++ {
-			fmt.Fprintf(c, "*2\r\n$3\r\nGET\r\n$%d\r\nk%d\r\n", len(strconv.Itoa(i))+1, i)
-			line, err := r.ReadString('\n')
-			if err != nil || !strings.HasPrefix(line, "$") {
-				t.Fatalf("GET %d: %q %v", i, line, err)
-			}
-			size, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
-			v := make([]byte, size+2)
-			if _, err := io.ReadFull(r, v); err != nil || sha256.Sum256(v[:size]) != sums[i] {
-				t.Fatalf("GET %d: %d bytes, digest differs (%v)", i, size, err)
+		c, r := e.serveAndDial(t, redisArgv)
+		redisSetGet(t, c, r)
+	})
+}
+
+// Redis behind a Service: the client dials a virtual address that a DNAT
+// on output, shaped like kube-proxy's for a Service whose endpoint is on
+// this node, sends to Redis. Both legs are one connection to shunt, paired
+// through the translation by its sequence numbers.
+func TestRedisThroughServiceDNAT(t *testing.T) {
+	testenv.NeedProgram(t, "redis-server")
+	testenv.NeedProgram(t, "nft")
+	bothWays(t, redirected, 2*200*100<<10, func(t *testing.T, e *env) {
+		port := e.freePort(t)
+		e.start(t, redisArgv(strconv.Itoa(port))...)
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		e.waitListening(t, addr)
+		const vip = "10.96.0.20:6379"
+		e.serviceDNAT(t, vip, addr)
+		c := e.dial(t, vip)
+		redisSetGet(t, c, bufio.NewReader(c))
+		if e.in != nil {
+			if st, err := e.in.Stats(); err != nil || st.Counters.Translated == 0 {
+				t.Errorf("no connection counted as paired through the translation: %+v %v", st.Counters, err)
 			}
 		}
 	})
+}
+
+func redisArgv(port string) []string {
+	return []string{"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"}
+}
+
+// serviceDNAT gives the env a virtual address vip (on lo, as a Service's
+// cluster IP is routable) and DNATs it on output to addr, as kube-proxy's
+// nftables mode does for an endpoint on the node.
+func (e *env) serviceDNAT(t *testing.T, vip, addr string) {
+	t.Helper()
+	v, a := netip.MustParseAddrPort(vip), netip.MustParseAddrPort(addr)
+	e.run(t, "ip", "addr", "add", v.Addr().String()+"/32", "dev", "lo")
+	rules := fmt.Sprintf(`table ip shunt_test_service {
+	chain out {
+		type nat hook output priority -100;
+		ip daddr %s tcp dport %d dnat to %s
+	}
+}`, v.Addr(), v.Port(), a)
+	cmd := exec.Command("ip", "netns", "exec", e.side.NS.Name, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+}
+
+// redisSetGet SETs 200 values of 100 KB, GETs them back and compares
+// digests.
+func redisSetGet(t *testing.T, c *net.TCPConn, r *bufio.Reader) {
+	t.Helper()
+	const n = 200
+	sums := make([][32]byte, n)
+	for i := 0; i < n; i++ {
+		v := newBlob(100<<10, uint64(i)).data
+		sums[i] = sha256.Sum256(v)
+		fmt.Fprintf(c, "*3\r\n$3\r\nSET\r\n$%d\r\nk%d\r\n$%d\r\n", len(strconv.Itoa(i))+1, i, len(v))
+		c.Write(append(v, '\r', '\n'))
+		if line, err := r.ReadString('\n'); err != nil || line != "+OK\r\n" {
+			t.Fatalf("SET %d: %q %v", i, line, err)
+		}
+	}
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(c, "*2\r\n$3\r\nGET\r\n$%d\r\nk%d\r\n", len(strconv.Itoa(i))+1, i)
+		line, err := r.ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "$") {
+			t.Fatalf("GET %d: %q %v", i, line, err)
+		}
+		size, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+		v := make([]byte, size+2)
+		if _, err := io.ReadFull(r, v); err != nil || sha256.Sum256(v[:size]) != sums[i] {
+			t.Fatalf("GET %d: %d bytes, digest differs (%v)", i, size, err)
+		}
+	}
 }
 
 // memcached 1.6: set 200 values of 50 KB, get them back, compare digests.
