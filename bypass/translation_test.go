@@ -40,6 +40,7 @@ type translation struct {
 // end sees (its addresses, SO_ORIGINAL_DST) as without shunt.
 func TestBypassThroughTranslation(t *testing.T) {
 	testenv.NeedProgram(t, "nft")
+	testenv.NeedProgram(t, "iptables")
 	in, cg := mustInstall(t)
 	for _, fam := range []string{"ipv4", "ipv6"} {
 		for _, tc := range []struct {
@@ -48,6 +49,7 @@ func TestBypassThroughTranslation(t *testing.T) {
 		}{
 			{"dnat-in-router", func(t *testing.T, v6 bool) translation { return routed(t, v6, false) }},
 			{"dnat-and-masquerade-in-router", func(t *testing.T, v6 bool) translation { return routed(t, v6, true) }},
+			{"iptables-service-chains-in-router", routedByIptables},
 			{"redirect-on-output", redirected},
 			{"dnat-on-output-over-veth", publishedPort},
 		} {
@@ -197,6 +199,53 @@ func pick(v6 bool, v4addr, v6addr string) string {
 // virtual address to the server in prerouting (kube-proxy's shape), and
 // with masq also rewrites the client's address to its own.
 func routed(t *testing.T, v6, masq bool) translation {
+	tr := routedTopology(t, v6)
+	post := ""
+	if masq {
+		post = `chain post { type nat hook postrouting priority srcnat; oifname "r1" masquerade; }`
+	}
+	nft(t, tr.router, `table inet shunt_test {
+	chain pre {
+		type nat hook prerouting priority dstnat;
+		ip daddr 10.96.0.10 tcp dport 80 dnat ip to 10.202.0.2:8080
+		ip6 daddr fd00:96::10 tcp dport 80 dnat ip6 to [fd00:202::2]:8080
+	}
+	`+post+`
+}`)
+	if masq {
+		tr.seenFrom = pick(v6, "10.202.0.1", "fd00:202::1")
+	}
+	return tr
+}
+
+// routedByIptables: the router's DNAT written with iptables (iptables-nft)
+// in the chains kube-proxy's iptables mode makes: KUBE-SERVICES jumps to a
+// Service's chain, which jumps to an endpoint's chain, which DNATs (and
+// marks for masquerade what comes from the endpoint itself).
+func routedByIptables(t *testing.T, v6 bool) translation {
+	tr := routedTopology(t, v6)
+	tool, vip, epIP, ep := "iptables", "10.96.0.10", "10.202.0.2", "10.202.0.2:8080"
+	if v6 {
+		tool, vip, epIP, ep = "ip6tables", "fd00:96::10", "fd00:202::2", "[fd00:202::2]:8080"
+	}
+	for _, rule := range [][]string{
+		{"-N", "KUBE-SERVICES"}, {"-N", "KUBE-SVC-TEST"}, {"-N", "KUBE-SEP-TEST"}, {"-N", "KUBE-MARK-MASQ"},
+		{"-A", "KUBE-MARK-MASQ", "-j", "MARK", "--or-mark", "0x4000"},
+		{"-A", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES"},
+		{"-A", "KUBE-SERVICES", "-d", vip, "-p", "tcp", "--dport", "80", "-j", "KUBE-SVC-TEST"},
+		{"-A", "KUBE-SVC-TEST", "-j", "KUBE-SEP-TEST"},
+		{"-A", "KUBE-SEP-TEST", "-s", epIP, "-j", "KUBE-MARK-MASQ"},
+		{"-A", "KUBE-SEP-TEST", "-p", "tcp", "-j", "DNAT", "--to-destination", ep},
+	} {
+		run(t, exec.Command("ip", append([]string{"netns", "exec", tr.router.Name, tool, "-t", "nat"}, rule...)...), "")
+	}
+	return tr
+}
+
+// routedTopology: client (10.201.0.2) and server (10.202.0.2) namespaces
+// routed through a router namespace, the client dialling the virtual
+// address 10.96.0.10:80 (fd00:96::10) that the router's rules translate.
+func routedTopology(t *testing.T, v6 bool) translation {
 	client, router, server := testenv.MustNetNS(t), testenv.MustNetNS(t), testenv.MustNetNS(t)
 	vethLink(t, router, "r0", client, "c0", 201)
 	vethLink(t, router, "r1", server, "s0", 202)
@@ -205,25 +254,9 @@ func routed(t *testing.T, v6, masq bool) translation {
 	ipIn(t, server, "route", "add", "default", "via", "10.202.0.1")
 	ipIn(t, server, "-6", "route", "add", "default", "via", "fd00:202::1")
 	run(t, exec.Command("ip", "netns", "exec", router.Name, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"), "")
-	post := ""
-	if masq {
-		post = `chain post { type nat hook postrouting priority srcnat; oifname "r1" masquerade; }`
-	}
-	nft(t, router, `table inet shunt_test {
-	chain pre {
-		type nat hook prerouting priority dstnat;
-		ip daddr 10.96.0.10 tcp dport 80 dnat ip to 10.202.0.2:8080
-		ip6 daddr fd00:96::10 tcp dport 80 dnat ip6 to [fd00:202::2]:8080
-	}
-	`+post+`
-}`)
-	tr := translation{client: client, server: server, router: router,
+	return translation{client: client, server: server, router: router,
 		listen: pick(v6, "10.202.0.2:8080", "[fd00:202::2]:8080"),
 		vip:    pick(v6, "10.96.0.10:80", "[fd00:96::10]:80")}
-	if masq {
-		tr.seenFrom = pick(v6, "10.202.0.1", "fd00:202::1")
-	}
-	return tr
 }
 
 // redirected: one namespace whose output REDIRECTs a virtual address's

@@ -28,6 +28,7 @@ command -v promtool >/dev/null || need+=(prometheus) # promtool checks shunt met
 command -v wrk >/dev/null || need+=(wrk) # make compat-bench
 command -v memcaslap >/dev/null || need+=(libmemcached-tools) # make compat-bench
 command -v nft >/dev/null || need+=(nftables) # policy parity with netfilter (policy/)
+command -v iptables >/dev/null || need+=(iptables) # iptables-nft: bypass through iptables NAT rules (bypass/)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   # Installing haproxy, nginx and prometheus must not start them as services.
