@@ -361,11 +361,12 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 	struct sock_key peer = { .role = ROLE_CLIENT };
 	int found = 0, by_isn = 0, ours = 0, translated = 0;
 
-	/* Nothing but the SYN-ACK sent and nothing read yet: snd_una and
-	 * copied_seq are each ISN + 1. */
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
-	if (tp) {
-		struct isn_pair k = { .client_isn = tp->copied_seq - 1, .server_isn = skops->snd_una - 1 };
+	/* Nothing but the SYN-ACK sent yet, and the ACK's own data not queued
+	 * yet: snd_una - 1 and rcv_nxt - 1 are what the SYN-ACK carried (for
+	 * a TFO child, made at the SYN, rcv_nxt includes the SYN's data as
+	 * the SYN-ACK's ack does, and its client has claimed nothing yet). */
+	{
+		struct isn_pair k = { .client_isn = skops->rcv_nxt - 1, .server_isn = skops->snd_una - 1 };
 		struct isn_pending *x = bpf_map_lookup_elem(&isn_handshakes, &k);
 		if (x && x->p.server_netns == netns) {
 			found = by_isn = 1;

@@ -2,6 +2,7 @@ package bypass_test
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -401,4 +402,57 @@ func conntrackStates(t *testing.T, ns *testenv.NetNS, match string) map[string]i
 		}
 	}
 	return states
+}
+
+// TCP Fast Open: the server's child is made at the SYN, before its client
+// holds the SYN-ACK, so a connection whose SYN carried data is not paired;
+// it runs as plain TCP, nothing left half held. (The first connection only
+// asks for a cookie: an ordinary handshake, paired.)
+func TestFastOpenNotHalfHeld(t *testing.T) {
+	in, cg := mustInstall(t)
+	ns := testenv.MustNetNS(t)
+	run(t, exec.Command("ip", "netns", "exec", ns.Name, "sysctl", "-qw", "net.ipv4.tcp_fastopen=3"), "")
+	side := testenv.Side{NS: ns, CG: cg}
+	ln := testenv.Listen(t, side, "tcp4", "127.0.0.1:0")
+	raw, err := ln.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_FASTOPEN, 16) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := ln.Addr().(*net.TCPAddr)
+	for i := 0; i < 3; i++ { // the first gets a cookie, the next use it
+		var fd int
+		side.Make(t, func() {
+			fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err == nil {
+				err = unix.Sendto(fd, []byte("hello"), unix.MSG_FASTOPEN, &unix.SockaddrInet4{Port: dst.Port, Addr: [4]byte{127, 0, 0, 1}})
+			}
+		})
+		if err != nil {
+			t.Fatalf("TFO connect %d: %v", i, err)
+		}
+		s := testenv.Accept(t, ln)
+		got := make([]byte, 5)
+		if _, err := io.ReadFull(s, got); err != nil || string(got) != "hello" {
+			t.Fatalf("connection %d: server read %q %v", i, got, err)
+		}
+		s.Write([]byte("world"))
+		if n, err := unix.Read(fd, got); n != 5 || err != nil || string(got) != "world" {
+			t.Fatalf("connection %d: client read %q %v", i, got[:max(n, 0)], err)
+		}
+		cookie, _ := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
+		if f := flowOf(t, in, cookie); f != nil && (f.Client == nil || f.Server == nil) {
+			t.Errorf("connection %d left half held: %+v", i, f)
+		}
+		unix.Close(fd)
+		s.Close()
+	}
+	st, _ := in.Stats()
+	t.Logf("TFO connections: %d paired, %d unpaired", st.Counters.Paired, st.Counters.Unpaired)
+	if st.Counters.Paired > 1 {
+		t.Errorf("%d connections paired, want only the cookie request's", st.Counters.Paired)
+	}
 }
