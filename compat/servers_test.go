@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -182,11 +181,7 @@ func (e *env) serviceDNAT(t *testing.T, vip, addr string) {
 		ip daddr %s tcp dport %d dnat to %s
 	}
 }`, v.Addr(), v.Port(), a)
-	cmd := exec.Command("ip", "netns", "exec", e.side.NS.Name, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(rules)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("nft: %v: %s", err, out)
-	}
+	e.side.NS.Nft(t, rules)
 }
 
 // redisSetGet SETs 200 values of 100 KB, GETs them back and compares

@@ -4,13 +4,9 @@ import (
 	"bufio"
 	"fmt"
 	"net"
-	"net/netip"
-	"os/exec"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -60,11 +56,7 @@ func (e *env) sidecar(t *testing.T, port int) <-chan string {
 		tcp dport %d redirect to :%d
 	}
 }`, sidecarMark, port, ln.Addr().(*net.TCPAddr).Port)
-	cmd := exec.Command("ip", "netns", "exec", e.side.NS.Name, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(rules)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("nft: %v: %s", err, out)
-	}
+	e.side.NS.Nft(t, rules)
 	dsts := make(chan string, 16)
 	go func() {
 		for {
@@ -72,7 +64,7 @@ func (e *env) sidecar(t *testing.T, port int) <-chan string {
 			if err != nil {
 				return
 			}
-			dst, err := originalDst(down)
+			dst, err := testenv.OriginalDst(down)
 			if err != nil {
 				t.Errorf("SO_ORIGINAL_DST: %v", err)
 				down.Close()
@@ -114,24 +106,4 @@ func pump(dst, src net.Conn) {
 			return
 		}
 	}
-}
-
-// originalDst reads the address a REDIRECTed connection was made to.
-func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	var sa [16]byte
-	var errno syscall.Errno
-	raw.Control(func(fd uintptr) {
-		l := uint32(len(sa))
-		const soOriginalDst = 80
-		_, _, errno = unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_IP, soOriginalDst,
-			uintptr(unsafe.Pointer(&sa[0])), uintptr(unsafe.Pointer(&l)), 0)
-	})
-	if errno != 0 {
-		return netip.AddrPort{}, errno
-	}
-	return netip.AddrPortFrom(netip.AddrFrom4([4]byte(sa[4:8])), uint16(sa[2])<<8|uint16(sa[3])), nil
 }
