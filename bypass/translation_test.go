@@ -292,7 +292,7 @@ func TestTranslatedLookAlikeNotPaired(t *testing.T) {
 	look := testenv.Dial(t, testenv.Side{NS: x, CG: cg}, "tcp4", "10.202.0.2:8080", &net.TCPAddr{IP: net.IPv4(10, 201, 0, 2), Port: port})
 	lookPeer := testenv.Accept(t, other)
 
-	run(t, exec.Command("ip", "netns", "exec", router.Name, "nft", "delete", "table", "inet", "shunt_hold"), "")
+	router.Nft(t, "delete table inet shunt_hold")
 	s := testenv.Accept(t, ln) // after the SYN-ACK's retransmission, about a second
 	testenv.Warm(t, c, s)
 	testenv.Warm(t, look, lookPeer)

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -121,11 +119,7 @@ func TestSameIngressVerdictsAsNftables(t *testing.T) {
 	testenv.NeedProgram(t, "nft")
 	ns := mustAddressNS(t)
 	rec := listeners(t, testenv.Side{NS: ns}, 53, 80, 81, 82, 443)
-	nft := exec.Command("ip", "netns", "exec", ns.Name, "nft", "-f", "-")
-	nft.Stdin = strings.NewReader(ingressNft)
-	if out, err := nft.CombinedOutput(); err != nil {
-		t.Fatalf("nft: %v: %s", err, out)
-	}
+	ns.Nft(t, ingressNft)
 	checkIngressTable(t, runIngressTable(t, testenv.Side{NS: ns}, rec), "nftables")
 }
 

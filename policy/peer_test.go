@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -162,13 +161,7 @@ func TestSamePeerVerdictsAsNftables(t *testing.T) {
 		return r
 	}
 	ruleset := fmt.Sprintf(peerNft, clients["frontend"].Level(), clients["canary"].Level(), rel(clients["canary"]), rel(clients["frontend"]))
-	// nsenter, not ip netns exec: that one mounts a /sys of its own, with
-	// no cgroup hierarchy in it for nft to find the paths in.
-	nft := exec.Command("nsenter", "--net=/run/netns/"+ns.Name, "nft", "-f", "-")
-	nft.Stdin = strings.NewReader(ruleset)
-	if out, err := nft.CombinedOutput(); err != nil {
-		t.Fatalf("nft: %v: %s\n%s", err, out, ruleset)
-	}
+	ns.Nft(t, ruleset)
 	checkPeerTable(t, runPeerTable(t, ns, clients, rec), "nftables")
 }
 

@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -431,11 +430,7 @@ func TestSameVerdictsAsNftables(t *testing.T) {
 	ns := mustAddressNS(t)
 	side := testenv.Side{NS: ns}
 	listeners(t, side, 80, 81, 82, 443, 5432)
-	nft := exec.Command("ip", "netns", "exec", ns.Name, "nft", "-f", "-")
-	nft.Stdin = strings.NewReader(tableNft)
-	if out, err := nft.CombinedOutput(); err != nil {
-		t.Fatalf("nft: %v: %s", err, out)
-	}
+	ns.Nft(t, tableNft)
 	got := runTable(t, side)
 	for _, c := range table {
 		err := got[c.String()]

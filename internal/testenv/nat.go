@@ -13,13 +13,14 @@ import (
 )
 
 // Nft loads an nftables ruleset into the namespace; the namespace's end
-// removes it.
+// removes it. nsenter, not ip netns exec: that one mounts a /sys of its
+// own, with no cgroup hierarchy in it for nft to resolve cgroup paths in.
 func (n *NetNS) Nft(t testing.TB, rules string) {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", n.Name, "nft", "-f", "-")
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.Name, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("nft in %s: %v: %s", n.Name, err, out)
+		t.Fatalf("nft in %s: %v: %s\n%s", n.Name, err, out, rules)
 	}
 }
 
