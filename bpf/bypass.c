@@ -874,6 +874,20 @@ static __always_inline __u32 hidden_bytes(struct sock *sk, struct peer_ref *ref)
 	return n;
 }
 
+/* The peer's end (its FIN) came and the reader has not read it: TCP counts
+ * the FIN as one sequence number in rcv_nxt, and a read that returns 0
+ * moves copied_seq past it. FIONREAD never counts it, on any kernel; a
+ * reader is told of it only by the edge the FIN's arrival raised, so one
+ * that let that edge pass (it read an earlier edge's bytes to a full
+ * buffer and was told 0 more) waits for ever. */
+static __always_inline int end_unread(struct sock *sk)
+{
+	unsigned long flags = BPF_CORE_READ(sk, __sk_common.skc_flags);
+	if (!((flags >> bpf_core_enum_value(enum sock_flags, SOCK_DONE)) & 1))
+		return 0;
+	return tcp_queued(sk) != 0;
+}
+
 /* How far the reader has read: TCP's copied_seq plus the redirected bytes
  * shunt counted it reading (6.1; 0 where the psock counts). Only grows. */
 static __always_inline __u32 read_progress(struct sock *sk, struct peer_ref *ref)
@@ -1462,7 +1476,12 @@ int shunt_iter_drain(struct bpf_iter__task_file *ctx)
  * reader is woken, whatever the reader waits for and however it got there
  * (a read the stall watch saw, or none: FIONREAD asked before the first
  * read). A reader that only pauses loses the bypass of that connection,
- * nothing else. Writes the key of each socket it rescues. */
+ * nothing else. The peer's end unread counts as such bytes: an end its
+ * reader missed leaves a connection open for ever (nginx's stream proxy on
+ * 6.1 never closed its client); a reader that keeps a half-closed
+ * connection open and reads no more loses its bypass and gets one more
+ * EPOLLIN, which reads 0 as before. Writes the key of each socket it
+ * rescues. */
 SEC("iter/task_file")
 int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 {
@@ -1476,7 +1495,10 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	if (!ref || ref->leaving || (ref->reads & STATE_TCP_READER))
 		return 0;
 	__u32 hidden = hidden_bytes(sk, ref);
-	if (!hidden) {
+	int end = end_unread(sk);
+	if (end && cfg.fionread_misses_tcp)
+		hidden--; /* the FIN's sequence number, counted by tcp_queued */
+	if (!hidden && !end) {
 		ref->scan_at = 0;
 		return 0;
 	}

@@ -2,6 +2,7 @@ package bypass_test
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -31,10 +32,27 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 		// askFirst: FIONREAD before the first read, which the read
 		// watch never sees (the stall scan must find it).
 		askFirst bool
+		// end: the writer closes after its last byte and the reader
+		// reads on to the end, as nginx does once an edge has carried
+		// EPOLLRDHUP (it then reads until 0, whatever FIONREAD says).
+		end bool
+		// late: the reader starts once the writer is done, so its first
+		// edge tells the bytes and the end at once.
+		late bool
+		// size: how much the writer sends (0: 1 MiB).
+		size int
 	}{
-		{"first bytes", false, false},
-		{"first bytes, FIONREAD before reading", false, true},
-		{"redirected", true, false},
+		{name: "first bytes"},
+		{name: "first bytes, FIONREAD before reading", askFirst: true},
+		{name: "redirected", warm: true},
+		{name: "redirected, then the end", warm: true, end: true},
+		{name: "first bytes, then the end", end: true},
+		// nginx's stream proxy on 6.1 never read its upstream's end
+		// after a 64 KiB response: FIONREAD there misses redirected
+		// bytes, so after one full buffer it was told 0, read one more
+		// (the end had come), counted below 0 and waited for an edge.
+		// That read took the last bytes: only the end was left.
+		{name: "redirected 24 KiB and the end, read late", warm: true, end: true, late: true, size: 24 << 10},
 	} {
 		for _, network := range []string{"tcp4", "tcp6"} {
 			t.Run(tc.name+"/"+network, func(t *testing.T) {
@@ -46,7 +64,7 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 				if tc.warm {
 					testenv.Warm(t, c, s)
 				}
-				data := make([]byte, 1<<20)
+				data := make([]byte, cmp.Or(tc.size, 1<<20))
 				rng := rand.NewChaCha8([32]byte{7})
 				_, _ = rng.Read(data)
 				var wg sync.WaitGroup
@@ -56,9 +74,16 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 					if _, err := s.Write(data); err != nil {
 						t.Errorf("write: %v", err)
 					}
+					if tc.end {
+						s.Close()
+					}
 				}()
+				if tc.late {
+					wg.Wait()
+					time.Sleep(50 * time.Millisecond) // the FIN on its way
+				}
 				start := time.Now()
-				got, err := fionreadRead(t, c, len(data), tc.askFirst, 10*time.Second)
+				got, err := fionreadRead(t, c, len(data), fionreadReader{askFirst: tc.askFirst, end: tc.end}, 10*time.Second)
 				took := time.Since(start)
 				wg.Wait()
 				st, serr := in.Stats()
@@ -83,12 +108,23 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 	}
 }
 
-// fionreadRead reads want bytes from c as nginx does: it waits for an
-// edge-triggered EPOLLIN, reads 16 KiB buffers, and after a full one asks
-// FIONREAD how much is left, waiting for the next edge when told 0.
-// askFirst: it also asks before its first read after an edge, and reads
-// only when told bytes are there. Fails after timeout with what it got.
-func fionreadRead(t *testing.T, c *net.TCPConn, want int, askFirst bool, timeout time.Duration) ([]byte, error) {
+// fionreadReader is how a reader that trusts FIONREAD goes about it.
+type fionreadReader struct {
+	// askFirst: it asks before its first read after an edge, and reads
+	// only when told bytes are there.
+	askFirst bool
+	// end: it reads until the end (read returns 0), and from the edge that
+	// carried EPOLLRDHUP on it reads without asking (nginx's pending_eof).
+	end bool
+}
+
+// fionreadRead reads want bytes from c (and then the end, if how.end) as
+// nginx's recv does (src/os/unix/ngx_recv.c, epoll with EPOLLRDHUP): on an
+// edge-triggered EPOLLIN it reads 16 KiB buffers; after a full one it asks
+// FIONREAD how much is left and counts its reads down from that; told 0, or
+// having read more than it was told, it waits for the next edge, even once
+// an edge said the end had come. Fails after timeout with what it got.
+func fionreadRead(t *testing.T, c *net.TCPConn, want int, how fionreadReader, timeout time.Duration) ([]byte, error) {
 	t.Helper()
 	raw, err := c.SyscallConn()
 	if err != nil {
@@ -97,7 +133,7 @@ func fionreadRead(t *testing.T, c *net.TCPConn, want int, askFirst bool, timeout
 	var got []byte
 	var rerr error
 	err = raw.Control(func(fd uintptr) {
-		got, rerr = fionreadLoop(int(fd), want, askFirst, time.Now().Add(timeout))
+		got, rerr = fionreadLoop(int(fd), want, how, time.Now().Add(timeout))
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +141,7 @@ func fionreadRead(t *testing.T, c *net.TCPConn, want int, askFirst bool, timeout
 	return got, rerr
 }
 
-func fionreadLoop(fd, want int, askFirst bool, deadline time.Time) ([]byte, error) {
+func fionreadLoop(fd, want int, how fionreadReader, deadline time.Time) ([]byte, error) {
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, err
@@ -119,10 +155,12 @@ func fionreadLoop(fd, want int, askFirst bool, deadline time.Time) ([]byte, erro
 	buf := make([]byte, 16<<10)
 	events := make([]unix.EpollEvent, 1)
 	var trail []string
-	for len(got) < want {
+	step := func(s string) { trail = append(trail[max(0, len(trail)-8):], s) }
+	pendingEnd := false
+	for len(got) < want || how.end {
 		left := time.Until(deadline)
 		if left <= 0 {
-			return got, fmt.Errorf("stalled: %d of %d bytes after the deadline; last steps: %s", len(got), want, strings.Join(trail, ", "))
+			return got, fmt.Errorf("stalled: %d of %d bytes after the deadline (an edge told the end: %v); last steps: %s", len(got), want, pendingEnd, strings.Join(trail, ", "))
 		}
 		n, err := unix.EpollWait(ep, events, int(left/time.Millisecond)+1)
 		if err == unix.EINTR || n == 0 {
@@ -134,17 +172,19 @@ func fionreadLoop(fd, want int, askFirst bool, deadline time.Time) ([]byte, erro
 		if events[0].Events&unix.EPOLLIN == 0 {
 			continue
 		}
-		if askFirst {
-			avail, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
-			if err != nil {
+		if events[0].Events&unix.EPOLLRDHUP != 0 {
+			pendingEnd = true
+		}
+		// avail: what FIONREAD said is left, less what was read since;
+		// -1: not asked since the edge.
+		avail := -1
+		if how.askFirst && !pendingEnd {
+			if avail, err = unix.IoctlGetInt(fd, unix.SIOCINQ); err != nil {
 				return got, err
 			}
-			trail = append(trail[max(0, len(trail)-8):], fmt.Sprintf("first FIONREAD %d", avail))
-			if avail == 0 {
-				continue
-			}
+			step(fmt.Sprintf("first FIONREAD %d", avail))
 		}
-		for {
+		for avail != 0 || pendingEnd {
 			r, err := unix.Read(fd, buf)
 			if err == unix.EAGAIN {
 				break
@@ -153,19 +193,33 @@ func fionreadLoop(fd, want int, askFirst bool, deadline time.Time) ([]byte, erro
 				return got, err
 			}
 			if r == 0 {
+				if how.end && len(got) == want {
+					return got, nil
+				}
 				return got, fmt.Errorf("EOF after %d of %d bytes", len(got), want)
 			}
 			got = append(got, buf[:r]...)
+			if avail >= 0 {
+				avail -= r
+				if avail < 0 {
+					// More than told: nginx takes it that bytes came
+					// since, and waits for their edge.
+					step(fmt.Sprintf("read past FIONREAD at %d", len(got)))
+					break
+				}
+			} else if r == len(buf) {
+				if avail, err = unix.IoctlGetInt(fd, unix.SIOCINQ); err != nil {
+					return got, err
+				}
+				if avail == 0 {
+					step(fmt.Sprintf("FIONREAD 0 at %d", len(got)))
+				}
+			}
 			if r < len(buf) {
-				break
-			}
-			avail, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
-			if err != nil {
-				return got, err
-			}
-			if avail == 0 {
-				trail = append(trail[max(0, len(trail)-8):], fmt.Sprintf("FIONREAD 0 at %d", len(got)))
-				break
+				if !pendingEnd {
+					break
+				}
+				avail = 0
 			}
 		}
 	}

@@ -67,6 +67,12 @@ func logState(t testing.TB, e *env) {
 	if st, err := e.in.Stats(); err == nil {
 		t.Logf("counters: %+v", st.Counters)
 	}
+	// Each socket's TCP state and queues: which end is missing (an end
+	// not seen shows as CLOSE-WAIT with nothing queued, a writer stuck as
+	// a full Send-Q).
+	if out, err := exec.Command("ip", "netns", "exec", e.side.NS.Name, "ss", "-tanpio", "exclude", "time-wait").CombinedOutput(); err == nil {
+		t.Logf("sockets:\n%s", out)
+	}
 }
 
 // start runs a program in the env's namespace and cgroup until the test
@@ -245,6 +251,8 @@ func (e *env) download(t *testing.T, addr string, body blob, deadline time.Durat
 	got, err := io.ReadAll(c)
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
+		// While the connection is still open: which end waits.
+		logState(t, e)
 		return hung, fmt.Sprintf("no end after %v (%d bytes)", deadline, len(got))
 	}
 	if err != nil {

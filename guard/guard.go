@@ -100,6 +100,10 @@ func wake(ev bypass.Event, report func(string)) {
 		err = nil // closed: nobody waits
 	}
 	what := fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with %d bytes queued that FIONREAD does not count", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
+	if ev.Unread == 0 {
+		// The stall scan found only the peer's end unread.
+		what = fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with the peer's end (FIN) unread", ev.PID, ev.Command, ev.Local, ev.Remote)
+	}
 	switch {
 	case ev.Kind == bypass.StallRescued && err == nil:
 		report(what + ": the connection goes back to TCP and the reader was woken")
