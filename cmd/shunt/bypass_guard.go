@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/guard"
@@ -64,10 +65,10 @@ func startGuard(e *env, pinDir string) (string, error) {
 	if guard.Running(pinDir) {
 		return logPath, nil
 	}
-	if err := os.MkdirAll(runlock.Dir, 0o755); err != nil {
+	if err := runlock.EnsureDir(); err != nil {
 		return "", err
 	}
-	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return "", err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/shunt-project/shunt/internal/runlock"
@@ -20,7 +21,11 @@ func lockInstall(e *env, pinDir string) (release func(), err error) {
 		fmt.Fprintf(e.stderr, "shunt: waiting for another shunt command changing %s\n", pinDir)
 	})
 	if errors.Is(err, runlock.ErrHeld) {
-		return nil, fmt.Errorf("another shunt command has been changing %s for %v: try again when it is done", pinDir, installLockWait)
+		who := "another shunt command"
+		if h := runlock.Holders("install", pinDir); len(h) > 0 {
+			who = strings.Join(h, ", ")
+		}
+		return nil, fmt.Errorf("%s has held the lock on %s for %v (%s): try again when it is done", who, pinDir, installLockWait, runlock.Path("install", pinDir))
 	}
 	return release, err
 }

@@ -1,0 +1,117 @@
+package runlock_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/shunt-project/shunt/internal/runlock"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// nobody is the unprivileged user the tests act as.
+const nobody = 65534
+
+// asNobody runs argv as an unprivileged user and returns its output and
+// whether it succeeded.
+func asNobody(t *testing.T, argv ...string) (string, bool) {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	out, err := cmd.CombinedOutput()
+	return string(out), err == nil
+}
+
+// pinDir is a pin directory name of the test's own, so its lock files are
+// its own.
+func pinDir(t *testing.T) string {
+	dir := "/sys/fs/bpf/" + testenv.Name()
+	t.Cleanup(func() {
+		for _, purpose := range []string{"test", "test-legacy"} {
+			os.Remove(runlock.Path(purpose, dir))
+		}
+	})
+	return dir
+}
+
+// No other user can open a lock file, so none can hold a lock: flock(2)
+// needs only a read-only descriptor. Before, the files were 0644 in a 0755
+// directory, and `flock -n FILE sleep` as nobody held root's commands up.
+func TestOtherUsersCannotHoldLocks(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.NeedProgram(t, "flock")
+	pin := pinDir(t)
+	release, err := runlock.Lock("test", pin, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	for path, want := range map[string]os.FileMode{runlock.Dir: 0o700, runlock.Path("test", pin): 0o600} {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s has mode %v, want %v", path, fi.Mode().Perm(), want)
+		}
+	}
+	if out, ok := asNobody(t, "flock", "-n", "-s", runlock.Path("test", pin), "true"); ok {
+		t.Errorf("an unprivileged user took the lock: %s", out)
+	}
+}
+
+// A directory and a file an older shunt left open to all are closed on the
+// next lock.
+func TestLegacyModesClosed(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := pinDir(t)
+	if err := os.MkdirAll(runlock.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(runlock.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := runlock.Path("test-legacy", pin)
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	release, err := runlock.Lock("test-legacy", pin, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	for p, want := range map[string]os.FileMode{runlock.Dir: 0o700, path: 0o600} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: %v %v, want mode %v", p, fi.Mode(), err, want)
+		}
+	}
+}
+
+// A lock held elsewhere is refused with ErrHeld, and its holder is named.
+func TestHolderNamed(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := pinDir(t)
+	release, err := runlock.Lock("test", pin, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if _, err := runlock.Lock("test", pin, 0, nil); err != runlock.ErrHeld {
+		t.Fatalf("second lock: %v, want ErrHeld", err)
+	}
+	h := runlock.Holders("test", pin)
+	want := "pid " + strconv.Itoa(os.Getpid()) + " ("
+	if len(h) != 1 || !strings.HasPrefix(h[0], want) || !strings.HasSuffix(h[0], "uid 0)") {
+		t.Errorf("holders %q, want one starting %q and naming uid 0", h, want)
+	}
+	if filepath.Dir(runlock.Path("test", pin)) != runlock.Dir {
+		t.Errorf("lock file outside %s", runlock.Dir)
+	}
+}
