@@ -228,10 +228,24 @@ static __always_inline int hook(struct bpf_sock_addr *ctx, __u8 family, const __
 	return 1;
 }
 
+/* INADDR_ANY as a destination is this host (ip_route_output_key: the
+ * socket's own source address if it has one, else 127.0.0.1): judged as the
+ * address the packets will carry, as nftables' output hook sees them, or a
+ * rule on 127.0.0.0/8 is walked around by connecting to 0.0.0.0. */
+static __always_inline __u32 unspecified4(struct bpf_sock_addr *ctx, __u32 ip4)
+{
+	if (ip4)
+		return ip4;
+	struct bpf_sock *sk = ctx->sk;
+	if (sk && sk->src_ip4)
+		return sk->src_ip4;
+	return bpf_htonl(0x7f000001);
+}
+
 static __always_inline int hook4(struct bpf_sock_addr *ctx, enum policy_hook h)
 {
 	__u8 a[16] = {};
-	__u32 ip4 = ctx->user_ip4;
+	__u32 ip4 = unspecified4(ctx, ctx->user_ip4);
 	__builtin_memcpy(a, &ip4, 4);
 	return hook(ctx, 4, a, h);
 }
@@ -245,6 +259,16 @@ static __always_inline int hook6(struct bpf_sock_addr *ctx, enum policy_hook h)
 		w[i] = *(volatile __u32 *)&ctx->user_ip6[i];
 	__u8 a[16];
 	__u8 family = policy_addr((const __u8 *)w, a);
+	if (family == 4) {
+		/* ::ffff:0.0.0.0 connects as 0.0.0.0 does */
+		__u32 ip4;
+		__builtin_memcpy(&ip4, a, 4);
+		ip4 = unspecified4(ctx, ip4);
+		__builtin_memcpy(a, &ip4, 4);
+	} else if (!(w[0] | w[1] | w[2] | w[3])) {
+		/* "::" is ::1 (tcp_v6_connect, udpv6_sendmsg) */
+		a[15] = 1;
+	}
 	return hook(ctx, family, a, h);
 }
 

@@ -326,6 +326,7 @@ scopes:
       - {action: allow, cidr: "fd09::5", port: 443, proto: udp}
       - {action: deny, cidr: 127.0.0.1, port: 81-82}
       - {action: allow, cidr: 127.0.0.1, port: 81, proto: tcp}
+      - {action: deny, cidr: "::1", port: 82}
 `
 
 const tableNft = `
@@ -340,6 +341,7 @@ table inet shunt_test {
 		ip6 daddr fd09::/64 meta l4proto udp drop
 		ip daddr 127.0.0.1 tcp dport 81 accept
 		ip daddr 127.0.0.1 th dport 81-82 drop
+		ip6 daddr ::1 th dport 82 drop
 	}
 }
 `
@@ -368,6 +370,16 @@ var table = []verdictCase{
 	{udpSendto, "127.0.0.1", 81, false, "81 udp"},
 	{udpSendto, "127.0.0.1", 83, true, "past the range"},
 	{udpSendto, "10.9.0.9", 9, true, "default"},
+	// The unspecified address as a destination is this host: Linux
+	// connects and sends to 127.0.0.1 (IPv4, IPv4-mapped) and ::1.
+	{tcpConnect, "0.0.0.0", 82, false, "0.0.0.0 is 127.0.0.1"},
+	{tcpConnect, "::ffff:0.0.0.0", 82, false, "::ffff:0.0.0.0 is 127.0.0.1"},
+	{tcpConnect, "::", 82, false, ":: is ::1"},
+	{tcpConnect, "0.0.0.0", 81, true, "0.0.0.0 is 127.0.0.1, allowed on 81 for tcp"},
+	{udpConnect, "0.0.0.0", 82, false, "0.0.0.0 is 127.0.0.1, connected UDP"},
+	{udpSendto, "0.0.0.0", 81, false, "0.0.0.0 is 127.0.0.1, sendto"},
+	{udpSendto, "::", 82, false, ":: is ::1, sendto"},
+	{udpSendto, "::ffff:0.0.0.0", 82, false, "::ffff:0.0.0.0 is 127.0.0.1, sendto"},
 }
 
 // runTable runs every case from side and reports which were let through.
