@@ -72,7 +72,7 @@ volatile const struct config {
 	__u64 stall_ns;       /* a reader that has not read for this long, told bytes are not there, is stalled */
 	__u64 scan_stall_ns;  /* the stall scan: bytes queued and nothing read for this long */
 	__u32 fionread_misses_tcp; /* FIONREAD of a sockhash socket leaves out bytes that came by TCP (6.18) */
-	__u32 _pad;
+	__u32 reader_port_ttl_s;   /* how long a server port whose reader needed TCP stays unpaired (0: never) */
 	__u32 wait_nrs[WAIT_NRS]; /* system calls that wait for readiness (epoll_wait, poll, ...); ~0: unused */
 } cfg = {
 	.pending_ttl_ns = 300ULL * 1000 * 1000 * 1000,
@@ -81,6 +81,19 @@ volatile const struct config {
 	.stall_ns = 20ULL * 1000 * 1000,
 	.scan_stall_ns = 500ULL * 1000 * 1000,
 };
+
+/* The port's readers needed TCP within cfg.reader_port_ttl_s: what
+ * reader_ports holds for it, else NULL. */
+static __always_inline struct reader_port_seen *kept_port(__u64 netns, __u16 port)
+{
+	if (!cfg.reader_port_ttl_s)
+		return 0;
+	struct reader_port k = { .netns = netns, .port = port };
+	struct reader_port_seen *s = bpf_map_lookup_elem(&reader_ports, &k);
+	if (!s || bpf_ktime_get_ns() - s->seen_ns > (__u64)cfg.reader_port_ttl_s * 1000000000ULL)
+		return 0;
+	return s;
+}
 
 static __always_inline void register_handshake(struct bpf_sock_ops *skops)
 {
@@ -95,6 +108,12 @@ static __always_inline void register_handshake(struct bpf_sock_ops *skops)
 	}
 
 	__u64 netns = bpf_get_netns_cookie(skops);
+	struct reader_port_seen *kept = kept_port(netns, t.server_port);
+	if (kept) {
+		__sync_fetch_and_add(&kept->kept, 1);
+		count(CNT_READER_PORT);
+		return;
+	}
 	__u64 now = bpf_ktime_get_ns();
 	struct pending fresh = {
 		.server_netns = netns,
@@ -237,6 +256,8 @@ static __always_inline void register_isn(struct bpf_sock_ops *skops)
 		return; /* counted at TIMEOUT_INIT */
 	struct isn_pair k = { .client_isn = ack - 1, .server_isn = seq };
 	__u64 netns = bpf_get_netns_cookie(skops);
+	if (kept_port(netns, fresh.server.server_port))
+		return; /* counted at TIMEOUT_INIT */
 	fresh.p.server_netns = netns;
 	fresh.p.created_ns = bpf_ktime_get_ns();
 	fresh.p.state = PENDING_REGISTERED;
@@ -1224,6 +1245,25 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
 }
 
+/* A server socket's reader needs TCP: the next connections to its port
+ * are left unpaired for a while (reader_ports). */
+static __always_inline void learn_reader_port(struct sock_state *st)
+{
+	struct reader_port k = { .netns = st->self.netns, .port = st->self.tuple.server_port };
+	__u64 now = bpf_ktime_get_ns();
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	struct reader_port_seen *s = bpf_map_lookup_elem(&reader_ports, &k);
+	if (s) {
+		s->seen_ns = now;
+		s->pid = pid;
+		current_comm(s->comm);
+		return;
+	}
+	struct reader_port_seen fresh = { .seen_ns = now, .pid = pid };
+	current_comm(fresh.comm);
+	bpf_map_update_elem(&reader_ports, &k, &fresh, BPF_NOEXIST);
+}
+
 static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 {
 	if (flags & MSG_ERRQUEUE)
@@ -1264,6 +1304,8 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	if (old & mark)
 		return 0;
 	count(CNT_TCP_READER);
+	if (st->self.role == ROLE_SERVER)
+		learn_reader_port(st);
 	/* Never seen in recv before: the peer never redirected to it, so
 	 * nothing can be on the way. */
 	start_leave(ref, (old & STATE_READS) ? cfg.settle_ns : 0);

@@ -32,7 +32,7 @@ type bypassConfig struct {
 	StallNs           uint64
 	ScanStallNs       uint64
 	FionreadMissesTcp uint32
-	Pad               uint32
+	ReaderPortTtlS    uint32
 	WaitNrs           [8]uint32
 }
 
@@ -67,7 +67,8 @@ const (
 	bypassCounterCNT_CGROUPS_FULL      bypassCounter = 19
 	bypassCounterCNT_STALL_RESCUED     bypassCounter = 20
 	bypassCounterCNT_PAIRED_TRANSLATED bypassCounter = 21
-	bypassCounterCNT_MAX               bypassCounter = 22
+	bypassCounterCNT_READER_PORT       bypassCounter = 22
+	bypassCounterCNT_MAX               bypassCounter = 23
 )
 
 type bypassEventKind uint32
@@ -106,6 +107,22 @@ type bypassPending struct {
 	CreatedNs   uint64
 	State       uint32
 	Registrants uint32
+}
+
+type bypassReaderPort struct {
+	_     structs.HostLayout
+	Netns uint64
+	Port  uint16
+	Pad   [3]uint16
+}
+
+type bypassReaderPortSeen struct {
+	_      structs.HostLayout
+	SeenNs uint64
+	Kept   uint64
+	Pid    uint32
+	Pad    uint32
+	Comm   [16]int8
 }
 
 type bypassRole uint32
@@ -185,6 +202,7 @@ const (
 	bypassMapHandshakes          = "handshakes"
 	bypassMapIsnHandshakes       = "isn_handshakes"
 	bypassMapPeerRefs            = "peer_refs"
+	bypassMapReaderPorts         = "reader_ports"
 	bypassMapSockHash            = "sock_hash"
 	bypassMapSockStates          = "sock_states"
 	bypassMapSplicePrograms      = "splice_programs"
@@ -276,6 +294,7 @@ type bypassMapSpecs struct {
 	Handshakes     *ebpf.MapSpec `ebpf:"handshakes"`
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
+	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
 	SplicePrograms *ebpf.MapSpec `ebpf:"splice_programs"`
@@ -325,6 +344,7 @@ type bypassMaps struct {
 	Handshakes     *ebpf.Map `ebpf:"handshakes"`
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
+	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
 	SplicePrograms *ebpf.Map `ebpf:"splice_programs"`
@@ -341,6 +361,7 @@ func (m *bypassMaps) Close() error {
 		m.Handshakes,
 		m.IsnHandshakes,
 		m.PeerRefs,
+		m.ReaderPorts,
 		m.SockHash,
 		m.SockStates,
 		m.SplicePrograms,

@@ -30,3 +30,28 @@ func (in *Install) CgroupCounted(id uint64) bool {
 	var v []bypassCgroupTraffic
 	return in.maps[cgroupSendsMap].Lookup(id, &v) == nil
 }
+
+// AgeReaderPorts moves every learned reader port's last sighting back by d,
+// as if d had passed.
+func (in *Install) AgeReaderPorts(d time.Duration) error {
+	m := in.maps[readerPortsMap]
+	var k bypassReaderPort
+	var v bypassReaderPortSeen
+	var keys []bypassReaderPort
+	var vals []bypassReaderPortSeen
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		v.SeenNs -= uint64(d)
+		keys = append(keys, k)
+		vals = append(vals, v)
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for i := range keys {
+		if err := m.Put(keys[i], vals[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -75,6 +75,17 @@ const cgroupSendsMap = "cgroup_sends"
 // installs made before pairing through address translation have none).
 const isnHandshakesMap = "isn_handshakes"
 
+// readerPortsMap holds the server ports whose readers needed TCP lately (not
+// in pinnedMaps: older installs have none).
+const readerPortsMap = "reader_ports"
+
+// ReaderPortTTL is how long a server port whose reader needed TCP (a
+// blocking recv, MSG_WAITALL, a splice) keeps its new connections unpaired:
+// paired, each would be taken out again at its first read. After it, one
+// connection is paired again, so a port whose program changed is bypassed
+// within this, and one whose program did not is learned again.
+const ReaderPortTTL = 10 * time.Second
+
 // learnedMap is pinned beside the install (LearnedDir), not in it, so what
 // shunt learned outlives a removal and applies to the next install.
 const learnedMap = "splice_programs"
@@ -291,12 +302,13 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 // newConfig is the programs' configuration for an install with opts.
 func newConfig(opts Options) bypassConfig {
 	cfg := bypassConfig{
-		PendingTtlNs: uint64(HandshakeTTL),
-		SettleNs:     uint64(redirectSettle),
-		MaxBacklog:   opts.MaxBacklog,
-		SpliceNr:     unix.SYS_SPLICE,
-		StallNs:      uint64(stallAfter),
-		ScanStallNs:  uint64(scanStallAfter),
+		PendingTtlNs:   uint64(HandshakeTTL),
+		SettleNs:       uint64(redirectSettle),
+		MaxBacklog:     opts.MaxBacklog,
+		SpliceNr:       unix.SYS_SPLICE,
+		StallNs:        uint64(stallAfter),
+		ScanStallNs:    uint64(scanStallAfter),
+		ReaderPortTtlS: uint32(ReaderPortTTL / time.Second),
 	}
 	// The stall watch wakes a reader whose thread sleeps in one of these.
 	waits := []uint32{unix.SYS_EPOLL_WAIT, unix.SYS_EPOLL_PWAIT, unix.SYS_EPOLL_PWAIT2, unix.SYS_POLL, unix.SYS_PPOLL, unix.SYS_SELECT, unix.SYS_PSELECT6, unix.SYS_IO_URING_ENTER}
@@ -423,6 +435,7 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		"guard_events":   m.GuardEvents,
 		cgroupSendsMap:   m.CgroupSends,
 		isnHandshakesMap: m.IsnHandshakes,
+		readerPortsMap:   m.ReaderPorts,
 	}
 }
 
@@ -446,7 +459,7 @@ func Open(dir string) (*Install, error) {
 	}
 	// Installs made before per-cgroup counts or pairing by sequence
 	// numbers lack those maps; they still open (and can be removed).
-	for _, name := range []string{cgroupSendsMap, isnHandshakesMap} {
+	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap} {
 		if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil); err == nil {
 			in.maps[name] = m
 		}

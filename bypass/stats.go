@@ -47,6 +47,9 @@ type Counters struct {
 	// Translated counts the paired connections whose ends see different
 	// addresses or ports (DNAT, REDIRECT, SNAT between them), included in Paired.
 	Translated uint64 `json:"connections_translated" help:"Connections bypassed whose ends see different tuples (address translation between them): counted in connections_paired too."`
+	// ReaderPort counts connections not paired because a reader of their
+	// server port needed TCP within ReaderPortTTL (Stats.ReaderPorts).
+	ReaderPort uint64 `json:"connections_reader_port" help:"Connections left on TCP unpaired: a reader of their server port needed TCP (blocking recv, MSG_WAITALL, splice) in the last 10 s."`
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -69,6 +72,9 @@ type Stats struct {
 	SplicePrograms []SpliceProgram `json:"splice_programs"`
 	// ExcludedPorts are server ports whose connections stay on TCP.
 	ExcludedPorts []uint16 `json:"excluded_ports"`
+	// ReaderPorts are server ports whose readers needed TCP lately: their
+	// new connections are not paired until the entry expires.
+	ReaderPorts []ReaderPort `json:"reader_ports"`
 	// Totals is what the held sockets sent since install, by redirect and
 	// by TCP; nil for an install made before per-cgroup counts.
 	Totals *Traffic `json:"totals,omitempty"`
@@ -97,6 +103,9 @@ func (in *Install) Stats() (Stats, error) {
 		s.ExcludedPorts = []uint16{}
 	}
 	if s.SplicePrograms, err = in.SplicePrograms(); err != nil {
+		return s, err
+	}
+	if s.ReaderPorts, err = in.ReaderPorts(); err != nil {
 		return s, err
 	}
 	if s.Counters, err = in.Counters(); err != nil {
@@ -177,6 +186,7 @@ func (in *Install) Counters() (Counters, error) {
 		CgroupsFull:     sum(bypassCounterCNT_CGROUPS_FULL),
 		StallsRescued:   sum(bypassCounterCNT_STALL_RESCUED),
 		Translated:      sum(bypassCounterCNT_PAIRED_TRANSLATED),
+		ReaderPort:      sum(bypassCounterCNT_READER_PORT),
 	}, nil
 }
 

@@ -22,19 +22,33 @@ import (
 // shunt, plain, shunt ...), server on CPU 1 and client on CPU 0 in every
 // mode, and reports the median of each mode and their ratio. A benchmark,
 // not a test: `make compat-bench` runs it (docs/COMPATIBILITY.md).
+// SHUNT_COMPAT_ROUNDS sets the rounds (5); SHUNT_COMPAT_AA=1 runs plain TCP
+// in both columns, an A/A run that shows how far this machine's noise
+// alone moves the ratio.
 func BenchmarkPrograms(b *testing.B) {
 	rounds := 5
 	if v, err := strconv.Atoi(os.Getenv("SHUNT_COMPAT_ROUNDS")); err == nil && v > 0 {
 		rounds = v
+	}
+	second := true
+	if os.Getenv("SHUNT_COMPAT_AA") == "1" {
+		second = false
 	}
 	for _, p := range benchPrograms {
 		b.Run(p.name, func(b *testing.B) {
 			testenv.NeedProgram(b, p.needs)
 			var got [2][]float64
 			for r := 0; r < rounds; r++ {
-				for i, shunt := range []bool{false, true} {
+				for i, shunt := range []bool{false, second} {
 					e := newEnv(b, shunt)
 					got[i] = append(got[i], p.run(b, e))
+					if e.in != nil && r == 0 {
+						// What shunt did with the program's connections.
+						if st, err := e.in.Stats(); err == nil {
+							c := st.Counters
+							b.Logf("round 0: %d paired, %d directions kept for their reader, %d left unpaired for their port's reader, %d stalls rescued", c.Paired, c.TCPReaders, c.ReaderPort, c.StallsRescued)
+						}
+					}
 				}
 			}
 			plain, shunt := median(got[0]), median(got[1])
@@ -149,6 +163,12 @@ var benchPrograms = []struct {
 		origin := nginxOriginPinned(b, e, newBlob(1<<10, 1))
 		return wrkRate(b, e, "http://"+nginxProxy(b, e, "stream", origin, serverCPU)+"/blob", 20)
 	}},
+	// gunicorn's sync workers read with blocking recv, so shunt keeps
+	// their connections on TCP (docs/TRANSPARENCY.md), and they close each
+	// connection after one response: what a program kept on TCP pays.
+	{"gunicorn-sync-wrk-1KB", "gunicorn", "req/s", func(b *testing.B, e *env) float64 {
+		return wrkRate(b, e, "http://"+gunicornSync(b, e, 1<<10)+"/", 20)
+	}},
 	{"haproxy-wrk-1KB", "haproxy", "req/s", func(b *testing.B, e *env) float64 {
 		origin := nginxOriginPinned(b, e, newBlob(1<<10, 1))
 		port := e.freePort(b)
@@ -236,4 +256,24 @@ func startPostgres(t testing.TB, e *env) string {
 // nginxOriginPinned is nginxOrigin with nginx on serverCPU.
 func nginxOriginPinned(t testing.TB, e *env, body blob) string {
 	return nginxOriginWith(t, e, body, nginxSetup{sendfile: true, cpu: serverCPU})
+}
+
+// gunicornSync runs gunicorn with two sync workers on serverCPU, serving
+// size bytes for every request, and returns where it listens.
+func gunicornSync(t testing.TB, e *env, size int) string {
+	t.Helper()
+	dir := t.TempDir()
+	app := fmt.Sprintf(`body = b"x" * %d
+
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+`, size)
+	if err := os.WriteFile(filepath.Join(dir, "app.py"), []byte(app), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", e.freePort(t))
+	e.start(t, pinned(serverCPU, "gunicorn", "--chdir", dir, "--workers", "2", "--worker-class", "sync", "--bind", addr, "--log-level", "warning", "app:app")...)
+	e.waitListening(t, addr)
+	return addr
 }

@@ -26,6 +26,7 @@ command -v nc >/dev/null || need+=(netcat-openbsd)
 [ -x /usr/lib/postgresql/15/bin/pgbench ] || need+=(postgresql)
 command -v promtool >/dev/null || need+=(prometheus) # promtool checks shunt metrics' output
 command -v wrk >/dev/null || need+=(wrk) # make compat-bench
+command -v gunicorn >/dev/null || need+=(gunicorn) # compat: sync workers, blocking readers
 command -v memcaslap >/dev/null || need+=(libmemcached-tools) # make compat-bench
 command -v nft >/dev/null || need+=(nftables) # policy parity with netfilter (policy/)
 command -v iptables >/dev/null || need+=(iptables) # iptables-nft: bypass through iptables NAT rules (bypass/)

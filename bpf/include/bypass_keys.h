@@ -140,6 +140,7 @@ enum counter {
 	CNT_CGROUPS_FULL,     /* sockets paired whose cgroup found no room in cgroup_sends: their sends are not counted per cgroup */
 	CNT_STALL_RESCUED,    /* readers found waiting while bytes sat queued: their connection sent back to TCP and woken */
 	CNT_PAIRED_TRANSLATED, /* of CNT_PAIRED: connections whose ends see different tuples (address translation between them) */
+	CNT_READER_PORT,       /* connections left unpaired: their server port's reader needed TCP lately */
 	CNT_MAX,
 };
 
@@ -159,6 +160,23 @@ enum counter {
 struct splice_program {
 	char comm[COMM_LEN];
 	__u64 args;
+};
+
+/* A server port in one network namespace whose accepted connections'
+ * reader needed TCP lately (it blocked in recv, asked for MSG_WAITALL or
+ * splices). */
+struct reader_port {
+	__u64 netns;
+	__u16 port; /* host byte order */
+	__u16 _pad[3];
+};
+
+struct reader_port_seen {
+	__u64 seen_ns; /* bpf_ktime_get_ns() when a reader on it last needed TCP */
+	__u64 kept;    /* connections to it left unpaired since it was first seen */
+	__u32 pid;     /* that reader's process (tgid) */
+	__u32 _pad;
+	char comm[COMM_LEN];
 };
 
 struct splice_seen {

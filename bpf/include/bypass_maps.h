@@ -130,6 +130,20 @@ struct {
 	__type(value, __u8);
 } excluded_ports SEC(".maps");
 
+/* Server ports whose readers needed TCP lately: a connection to one is not
+ * paired for cfg.reader_port_ttl_s after that. Paired, it would be taken
+ * out again at its first read, which costs a short connection more than
+ * TCP (gunicorn's sync workers ran at 0.85x). Forgotten after the TTL, so
+ * a port whose program changed is bypassed again. */
+#define MAX_READER_PORTS 4096
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_READER_PORTS);
+	__type(key, struct reader_port);
+	__type(value, struct reader_port_seen);
+} reader_ports SEC(".maps");
+
 /* Programs seen splicing from TCP sockets. Pinned beside the install, not
  * in it, so what shunt learned outlives `disable --all`. */
 #define MAX_SPLICE_PROGRAMS 1024

@@ -1,0 +1,88 @@
+package bypass_test
+
+import (
+	"net"
+	"testing"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// A server whose reader blocks in recv has each connection paired and then
+// taken out at its first read, which costs a short connection more than
+// plain TCP (gunicorn's sync workers ran at 0.85x). Once one reader of a
+// port needed TCP, the port's next connections are not paired at all, for
+// bypass.ReaderPortTTL; other ports stay bypassed, and after the TTL the
+// port is tried again.
+func TestReaderPortKeptUnpaired(t *testing.T) {
+	for _, network := range []string{"tcp4", "tcp6"} {
+		t.Run(network, func(t *testing.T) {
+			in, cg := mustInstall(t)
+			side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+			addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
+			blocking := testenv.Listen(t, side, network, addr)
+			polling := testenv.Listen(t, side, network, addr)
+			port := uint16(blocking.Addr().(*net.TCPAddr).Port)
+
+			// connect dials ln, exchanges a message each way with the
+			// server reading as read does, and says whether shunt held
+			// the connection while it was open.
+			connect := func(ln *net.TCPListener, read func(s *net.TCPConn, b []byte) (int, error)) bool {
+				c := testenv.Dial(t, side, network, ln.Addr().String(), nil)
+				s := testenv.Accept(t, ln)
+				defer c.Close()
+				defer s.Close()
+				held := flowOf(t, in, testenv.Cookie(t, c)) != nil
+				if _, err := c.Write([]byte("ping")); err != nil {
+					t.Fatal(err)
+				}
+				b := make([]byte, 4)
+				if n, err := read(s, b); n != 4 || err != nil || string(b) != "ping" {
+					t.Fatalf("server read %q, %v", b[:n], err)
+				}
+				exchange(t, s, c, "pong")
+				return held
+			}
+			blockingRead := func(s *net.TCPConn, b []byte) (int, error) { return blockingReader{t, s, 0}.Read(b) }
+			pollingRead := func(s *net.TCPConn, b []byte) (int, error) { return s.Read(b) }
+
+			if !connect(blocking, blockingRead) {
+				t.Fatal("the first connection to the blocking server was not paired: nothing was learned yet")
+			}
+			waitLeft(t, in)
+			ports, err := in.ReaderPorts()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ports) != 1 || ports[0].Port != port || ports[0].PID == 0 {
+				t.Fatalf("reader ports %+v, want port %d with the reader's pid", ports, port)
+			}
+			before, _ := in.Stats()
+			for i := 0; i < 5; i++ {
+				if connect(blocking, blockingRead) {
+					t.Errorf("connection %d to port %d was paired: its reader needed TCP a moment ago", i, port)
+				}
+			}
+			if !connect(polling, pollingRead) {
+				t.Error("a connection to another port was not paired")
+			}
+			after, _ := in.Stats()
+			if kept := after.Counters.ReaderPort - before.Counters.ReaderPort; kept != 5 {
+				t.Errorf("connections_reader_port grew by %d, want 5", kept)
+			}
+			if ports, _ := in.ReaderPorts(); len(ports) != 1 || ports[0].Kept != 5 {
+				t.Errorf("reader ports %+v, want port %d with 5 kept", ports, port)
+			}
+
+			if err := in.AgeReaderPorts(bypass.ReaderPortTTL); err != nil {
+				t.Fatal(err)
+			}
+			if ports, _ := in.ReaderPorts(); len(ports) != 0 {
+				t.Errorf("reader ports %+v after the TTL, want none", ports)
+			}
+			if !connect(blocking, blockingRead) {
+				t.Error("after the TTL the port's next connection was not paired again")
+			}
+		})
+	}
+}
