@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin/shunt
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: help deps build generate test test-kernels vet try compat compat-bench package test-package manifests dashboard-snapshot clean
+.PHONY: help deps build generate test test-kernels vet lint try compat compat-bench package test-package manifests dashboard-snapshot clean
 
 help:
 	@echo "make deps      install build and test dependencies (Debian 12, as root)"
@@ -11,6 +11,7 @@ help:
 	@echo "make generate  recompile the BPF programs (bpf2go)"
 	@echo "make manifests render deploy/kubernetes/shunt.yaml from the Helm chart deploy/helm/shunt"
 	@echo "make test      go vet and every test (as root, on the real kernel)"
+	@echo "make lint      staticcheck (pinned) over every package: unused code, dropped errors of note, deprecated APIs"
 	@echo "make try       build, then bypass one loopback connection and show it"
 	@echo "make compat    real programs (Redis, memcached, PostgreSQL, nginx, HAProxy, Python) through shunt (as root)"
 	@echo "make compat-bench  their own benchmark clients, plain TCP against shunt, interleaved (as root, ~5 min)"
@@ -33,6 +34,12 @@ manifests:
 
 vet:
 	$(GO) vet ./...
+
+# staticcheck, pinned; go run builds it once into the build cache.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+lint:
+	$(GO) run $(STATICCHECK) ./...
 
 test: vet
 	$(GO) test -count=1 -timeout 20m ./...

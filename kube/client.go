@@ -60,15 +60,16 @@ func (r restPods) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Int
 }
 
 // podsOfNode lists and watches node's pods: the API server filters by
-// node (the watcher checks the node too, for servers that do not).
-func podsOfNode(ctx context.Context, pods PodClient, node string) cache.ListerWatcher {
+// node (the watcher checks the node too, for servers that do not). The
+// informer passes its own context, which ends when it stops.
+func podsOfNode(pods PodClient, node string) cache.ListerWatcher {
 	sel := fields.OneTermEqualSelector("spec.nodeName", node).String()
 	return &cache.ListWatch{
-		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = sel
 			return pods.List(ctx, o)
 		},
-		WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = sel
 			return pods.Watch(ctx, o)
 		},

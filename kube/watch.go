@@ -66,7 +66,7 @@ func NewWatcher(pods PodClient, node string, sel Selector, onChange func()) *Wat
 func (w *Watcher) Run(ctx context.Context) error {
 	// The informer ends with Run, also when Run gives up on the first list.
 	ictx, stop := context.WithCancel(ctx)
-	inf := cache.NewSharedIndexInformer(podsOfNode(ictx, w.source, w.node), &corev1.Pod{}, 10*time.Minute, cache.Indexers{})
+	inf := cache.NewSharedIndexInformer(podsOfNode(w.source, w.node), &corev1.Pod{}, 10*time.Minute, cache.Indexers{})
 	update := func(obj any) {
 		if p, ok := podOf(obj); ok {
 			w.set(p)

@@ -65,10 +65,9 @@ type UDPProxy struct {
 	ups     *pool
 	log     func(format string, args ...any)
 
-	mu     sync.Mutex
-	flows  map[netip.AddrPort]*udpFlow
-	closed bool
-	wg     sync.WaitGroup
+	mu    sync.Mutex
+	flows map[netip.AddrPort]*udpFlow
+	wg    sync.WaitGroup
 
 	seen, refused           atomic.Uint64
 	up, down, kernel, drops atomic.Uint64 // of flows that ended

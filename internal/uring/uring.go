@@ -201,7 +201,7 @@ func (r *Ring) Close() {
 	if r.sqes != nil {
 		unix.Munmap(r.sqes)
 	}
-	if r.cq != nil && len(r.cq) > 0 && &r.cq[0] != &r.sq[0] {
+	if len(r.cq) > 0 && &r.cq[0] != &r.sq[0] {
 		unix.Munmap(r.cq)
 	}
 	if r.sq != nil {
