@@ -7,6 +7,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/shunt-project/shunt/internal/readlimit"
 )
 
 // Config is the agent's configuration file (docs/AGENT.md).
@@ -77,12 +80,16 @@ type MetricsConfig struct {
 // GuardOn says whether the agent runs the guard.
 func (c *Config) GuardOn() bool { return c.Bypass.Guard == nil || *c.Bypass.Guard }
 
+// MaxConfigSize bounds the configuration file: a path to a device or an
+// endless file is refused, not read into memory.
+const MaxConfigSize = 1 << 20
+
 // LoadConfig reads and checks the configuration at file. Its errors are
 // one line naming the file and the field.
 func LoadConfig(file, cgroupRoot string) (*Config, error) {
-	b, err := os.ReadFile(file)
+	b, err := readlimit.File(context.Background(), file, MaxConfigSize)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("config %s: %w", file, err)
 	}
 	cfg, err := ParseConfig(b, cgroupRoot)
 	if err != nil {

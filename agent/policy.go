@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/readlimit"
 	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/policy"
 )
@@ -17,9 +18,9 @@ import (
 // cgroups need not exist yet (pods come and go): those that do not are left
 // out of what is applied until they do.
 func loadPolicy(file string) (policy.Ruleset, error) {
-	b, err := os.ReadFile(file)
+	b, err := readlimit.File(context.Background(), file, policy.MaxRulesetSize)
 	if err != nil {
-		return policy.Ruleset{}, fmt.Errorf("policy file: %w", err)
+		return policy.Ruleset{}, fmt.Errorf("policy file %s: %w", file, err)
 	}
 	rs, err := policy.Parse(b)
 	if err != nil {

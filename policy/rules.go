@@ -262,6 +262,10 @@ func (e *InputError) Error() string {
 
 func (e *InputError) Unwrap() error { return e.Err }
 
+// MaxRulesetSize bounds a ruleset file: a path to a device or an endless
+// file is refused, not read into memory.
+const MaxRulesetSize = 8 << 20
+
 // Parse reads a ruleset file (docs/POLICY.md). Unknown fields are errors.
 func Parse(b []byte) (Ruleset, error) {
 	var rs Ruleset

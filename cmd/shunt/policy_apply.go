@@ -1,14 +1,15 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/readlimit"
 	"github.com/shunt-project/shunt/policy"
 )
 
@@ -33,12 +34,15 @@ or the new ones. Open connections the new rules deny are then closed.`,
 			var b []byte
 			var err error
 			if file == "-" {
-				b, err = io.ReadAll(os.Stdin)
+				b, err = readlimit.All(c.Context(), os.Stdin, policy.MaxRulesetSize)
 			} else {
-				b, err = os.ReadFile(file)
+				b, err = readlimit.File(c.Context(), file, policy.MaxRulesetSize)
+			}
+			if errors.Is(err, context.Canceled) {
+				return err // interrupted while it waited for input
 			}
 			if err != nil {
-				return usageError{fmt.Errorf("-f: %w", err)}
+				return usageError{fmt.Errorf("-f %s: %w", file, err)}
 			}
 			rs, err := policy.Parse(b)
 			if err != nil {

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/policy"
@@ -126,6 +129,7 @@ func TestPolicyBadInput(t *testing.T) {
 		{"missing peer", []string{"add", "--cgroup", cg.Path, "--direction", "ingress", "--action", "allow", "--peer-cgroup", cg.Path + "-nope"}, "--peer-cgroup: cgroup " + cg.Path + "-nope does not exist"},
 		{"file: missing peer", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    ingress: [{action: allow, peer_cgroup: CG-nope}]\n")}, "scope 1 (" + cg.Path + ") ingress rule 1: peer_cgroup: cgroup " + cg.Path + "-nope does not exist"},
 		{"file: peer egress", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: allow, peer_cgroup: CG}]\n")}, "egress rule 1: peer_cgroup: only ingress rules name a peer's cgroup"},
+		{"file: endless", []string{"apply", "-f", "/dev/zero"}, "-f /dev/zero: more than 8 MiB"},
 		{"file: duplicate", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: deny, cidr: 10.0.0.0/8}, {action: deny, cidr: 10.0.0.0/8, port: any}]\n")}, "egress rule 2: same as rule 1"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -148,4 +152,46 @@ func mustPrefix(t *testing.T, s string) netip.Prefix {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// `policy apply -f FIFO` with nobody writing, or `-f -` with nothing on
+// standard input, ends on SIGINT (exit 130) instead of waiting for ever:
+// before, every command trapped SIGINT for its whole run and only SIGKILL
+// ended it.
+func TestPolicyApplyInterruptedWhileReading(t *testing.T) {
+	testenv.RequireRoot(t)
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, args := range map[string][]string{"fifo": {"-f", fifo}, "stdin": {"-f", "-"}} {
+		t.Run(name, func(t *testing.T) {
+			cmd := subprocess(shuntBinary(t), append([]string{"policy", "apply", "--policy-dir", testenv.MustPinDir(t)}, args...)...)
+			stdin, err := cmd.StdinPipe() // open, never written
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stdin.Close()
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond)
+			cmd.Process.Signal(os.Interrupt)
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				cmd.Process.Kill()
+				<-done
+				t.Fatalf("still waiting 5 s after SIGINT")
+			}
+			if code := cmd.ProcessState.ExitCode(); code != 130 {
+				t.Errorf("exit %d, want 130; stderr %q", code, stderr.String())
+			}
+			oneLine(t, stderr.String(), "interrupted")
+		})
+	}
 }
