@@ -131,12 +131,32 @@ static __always_inline __u8 decide_peer(__u32 slot, __u64 scope, __u8 dir, const
 	return w.action;
 }
 
+/* The packet's stamp (struct policy_sender): a connection request's
+ * sequence number, or now in milliseconds for a datagram; never 0. */
+static __always_inline __u32 packet_stamp(__u8 proto, __u32 seq)
+{
+	if (proto == IPPROTO_TCP)
+		return seq ? seq : 1;
+	__u32 ms = bpf_ktime_get_ns() / 1000000;
+	return ms ? ms : 1;
+}
+
+/* The sender entry was written for this packet: the same connection
+ * request, or a datagram of the flow that left moments ago. */
+static __always_inline int stamp_matches(const struct policy_sender *snd, __u8 proto, __u32 stamp)
+{
+	if (proto == IPPROTO_TCP)
+		return snd->stamp == stamp;
+	return stamp - snd->stamp <= POLICY_UDP_SENDER_MS;
+}
+
 /* The action scope gives a connection to (egress) or from (ingress) addr,
  * on port over proto, and the counter of the rule that gave it; 0 when the
  * scope has no rules in this slot. addr holds 4 or 16 bytes after family.
  * A scope with peer rules looks the flow's sender up in senders first. */
 static __always_inline __u8 decide(__u32 slot, __u64 scope, __u8 dir, __u8 family, const __u8 addr[16],
-				   __u16 port, __u8 proto, __u32 *rule, void *senders, const struct policy_flow *flow)
+				   __u16 port, __u8 proto, __u32 *rule, void *senders, const struct policy_flow *flow,
+				   __u32 stamp)
 {
 	struct policy_scope_key sk = { .scope = scope, .slot = slot };
 	struct policy_scope *s = bpf_map_lookup_elem(&policy_scopes, &sk);
@@ -148,6 +168,8 @@ static __always_inline __u8 decide(__u32 slot, __u64 scope, __u8 dir, __u8 famil
 
 	if (flow && s->has_peer_rules[dir]) {
 		struct policy_sender *snd = bpf_map_lookup_elem(senders, flow);
+		if (snd && stamp && !stamp_matches(snd, flow->proto, stamp))
+			snd = NULL; /* written for another socket of that flow */
 		if (snd) {
 			__u8 a = decide_peer(slot, scope, dir, snd, port, proto, rule);
 			if (a)
@@ -217,7 +239,7 @@ static __always_inline int hook(struct bpf_sock_addr *ctx, __u8 family, const __
 	__u8 proto = ctx->protocol;
 	__u16 port = bpf_ntohs(ctx->user_port);
 	__u32 rule = 0;
-	__u8 action = decide(active_slot(), pcfg.scope, POLICY_EGRESS, family, addr, port, proto, &rule, NULL, NULL);
+	__u8 action = decide(active_slot(), pcfg.scope, POLICY_EGRESS, family, addr, port, proto, &rule, NULL, NULL, 0);
 	if (!action)
 		return 1;
 	count(rule, h);
@@ -306,7 +328,7 @@ int shunt_policy_sendmsg6(struct bpf_sock_addr *ctx)
  * rest of a TCP connection was decided at its SYN). IPv6 packets whose
  * transport header does not follow the fixed header (extension headers)
  * are not judged. */
-static __always_inline int parse_flow(struct __sk_buff *skb, struct policy_flow *f)
+static __always_inline int parse_flow(struct __sk_buff *skb, struct policy_flow *f, __u32 *seq)
 {
 	__u32 l4;
 	if (skb->protocol == ETH_P_IP_BE) {
@@ -352,6 +374,9 @@ static __always_inline int parse_flow(struct __sk_buff *skb, struct policy_flow 
 	}
 	f->sport = ((__u16)ports_flags[0] << 8) | ports_flags[1];
 	f->dport = ((__u16)ports_flags[2] << 8) | ports_flags[3];
+	*seq = 0;
+	if (f->proto == IPPROTO_TCP)
+		*seq = ((__u32)ports_flags[4] << 24) | ((__u32)ports_flags[5] << 16) | ((__u32)ports_flags[6] << 8) | ports_flags[7];
 	return 1;
 }
 
@@ -363,11 +388,12 @@ SEC("cgroup_skb/ingress")
 int shunt_policy_ingress(struct __sk_buff *skb)
 {
 	struct policy_flow f = {};
-	if (!parse_flow(skb, &f))
+	__u32 seq;
+	if (!parse_flow(skb, &f, &seq))
 		return 1;
 	__u32 rule = 0;
 	__u8 action = decide(active_slot(), pcfg.scope, POLICY_INGRESS, f.family, f.saddr, f.dport, f.proto, &rule,
-			     &policy_senders, &f);
+			     &policy_senders, &f, packet_stamp(f.proto, seq));
 	if (!action)
 		return 1;
 	count(rule, f.proto == IPPROTO_TCP ? POLICY_HOOK_CONNECT : POLICY_HOOK_SEND);
@@ -381,15 +407,21 @@ SEC("cgroup_skb/egress")
 int shunt_policy_peer_egress(struct __sk_buff *skb)
 {
 	struct policy_flow f = {};
-	if (!parse_flow(skb, &f))
+	__u32 seq;
+	if (!parse_flow(skb, &f, &seq))
 		return 1;
 	__u64 own = bpf_skb_cgroup_id(skb);
+	__u32 stamp = packet_stamp(f.proto, seq);
 	struct policy_sender *known = bpf_map_lookup_elem(&policy_senders, &f);
 	/* Written already: by a nested peer cgroup's copy of this program,
-	 * or for an earlier datagram of the flow. */
-	if (known && known->n && known->cgroups[(known->n - 1) & (POLICY_PEER_LEVELS - 1)] == own)
+	 * or for an earlier packet of the flow. A datagram renews the stamp
+	 * now and then, not at each send (a map write each). */
+	if (known && known->n && known->cgroups[(known->n - 1) & (POLICY_PEER_LEVELS - 1)] == own) {
+		if (f.proto == IPPROTO_TCP ? known->stamp != stamp : stamp - known->stamp > POLICY_UDP_SENDER_MS / 8)
+			known->stamp = stamp;
 		return 1;
-	struct policy_sender s = {};
+	}
+	struct policy_sender s = { .stamp = stamp };
 	for (int l = 1; l <= POLICY_PEER_LEVELS; l++) {
 		__u64 id = bpf_skb_ancestor_cgroup_id(skb, l);
 		if (!id)
@@ -440,7 +472,7 @@ static long scope_step(__u64 l, void *data)
 	__u32 rule = 0;
 	/* Only ingress has peer rules: egress never looks f up. */
 	__u8 action = decide(w->slot, id, w->dir, w->family, w->addr, w->port, w->proto, &rule,
-			     &policy_conn_senders, &w->f);
+			     &policy_conn_senders, &w->f, 0);
 	if (!action || action == POLICY_ALLOW)
 		return 0;
 	w->rule = rule;

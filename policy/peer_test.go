@@ -165,6 +165,41 @@ func TestSamePeerVerdictsAsNftables(t *testing.T) {
 	checkPeerTable(t, runPeerTable(t, ns, clients, rec), "nftables")
 }
 
+// TestPeerPortReuseNotAdmitted: a peer rule admits the sockets of the peer
+// cgroup, not a later socket of another cgroup that sends from the port a
+// peer used. The senders map keeps a flow after the peer's socket is gone;
+// before, the ingress program trusted what it found there (a connection
+// from the reused port was accepted, a datagram delivered).
+func TestPeerPortReuseNotAdmitted(t *testing.T) {
+	p := mustPolicy(t)
+	server := testenv.MustCgroup(t)
+	clients := peerCgroups(t)
+	ns := mustAddressNS(t)
+	rec := listeners(t, testenv.Side{NS: ns, CG: server}, 53, 80, 81, 82)
+	mustApply(t, p, mustParse(t, fmt.Sprintf(peerRules, server.Path, clients["frontend"].Path, clients["canary"].Path)))
+	const port = 45123
+	for _, c := range []verdictCase{{tcpConnect, "127.0.0.1", 80, false, ""}, {udpSendto, "127.0.0.1", 53, false, ""}} {
+		t.Run(c.op.String(), func(t *testing.T) {
+			for i, who := range []string{"frontend", "other"} {
+				payload := fmt.Sprintf("%s from %s", c, who)
+				var err error
+				testenv.Side{NS: ns, CG: clients[who]}.Make(t, func() { err = attemptBound(c, "127.0.0.1", port, payload) })
+				if err == nil && c.op != tcpConnect && !rec.within(payload, 500*time.Millisecond) {
+					err = errors.New("the datagram did not arrive")
+				}
+				if through := err == nil; through != (who == "frontend") {
+					t.Errorf("%s from port %d in %s: got through=%v (%v)", c, port, who, through, err)
+				}
+				if i == 0 && c.op != tcpConnect {
+					// Past the time a datagram's sender vouches for
+					// the flow (POLICY_UDP_SENDER_MS).
+					time.Sleep(300 * time.Millisecond)
+				}
+			}
+		})
+	}
+}
+
 // TestPeerRulesAcrossNamespaces: pods have network namespaces of their own.
 // A client in one namespace reaches a server in another over a veth pair;
 // a peer rule still knows the client's cgroup. And an apply that brings

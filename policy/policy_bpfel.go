@@ -129,7 +129,7 @@ type policyPolicyScopeKey struct {
 type policyPolicySender struct {
 	_       structs.HostLayout
 	N       uint32
-	Pad     uint32
+	Stamp   uint32
 	Cgroups [16]uint64
 }
 

@@ -210,6 +210,12 @@ func attempt(c verdictCase) error { return attemptFrom(c, "") }
 // attemptFrom is attempt from a source address (none: the kernel's
 // choice). A UDP case sends its String() from there.
 func attemptFrom(c verdictCase, from string) error {
+	return attemptBound(c, from, 0, c.String())
+}
+
+// attemptBound is attemptFrom from port fromPort (0: any), sending payload
+// in a datagram.
+func attemptBound(c verdictCase, from string, fromPort int, payload string) error {
 	a := netip.MustParseAddr(c.dst)
 	fam := unix.AF_INET6
 	var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: a.As16(), Port: c.port}
@@ -234,23 +240,24 @@ func attemptFrom(c verdictCase, from string) error {
 		// IPv6 binds only with it.
 		unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_FREEBIND, 1)
 		src := netip.MustParseAddr(from)
-		var bsa unix.Sockaddr = &unix.SockaddrInet6{Addr: src.As16()}
+		var bsa unix.Sockaddr = &unix.SockaddrInet6{Addr: src.As16(), Port: fromPort}
 		if fam == unix.AF_INET {
-			bsa = &unix.SockaddrInet4{Addr: src.As4()}
+			bsa = &unix.SockaddrInet4{Addr: src.As4(), Port: fromPort}
 		}
+		// A port an earlier socket of the test used may be in TIME_WAIT.
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
 		if err := unix.Bind(fd, bsa); err != nil {
 			return fmt.Errorf("bind %s: %w", from, err)
 		}
 	}
-	payload := []byte(c.String())
 	switch c.op {
 	case udpSendto:
-		return unix.Sendto(fd, payload, 0, sa)
+		return unix.Sendto(fd, []byte(payload), 0, sa)
 	case udpConnect:
 		if err := unix.Connect(fd, sa); err != nil {
 			return err
 		}
-		_, err := unix.Write(fd, payload)
+		_, err := unix.Write(fd, []byte(payload))
 		return err
 	}
 	if err := connect(fd, sa); err != nil {

@@ -104,6 +104,12 @@ struct policy_peer_key {
 
 /* A connection request or datagram as its sender put it on the wire: the
  * key under which the sender's cgroups are found by the receiver. */
+/* How long a UDP sender entry vouches for the flow's datagrams after the
+ * peer's last one left, in milliseconds: longer than a datagram takes from
+ * a host's egress to its ingress, short enough that a socket of another
+ * cgroup must reuse the port at once to be let in on the peer's word. */
+#define POLICY_UDP_SENDER_MS 250
+
 struct policy_flow {
 	__u8 family; /* 4 (IPv4 and IPv4-mapped) or 6 */
 	__u8 proto;
@@ -119,7 +125,11 @@ struct policy_flow {
  * ancestor at that level). */
 struct policy_sender {
 	__u32 n;
-	__u32 _pad;
+	/* policy_senders: which packet it was written for, so that a later
+	 * socket reusing the flow's source port is not taken for the sender:
+	 * a connection request's sequence number (TCP), or the time it left
+	 * in milliseconds (UDP). Not used in policy_conn_senders. */
+	__u32 stamp;
 	__u64 cgroups[POLICY_PEER_LEVELS];
 };
 
