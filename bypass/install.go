@@ -143,6 +143,9 @@ func Create(dir string, opts Options) (*Install, error) {
 		return nil, err
 	}
 
+	if err := pin.Claim(LearnedDir(dir)); err != nil {
+		return nil, err
+	}
 	_, statErr := os.Stat(LearnedDir(dir))
 	learned, err := openLearned(dir)
 	if err != nil {
@@ -155,7 +158,15 @@ func Create(dir string, opts Options) (*Install, error) {
 		}
 		return nil, err
 	}
-	return Open(dir)
+	in, err := Open(dir)
+	if errors.Is(err, ErrNotInstalled) {
+		// What is at dir is not ours to open, and was not ours to replace.
+		err = fmt.Errorf("%s exists and holds no shunt install: remove it and enable again", dir)
+	}
+	if err != nil && os.IsNotExist(statErr) {
+		_ = RemoveLearned(dir, true)
+	}
+	return in, err
 }
 
 // RemoveLearned unpins what shunt learned beside an install at dir (the

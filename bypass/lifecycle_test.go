@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -280,5 +282,53 @@ func TestRemoveWaitsForUnacceptedSocket(t *testing.T) {
 	defer cancel()
 	if err := in.Remove(ctx); err != nil {
 		t.Fatalf("remove after the server read: %v", err)
+	}
+}
+
+// bpffs is mounted world-writable by default, so another user can make the
+// install's names first. enable refuses a learned directory (or pin
+// directory) that user owns, with what to do, and leaves nothing behind;
+// before, root's map was pinned into the user's directory, and once the
+// user unlinked it status, flows and disable --all failed. A non-empty
+// directory that holds no install is named as such.
+func TestSquattedPinDirectoriesRefused(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, c := range []struct {
+		name string
+		make func(dir string) string // returns what it made
+		want string
+	}{
+		{"learned dir of another user", func(dir string) string {
+			d := bypass.LearnedDir(dir)
+			os.Mkdir(d, 0o755)
+			os.Chown(d, 65534, 65534)
+			return d
+		}, "belongs to uid 65534"},
+		{"pin dir of another user", func(dir string) string {
+			os.Mkdir(dir, 0o755)
+			os.Chown(dir, 65534, 65534)
+			return dir
+		}, "belongs to uid 65534"},
+		{"pin dir holding something else", func(dir string) string {
+			os.MkdirAll(filepath.Join(dir, "other"), 0o700)
+			return dir
+		}, "exists and holds no shunt install"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := testenv.MustPinDir(t)
+			made := c.make(dir)
+			_, err := bypass.Create(dir, bypass.Options{})
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "remove it") {
+				t.Fatalf("Create: %v, want an error saying %q and what to do", err, c.want)
+			}
+			if _, err := bypass.Open(dir); err == nil {
+				t.Errorf("an install is at %s", dir)
+			}
+			if made != bypass.LearnedDir(dir) {
+				if _, err := os.Stat(filepath.Join(bypass.LearnedDir(dir), "splice_programs")); err == nil {
+					t.Errorf("the refused enable left %s", bypass.LearnedDir(dir))
+				}
+			}
+		})
 	}
 }

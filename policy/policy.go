@@ -105,7 +105,11 @@ func Create(dir string) (*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Open(dir)
+	p, err := Open(dir)
+	if errors.Is(err, ErrNotEnabled) {
+		return nil, fmt.Errorf("%s exists and holds no shunt policy: remove it and try again", dir)
+	}
+	return p, err
 }
 
 // build makes the maps and the sweep's programs and pins them in dir.

@@ -42,4 +42,6 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 command -v go >/dev/null || { echo "deps: Go is not installed (need Go 1.25 or newer)" >&2; exit 1; }
 go mod download
-mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+# mode 0700, as shunt mounts it itself: the kernel default (1777) lets any
+# user make names there first (shunt refuses directories not its own).
+mountpoint -q /sys/fs/bpf || mount -t bpf -o mode=0700 bpf /sys/fs/bpf

@@ -74,6 +74,9 @@ func Create(dir string, cg host.Cgroup) (ix *Index, seeded int, err error) {
 		return nil, 0, err
 	}
 	ix, err = Open(dir)
+	if errors.Is(err, ErrNotEnabled) {
+		return nil, 0, fmt.Errorf("%s exists and holds no socket index: remove it and enable again", dir)
+	}
 	return ix, seeded, err
 }
 

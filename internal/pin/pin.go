@@ -4,17 +4,53 @@
 package pin
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
+// Claim makes sure a pin directory shunt is about to use is its own: if it
+// exists, it must be a directory of the user shunt runs as that no one else
+// may write to. bpffs is mounted world-writable (1777) by default, so any
+// user can make a name first; root's maps pinned in a directory another
+// user owns could be unlinked or replaced by that user. An empty directory
+// of shunt's own that is not an install (a leftover, or made by hand) is
+// removed, so the install can take its place.
+func Claim(dir string) error {
+	fi, err := os.Lstat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s exists and is not a directory: remove it", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s belongs to uid %d, not to uid %d that shunt runs as (whoever owns it could unlink what shunt pins there): remove it", dir, st.Uid, os.Geteuid())
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%s is writable by other users (mode %v): remove it", dir, fi.Mode().Perm())
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+		return err
+	}
+	return nil
+}
+
 // Install builds a new directory with build and renames it to dir. If dir
 // appears meanwhile (a concurrent install), that one wins and Install
-// returns nil: the caller opens whatever is at dir.
+// returns nil: the caller opens whatever is at dir. A dir that is there
+// already must pass Claim.
 func Install(dir string, build func(tmp string) error) error {
+	if err := Claim(dir); err != nil {
+		return err
+	}
 	// bpffs refuses names with a dot, so temporaries are marked by suffix.
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), filepath.Base(dir)+"-new-")
 	if err != nil {
