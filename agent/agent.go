@@ -78,14 +78,9 @@ func New(opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := LoadConfig(opts.ConfigPath, root)
+	cfg, err := CheckConfig(opts.ConfigPath, root)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.Policy.File != "" {
-		if _, err := loadPolicy(cfg.Policy.File); err != nil {
-			return nil, err
-		}
 	}
 	if opts.PolicyDir == "" {
 		opts.PolicyDir = policy.DefaultPinDir

@@ -279,6 +279,10 @@ func TestConfigErrors(t *testing.T) {
 		{"bypass:\n  exclude: [\"/sys/fs/cgroup/[a\"]\n", `bypass.exclude[0]: "/sys/fs/cgroup/[a" is not a valid pattern`},
 		{"bypass:\n  cgroups: [\"/sys/fs/cgroup/a/../b\"]\n", "is not a clean path"},
 		{"metrics:\n  address: \"9464\"\n", `metrics.address: "9464" is not HOST:PORT`},
+		// Found here, not after the agent has enabled cgroups.
+		{"metrics:\n  address: \"127.0.0.1:99999\"\n", `metrics.address: "127.0.0.1:99999": port "99999" is not a number from 0 to 65535`},
+		{"metrics:\n  address: \"999.1.1.1:9464\"\n", `metrics.address: "999.1.1.1:9464": host "999.1.1.1" is not an IP address`},
+		{"bypass: {cgroups: [\"/sys/fs/cgroup/a\"]}\n---\nbypass: {cgroups: [\"/sys/fs/cgroup/b\"]}\n", "line 2: a second YAML document (after ---): the configuration is one"},
 		{"metrics: {address: 127.0.0.1:9464}\nindex: {enabled: maybe}\n", "cannot unmarshal"},
 		{"bypass: [\n", "did not find expected"},
 		{"kubernetes: {node_name: n, driver: docker}\n", `kubernetes.driver: "docker" is not systemd, cgroupfs or empty`},

@@ -12,9 +12,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -98,6 +100,22 @@ func LoadConfig(file, cgroupRoot string) (*Config, error) {
 	return cfg, nil
 }
 
+// CheckConfig loads the configuration at file and everything it names that
+// start would refuse (the policy file), so that `agent --check` and start
+// agree.
+func CheckConfig(file, cgroupRoot string) (*Config, error) {
+	cfg, err := LoadConfig(file, cgroupRoot)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Policy.File != "" {
+		if _, err := loadPolicy(cfg.Policy.File); err != nil {
+			return nil, err
+		}
+	}
+	return cfg, nil
+}
+
 // ParseConfig parses and checks a configuration. Unknown fields are errors:
 // a misspelt key must not silently mean "nothing".
 func ParseConfig(b []byte, cgroupRoot string) (*Config, error) {
@@ -106,6 +124,13 @@ func ParseConfig(b []byte, cgroupRoot string) (*Config, error) {
 	dec.KnownFields(true)
 	// An empty file asks for nothing (io.EOF).
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, errors.New(oneLine(err.Error()))
+	}
+	// A second document would be ignored: the configuration is one.
+	var more yaml.Node
+	if err := dec.Decode(&more); err == nil {
+		return nil, fmt.Errorf("line %d: a second YAML document (after ---): the configuration is one", more.Line)
+	} else if !errors.Is(err, io.EOF) {
 		return nil, errors.New(oneLine(err.Error()))
 	}
 	for i, p := range cfg.Bypass.Cgroups {
@@ -127,11 +152,28 @@ func ParseConfig(b []byte, cgroupRoot string) (*Config, error) {
 		return nil, fmt.Errorf("policy.file: %q is not an absolute path", f)
 	}
 	if a := cfg.Metrics.Address; a != "" {
-		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
-			return nil, fmt.Errorf("metrics.address: %q is not HOST:PORT (e.g. 127.0.0.1:9464)", a)
+		if err := checkListenAddress(a); err != nil {
+			return nil, fmt.Errorf("metrics.address: %w", err)
 		}
 	}
 	return &cfg, nil
+}
+
+// checkListenAddress refuses what net.Listen would, before the agent has
+// changed anything: HOST:PORT, a port of 0 to 65535, the host an IP
+// address, "localhost" or empty (every address).
+func checkListenAddress(a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("%q is not HOST:PORT (e.g. 127.0.0.1:9464)", a)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("%q: port %q is not a number from 0 to 65535", a, port)
+	}
+	if _, err := netip.ParseAddr(host); host != "" && host != "localhost" && err != nil {
+		return fmt.Errorf("%q: host %q is not an IP address (give one, or none for every address)", a, host)
+	}
+	return nil
 }
 
 // sections name the Go types yaml's errors mention as the file's sections,

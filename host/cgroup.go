@@ -85,6 +85,12 @@ type Cgroup struct {
 	ID   uint64 // the cgroup id, which is the directory's inode number on v2
 }
 
+// CgroupPathError: the path given is not a cgroup v2 directory (missing,
+// or on another file system); the caller's input, not the host, is wrong.
+type CgroupPathError struct{ error }
+
+func (e CgroupPathError) Unwrap() error { return e.error }
+
 // ResolveCgroup checks that path is a directory of the cgroup v2 hierarchy.
 // An empty path means the root of the hierarchy.
 func ResolveCgroup(path string) (Cgroup, error) {
@@ -102,7 +108,7 @@ func ResolveCgroup(path string) (Cgroup, error) {
 	var fs unix.Statfs_t
 	if err := unix.Statfs(abs, &fs); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return Cgroup{}, fmt.Errorf("cgroup %s does not exist: give a directory of the cgroup v2 hierarchy", abs)
+			return Cgroup{}, CgroupPathError{fmt.Errorf("cgroup %s does not exist: give a directory of the cgroup v2 hierarchy", abs)}
 		}
 		return Cgroup{}, fmt.Errorf("cgroup %s: %w", abs, err)
 	}
@@ -112,7 +118,7 @@ func ResolveCgroup(path string) (Cgroup, error) {
 		if rerr == nil {
 			hint = "cgroup v2 is mounted at " + root
 		}
-		return Cgroup{}, fmt.Errorf("%s is not a cgroup v2 directory (%s)", abs, hint)
+		return Cgroup{}, CgroupPathError{fmt.Errorf("%s is not a cgroup v2 directory (%s)", abs, hint)}
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(abs, &st); err != nil {

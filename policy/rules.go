@@ -277,6 +277,13 @@ func Parse(b []byte) (Ruleset, error) {
 		}
 		return Ruleset{}, &InputError{Err: yamlError(err)}
 	}
+	// A second document would be ignored: a ruleset is one document.
+	var more yaml.Node
+	if err := dec.Decode(&more); err == nil {
+		return Ruleset{}, &InputError{Err: fmt.Errorf("line %d: a second YAML document (after ---): a ruleset file holds one", more.Line)}
+	} else if err.Error() != "EOF" {
+		return Ruleset{}, &InputError{Err: yamlError(err)}
+	}
 	return rs, rs.Check()
 }
 
@@ -381,6 +388,10 @@ func ParseCIDR(s string) (netip.Prefix, error) {
 		return p, nil
 	}
 	if a, err := netip.ParseAddr(s); err == nil {
+		if a.Zone() != "" {
+			// The prefix would drop it and cover every interface.
+			return netip.Prefix{}, fmt.Errorf("%q names an interface (%%%s): rules match addresses on every interface; give the address alone", s, a.Zone())
+		}
 		return netip.PrefixFrom(a, a.BitLen()), nil
 	}
 	return netip.Prefix{}, fmt.Errorf("%q is not an address prefix: give one such as 10.0.0.0/8, fd00::/8 or 192.0.2.1", s)

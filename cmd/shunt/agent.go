@@ -36,7 +36,7 @@ disabled. docs/AGENT.md describes the file, docs/KUBERNETES.md the DaemonSet.`,
 				if err != nil {
 					return err
 				}
-				if _, err := agent.LoadConfig(configPath, root); err != nil {
+				if _, err := agent.CheckConfig(configPath, root); err != nil {
 					return usageError{err}
 				}
 				fmt.Fprintf(e.stdout, "%s: ok\n", configPath)

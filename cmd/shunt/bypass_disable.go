@@ -48,6 +48,9 @@ install (--exclude-ports); what shunt learned about splice readers stays.`,
 			if given != 1 {
 				return usageError{fmt.Errorf("give either --cgroup PATH, --host (the cgroup v2 root) or --all (see '%s --help')", c.CommandPath())}
 			}
+			if timeout < 0 {
+				return usageError{fmt.Errorf("--timeout %v: give how long to wait, 0 or more", timeout)}
+			}
 			return bypassDisable(c.Context(), e, g, cgroupPath, all, timeout)
 		},
 	}
@@ -65,7 +68,7 @@ func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, a
 	var cg host.Cgroup
 	if !all {
 		var err error
-		if cg, err = host.ResolveCgroup(cgroupPath); err != nil {
+		if cg, err = cgroupArg(cgroupPath); err != nil {
 			return err
 		}
 	}

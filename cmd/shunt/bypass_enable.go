@@ -82,6 +82,9 @@ machine, shunt's own included. Say so explicitly; no cgroup is a mistake.`,
 			if wholeHost == (cgroupPath != "") {
 				return usageError{fmt.Errorf("say which processes to bypass: --cgroup PATH (a cgroup v2 directory), or --host for every process on this machine (see '%s --help')", c.CommandPath())}
 			}
+			if c.Flags().Changed("splicer") && len(splicers) == 0 {
+				splicers = []string{""} // --splicer "": refused below
+			}
 			for _, name := range splicers {
 				if name == "" || len(name) > 15 {
 					return usageError{fmt.Errorf("--splicer: %q is not a command name (1 to 15 characters, as 'ps -o comm' shows it)", name)}
@@ -136,7 +139,7 @@ func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, op
 	if err := host.CheckPrivileges(); err != nil {
 		return err
 	}
-	cg, err := host.ResolveCgroup(cgroupPath)
+	cg, err := cgroupArg(cgroupPath)
 	if err != nil {
 		return err
 	}

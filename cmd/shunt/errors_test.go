@@ -70,10 +70,12 @@ func TestEnableErrors(t *testing.T) {
 		nothingInstalled(t, pin, cg)
 	})
 
+	// A cgroup that is not one is the caller's mistake: exit 2, as in
+	// policy (it was 1 here and 2 there).
 	t.Run("not-a-cgroup", func(t *testing.T) {
 		_, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", t.TempDir(), "--pin-dir", pin)
-		if code != 1 {
-			t.Errorf("exit %d, want 1", code)
+		if code != 2 {
+			t.Errorf("exit %d, want 2", code)
 		}
 		oneLine(t, stderr, "is not a cgroup v2 directory (cgroup v2 is mounted at")
 		nothingInstalled(t, pin, cg)
@@ -81,8 +83,8 @@ func TestEnableErrors(t *testing.T) {
 
 	t.Run("missing-cgroup", func(t *testing.T) {
 		_, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path+"-nope", "--pin-dir", pin)
-		if code != 1 {
-			t.Errorf("exit %d, want 1", code)
+		if code != 2 {
+			t.Errorf("exit %d, want 2", code)
 		}
 		oneLine(t, stderr, "does not exist")
 		nothingInstalled(t, pin, cg)
@@ -178,6 +180,11 @@ mount -o remount,ro /sys/fs && exec "$0" bypass enable --cgroup %[2]s --pin-dir 
 		{"forget-nothing", []string{"bypass", "forget"}, "give one command name or --all"},
 		{"unknown-command", []string{"frobnicate"}, "unknown command"},
 		{"bad-max-backlog", []string{"bypass", "enable", "--max-backlog", "lots"}, "--max-backlog: want one size"},
+		{"empty-splicer", []string{"bypass", "enable", "--host", "--splicer", ""}, `--splicer: "" is not a command name`},
+		{"negative-timeout", []string{"bypass", "disable", "--all", "--timeout", "-1s"}, "--timeout -1s: give how long to wait, 0 or more"},
+		{"disable-missing-cgroup", []string{"bypass", "disable", "--cgroup", "/sys/fs/cgroup/shunt-test-none"}, "does not exist"},
+		{"index-missing-cgroup", []string{"index", "enable", "--cgroup", "/sys/fs/cgroup/shunt-test-none"}, "does not exist"},
+		{"completion-unknown-shell", []string{"completion", "tcsh"}, `completion: "tcsh" is not a shell shunt writes a script for: bash, fish, powershell, zsh`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, stderr, code := runShunt(t, nil, append(tc.args, "--pin-dir", pin)...)

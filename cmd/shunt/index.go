@@ -45,7 +45,7 @@ sweep of every network namespace. Enabling twice is harmless.`,
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
-			cg, err := host.ResolveCgroup(cgroupPath)
+			cg, err := cgroupArg(cgroupPath)
 			if err != nil {
 				return err
 			}

@@ -172,6 +172,17 @@ func TestAgentCheck(t *testing.T) {
 		t.Error("--check of a missing file: exit 0")
 	}
 	oneLine(t, stderr, "none.yaml: no such file or directory")
+	// What start would refuse, --check refuses too: the policy file it
+	// names, missing or bad (before, --check said ok).
+	for name, policy := range map[string]string{"missing": dir + "/no-policy.yaml", "bad": bad} {
+		cfg := dir + "/with-policy-" + name + ".yaml"
+		os.WriteFile(cfg, []byte("policy: {file: "+policy+"}\n"), 0o644)
+		_, stderr, code = runShunt(t, nil, "agent", "--config", cfg, "--check")
+		if code != 2 {
+			t.Errorf("--check with a %s policy file: exit %d, want 2", name, code)
+		}
+		oneLine(t, stderr, "policy file "+policy)
+	}
 }
 
 // scrapeAt reads http://addr/metrics from inside ns.

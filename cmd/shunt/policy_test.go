@@ -129,6 +129,8 @@ func TestPolicyBadInput(t *testing.T) {
 		{"missing peer", []string{"add", "--cgroup", cg.Path, "--direction", "ingress", "--action", "allow", "--peer-cgroup", cg.Path + "-nope"}, "--peer-cgroup: cgroup " + cg.Path + "-nope does not exist"},
 		{"file: missing peer", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    ingress: [{action: allow, peer_cgroup: CG-nope}]\n")}, "scope 1 (" + cg.Path + ") ingress rule 1: peer_cgroup: cgroup " + cg.Path + "-nope does not exist"},
 		{"file: peer egress", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: allow, peer_cgroup: CG}]\n")}, "egress rule 1: peer_cgroup: only ingress rules name a peer's cgroup"},
+		{"file: second document", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n---\nscopes: []\n")}, "line 3: a second YAML document (after ---): a ruleset file holds one"},
+		{"file: zone", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: deny, cidr: \"fe80::1%lo\"}]\n")}, `"fe80::1%lo" names an interface (%lo): rules match addresses on every interface; give the address alone`},
 		{"file: endless", []string{"apply", "-f", "/dev/zero"}, "-f /dev/zero: more than 8 MiB"},
 		{"file: duplicate", []string{"apply", "-f", file("scopes:\n  - cgroup: CG\n    egress: [{action: deny, cidr: 10.0.0.0/8}, {action: deny, cidr: 10.0.0.0/8, port: any}]\n")}, "egress rule 2: same as rule 1"},
 	} {

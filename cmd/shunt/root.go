@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -120,6 +121,7 @@ func newRoot(e *env) *cobra.Command {
 		return nil
 	}
 	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newMetricsCmd(e, g), newAgentCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newPolicyCmd(e, g), newReapCmd(e, g), newFanoutCmd(e), newProxyCmd(e), newSpliceCmd(e), newDaemonCmd(e), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
+	refuseUnknownShells(root)
 	return root
 }
 
@@ -129,4 +131,37 @@ func noArgs(c *cobra.Command, args []string) error {
 		return usageError{fmt.Errorf("%s takes no arguments, got %q (see '%s --help')", c.CommandPath(), args[0], c.CommandPath())}
 	}
 	return nil
+}
+
+// refuseUnknownShells makes `completion SHELL` for a shell cobra has no
+// script for a usage error: cobra's own command prints its help and exits 0.
+func refuseUnknownShells(root *cobra.Command) {
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() != "completion" {
+			continue
+		}
+		var shells []string
+		for _, s := range c.Commands() {
+			shells = append(shells, s.Name())
+		}
+		c.Args = cobra.ArbitraryArgs
+		c.RunE = func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("completion: %q is not a shell shunt writes a script for: %s", args[0], strings.Join(shells, ", "))}
+			}
+			return c.Help()
+		}
+	}
+}
+
+// cgroupArg resolves a cgroup given on the command line: one that does not
+// exist or is not of cgroup v2 is a usage error (exit 2), as in policy.
+func cgroupArg(path string) (host.Cgroup, error) {
+	cg, err := host.ResolveCgroup(path)
+	var pe host.CgroupPathError
+	if errors.As(err, &pe) {
+		return cg, usageError{err}
+	}
+	return cg, err
 }
