@@ -59,7 +59,7 @@ type Agent struct {
 	guardStop func() // nil while no guard runs in the agent
 	guardDone chan struct{}
 
-	metricsAddr string
+	metricsCfg  MetricsConfig // what the metrics server was started with
 	metricsStop func()
 
 	policyApplied []byte // the ruleset last applied, as marshalled
@@ -187,7 +187,7 @@ func (a *Agent) reload(ctx context.Context, why string) {
 	}
 	a.watchCgroups()
 	a.reconcile(ctx)
-	if cfg.Metrics.Address != a.metricsAddr {
+	if cfg.Metrics != a.metricsCfg {
 		a.stopMetrics()
 		if err := a.serveMetrics(); err != nil {
 			a.logf("%v", err)
@@ -432,9 +432,16 @@ func (a *Agent) stopGuard() {
 // serveMetrics serves metrics at the configured address, if any.
 func (a *Agent) serveMetrics() error {
 	addr := a.cfg.Metrics.Address
-	a.metricsAddr = addr
+	a.metricsCfg = a.cfg.Metrics
 	if addr == "" {
 		return nil
+	}
+	var token string
+	if f := a.cfg.Metrics.TokenFile; f != "" {
+		var err error
+		if token, err = metrics.ReadToken(f); err != nil {
+			return fmt.Errorf("metrics.token_file: %w", err)
+		}
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -446,7 +453,7 @@ func (a *Agent) serveMetrics() error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := metrics.Serve(ctx, ln, metrics.Handler(reg, a.opts.Log)); err != nil {
+		if err := metrics.Serve(ctx, ln, metrics.RequireToken(metrics.Handler(reg, a.opts.Log), token)); err != nil {
 			a.logf("metrics: %v", err)
 		}
 	}()

@@ -280,6 +280,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bypass:\n  cgroups: [\"/sys/fs/cgroup/a/../b\"]\n", "is not a clean path"},
 		{"metrics:\n  address: \"9464\"\n", `metrics.address: "9464" is not HOST:PORT`},
 		// Found here, not after the agent has enabled cgroups.
+		{"metrics: {address: \"127.0.0.1:9464\", token_file: token}\n", `metrics.token_file: "token" is not an absolute path`},
 		{"metrics:\n  address: \"127.0.0.1:99999\"\n", `metrics.address: "127.0.0.1:99999": port "99999" is not a number from 0 to 65535`},
 		{"metrics:\n  address: \"999.1.1.1:9464\"\n", `metrics.address: "999.1.1.1:9464": host "999.1.1.1" is not an IP address`},
 		{"bypass: {cgroups: [\"/sys/fs/cgroup/a\"]}\n---\nbypass: {cgroups: [\"/sys/fs/cgroup/b\"]}\n", "line 2: a second YAML document (after ---): the configuration is one"},

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/shunt-project/shunt/internal/readlimit"
+	"github.com/shunt-project/shunt/metrics"
 )
 
 // Config is the agent's configuration file (docs/AGENT.md).
@@ -77,6 +78,9 @@ type IndexConfig struct {
 // MetricsConfig says where metrics are served.
 type MetricsConfig struct {
 	Address string `yaml:"address"` // HOST:PORT; "" serves none
+	// TokenFile holds a bearer token every scrape must send (docs/SECURITY.md:
+	// the metrics name every policy rule and cgroup path); "" asks none.
+	TokenFile string `yaml:"token_file"`
 }
 
 // GuardOn says whether the agent runs the guard.
@@ -111,6 +115,11 @@ func CheckConfig(file, cgroupRoot string) (*Config, error) {
 	if cfg.Policy.File != "" {
 		if _, err := loadPolicy(cfg.Policy.File); err != nil {
 			return nil, err
+		}
+	}
+	if f := cfg.Metrics.TokenFile; f != "" {
+		if _, err := metrics.ReadToken(f); err != nil {
+			return nil, fmt.Errorf("metrics.token_file: %w", err)
 		}
 	}
 	return cfg, nil
@@ -156,6 +165,9 @@ func ParseConfig(b []byte, cgroupRoot string) (*Config, error) {
 			return nil, fmt.Errorf("metrics.address: %w", err)
 		}
 	}
+	if f := cfg.Metrics.TokenFile; f != "" && !filepath.IsAbs(f) {
+		return nil, fmt.Errorf("metrics.token_file: %q is not an absolute path", f)
+	}
 	return &cfg, nil
 }
 
@@ -184,7 +196,7 @@ var sections = strings.NewReplacer(
 	"in type agent.BypassConfig", "in bypass (it takes cgroups, exclude, guard)",
 	"in type agent.IndexConfig", "in index (it takes enabled)",
 	"in type agent.KubernetesConfig", "in kubernetes (it takes node_name, kubeconfig, namespaces, labels, annotation, cgroup_root, driver)",
-	"in type agent.MetricsConfig", "in metrics (it takes address)",
+	"in type agent.MetricsConfig", "in metrics (it takes address, token_file)",
 )
 
 // oneLine folds yaml's multi-line errors ("yaml: unmarshal errors:\n  line 3: ...").

@@ -166,7 +166,7 @@ func TestAgentCheck(t *testing.T) {
 	if code != 2 {
 		t.Errorf("--check of a bad file: exit %d, want 2", code)
 	}
-	oneLine(t, stderr, "field adress not found in metrics (it takes address)")
+	oneLine(t, stderr, "field adress not found in metrics (it takes address, token_file)")
 	_, stderr, code = runShunt(t, nil, "agent", "--config", dir+"/none.yaml", "--check")
 	if code == 0 {
 		t.Error("--check of a missing file: exit 0")
@@ -174,6 +174,15 @@ func TestAgentCheck(t *testing.T) {
 	oneLine(t, stderr, "none.yaml: no such file or directory")
 	// What start would refuse, --check refuses too: the policy file it
 	// names, missing or bad (before, --check said ok).
+	loose := dir + "/token"
+	os.WriteFile(loose, []byte("s3cret\n"), 0o644)
+	os.Chmod(loose, 0o644)
+	withToken := dir + "/with-token.yaml"
+	os.WriteFile(withToken, []byte("metrics: {address: \"127.0.0.1:9464\", token_file: "+loose+"}\n"), 0o644)
+	if _, stderr, code = runShunt(t, nil, "agent", "--config", withToken, "--check"); code != 2 {
+		t.Errorf("--check with a token file others can read: exit %d, want 2", code)
+	}
+	oneLine(t, stderr, "metrics.token_file: token file "+loose+" can be read by other users")
 	for name, policy := range map[string]string{"missing": dir + "/no-policy.yaml", "bad": bad} {
 		cfg := dir + "/with-policy-" + name + ".yaml"
 		os.WriteFile(cfg, []byte("policy: {file: "+policy+"}\n"), 0o644)
@@ -311,4 +320,49 @@ func TestProcessMetrics(t *testing.T) {
 		wantValues(t, fams, map[string]float64{"shunt_daemon_pairs": 0, "shunt_daemon_pairs_joined_total": 0, "shunt_daemon_scrape_errors": 0})
 		promtoolClean(t, out)
 	})
+}
+
+// shunt metrics --token-file: a scrape without the token gets 401 and no
+// metric; with it, the metrics. A token file other users can read is
+// refused before anything is served.
+func TestMetricsTokenFile(t *testing.T) {
+	testenv.RequireRoot(t)
+	ns := testenv.MustNetNS(t)
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	os.WriteFile(token, []byte("s3cret\n"), 0o600)
+	loose := filepath.Join(dir, "loose")
+	os.WriteFile(loose, []byte("s3cret\n"), 0o644)
+	os.Chmod(loose, 0o644)
+	_, stderr, code := runShunt(t, nil, "metrics", "--token-file", loose, "--pin-dir", testenv.MustPinDir(t))
+	if code != 2 {
+		t.Errorf("a token file others can read: exit %d, want 2", code)
+	}
+	oneLine(t, stderr, "can be read by other users")
+
+	addr := "127.0.0.1:19464"
+	startShunt(t, ns, "serving metrics at", "metrics", "--listen", addr, "--token-file", token, "--pin-dir", testenv.MustPinDir(t))
+	get := func(auth string) (int, string) {
+		c := testenv.Dial(t, testenv.Side{NS: ns}, "tcp", addr, nil)
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		req := "GET /metrics HTTP/1.0\r\nHost: shunt\r\n"
+		if auth != "" {
+			req += "Authorization: " + auth + "\r\n"
+		}
+		io.WriteString(c, req+"\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, body := get(""); code != http.StatusUnauthorized || strings.Contains(body, "shunt_") {
+		t.Errorf("without the token: %d %q", code, body)
+	}
+	if code, body := get("Bearer s3cret"); code != http.StatusOK || !strings.Contains(body, "shunt_bypass_enabled") {
+		t.Errorf("with the token: %d, %d bytes", code, len(body))
+	}
 }
