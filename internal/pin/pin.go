@@ -11,6 +11,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/internal/owned"
 )
 
 // Claim makes sure a pin directory shunt is about to use is its own: if it
@@ -21,18 +23,9 @@ import (
 // of shunt's own that is not an install (a leftover, or made by hand) is
 // removed, so the install can take its place.
 func Claim(dir string) error {
-	fi, err := os.Lstat(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
+	fi, err := owned.Dir(dir)
+	if fi == nil || err != nil {
 		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s exists and is not a directory: remove it", dir)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("%s belongs to uid %d, not to uid %d that shunt runs as (whoever owns it could unlink what shunt pins there): remove it", dir, st.Uid, os.Geteuid())
 	}
 	if fi.Mode().Perm()&0o022 != 0 {
 		return fmt.Errorf("%s is writable by other users (mode %v): remove it", dir, fi.Mode().Perm())

@@ -17,10 +17,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/internal/owned"
 )
 
 // Dir holds the lock files (and the guard's logs beside them).
@@ -41,15 +42,12 @@ func EnsureDir() error {
 	if err := os.MkdirAll(Dir, 0o700); err != nil {
 		return err
 	}
-	fi, err := os.Lstat(Dir)
+	fi, err := owned.Dir(Dir)
 	if err != nil {
 		return err
 	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory: remove it", Dir)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("%s belongs to uid %d, not to uid %d that shunt runs as: remove it", Dir, st.Uid, os.Geteuid())
+	if fi == nil {
+		return fmt.Errorf("%s went away while shunt made it", Dir)
 	}
 	if fi.Mode().Perm() != 0o700 {
 		return os.Chmod(Dir, 0o700)
