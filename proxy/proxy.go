@@ -44,10 +44,15 @@ type Proxy struct {
 	routes   map[string]*pool
 	log      func(format string, args ...any)
 
-	wg       sync.WaitGroup
-	slots    chan struct{}
+	wg    sync.WaitGroup
+	slots chan struct{}
+	// life ends at Close: a dial in progress gives up.
+	life    context.Context
+	endLife context.CancelFunc
+
 	mu       sync.Mutex
-	conns    map[*net.TCPConn]struct{} // user-space modes, for Close
+	closing  bool                      // Close began: a handler holds no new connection
+	conns    map[*net.TCPConn]struct{} // what handlers hold (in Kernel mode until the join), for Close
 	accepted atomic.Uint64
 	active   atomic.Int64
 	refused  atomic.Uint64
@@ -75,6 +80,7 @@ func New(cfg Config, logf func(format string, args ...any)) (*Proxy, error) {
 		slots:    make(chan struct{}, cfg.MaxConns),
 		conns:    map[*net.TCPConn]struct{}{},
 	}
+	p.life, p.endLife = context.WithCancel(context.Background())
 	for _, r := range cfg.Routes {
 		p.routes[r.Host] = &pool{ups: r.Upstreams}
 	}
@@ -94,6 +100,7 @@ func New(cfg Config, logf func(format string, args ...any)) (*Proxy, error) {
 		if p.splicer != nil {
 			p.splicer.Close()
 		}
+		p.endLife()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	p.ln = l.(*net.TCPListener)
@@ -157,15 +164,18 @@ func (p *Proxy) Run(ctx context.Context) error {
 	}
 }
 
-// Close stops accepting, resets every open connection and unloads the
-// kernel programs.
+// Close stops accepting, resets every open connection (also those whose
+// handler still reads the request head or dials), unloads the kernel
+// programs and returns once every handler has.
 func (p *Proxy) Close() error {
 	p.ln.Close()
+	p.endLife()
 	var err error
 	if p.splicer != nil {
 		err = p.splicer.Close()
 	}
 	p.mu.Lock()
+	p.closing = true
 	for c := range p.conns {
 		c.SetLinger(0)
 		c.Close()
@@ -177,6 +187,11 @@ func (p *Proxy) Close() error {
 
 // handle serves one client connection to its end.
 func (p *Proxy) handle(client *net.TCPConn) {
+	if !p.hold(client) {
+		abort(client)
+		return
+	}
+	defer p.release(client)
 	peer := client.RemoteAddr().(*net.TCPAddr).AddrPort()
 	var head []byte
 	ups := p.defaults
@@ -198,10 +213,14 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	if err != nil {
 		p.log("proxy: %s: %v", peer, err)
 		p.refused.Add(1)
-		client.SetLinger(0)
-		client.Close()
+		abort(client)
 		return
 	}
+	if !p.hold(upstream) {
+		abort(client, upstream)
+		return
+	}
+	defer p.release(upstream)
 	first := head
 	if p.cfg.Proxy != NoProxyProtocol {
 		local := client.LocalAddr().(*net.TCPAddr).AddrPort()
@@ -211,7 +230,7 @@ func (p *Proxy) handle(client *net.TCPConn) {
 		if _, err := upstream.Write(first); err != nil {
 			p.log("proxy: %s: write to upstream %s: %v", peer, upstream.RemoteAddr(), err)
 			p.failed.Add(1)
-			resetBoth(client, upstream)
+			abort(client, upstream)
 			return
 		}
 	}
@@ -221,9 +240,7 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	if p.cfg.Mode == Kernel {
 		r = p.joinInKernel(client, upstream)
 	} else {
-		p.track(client, upstream, true)
 		r = relay(client, upstream, p.cfg.Mode == Pipe)
-		p.track(client, upstream, false)
 	}
 	p.up.Add(r.up)
 	p.down.Add(r.down)
@@ -238,26 +255,34 @@ func (p *Proxy) handle(client *net.TCPConn) {
 func (p *Proxy) joinInKernel(client, upstream *net.TCPConn) result {
 	pair, err := p.splicer.Join(client, upstream)
 	if err != nil {
-		resetBoth(client, upstream)
+		abort(client, upstream)
 		return result{err: err}
 	}
+	// The splicer has them now: Close ends the pair by closing it.
+	p.release(client)
+	p.release(upstream)
 	<-pair.Done()
 	up, down := pair.Stats()
 	return result{up: up.Bytes, down: down.Bytes, kernel: up.Kernel + down.Kernel,
 		throttled: uint64(up.ToUser) + uint64(down.ToUser), err: pair.Err()}
 }
 
-// track registers user-space connections so Close can reset them.
-func (p *Proxy) track(a, b *net.TCPConn, add bool) {
+// hold registers a connection a handler works on, so Close can reset it;
+// false once Close began (the handler then resets it itself).
+func (p *Proxy) hold(c *net.TCPConn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, c := range []*net.TCPConn{a, b} {
-		if add {
-			p.conns[c] = struct{}{}
-		} else {
-			delete(p.conns, c)
-		}
+	if p.closing {
+		return false
 	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) release(c *net.TCPConn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
 }
 
 // dial connects to the first upstream of ups (in round-robin order) that
@@ -265,19 +290,32 @@ func (p *Proxy) track(a, b *net.TCPConn, add bool) {
 func (p *Proxy) dial(ups *pool) (*net.TCPConn, error) {
 	var errs []error
 	for _, u := range ups.order() {
-		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DialTimeout)
+		ctx, cancel := context.WithTimeout(p.life, p.cfg.DialTimeout)
 		c, err := p.cfg.Dial(ctx, "tcp", u.String())
 		cancel()
-		if err == nil {
-			return c.(*net.TCPConn), nil
+		if err != nil {
+			errs = append(errs, err)
+			if p.life.Err() != nil {
+				break // closing
+			}
+			continue
 		}
-		errs = append(errs, err)
+		tc, ok := c.(*net.TCPConn)
+		if !ok {
+			// Config.Dial may return any net.Conn; the relay and the
+			// kernel join need a TCP socket.
+			c.Close()
+			errs = append(errs, fmt.Errorf("%s: Config.Dial returned a %T, not a *net.TCPConn", u, c))
+			continue
+		}
+		return tc, nil
 	}
 	return nil, fmt.Errorf("no upstream accepted the connection: %w", errors.Join(errs...))
 }
 
-func resetBoth(a, b *net.TCPConn) {
-	for _, c := range []*net.TCPConn{a, b} {
+// abort aborts the connections (RST, not FIN).
+func abort(conns ...*net.TCPConn) {
+	for _, c := range conns {
 		c.SetLinger(0)
 		c.Close()
 	}

@@ -37,7 +37,7 @@ func relay(client, upstream *net.TCPConn, withSplice bool) result {
 		if err != nil {
 			once.Do(func() {
 				firstErr = err
-				resetBoth(client, upstream)
+				abort(client, upstream)
 			})
 		}
 	}
