@@ -443,6 +443,13 @@ func (p *UDPProxy) start(f *udpFlow) error {
 			for {
 				select {
 				case i := <-pair.Refusals():
+					if err := pair.Err(); err != nil {
+						// Out of the kernel path for good: no datagram
+						// moves; end the flow rather than leave it mute.
+						p.log("proxy: udp %s: %v; flow closed", f.client, err)
+						p.closeFlow(f)
+						return
+					}
 					if i == 1 { // the upstream socket
 						p.upstreamRefused(f)
 						return

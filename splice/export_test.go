@@ -48,3 +48,7 @@ func (s *UDPSplicer) Mechanisms() (onMap, probeReads bool, err error) {
 	err = s.objs.Cfg.Get(&cfg)
 	return s.attach.OnMap(), cfg.ProbeReads == 1, err
 }
+
+// RepairWith puts socket i of the pair back into the kernel path as the
+// watcher does after a refusal, with fd standing for the socket.
+func (p *UDPPair) RepairWith(i, fd int) { p.repair(i, fd) }

@@ -115,6 +115,7 @@ type UDPPair struct {
 	once     sync.Once
 	mu       sync.Mutex // insert and repair against Close
 	closed   bool
+	err      error // a repair failed: the pair forwards no more (Err)
 	watchers sync.WaitGroup
 }
 
@@ -203,11 +204,35 @@ func (p *UDPPair) repair(i, fd int) {
 		return
 	}
 	slot := 2*p.index + uint32(i)
-	p.s.objs.UdpSocks.Delete(slot)
-	p.s.objs.UdpSocks.Update(slot, uint64(fd), ebpf.UpdateAny)
+	// Out of the map and back: a fresh psock. Out already (a repair raced
+	// with another): ErrKeyNotExist, harmless.
+	if err := p.s.objs.UdpSocks.Delete(slot); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		p.fail(fmt.Errorf("splice: socket %d was refused, and taking it out of the kernel path failed: %w", i+1, err))
+		return
+	}
+	if err := p.s.objs.UdpSocks.Update(slot, uint64(fd), ebpf.UpdateAny); err != nil {
+		p.fail(fmt.Errorf("splice: socket %d was refused, and putting it back into the kernel path failed: %w", i+1, err))
+		return
+	}
 	// What arrived on it meanwhile took the normal path, and what arrived
 	// on its peer while it was out waits on the peer.
 	p.forwardQueued()
+}
+
+// fail records why the pair stopped forwarding (p.mu held); the owner
+// learns it from Err when Refusals reports the socket.
+func (p *UDPPair) fail(err error) {
+	if p.err == nil {
+		p.err = err
+	}
+}
+
+// Err says why the pair forwards no more: a socket refused by the network
+// could not be put back into the kernel path. nil while it forwards.
+func (p *UDPPair) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
 }
 
 // noteRefused counts a refusal of socket i and reports it to Refusals.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -328,5 +329,24 @@ func forceRcvbuf(t *testing.T, c *net.UDPConn, bytes int) {
 	}
 	if serr != nil {
 		t.Fatalf("SO_RCVBUFFORCE: %v", serr)
+	}
+}
+
+// A repair that cannot put a refused socket back into the kernel path (here
+// a descriptor the map refuses) is the pair's error, for its owner to act
+// on; before, the error was dropped and the pair went mute.
+func TestUDPRepairFailureIsReported(t *testing.T) {
+	s := mustUDPSplicer(t, splice.UDPOptions{})
+	p := mustUDPProxied(t, testenv.MustNetNS(t), "127.0.0.1:0")
+	pair, err := s.Join(p.front, p.back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pair.Err(); err != nil {
+		t.Fatalf("a fresh pair: %v", err)
+	}
+	pair.RepairWith(0, -1)
+	if err := pair.Err(); err == nil || !strings.Contains(err.Error(), "socket 1 was refused, and putting it back into the kernel path failed") {
+		t.Errorf("after a failed repair: %v", err)
 	}
 }
