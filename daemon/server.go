@@ -30,7 +30,7 @@ type Server struct {
 	mu         sync.Mutex
 	next       uint64
 	pairs      map[uint64]*entry
-	closed     bool
+	closed     bool // Close began: a client accepted since is not served
 	handedOver bool
 	handed     int // pairs handed over
 	joined     uint64
@@ -120,7 +120,13 @@ func (srv *Server) Serve(ctx context.Context) error {
 
 // serve registers a client and answers it on a goroutine of its own.
 func (srv *Server) serve(cc *conn) {
+	cc.log = srv.log // clients taken over from another daemon come without
 	srv.mu.Lock()
+	if srv.closed {
+		srv.mu.Unlock()
+		cc.c.Close()
+		return
+	}
 	srv.conns[cc] = struct{}{}
 	srv.mu.Unlock()
 	srv.wg.Add(1)
@@ -165,14 +171,23 @@ type conn struct {
 	// handed: the client goes to the daemon taking over; serveConn
 	// stops reading and leaves the connection open (guarded by srv.mu).
 	handed bool
+	log    func(format string, args ...any)
 }
 
+// send writes a reply or an event; one that cannot be made or written (the
+// client gone, or not reading for 5 s) is logged, and the client misses it.
 func (c *conn) send(v any) {
-	b, _ := json.Marshal(v)
+	b, err := json.Marshal(v)
+	if err != nil {
+		c.log("daemon: encode a message for a client: %v", err)
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	c.c.Write(b)
+	if _, err := c.c.Write(b); err != nil && !errors.Is(err, net.ErrClosed) {
+		c.log("daemon: write to a client: %v", err)
+	}
 }
 
 func (srv *Server) serveConn(c *conn) {
