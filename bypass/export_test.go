@@ -31,9 +31,19 @@ func (in *Install) CgroupCounted(id uint64) bool {
 	return in.maps[cgroupSendsMap].Lookup(id, &v) == nil
 }
 
+// FreshenReaderPorts makes every learned reader port seen now, so a test
+// on a slow machine (a kernel under qemu) does not see it expire midway.
+func (in *Install) FreshenReaderPorts() error {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return err
+	}
+	return in.AgeReaderPorts(0, uint64(ts.Nano()))
+}
+
 // AgeReaderPorts moves every learned reader port's last sighting back by d,
-// as if d had passed.
-func (in *Install) AgeReaderPorts(d time.Duration) error {
+// as if d had passed (or sets it to at, if not 0).
+func (in *Install) AgeReaderPorts(d time.Duration, at ...uint64) error {
 	m := in.maps[readerPortsMap]
 	var k bypassReaderPort
 	var v bypassReaderPortSeen
@@ -42,6 +52,9 @@ func (in *Install) AgeReaderPorts(d time.Duration) error {
 	it := m.Iterate()
 	for it.Next(&k, &v) {
 		v.SeenNs -= uint64(d)
+		if len(at) > 0 {
+			v.SeenNs = at[0]
+		}
 		keys = append(keys, k)
 		vals = append(vals, v)
 	}
