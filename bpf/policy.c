@@ -153,10 +153,12 @@ static __always_inline int stamp_matches(const struct policy_sender *snd, __u8 p
 /* The action scope gives a connection to (egress) or from (ingress) addr,
  * on port over proto, and the counter of the rule that gave it; 0 when the
  * scope has no rules in this slot. addr holds 4 or 16 bytes after family.
- * A scope with peer rules looks the flow's sender up in senders first. */
+ * A scope with peer rules looks the flow's sender up in senders first; with
+ * seq (the packet's TCP sequence number, 0 for UDP) it takes the entry only
+ * if it was written for this packet. */
 static __always_inline __u8 decide(__u32 slot, __u64 scope, __u8 dir, __u8 family, const __u8 addr[16],
 				   __u16 port, __u8 proto, __u32 *rule, void *senders, const struct policy_flow *flow,
-				   __u32 stamp)
+				   const __u32 *seq)
 {
 	struct policy_scope_key sk = { .scope = scope, .slot = slot };
 	struct policy_scope *s = bpf_map_lookup_elem(&policy_scopes, &sk);
@@ -168,7 +170,7 @@ static __always_inline __u8 decide(__u32 slot, __u64 scope, __u8 dir, __u8 famil
 
 	if (flow && s->has_peer_rules[dir]) {
 		struct policy_sender *snd = bpf_map_lookup_elem(senders, flow);
-		if (snd && stamp && !stamp_matches(snd, flow->proto, stamp))
+		if (snd && seq && !stamp_matches(snd, flow->proto, packet_stamp(flow->proto, *seq)))
 			snd = NULL; /* written for another socket of that flow */
 		if (snd) {
 			__u8 a = decide_peer(slot, scope, dir, snd, port, proto, rule);
@@ -239,7 +241,7 @@ static __always_inline int hook(struct bpf_sock_addr *ctx, __u8 family, const __
 	__u8 proto = ctx->protocol;
 	__u16 port = bpf_ntohs(ctx->user_port);
 	__u32 rule = 0;
-	__u8 action = decide(active_slot(), pcfg.scope, POLICY_EGRESS, family, addr, port, proto, &rule, NULL, NULL, 0);
+	__u8 action = decide(active_slot(), pcfg.scope, POLICY_EGRESS, family, addr, port, proto, &rule, NULL, NULL, NULL);
 	if (!action)
 		return 1;
 	count(rule, h);
@@ -393,7 +395,7 @@ int shunt_policy_ingress(struct __sk_buff *skb)
 		return 1;
 	__u32 rule = 0;
 	__u8 action = decide(active_slot(), pcfg.scope, POLICY_INGRESS, f.family, f.saddr, f.dport, f.proto, &rule,
-			     &policy_senders, &f, packet_stamp(f.proto, seq));
+			     &policy_senders, &f, &seq);
 	if (!action)
 		return 1;
 	count(rule, f.proto == IPPROTO_TCP ? POLICY_HOOK_CONNECT : POLICY_HOOK_SEND);
@@ -472,7 +474,7 @@ static long scope_step(__u64 l, void *data)
 	__u32 rule = 0;
 	/* Only ingress has peer rules: egress never looks f up. */
 	__u8 action = decide(w->slot, id, w->dir, w->family, w->addr, w->port, w->proto, &rule,
-			     &policy_conn_senders, &w->f, 0);
+			     &policy_conn_senders, &w->f, NULL);
 	if (!action || action == POLICY_ALLOW)
 		return 0;
 	w->rule = rule;
