@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"strings"
@@ -271,4 +272,50 @@ func BenchmarkStallScan(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/float64(bypass.StallScanInterval.Milliseconds())/10, "%cpu")
+}
+
+// The stall scan also moves a connection whose peer's end sits unread: a
+// server that keeps a half-closed connection open and answers later (the
+// client shut its side after the request) loses the bypass, not a byte.
+// Its answer arrives whole after the move, and its own read of the end
+// still returns 0, as over TCP.
+func TestHalfClosedServerAnswersAfterTheScan(t *testing.T) {
+	for _, network := range []string{"tcp4", "tcp6"} {
+		t.Run(network, func(t *testing.T) {
+			in, cg := mustInstall(t)
+			testenv.RunGuard(t, in, func(s string) { t.Logf("guard: %s", s) })
+			side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+			addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
+			c, s := testenv.ConnPair(t, network, side, addr, side, addr)
+			testenv.Warm(t, c, s)
+			exchange(t, c, s, "request")
+			if err := c.CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			// The server leaves the end unread past the scan's 500 ms.
+			time.Sleep(2*bypass.StallScanInterval + 300*time.Millisecond)
+			answer := make([]byte, 1<<20)
+			rng := rand.NewChaCha8([32]byte{9})
+			_, _ = rng.Read(answer)
+			go func() {
+				if _, err := s.Write(answer); err != nil {
+					t.Errorf("answer: %v", err)
+				}
+				s.CloseWrite()
+			}()
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got, err := io.ReadAll(c)
+			if err != nil || !bytes.Equal(got, answer) {
+				t.Fatalf("client read %d bytes (%v), want the %d-byte answer intact", len(got), err, len(answer))
+			}
+			s.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if n, err := s.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+				t.Errorf("the server's read of the end: %d, %v; want 0, EOF", n, err)
+			}
+			st, _ := in.Stats()
+			if st.Counters.StallsRescued == 0 {
+				t.Errorf("the unread end was not found by the scan (stalls rescued 0): the test did not test the move")
+			}
+		})
+	}
 }
