@@ -38,12 +38,16 @@ func (in *Install) FreshenReaderPorts() error {
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		return err
 	}
-	return in.AgeReaderPorts(0, uint64(ts.Nano()))
+	return in.setReaderPortsSeen(func(uint64) uint64 { return uint64(ts.Nano()) })
 }
 
 // AgeReaderPorts moves every learned reader port's last sighting back by d,
-// as if d had passed (or sets it to at, if not 0).
-func (in *Install) AgeReaderPorts(d time.Duration, at ...uint64) error {
+// as if d had passed.
+func (in *Install) AgeReaderPorts(d time.Duration) error {
+	return in.setReaderPortsSeen(func(seen uint64) uint64 { return seen - uint64(d) })
+}
+
+func (in *Install) setReaderPortsSeen(seen func(uint64) uint64) error {
 	m := in.maps[readerPortsMap]
 	var k bypassReaderPort
 	var v bypassReaderPortSeen
@@ -51,10 +55,7 @@ func (in *Install) AgeReaderPorts(d time.Duration, at ...uint64) error {
 	var vals []bypassReaderPortSeen
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		v.SeenNs -= uint64(d)
-		if len(at) > 0 {
-			v.SeenNs = at[0]
-		}
+		v.SeenNs = seen(v.SeenNs)
 		keys = append(keys, k)
 		vals = append(vals, v)
 	}

@@ -13,17 +13,10 @@ import (
 )
 
 // startProxy runs a proxy in ns with cfg as given (its Dial included) and
-// returns it with its log; the caller closes it.
+// returns it with its log and what stops Run; the caller closes it.
 func startProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config) (*proxy.Proxy, *lockedBuffer, func() error) {
 	t.Helper()
-	cfg.Listen = netip.MustParseAddrPort("127.0.0.1:0")
-	logs := &lockedBuffer{}
-	var p *proxy.Proxy
-	var err error
-	ns.Do(t, func() { p, err = proxy.New(cfg, logs.logf) })
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, logs := newProxy(t, ns, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()

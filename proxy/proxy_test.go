@@ -28,8 +28,22 @@ var families = []struct{ name, loopback string }{
 	{"ipv6", "::1"},
 }
 
-// mustProxy runs a proxy in ns until the test ends.
+// mustProxy runs a proxy in ns, dialing its upstreams there, until the
+// test ends.
 func mustProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config) *proxy.Proxy {
+	t.Helper()
+	cfg.Dial = func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+		ns.Do(t, func() { c, err = (&net.Dialer{}).DialContext(ctx, network, addr) })
+		return c, err
+	}
+	p, logs := newProxy(t, ns, cfg)
+	runUntilCleanup(t, p.Run, p.Close, logs)
+	return p
+}
+
+// newProxy makes a proxy in ns (listening on loopback unless cfg says) and
+// the buffer its log goes to.
+func newProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config) (*proxy.Proxy, *lockedBuffer) {
 	t.Helper()
 	if !cfg.Listen.IsValid() {
 		cfg.Listen = netip.MustParseAddrPort("127.0.0.1:0")
@@ -37,16 +51,11 @@ func mustProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config) *proxy.Proxy {
 	var p *proxy.Proxy
 	var err error
 	logs := &lockedBuffer{}
-	cfg.Dial = func(ctx context.Context, network, addr string) (c net.Conn, err error) {
-		ns.Do(t, func() { c, err = (&net.Dialer{}).DialContext(ctx, network, addr) })
-		return c, err
-	}
 	ns.Do(t, func() { p, err = proxy.New(cfg, logs.logf) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	runUntilCleanup(t, p.Run, p.Close, logs)
-	return p
+	return p, logs
 }
 
 // runUntilCleanup runs a proxy until the test ends, then closes it and, if
