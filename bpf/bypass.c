@@ -573,8 +573,9 @@ static __always_inline int check_peer(struct peer_ref *ref, struct tcp_sock *sel
 		return REDIRECT_NO_PEER;
 	__u32 reads = ref->reads;
 	int splicer = reads & STATE_SPLICE;
+	int may_splice = reads & STATE_MAY_SPLICE;
 	if (!splicer) {
-		if (reads & STATE_TCP_READER)
+		if ((reads & STATE_TCP_READER) && !may_splice)
 			return REDIRECT_READER;
 		if (!(reads & STATE_READS) && !cfg.trust_readers)
 			return REDIRECT_READER;
@@ -604,6 +605,12 @@ static __always_inline int check_peer(struct peer_ref *ref, struct tcp_sock *sel
 			return REDIRECT_READER;
 		return unread > limit ? REDIRECT_REFUSE : REDIRECT_OK;
 	}
+	/* Its program was learned splicing while it held redirected bytes:
+	 * a splice now would find TCP's queue empty and be caught, never read
+	 * a TCP byte ahead of them. So redirect behind them until they are
+	 * read, then take TCP (in order for a splice). */
+	if (may_splice && !unread)
+		return REDIRECT_READER;
 	if (unread > limit)
 		return REDIRECT_BACKLOG;
 	return REDIRECT_OK;
@@ -791,14 +798,14 @@ static __always_inline struct args_walk *current_program(struct splice_program *
 
 /* The calling process was seen splicing from a TCP socket before: this
  * very command line, or its command taught by name. */
-static __always_inline int learned_splicer(void)
+static __always_inline int learned_splicer(struct splice_program *prog)
 {
-	struct splice_program prog = {};
-	current_program(&prog);
-	if (bpf_map_lookup_elem(&splice_programs, &prog))
+	current_program(prog);
+	if (bpf_map_lookup_elem(&splice_programs, prog))
 		return 1;
-	prog.args = 0;
-	return bpf_map_lookup_elem(&splice_programs, &prog) != 0;
+	struct splice_program by_name = { .args = 0 };
+	__builtin_memcpy(by_name.comm, prog->comm, sizeof(by_name.comm));
+	return bpf_map_lookup_elem(&splice_programs, &by_name) != 0;
 }
 
 /* Redirected bytes waiting in the socket's psock for a reader. */
@@ -817,8 +824,9 @@ static __always_inline __u64 unread_redirected(struct sock *sk, struct peer_ref 
 }
 
 /* Counts what a program's splices did; adds the program when new (with
- * the start of its command line, from the walk that hashed it). */
-static __always_inline void learn(struct splice_program *prog, struct args_walk *w, __u64 splices, __u64 caught)
+ * the start of its command line, from the walk that hashed it) and then
+ * returns 1. */
+static __always_inline int learn(struct splice_program *prog, struct args_walk *w, __u64 splices, __u64 caught)
 {
 	struct splice_seen *seen = bpf_map_lookup_elem(&splice_programs, prog);
 	__u64 now = bpf_ktime_get_ns();
@@ -830,7 +838,7 @@ static __always_inline void learn(struct splice_program *prog, struct args_walk 
 		if (!w)
 			w = bpf_map_lookup_elem(&args_scratch, &zero);
 		if (!w)
-			return;
+			return 0;
 		struct splice_seen *fresh = &w->fresh;
 		fresh->first_ns = now;
 		fresh->last_ns = now;
@@ -840,13 +848,13 @@ static __always_inline void learn(struct splice_program *prog, struct args_walk 
 			__builtin_memcpy(fresh->cmdline, w->args, sizeof(fresh->cmdline));
 		else
 			__builtin_memset(fresh->cmdline, 0, sizeof(fresh->cmdline));
-		bpf_map_update_elem(&splice_programs, prog, fresh, BPF_NOEXIST);
-		return;
+		return !bpf_map_update_elem(&splice_programs, prog, fresh, BPF_NOEXIST);
 	}
 	seen->last_ns = now;
 	__sync_fetch_and_add(&seen->splices, splices);
 	if (caught)
 		__sync_fetch_and_add(&seen->caught, caught);
+	return 0;
 }
 
 /* A splice reader with redirected bytes queued that splice(2) cannot read:
@@ -1284,7 +1292,8 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 			watch_stall(sk, st);
 		return 0;
 	}
-	if (mark == STATE_READS && learned_splicer()) {
+	struct splice_program prog = {};
+	if (mark == STATE_READS && learned_splicer(&prog)) {
 		/* This program splices: its first recv may be followed by a
 		 * splice that could not read redirected bytes. */
 		mark = STATE_TCP_READER;
@@ -1293,6 +1302,12 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
 	if (!ref)
 		return 0; /* left already, or closing */
+	if (mark == STATE_READS) {
+		/* Who reads it, for presume_splicer: set before the mark, so a
+		 * learn that sees the mark sees them. */
+		ref->reader_args = prog.args;
+		__builtin_memcpy(ref->reader_comm, prog.comm, sizeof(ref->reader_comm));
+	}
 	/* The socket's own sends update flags too (sk_msg): atomics. */
 	__sync_fetch_and_or(&st->flags, mark);
 	__u32 old = __sync_fetch_and_or(&ref->reads, mark);
@@ -1339,6 +1354,46 @@ static __always_inline int in_splice(void)
 	return regs->orig_ax == cfg.splice_nr;
 }
 
+/* The program being learned, and how many of its sockets were sent back. */
+struct presume_ctx {
+	struct splice_program prog;
+	__u64 moved;
+	__u64 queued; /* of which held redirected bytes unread */
+};
+
+static __always_inline int same_comm(const char *a, const char *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+	return x[0] == y[0] && x[1] == y[1];
+}
+
+/* A socket whose reader's program was just learned splicing goes back to
+ * TCP before its peer's next bytes, as its later sockets stay there from
+ * their first recv: else it is caught at its own first splice, and a
+ * program that serves many connections at once (HAProxy) loses one
+ * connection per socket bypassed before the first splice was seen. One
+ * that holds redirected bytes keeps getting them behind those until they
+ * are read (STATE_MAY_SPLICE): a TCP byte must never reach a splice ahead
+ * of them. */
+static long presume_splicer(void *map, struct sock_key *key, struct peer_ref *ref, struct presume_ctx *ctx)
+{
+	__u32 reads = ref->reads;
+	if (!(reads & STATE_READS) || (reads & (STATE_TCP_READER | STATE_SPLICE)))
+		return 0;
+	if (!same_comm(ref->reader_comm, ctx->prog.comm))
+		return 0;
+	if (ctx->prog.args && ref->reader_args != ctx->prog.args)
+		return 0;
+	if (__sync_fetch_and_or(&ref->reads, STATE_MAY_SPLICE | STATE_TCP_READER) & STATE_TCP_READER)
+		return 0;
+	ctx->moved++;
+	if (ref->sk && !ingress_empty((struct sock *)ref->sk))
+		ctx->queued++;
+	/* Seen reading: a redirect decided before the mark may still land. */
+	start_leave(ref, cfg.settle_ns);
+	return 0;
+}
+
 /* Runs when TCP accounts for what a reader took, in recvmsg and inside a
  * splice(2) read before it waits (tcp_splice_read -> __tcp_read_sock). A
  * splice reads the TCP queue alone, never the bytes redirected into the
@@ -1360,18 +1415,26 @@ int BPF_PROG(shunt_splices, struct sock *sk)
 		return 0;
 	if (!in_splice())
 		return 0;
-	struct splice_program prog = {};
-	learn(&prog, current_program(&prog), 1, 0);
+	struct presume_ctx learning = {};
+	int learned = learn(&learning.prog, current_program(&learning.prog), 1, 0);
 	/* The socket's own sends update flags too (sk_msg): atomics. */
 	__sync_fetch_and_or(&st->flags, STATE_SPLICE | STATE_TCP_READER);
 	count(CNT_SPLICE_READER);
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	if (ref)
+		__sync_fetch_and_or(&ref->reads, STATE_SPLICE);
+	if (learned) {
+		/* Once per program: its other sockets (this one is marked). */
+		bpf_for_each_map_elem(&peer_refs, presume_splicer, &learning, 0);
+		count_n(CNT_PRESUMED_SPLICER, learning.moved);
+		count_n(CNT_PRESUMED_QUEUED, learning.queued);
+	}
 	if (!ref)
 		return 0; /* left already, or closing */
 	ref->cookie = bpf_get_socket_cookie(sk);
 	ref->splicer_pid = bpf_get_current_pid_tgid() >> 32;
-	__builtin_memcpy(ref->splicer_comm, prog.comm, sizeof(prog.comm));
-	ref->splicer_args = prog.args;
+	__builtin_memcpy(ref->splicer_comm, learning.prog.comm, sizeof(learning.prog.comm));
+	ref->splicer_args = learning.prog.args;
 	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_SPLICE | STATE_TCP_READER);
 	struct sock_key self = st->self;
 	if (!ingress_empty(sk))

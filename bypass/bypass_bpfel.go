@@ -68,7 +68,9 @@ const (
 	bypassCounterCNT_STALL_RESCUED     bypassCounter = 20
 	bypassCounterCNT_PAIRED_TRANSLATED bypassCounter = 21
 	bypassCounterCNT_READER_PORT       bypassCounter = 22
-	bypassCounterCNT_MAX               bypassCounter = 23
+	bypassCounterCNT_PRESUMED_SPLICER  bypassCounter = 23
+	bypassCounterCNT_PRESUMED_QUEUED   bypassCounter = 24
+	bypassCounterCNT_MAX               bypassCounter = 25
 )
 
 type bypassEventKind uint32
@@ -179,6 +181,7 @@ const (
 	bypassStateFlagsSTATE_WATCHED    bypassStateFlags = 64
 	bypassStateFlagsSTATE_RESCUED    bypassStateFlags = 128
 	bypassStateFlagsSTATE_WOKEN      bypassStateFlags = 256
+	bypassStateFlagsSTATE_MAY_SPLICE bypassStateFlags = 512
 )
 
 type bypassTuple struct {

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
@@ -96,4 +97,20 @@ func warmPair(t *testing.T, cg host.Cgroup) (c, s *net.TCPConn) {
 	c, s = connPair(t, cg)
 	testenv.Warm(t, c, s)
 	return c, s
+}
+
+// waitCounter waits up to 5 s until the install's counters satisfy ok.
+func waitCounter(t *testing.T, in *bypass.Install, what string, ok func(bypass.Counters) bool) {
+	t.Helper()
+	var last bypass.Counters
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		st, err := in.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last = st.Counters; ok(last) {
+			return
+		}
+	}
+	t.Fatalf("waited 5 s for %s; counters %+v", what, last)
 }

@@ -1,6 +1,7 @@
 package bypass_test
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
@@ -183,5 +186,107 @@ func TestSpliceAfterRecvOnThisKernel(t *testing.T) {
 	}
 	if f == nil || f.Client == nil || f.Client.TxBytes < uint64(body.Size) {
 		t.Fatalf("the upload was not redirected: %+v", f)
+	}
+}
+
+// spliceNothing calls splice(2) once, non-blocking, from s into a pipe while
+// nothing is queued: the program is seen splicing (and learned) without a
+// byte at stake.
+func spliceNothing(t *testing.T, s *net.TCPConn) {
+	t.Helper()
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	rc, err := s.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		_, serr = unix.Splice(int(fd), nil, p[1], nil, 4096, unix.SPLICE_F_NONBLOCK)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(serr, unix.EAGAIN) {
+		t.Fatalf("splice from an empty socket: %v, want EAGAIN", serr)
+	}
+}
+
+// When a program is first seen splicing, its other bypassed sockets go back
+// to TCP before their peers' next bytes: a program serving many connections
+// at once (HAProxy) loses none of them to its later splices. One that holds
+// redirected bytes at that moment keeps getting its peer's bytes behind
+// them until its reader has read them, then TCP's, which a splice reads in
+// order. On the old code each idle connection's first splice was caught
+// (and, with no guard here, hung until its deadline).
+func TestLearningSendsTheProgramsOtherSocketsBack(t *testing.T) {
+	in, cg := mustInstall(t)
+	const idle = 3
+	type pair struct{ c, s *net.TCPConn }
+	var pairs []pair
+	for i := 0; i < idle+2; i++ {
+		c, s := warmPair(t, cg)
+		for _, conn := range []net.Conn{c, s} {
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+		}
+		pairs = append(pairs, pair{c, s})
+	}
+	// The last pair holds redirected bytes its reader has not read.
+	held := pairs[idle+1]
+	if _, err := held.c.Write([]byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	// (a redirect lands inside the sender's write)
+	spliceNothing(t, pairs[0].s)
+	waitCounter(t, in, "the program to be learned", func(c bypass.Counters) bool { return c.SpliceReaders == 1 })
+
+	// The held pair: redirected behind the unread bytes, read by recv, then
+	// the next bytes by TCP, which a splice reads.
+	if _, err := held.c.Write([]byte(" and after")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len("before and after"))
+	if _, err := io.ReadFull(held.s, got); err != nil || string(got) != "before and after" {
+		t.Fatalf("held pair read %q, %v", got, err)
+	}
+	// Each connection's first bytes are queued before its server reads:
+	// redirected, a splice could not read them.
+	for i, p := range append(pairs[1:idle+1], held) {
+		body := bytes.Repeat([]byte{byte('a' + i)}, 1<<20)
+		if _, err := p.c.Write(append([]byte("HEAD"), body[:64<<10]...)); err != nil {
+			t.Fatal(err)
+		}
+		served := make(chan error, 1)
+		go func() {
+			_, err := testenv.HeaderThenSplice(p.s)
+			served <- err
+		}()
+		go func() {
+			p.c.Write(body[64<<10:])
+			p.c.CloseWrite()
+		}()
+		echo, err := io.ReadAll(p.c)
+		if err != nil || !bytes.Equal(echo, body) {
+			t.Fatalf("pair %d: echoed %d bytes (%v) through a header-then-splice server after its program was learned, want %d intact",
+				i+1, len(echo), err, len(body))
+		}
+		if err := <-served; err != nil {
+			t.Fatalf("pair %d: server: %v", i+1, err)
+		}
+	}
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Counters.SpliceCaught != 0 {
+		t.Errorf("counters %+v: a connection was caught after its program was learned", st.Counters)
+	}
+	// Every proven socket of this program but the splicing one: both ends
+	// of every pair.
+	if want := uint64(2*len(pairs) - 1); st.Counters.PresumedSplicers != want || st.Counters.PresumedQueued != 1 {
+		t.Errorf("counters %+v: want %d sockets sent back, 1 of them with bytes queued", st.Counters, want)
 	}
 }

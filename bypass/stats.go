@@ -50,6 +50,13 @@ type Counters struct {
 	// ReaderPort counts connections not paired because a reader of their
 	// server port needed TCP within ReaderPortTTL (Stats.ReaderPorts).
 	ReaderPort uint64 `json:"connections_reader_port" help:"Connections left on TCP unpaired: a reader of their server port needed TCP (blocking recv, MSG_WAITALL, splice) in the last 10 s."`
+	// PresumedSplicers counts bypassed sockets sent back to TCP when their
+	// reader's program was learned splicing, before it spliced from them.
+	PresumedSplicers uint64 `json:"presumed_splicers" help:"Bypassed sockets sent back to TCP when their reader's program was first seen splicing (before it could splice from them)."`
+	// PresumedQueued counts those of PresumedSplicers that held redirected
+	// bytes at that moment: a splice before their reader reads those is
+	// caught (no hook before splice(2) reads on these kernels).
+	PresumedQueued uint64 `json:"presumed_splicers_queued" help:"Of presumed_splicers, sockets that held redirected bytes unread at that moment: caught if their reader splices before it reads them."`
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -164,29 +171,31 @@ func (in *Install) Counters() (Counters, error) {
 		return t
 	}
 	return Counters{
-		Registered:      sum(bypassCounterCNT_REGISTERED),
-		Ambiguous:       sum(bypassCounterCNT_AMBIGUOUS),
-		RegistryFull:    sum(bypassCounterCNT_REGISTRY_FULL),
-		Paired:          sum(bypassCounterCNT_PAIRED),
-		Unpaired:        sum(bypassCounterCNT_UNPAIRED),
-		InsertFailed:    sum(bypassCounterCNT_INSERT_FAILED),
-		FallenBack:      sum(bypassCounterCNT_FALLBACK),
-		Throttled:       sum(bypassCounterCNT_THROTTLED),
-		Zerocopy:        sum(bypassCounterCNT_ZEROCOPY),
-		Excluded:        sum(bypassCounterCNT_EXCLUDED),
-		TCPReaders:      sum(bypassCounterCNT_TCP_READER),
-		Left:            sum(bypassCounterCNT_LEFT),
-		EAGAIN:          sum(bypassCounterCNT_EAGAIN),
-		SpliceReaders:   sum(bypassCounterCNT_SPLICE_READER),
-		SpliceCaught:    sum(bypassCounterCNT_SPLICE_CAUGHT),
-		LearnedReaders:  sum(bypassCounterCNT_LEARNED_READER),
-		RefusedSends:    sum(bypassCounterCNT_REFUSED_SENDS),
-		SplicesRefused:  sum(bypassCounterCNT_SPLICE_REFUSED),
-		ZerocopyRefused: sum(bypassCounterCNT_ZEROCOPY_REFUSED),
-		CgroupsFull:     sum(bypassCounterCNT_CGROUPS_FULL),
-		StallsRescued:   sum(bypassCounterCNT_STALL_RESCUED),
-		Translated:      sum(bypassCounterCNT_PAIRED_TRANSLATED),
-		ReaderPort:      sum(bypassCounterCNT_READER_PORT),
+		Registered:       sum(bypassCounterCNT_REGISTERED),
+		Ambiguous:        sum(bypassCounterCNT_AMBIGUOUS),
+		RegistryFull:     sum(bypassCounterCNT_REGISTRY_FULL),
+		Paired:           sum(bypassCounterCNT_PAIRED),
+		Unpaired:         sum(bypassCounterCNT_UNPAIRED),
+		InsertFailed:     sum(bypassCounterCNT_INSERT_FAILED),
+		FallenBack:       sum(bypassCounterCNT_FALLBACK),
+		Throttled:        sum(bypassCounterCNT_THROTTLED),
+		Zerocopy:         sum(bypassCounterCNT_ZEROCOPY),
+		Excluded:         sum(bypassCounterCNT_EXCLUDED),
+		TCPReaders:       sum(bypassCounterCNT_TCP_READER),
+		Left:             sum(bypassCounterCNT_LEFT),
+		EAGAIN:           sum(bypassCounterCNT_EAGAIN),
+		SpliceReaders:    sum(bypassCounterCNT_SPLICE_READER),
+		SpliceCaught:     sum(bypassCounterCNT_SPLICE_CAUGHT),
+		LearnedReaders:   sum(bypassCounterCNT_LEARNED_READER),
+		RefusedSends:     sum(bypassCounterCNT_REFUSED_SENDS),
+		SplicesRefused:   sum(bypassCounterCNT_SPLICE_REFUSED),
+		ZerocopyRefused:  sum(bypassCounterCNT_ZEROCOPY_REFUSED),
+		CgroupsFull:      sum(bypassCounterCNT_CGROUPS_FULL),
+		StallsRescued:    sum(bypassCounterCNT_STALL_RESCUED),
+		Translated:       sum(bypassCounterCNT_PAIRED_TRANSLATED),
+		ReaderPort:       sum(bypassCounterCNT_READER_PORT),
+		PresumedSplicers: sum(bypassCounterCNT_PRESUMED_SPLICER),
+		PresumedQueued:   sum(bypassCounterCNT_PRESUMED_QUEUED),
 	}, nil
 }
 

@@ -1,12 +1,14 @@
 package compat_test
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -275,4 +277,64 @@ func (e *env) download(t *testing.T, addr string, body blob, deadline time.Durat
 		return reset, fmt.Sprintf("cut short at %d of %d bytes (Content-Length tells)", len(got), len(body.data))
 	}
 	return wrong, fmt.Sprintf("body of %d bytes differs from the %d sent", len(got), len(body.data))
+}
+
+// keptAlive fetches addr's blob n times over one HTTP/1.1 connection from
+// the env and returns how each fetch ended; after the first that did not
+// end intact the connection is gone, and so are the fetches left.
+func (e *env) keptAlive(t *testing.T, addr string, body blob, n int, deadline time.Duration) (outcome, string) {
+	return e.keptAliveAfter(t, addr, body, 0, n, deadline)
+}
+
+// smallSize is the size of an nginx origin's /small: the start of its blob.
+const smallSize = 2048
+
+// keptAliveAfter is keptAlive after small fetches of /small on the same
+// connection, each read whole with recv by a proxy in between, whatever its
+// splice mode: the connection's sockets are proven recv readers before the
+// first large response.
+func (e *env) keptAliveAfter(t *testing.T, addr string, body blob, small, n int, deadline time.Duration) (outcome, string) {
+	var c net.Conn
+	var err error
+	e.side.Make(t, func() { c, err = net.DialTimeout("tcp4", addr, 5*time.Second) })
+	if err != nil {
+		return reset, err.Error()
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(deadline))
+	r := bufio.NewReader(c)
+	for i := 0; i < small+n; i++ {
+		path, want := "/blob", body
+		if i < small {
+			path = "/small"
+			want = blob{data: body.data[:smallSize], sum: sha256.Sum256(body.data[:smallSize])}
+		}
+		if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: compat\r\n\r\n"); err != nil {
+			return reset, fmt.Sprintf("fetch %d: %v", i, err)
+		}
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			return e.ended(t, err, fmt.Sprintf("fetch %d: no response", i))
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return e.ended(t, err, fmt.Sprintf("fetch %d: %d of %d bytes", i, len(got), len(want.data)))
+		}
+		if sha256.Sum256(got) != want.sum {
+			return wrong, fmt.Sprintf("fetch %d: body of %d bytes differs from the %d sent", i, len(got), len(want.data))
+		}
+	}
+	return intact, ""
+}
+
+// ended tells a read that hit the deadline (hung: the state is logged
+// while the connection is still open) from one that failed.
+func (e *env) ended(t *testing.T, err error, what string) (outcome, string) {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		logState(t, e)
+		return hung, what + ": no end before the deadline"
+	}
+	return reset, fmt.Sprintf("%s: %v", what, err)
 }

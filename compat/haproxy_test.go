@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,6 +44,10 @@ func nginxOriginWith(t testing.TB, e *env, body blob, s nginxSetup) string {
 	testenv.NeedProgram(t, "nginx")
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "blob"), body.data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// /small: a response HAProxy reads with recv whatever its splice mode.
+	if err := os.WriteFile(filepath.Join(dir, "small"), body.data[:min(len(body.data), smallSize)], 0o644); err != nil {
 		t.Fatal(err)
 	}
 	port := e.freePort(t)
@@ -149,6 +154,70 @@ func TestHAProxy(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// HAProxy splicing 20 downloads at once, every process in one enabled
+// cgroup, before it was ever seen splicing: its first splice from a socket
+// holding redirected bytes is caught (that download is reset) and teaches
+// the program, and its other connections must not be caught one after
+// another: those with nothing redirected queued go back to TCP before the
+// origin's next bytes, those with some queued keep their redirect until
+// HAProxy has read what is queued. At most one download may fail.
+func TestHAProxyConcurrentDownloadsBeforeLearned(t *testing.T) {
+	testenv.NeedProgram(t, "haproxy")
+	body := newBlob(1<<20, 11)
+	const clients, each = 20, 3
+	for _, mode := range []struct{ name, mode, splice string }{
+		{"http/splice-auto", "http", "option splice-auto"},
+		{"http/splice-response", "http", "option splice-response"},
+		{"tcp/splice-auto", "tcp", "option splice-auto"},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			e := newEnv(t, true)
+			originAddr := nginxOrigin(t, e, body, true)
+			port := e.freePort(t)
+			conf := haproxyConf(t, mode.mode, mode.splice, port, originAddr)
+			e.start(t, "haproxy", "-db", "-f", conf)
+			addr := fmt.Sprintf("127.0.0.1:%d", port)
+			e.waitListening(t, addr)
+			var mu sync.Mutex
+			var counts [4]int
+			var wg sync.WaitGroup
+			for c := 0; c < clients; c++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < each; i++ {
+						o, why := e.keptAliveAfter(t, addr, body, 3, each, 20*time.Second)
+						mu.Lock()
+						counts[o]++
+						mu.Unlock()
+						if o != intact {
+							t.Logf("client %d download %d: %s", c, i, why)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			st, err := e.in.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			what := fmt.Sprintf("%d intact, %d wrong, %d reset, %d hung", counts[intact], counts[wrong], counts[reset], counts[hung])
+			t.Logf("%s; paired %d, splice readers %d, caught %d, learned readers %d, presumed splicers %d",
+				what, st.Counters.Paired, st.Counters.SpliceReaders, st.Counters.SpliceCaught, st.Counters.LearnedReaders, st.Counters.PresumedSplicers)
+			if counts[wrong] > 0 || counts[hung] > 0 {
+				t.Errorf("%s: a download may never hang or come back wrong", what)
+			}
+			if st.Counters.Paired == 0 {
+				t.Errorf("nothing was bypassed: the run compared TCP with TCP")
+			}
+			if counts[reset] > int(st.Counters.SpliceCaught) || counts[reset] > 1 {
+				t.Errorf("%s: every reset must be a caught splice reader (%d caught), one at most before HAProxy is learned",
+					what, st.Counters.SpliceCaught)
+			}
+		})
 	}
 }
 

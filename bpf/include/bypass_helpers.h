@@ -8,11 +8,16 @@
 #include "bypass_maps.h"
 #include "sock_addr.h"
 
-static __always_inline void count(__u32 which)
+static __always_inline void count_n(__u32 which, __u64 n)
 {
 	__u64 *v = bpf_map_lookup_elem(&counters, &which);
 	if (v)
-		(*v)++;
+		*v += n;
+}
+
+static __always_inline void count(__u32 which)
+{
+	count_n(which, 1);
 }
 
 /* Fill the connection tuple from a sock_ops context. is_client says which of

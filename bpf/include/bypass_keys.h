@@ -99,6 +99,7 @@ enum state_flags {
 	STATE_WATCHED = 64,   /* a read left bytes queued that this kernel's FIONREAD does not count: the stall watch runs (peer_refs only) */
 	STATE_RESCUED = 128,  /* its reader stopped with such bytes queued: sent back to TCP and woken (peer_refs only) */
 	STATE_WOKEN = 256,    /* the stall watch woke its reader, which had only redirected bytes hidden (peer_refs only) */
+	STATE_MAY_SPLICE = 512, /* its reader's program was just learned splicing: redirects only behind bytes still queued (peer_refs only) */
 };
 
 /* Record written by the flows iterator. */
@@ -141,6 +142,8 @@ enum counter {
 	CNT_STALL_RESCUED,    /* readers found waiting while bytes sat queued: their connection sent back to TCP and woken */
 	CNT_PAIRED_TRANSLATED, /* of CNT_PAIRED: connections whose ends see different tuples (address translation between them) */
 	CNT_READER_PORT,       /* connections left unpaired: their server port's reader needed TCP lately */
+	CNT_PRESUMED_SPLICER,  /* sockets sent back to TCP when their reader's program was learned splicing */
+	CNT_PRESUMED_QUEUED,   /* ... of which held redirected bytes: caught if their reader splices before it reads them */
 	CNT_MAX,
 };
 

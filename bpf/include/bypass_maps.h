@@ -109,6 +109,10 @@ struct peer_ref {
 	__u32 scan_progress;
 	__u32 woke_progress;   /* the reader's progress when the stall watch woke it (STATE_WOKEN) */
 	__u64 splicer_args;    /* the splicer's command line hash (struct splice_program) */
+	/* Its reader's program (struct splice_program) as of its first recv
+	 * (STATE_READS), with reader_comm: learning that program sends the
+	 * socket back to TCP (presume_splicer). */
+	__u64 reader_args;
 };
 
 struct {
