@@ -205,17 +205,21 @@ func TestHAProxyConcurrentDownloadsBeforeLearned(t *testing.T) {
 				t.Fatal(err)
 			}
 			what := fmt.Sprintf("%d intact, %d wrong, %d reset, %d hung", counts[intact], counts[wrong], counts[reset], counts[hung])
-			t.Logf("%s; paired %d, splice readers %d, caught %d, learned readers %d, presumed splicers %d",
-				what, st.Counters.Paired, st.Counters.SpliceReaders, st.Counters.SpliceCaught, st.Counters.LearnedReaders, st.Counters.PresumedSplicers)
+			t.Logf("%s; paired %d, splice readers %d, caught %d, learned readers %d, presumed splicers %d (%d with bytes queued)",
+				what, st.Counters.Paired, st.Counters.SpliceReaders, st.Counters.SpliceCaught, st.Counters.LearnedReaders,
+				st.Counters.PresumedSplicers, st.Counters.PresumedQueued)
 			if counts[wrong] > 0 || counts[hung] > 0 {
 				t.Errorf("%s: a download may never hang or come back wrong", what)
 			}
 			if st.Counters.Paired == 0 {
 				t.Errorf("nothing was bypassed: the run compared TCP with TCP")
 			}
-			if counts[reset] > int(st.Counters.SpliceCaught) || counts[reset] > 1 {
-				t.Errorf("%s: every reset must be a caught splice reader (%d caught), one at most before HAProxy is learned",
-					what, st.Counters.SpliceCaught)
+			// The first caught connection teaches HAProxy; after that only a
+			// connection that held redirected bytes at that moment may be
+			// caught (no hook runs before splice(2) reads on these kernels).
+			if counts[reset] > int(st.Counters.SpliceCaught) || counts[reset] > 1+int(st.Counters.PresumedQueued) {
+				t.Errorf("%s: every reset must be a caught splice reader (%d caught), one at most besides connections holding redirected bytes when HAProxy was learned (%d)",
+					what, st.Counters.SpliceCaught, st.Counters.PresumedQueued)
 			}
 		})
 	}
