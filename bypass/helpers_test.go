@@ -114,3 +114,11 @@ func waitCounter(t *testing.T, in *bypass.Install, what string, ok func(bypass.C
 	}
 	t.Fatalf("waited 5 s for %s; counters %+v", what, last)
 }
+
+// onDiagonal says whether case (a, b) of a table of two dimensions runs:
+// every case normally; under -short (the kernels under qemu, where a case
+// costs 5 to 20 times more) only those whose indexes have the same parity,
+// so each row and each column still runs at least once.
+func onDiagonal(a, b int) bool {
+	return !testing.Short() || a%2 == b%2
+}
