@@ -39,6 +39,10 @@ char __license[] SEC("license") = "GPL";
 #ifndef IPPROTO_UDP
 #define IPPROTO_UDP 17
 #endif
+#ifndef IPPROTO_UDPLITE
+#define IPPROTO_UDPLITE 136
+#endif
+#define SOCK_RAW 3
 
 /* Before 6.5 there is none: the sweep only finds (pcfg.sweep_finds_only)
  * and user space closes what it found through sock_diag. */
@@ -325,12 +329,12 @@ int shunt_policy_sendmsg6(struct bpf_sock_addr *ctx)
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
 
-/* The flow of a connection request (a TCP SYN without ACK) or a UDP
- * datagram, addresses in the policy's form; 0 for any other packet (the
- * rest of a TCP connection was decided at its SYN). IPv6 packets whose
- * transport header does not follow the fixed header (extension headers)
- * are not judged. */
-static __always_inline int parse_flow(struct __sk_buff *skb, struct policy_flow *f, __u32 *seq)
+/* The flow of a connection request (a TCP SYN without ACK), or of any TCP
+ * segment with every_segment, or a UDP or UDP-Lite datagram, addresses in
+ * the policy's form; 0 for any other packet (the rest of a TCP connection
+ * was decided at its SYN). IPv6 packets whose transport header does not
+ * follow the fixed header (extension headers) are not judged. */
+static __always_inline int parse_packet(struct __sk_buff *skb, struct policy_flow *f, __u32 *seq, int every_segment)
 {
 	__u32 l4;
 	if (skb->protocol == ETH_P_IP_BE) {
@@ -366,9 +370,9 @@ static __always_inline int parse_flow(struct __sk_buff *skb, struct policy_flow 
 	if (f->proto == IPPROTO_TCP) {
 		if (bpf_skb_load_bytes(skb, l4, ports_flags, 14))
 			return 0;
-		if ((ports_flags[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+		if (!every_segment && (ports_flags[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
 			return 0;
-	} else if (f->proto == IPPROTO_UDP) {
+	} else if (f->proto == IPPROTO_UDP || f->proto == IPPROTO_UDPLITE) {
 		if (bpf_skb_load_bytes(skb, l4, ports_flags, 4))
 			return 0;
 	} else {
@@ -380,6 +384,11 @@ static __always_inline int parse_flow(struct __sk_buff *skb, struct policy_flow 
 	if (f->proto == IPPROTO_TCP)
 		*seq = ((__u32)ports_flags[4] << 24) | ((__u32)ports_flags[5] << 16) | ((__u32)ports_flags[6] << 8) | ports_flags[7];
 	return 1;
+}
+
+static __always_inline int parse_flow(struct __sk_buff *skb, struct policy_flow *f, __u32 *seq)
+{
+	return parse_packet(skb, f, seq, 0);
 }
 
 /* Who sends to a socket of the scope: a connection request to a listener
@@ -399,6 +408,36 @@ int shunt_policy_ingress(struct __sk_buff *skb)
 	if (!action)
 		return 1;
 	count(rule, f.proto == IPPROTO_TCP ? POLICY_HOOK_CONNECT : POLICY_HOOK_SEND);
+	return action == POLICY_ALLOW;
+}
+
+/* Sends the connect and sendmsg hooks never see, judged by the egress rules
+ * per packet (a denied one fails the send with EPERM): a raw socket's
+ * (CAP_NET_RAW: a hand-built datagram or segment), and a connected UDP-Lite
+ * socket's (UDP-Lite has no pre_connect, so its connect(2) runs no cgroup
+ * hook, and a connected socket's sends run no sendmsg hook). Other sockets
+ * cost the loads of the two tests below. */
+SEC("cgroup_skb/egress")
+int shunt_policy_egress(struct __sk_buff *skb)
+{
+	struct bpf_sock *sk = skb->sk;
+	if (!sk)
+		return 1;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk)
+		return 1;
+	int raw = sk->type == SOCK_RAW;
+	if (!raw && (sk->protocol != IPPROTO_UDPLITE || !sk->dst_port))
+		return 1;
+	struct policy_flow f = {};
+	__u32 seq;
+	if (!parse_packet(skb, &f, &seq, raw))
+		return 1;
+	__u32 rule = 0;
+	__u8 action = decide(active_slot(), pcfg.scope, POLICY_EGRESS, f.family, f.daddr, f.dport, f.proto, &rule, NULL, NULL, NULL);
+	if (!action)
+		return 1;
+	count(rule, POLICY_HOOK_SEND);
 	return action == POLICY_ALLOW;
 }
 

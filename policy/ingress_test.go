@@ -58,6 +58,9 @@ var ingressTable = []ingressCase{
 	{verdictCase{udpSendto, "10.9.0.1", 80, true, "80 is denied for tcp only"}, "10.9.0.2"},
 	{verdictCase{udpConnect, "127.0.0.1", 81, false, "127.0.0.1 to 81, connected UDP"}, "127.0.0.1"},
 	{verdictCase{udpSendto, "::ffff:10.9.0.7", 53, true, "IPv4-mapped, 10.9.0.7"}, "::ffff:10.9.0.7"},
+	{verdictCase{udpliteSendto, "127.0.0.1", 81, false, "127.0.0.1 to 81, UDP-Lite"}, "127.0.0.1"},
+	{verdictCase{udpliteSendto, "fd09::1", 53, true, "fd09::/64 denies udp, not UDP-Lite"}, "fd09::2"},
+	{verdictCase{udpliteConnect, "10.9.0.1", 443, true, "no rule: default, UDP-Lite"}, "10.9.0.2"},
 }
 
 // runIngressTable runs each case from client to the listeners on server and

@@ -48,6 +48,7 @@ var hooks = []struct {
 	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(p *scopePrograms) *ebpf.Program { return p.Sendmsg4 }},
 	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(p *scopePrograms) *ebpf.Program { return p.Sendmsg6 }},
 	{"ingress", ebpf.AttachCGroupInetIngress, func(p *scopePrograms) *ebpf.Program { return p.Ingress }},
+	{"egress", ebpf.AttachCGroupInetEgress, func(p *scopePrograms) *ebpf.Program { return p.Egress }},
 	{"sockops", ebpf.AttachCGroupSockOps, func(p *scopePrograms) *ebpf.Program { return p.Sockops }},
 }
 
@@ -58,6 +59,7 @@ type scopePrograms struct {
 	Sendmsg4 *ebpf.Program `ebpf:"shunt_policy_sendmsg4"`
 	Sendmsg6 *ebpf.Program `ebpf:"shunt_policy_sendmsg6"`
 	Ingress  *ebpf.Program `ebpf:"shunt_policy_ingress"`
+	Egress   *ebpf.Program `ebpf:"shunt_policy_egress"`
 	Sockops  *ebpf.Program `ebpf:"shunt_policy_sockops"`
 }
 

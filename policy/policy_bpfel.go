@@ -178,6 +178,7 @@ const (
 	policyProgShuntPolicyCollectTcp = "shunt_policy_collect_tcp"
 	policyProgShuntPolicyConnect4   = "shunt_policy_connect4"
 	policyProgShuntPolicyConnect6   = "shunt_policy_connect6"
+	policyProgShuntPolicyEgress     = "shunt_policy_egress"
 	policyProgShuntPolicyIngress    = "shunt_policy_ingress"
 	policyProgShuntPolicyPeerEgress = "shunt_policy_peer_egress"
 	policyProgShuntPolicySendmsg4   = "shunt_policy_sendmsg4"
@@ -240,6 +241,7 @@ type policyProgramSpecs struct {
 	ShuntPolicyCollectTcp *ebpf.ProgramSpec `ebpf:"shunt_policy_collect_tcp"`
 	ShuntPolicyConnect4   *ebpf.ProgramSpec `ebpf:"shunt_policy_connect4"`
 	ShuntPolicyConnect6   *ebpf.ProgramSpec `ebpf:"shunt_policy_connect6"`
+	ShuntPolicyEgress     *ebpf.ProgramSpec `ebpf:"shunt_policy_egress"`
 	ShuntPolicyIngress    *ebpf.ProgramSpec `ebpf:"shunt_policy_ingress"`
 	ShuntPolicyPeerEgress *ebpf.ProgramSpec `ebpf:"shunt_policy_peer_egress"`
 	ShuntPolicySendmsg4   *ebpf.ProgramSpec `ebpf:"shunt_policy_sendmsg4"`
@@ -344,6 +346,7 @@ type policyPrograms struct {
 	ShuntPolicyCollectTcp *ebpf.Program `ebpf:"shunt_policy_collect_tcp"`
 	ShuntPolicyConnect4   *ebpf.Program `ebpf:"shunt_policy_connect4"`
 	ShuntPolicyConnect6   *ebpf.Program `ebpf:"shunt_policy_connect6"`
+	ShuntPolicyEgress     *ebpf.Program `ebpf:"shunt_policy_egress"`
 	ShuntPolicyIngress    *ebpf.Program `ebpf:"shunt_policy_ingress"`
 	ShuntPolicyPeerEgress *ebpf.Program `ebpf:"shunt_policy_peer_egress"`
 	ShuntPolicySendmsg4   *ebpf.Program `ebpf:"shunt_policy_sendmsg4"`
@@ -358,6 +361,7 @@ func (p *policyPrograms) Close() error {
 		p.ShuntPolicyCollectTcp,
 		p.ShuntPolicyConnect4,
 		p.ShuntPolicyConnect6,
+		p.ShuntPolicyEgress,
 		p.ShuntPolicyIngress,
 		p.ShuntPolicyPeerEgress,
 		p.ShuntPolicySendmsg4,

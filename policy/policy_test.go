@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -176,8 +178,45 @@ func listeners(t testing.TB, side testenv.Side, ports ...int) *received {
 				rec.add(string(buf[:n]))
 			}
 		}()
+		udpLiteListener(t, side, port, rec)
 	}
 	return rec
+}
+
+// udpLiteListener records what a dual-stack UDP-Lite socket on port
+// receives (Go's net has no UDP-Lite) until the test ends.
+func udpLiteListener(t testing.TB, side testenv.Side, port int, rec *received) {
+	t.Helper()
+	var fd int
+	var err error
+	side.Make(t, func() {
+		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDPLITE)
+		if err == nil {
+			err = unix.Bind(fd, &unix.SockaddrInet6{Port: port})
+		}
+	})
+	if err != nil {
+		t.Fatalf("UDP-Lite listener on %d: %v", port, err)
+	}
+	// A receive timeout lets the reader see the test end: closing the
+	// descriptor does not wake a blocked recvfrom.
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100_000})
+	var done atomic.Bool
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		buf := make([]byte, 512)
+		for !done.Load() {
+			if n, _, err := unix.Recvfrom(fd, buf, 0); err == nil {
+				rec.add(string(buf[:n]))
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		done.Store(true)
+		<-stopped
+		unix.Close(fd)
+	})
 }
 
 // What a case does.
@@ -187,9 +226,14 @@ const (
 	tcpConnect op = iota
 	udpConnect
 	udpSendto
+	udpliteConnect // UDP-Lite: connect(2) runs no cgroup hook
+	udpliteSendto
+	rawUDP // a UDP datagram built by hand on a raw socket
 )
 
-func (o op) String() string { return [...]string{"tcp connect", "udp connect", "udp sendto"}[o] }
+func (o op) String() string {
+	return [...]string{"tcp connect", "udp connect", "udp sendto", "udplite connect", "udplite sendto", "raw udp"}[o]
+}
 
 type verdictCase struct {
 	op     op
@@ -223,11 +267,16 @@ func attemptBound(c verdictCase, from string, fromPort int, payload string) erro
 		fam = unix.AF_INET
 		sa = &unix.SockaddrInet4{Addr: a.As4(), Port: c.port}
 	}
-	typ := unix.SOCK_DGRAM
-	if c.op == tcpConnect {
+	typ, proto := unix.SOCK_DGRAM, 0
+	switch c.op {
+	case tcpConnect:
 		typ = unix.SOCK_STREAM
+	case udpliteConnect, udpliteSendto:
+		proto = unix.IPPROTO_UDPLITE
+	case rawUDP:
+		typ, proto = unix.SOCK_RAW, unix.IPPROTO_UDP
 	}
-	fd, err := unix.Socket(fam, typ|unix.SOCK_CLOEXEC, 0)
+	fd, err := unix.Socket(fam, typ|unix.SOCK_CLOEXEC, proto)
 	if err != nil {
 		return fmt.Errorf("socket: %w", err)
 	}
@@ -251,9 +300,21 @@ func attemptBound(c verdictCase, from string, fromPort int, payload string) erro
 		}
 	}
 	switch c.op {
-	case udpSendto:
+	case udpSendto, udpliteSendto:
 		return unix.Sendto(fd, []byte(payload), 0, sa)
-	case udpConnect:
+	case rawUDP:
+		// The header by hand (checksum 0: none, over IPv4); the kernel
+		// adds the IP header. The address's port means nothing here.
+		d := append(binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, 40000), uint16(c.port)),
+			byte((8+len(payload))>>8), byte(8+len(payload)), 0, 0)
+		switch a := sa.(type) {
+		case *unix.SockaddrInet4:
+			a.Port = 0
+		case *unix.SockaddrInet6:
+			a.Port = 0
+		}
+		return unix.Sendto(fd, append(d, payload...), 0, sa)
+	case udpConnect, udpliteConnect:
 		if err := unix.Connect(fd, sa); err != nil {
 			return err
 		}
@@ -387,6 +448,15 @@ var table = []verdictCase{
 	{udpSendto, "0.0.0.0", 81, false, "0.0.0.0 is 127.0.0.1, sendto"},
 	{udpSendto, "::", 82, false, ":: is ::1, sendto"},
 	{udpSendto, "::ffff:0.0.0.0", 82, false, "::ffff:0.0.0.0 is 127.0.0.1, sendto"},
+	// What the connect and sendmsg hooks never see: judged per packet.
+	{udpliteConnect, "10.9.0.1", 5432, false, "10.9.0.0/16 any protocol, UDP-Lite connected"},
+	{udpliteConnect, "fd09::1", 53, true, "fd09::/64 denies udp, not UDP-Lite"},
+	{udpliteConnect, "10.9.0.9", 9, true, "default"},
+	{udpliteSendto, "10.9.0.1", 5432, false, "10.9.0.0/16 any protocol, UDP-Lite sendto"},
+	{rawUDP, "10.9.0.1", 5432, false, "a hand-built datagram: 10.9.0.0/16"},
+	{rawUDP, "10.9.0.1", 80, true, "80 is denied for tcp only"},
+	{rawUDP, "127.0.0.1", 82, false, "81-82, raw"},
+	{rawUDP, "10.9.0.9", 9, true, "default"},
 }
 
 // runTable runs every case from side and reports which were let through.
