@@ -229,10 +229,11 @@ const (
 	udpliteConnect // UDP-Lite: connect(2) runs no cgroup hook
 	udpliteSendto
 	rawUDP // a UDP datagram built by hand on a raw socket
+	rawTCP // a TCP segment (an ACK, not a SYN) built by hand on a raw socket
 )
 
 func (o op) String() string {
-	return [...]string{"tcp connect", "udp connect", "udp sendto", "udplite connect", "udplite sendto", "raw udp"}[o]
+	return [...]string{"tcp connect", "udp connect", "udp sendto", "udplite connect", "udplite sendto", "raw udp", "raw tcp"}[o]
 }
 
 type verdictCase struct {
@@ -275,6 +276,8 @@ func attemptBound(c verdictCase, from string, fromPort int, payload string) erro
 		proto = unix.IPPROTO_UDPLITE
 	case rawUDP:
 		typ, proto = unix.SOCK_RAW, unix.IPPROTO_UDP
+	case rawTCP:
+		typ, proto = unix.SOCK_RAW, unix.IPPROTO_TCP
 	}
 	fd, err := unix.Socket(fam, typ|unix.SOCK_CLOEXEC, proto)
 	if err != nil {
@@ -302,11 +305,17 @@ func attemptBound(c verdictCase, from string, fromPort int, payload string) erro
 	switch c.op {
 	case udpSendto, udpliteSendto:
 		return unix.Sendto(fd, []byte(payload), 0, sa)
-	case rawUDP:
-		// The header by hand (checksum 0: none, over IPv4); the kernel
-		// adds the IP header. The address's port means nothing here.
-		d := append(binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, 40000), uint16(c.port)),
-			byte((8+len(payload))>>8), byte(8+len(payload)), 0, 0)
+	case rawUDP, rawTCP:
+		// The header by hand (checksum 0: none for UDP over IPv4, wrong
+		// for TCP, which the receiver drops); the kernel adds the IP
+		// header. The address's port means nothing here.
+		d := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, 40000), uint16(c.port))
+		if c.op == rawUDP {
+			d = append(d, byte((8+len(payload))>>8), byte(8+len(payload)), 0, 0)
+		} else {
+			// seq, ack, data offset 5 words, ACK, window, checksum, urgent
+			d = append(d, 0, 0, 0, 1, 0, 0, 0, 1, 5<<4, 0x10, 0xff, 0xff, 0, 0, 0, 0)
+		}
 		switch a := sa.(type) {
 		case *unix.SockaddrInet4:
 			a.Port = 0
@@ -457,6 +466,8 @@ var table = []verdictCase{
 	{rawUDP, "10.9.0.1", 80, true, "80 is denied for tcp only"},
 	{rawUDP, "127.0.0.1", 82, false, "81-82, raw"},
 	{rawUDP, "10.9.0.9", 9, true, "default"},
+	{rawTCP, "10.9.0.1", 80, false, "10.9.0.0/24 tcp 80: any segment, not only a SYN"},
+	{rawTCP, "10.9.0.1", 443, true, "default"},
 }
 
 // runTable runs every case from side and reports which were let through.
