@@ -75,7 +75,7 @@ func mustBenchEnv(b *testing.B) *benchEnv {
 }
 
 // costHooks are the scope's programs a connection runs.
-var costHooks = []string{"connect4", "ingress", "sockops"}
+var costHooks = []string{"connect4", "ingress", "egress", "sockops"}
 
 // use puts mode's ruleset in force and returns the scope's programs a
 // connection runs, by hook (none without a scope).
