@@ -77,12 +77,7 @@ func TestExcludedPortsStayOnTCP(t *testing.T) {
 // bytes came, EOF, or two seconds passed, and returns how many bytes it got.
 func spliceAll(t *testing.T, c *net.TCPConn, want int) int {
 	t.Helper()
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(p[0])
-	defer unix.Close(p[1])
+	p := mustPipe(t)
 	got := 0
 	deadline := time.Now().Add(2 * time.Second)
 	rawFD(t, c, func(fd int) {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -121,4 +123,18 @@ func waitCounter(t *testing.T, in *bypass.Install, what string, ok func(bypass.C
 // so each row and each column still runs at least once.
 func onDiagonal(a, b int) bool {
 	return !testing.Short() || a%2 == b%2
+}
+
+// mustPipe makes a pipe closed when the test ends: [0] reads, [1] writes.
+func mustPipe(t *testing.T) [2]int {
+	t.Helper()
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		unix.Close(p[0])
+		unix.Close(p[1])
+	})
+	return p
 }

@@ -194,22 +194,9 @@ func TestSpliceAfterRecvOnThisKernel(t *testing.T) {
 // byte at stake.
 func spliceNothing(t *testing.T, s *net.TCPConn) {
 	t.Helper()
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(p[0])
-	defer unix.Close(p[1])
-	rc, err := s.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := mustPipe(t)
 	var serr error
-	if err := rc.Control(func(fd uintptr) {
-		_, serr = unix.Splice(int(fd), nil, p[1], nil, 4096, unix.SPLICE_F_NONBLOCK)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	rawFD(t, s, func(fd int) { _, serr = unix.Splice(fd, nil, p[1], nil, 4096, unix.SPLICE_F_NONBLOCK) })
 	if !errors.Is(serr, unix.EAGAIN) {
 		t.Fatalf("splice from an empty socket: %v, want EAGAIN", serr)
 	}

@@ -237,16 +237,25 @@ const (
 	hung           // no end within the deadline: never acceptable
 )
 
-// download fetches addr's blob over HTTP/1.0 from the env.
-func (e *env) download(t *testing.T, addr string, body blob, deadline time.Duration) (outcome, string) {
+// dialFor connects to addr from the env, for deadline from now.
+func (e *env) dialFor(t *testing.T, addr string, deadline time.Duration) (net.Conn, error) {
 	var c net.Conn
 	var err error
 	e.side.Make(t, func() { c, err = net.DialTimeout("tcp4", addr, 5*time.Second) })
 	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(deadline))
+	return c, nil
+}
+
+// download fetches addr's blob over HTTP/1.0 from the env.
+func (e *env) download(t *testing.T, addr string, body blob, deadline time.Duration) (outcome, string) {
+	c, err := e.dialFor(t, addr, deadline)
+	if err != nil {
 		return reset, err.Error()
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(deadline))
 	if _, err := io.WriteString(c, "GET /blob HTTP/1.0\r\nHost: compat\r\n\r\n"); err != nil {
 		return reset, err.Error()
 	}
@@ -279,29 +288,20 @@ func (e *env) download(t *testing.T, addr string, body blob, deadline time.Durat
 	return wrong, fmt.Sprintf("body of %d bytes differs from the %d sent", len(got), len(body.data))
 }
 
-// keptAlive fetches addr's blob n times over one HTTP/1.1 connection from
-// the env and returns how each fetch ended; after the first that did not
-// end intact the connection is gone, and so are the fetches left.
-func (e *env) keptAlive(t *testing.T, addr string, body blob, n int, deadline time.Duration) (outcome, string) {
-	return e.keptAliveAfter(t, addr, body, 0, n, deadline)
-}
-
 // smallSize is the size of an nginx origin's /small: the start of its blob.
 const smallSize = 2048
 
-// keptAliveAfter is keptAlive after small fetches of /small on the same
-// connection, each read whole with recv by a proxy in between, whatever its
-// splice mode: the connection's sockets are proven recv readers before the
-// first large response.
+// keptAliveAfter fetches addr's /small small times, then its blob n times,
+// over one HTTP/1.1 connection from the env, and says how that ended (at
+// the first fetch that did not end intact). A proxy in between reads the
+// small responses whole with recv, whatever its splice mode: the
+// connection's sockets are proven recv readers before the first large one.
 func (e *env) keptAliveAfter(t *testing.T, addr string, body blob, small, n int, deadline time.Duration) (outcome, string) {
-	var c net.Conn
-	var err error
-	e.side.Make(t, func() { c, err = net.DialTimeout("tcp4", addr, 5*time.Second) })
+	c, err := e.dialFor(t, addr, deadline)
 	if err != nil {
 		return reset, err.Error()
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(deadline))
 	r := bufio.NewReader(c)
 	for i := 0; i < small+n; i++ {
 		path, want := "/blob", body

@@ -112,12 +112,7 @@ func TestHAProxy(t *testing.T) {
 			t.Run(kind+"/"+mode.name, func(t *testing.T) {
 				for _, shunt := range []bool{false, true} {
 					e := newEnv(t, shunt)
-					originAddr := origin(t, e, kind, body)
-					port := e.freePort(t)
-					conf := haproxyConf(t, mode.mode, mode.splice, port, originAddr)
-					e.start(t, "haproxy", "-db", "-f", conf)
-					addr := fmt.Sprintf("127.0.0.1:%d", port)
-					e.waitListening(t, addr)
+					addr := e.haproxy(t, mode.mode, mode.splice, origin(t, e, kind, body))
 					var counts [4]int
 					for i := 0; i < downloads; i++ {
 						o, why := e.download(t, addr, body, 10*time.Second)
@@ -175,12 +170,7 @@ func TestHAProxyConcurrentDownloadsBeforeLearned(t *testing.T) {
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			e := newEnv(t, true)
-			originAddr := nginxOrigin(t, e, body, true)
-			port := e.freePort(t)
-			conf := haproxyConf(t, mode.mode, mode.splice, port, originAddr)
-			e.start(t, "haproxy", "-db", "-f", conf)
-			addr := fmt.Sprintf("127.0.0.1:%d", port)
-			e.waitListening(t, addr)
+			addr := e.haproxy(t, mode.mode, mode.splice, nginxOrigin(t, e, body, true))
 			var mu sync.Mutex
 			var counts [4]int
 			var wg sync.WaitGroup
@@ -223,6 +213,17 @@ func TestHAProxyConcurrentDownloadsBeforeLearned(t *testing.T) {
 			}
 		})
 	}
+}
+
+// haproxy runs HAProxy in the env in front of origin (haproxyConf) and
+// returns where it listens.
+func (e *env) haproxy(t *testing.T, mode, splice, origin string) string {
+	t.Helper()
+	port := e.freePort(t)
+	e.start(t, "haproxy", "-db", "-f", haproxyConf(t, mode, splice, port, origin))
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	e.waitListening(t, addr)
+	return addr
 }
 
 // haproxyConf writes a one-thread HAProxy configuration that listens on
