@@ -151,6 +151,9 @@ func vethLink(t *testing.T, a *testenv.NetNS, an string, b *testenv.NetNS, bn st
 		ipIn(t, e.ns, "addr", "add", fmt.Sprintf("fd00:%d::%d/64", n, e.host), "dev", e.name, "nodad")
 		ipIn(t, e.ns, "link", "set", e.name, "up")
 	}
+	// Routed only once both ends are up (testenv's AddAddress says why).
+	a.WaitLocal(t, fmt.Sprintf("fd00:%d::1", n))
+	b.WaitLocal(t, fmt.Sprintf("fd00:%d::2", n))
 }
 
 func pick(v6 bool, v4addr, v6addr string) string {
@@ -230,7 +233,7 @@ func routedTopology(t *testing.T, v6 bool) translation {
 func redirected(t *testing.T, v6 bool) translation {
 	ns := testenv.MustNetNS(t)
 	ipIn(t, ns, "addr", "add", "10.96.0.11/32", "dev", "lo")
-	ipIn(t, ns, "addr", "add", "fd00:96::11/128", "dev", "lo", "nodad")
+	ns.AddAddress(t, "lo", "fd00:96::11/128")
 	ns.Nft(t, `table inet shunt_test {
 	chain out {
 		type nat hook output priority -100;

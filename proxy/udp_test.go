@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -221,11 +220,7 @@ func TestUDPProxyWildcardAnswersFromDestination(t *testing.T) {
 				ns := testenv.MustNetNS(t)
 				for _, a := range strings.Split(tc.addrs, ",") {
 					if a != "" {
-						ns.Do(t, func() {
-							if out, err := exec.Command("ip", "addr", "add", a+"/128", "dev", "lo", "nodad").CombinedOutput(); err != nil {
-								t.Fatalf("ip addr add %s: %v %s", a, err, out)
-							}
-						})
+						ns.AddAddress(t, "lo", a+"/128")
 					}
 				}
 				up := udpEcho(t, ns, "127.0.0.1:0", "a")

@@ -2,7 +2,10 @@ package lab
 
 import (
 	"fmt"
+	"os/exec"
 	"runtime"
+	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -98,5 +101,44 @@ func Veth(a, b *NetNS) error {
 			}
 		}
 	}
-	return nil
+	// Up on both ends (carrier) first: only then are the addresses routed.
+	if err := waitLocal(a.Name, VethIPv6A); err != nil {
+		return err
+	}
+	return waitLocal(b.Name, VethIPv6B)
+}
+
+// AddAddress gives dev (up, with its carrier: lo) the address prefix (as
+// "ip addr add" takes it) without duplicate address detection, and returns
+// once the kernel routes to it.
+func (n *NetNS) AddAddress(dev, prefix string) error {
+	args := []string{"-n", n.Name, "addr", "add", prefix, "dev", dev}
+	if strings.Contains(prefix, ":") {
+		args = append(args, "nodad")
+	}
+	if err := ip(args...); err != nil {
+		return err
+	}
+	return n.WaitLocal(prefix[:strings.IndexByte(prefix+"/", '/')])
+}
+
+// WaitLocal waits until the namespace routes addr, one of its own
+// addresses, to itself (waitLocal): for an address on a link that is up
+// and has its carrier.
+func (n *NetNS) WaitLocal(addr string) error { return waitLocal(n.Name, addr) }
+
+// waitLocal waits up to 5 s until the namespace routes addr to itself. An
+// IPv6 address's local route is added by a work item after "ip addr add"
+// returns, nodad or not; under load that took long enough for a test's
+// first datagram to be dropped with no route (Ip6OutNoRoutes).
+func waitLocal(ns, addr string) error {
+	var out []byte
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var err error
+		out, err = exec.Command("ip", "-n", ns, "route", "get", addr).CombinedOutput()
+		if err == nil && strings.HasPrefix(string(out), "local ") {
+			return nil
+		}
+	}
+	return fmt.Errorf("netns %s: no local route to %s after 5 s: %s", ns, addr, strings.TrimSpace(string(out)))
 }

@@ -32,6 +32,24 @@ func (n *NetNS) Do(t testing.TB, fn func()) {
 	}
 }
 
+// AddAddress gives dev the address prefix ("fd00:53::1/128") and waits
+// until the namespace routes to it (lab.NetNS.AddAddress).
+func (n *NetNS) AddAddress(t testing.TB, dev, prefix string) {
+	t.Helper()
+	if err := n.NetNS.AddAddress(dev, prefix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// WaitLocal waits until the namespace routes addr, one of its own, to
+// itself (lab.NetNS.WaitLocal).
+func (n *NetNS) WaitLocal(t testing.TB, addr string) {
+	t.Helper()
+	if err := n.NetNS.WaitLocal(addr); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Veth joins a and b (see lab.Veth for the addresses).
 func Veth(t testing.TB, a, b *NetNS) {
 	t.Helper()
