@@ -1010,6 +1010,15 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
 		return 0;
 	}
 	struct peer_ref *peer = bpf_map_lookup_elem(&peer_refs, &ref->peer);
+	/* Out of the sockhash, this socket's sends take TCP. Not while its
+	 * peer may splice and holds redirected bytes: a splice would read
+	 * those sends first. Until then they queue behind in the redirect
+	 * (check_peer), or fail past the bound. */
+	if (peer && (peer->reads & (STATE_SPLICE | STATE_MAY_SPLICE)) && peer->sk &&
+	    !ingress_empty((struct sock *)peer->sk)) {
+		bpf_timer_start(&ref->leave, cfg.settle_ns, 0);
+		return 0;
+	}
 	if (peer && !__sync_fetch_and_or(&peer->leaving, 1))
 		start_leave(peer, cfg.settle_ns);
 	/* The entry goes with the delete: what the wake-up needs, first. A
