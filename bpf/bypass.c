@@ -605,10 +605,10 @@ static __always_inline int check_peer(struct peer_ref *ref, struct tcp_sock *sel
 			return REDIRECT_READER;
 		return unread > limit ? REDIRECT_REFUSE : REDIRECT_OK;
 	}
-	/* Its program was learned splicing while it held redirected bytes:
-	 * a splice now would find TCP's queue empty and be caught, never read
-	 * a TCP byte ahead of them. So redirect behind them until they are
-	 * read, then take TCP (in order for a splice). */
+	/* Its reader's program was just learned splicing (presume_splicer).
+	 * With redirected bytes queued, a splice would find TCP's queue empty
+	 * and be caught, never read a TCP byte ahead of them: redirect behind
+	 * them until they are read, then take TCP (in order for a splice). */
 	if (may_splice && !unread)
 		return REDIRECT_READER;
 	if (unread > limit)
