@@ -15,7 +15,9 @@
  *  sockops:    marks accepted connections, for the sweep's ingress rules.
  *  peer egress: cgroup_skb on each cgroup an ingress peer rule names:
  *              writes down the sender's cgroups of each connection
- *              request and datagram for the receiver's ingress program.
+ *              request and datagram for the receiver's ingress program
+ *              (a request's also under its sequence number, which
+ *              address translation leaves alone).
  *  iter/tcp, iter/udp: run by an apply in every netns; close the marked
  *              connections the new rules deny (the collector first writes
  *              every connection's cgroups down when peer rules need them).
@@ -135,14 +137,66 @@ static __always_inline __u8 decide_peer(__u32 slot, __u64 scope, __u8 dir, const
 	return w.action;
 }
 
+/* Now in milliseconds, never 0 (0 is no stamp). */
+static __always_inline __u32 now_ms(void)
+{
+	__u32 ms = bpf_ktime_get_ns() / 1000000;
+	return ms ? ms : 1;
+}
+
 /* The packet's stamp (struct policy_sender): a connection request's
  * sequence number, or now in milliseconds for a datagram; never 0. */
 static __always_inline __u32 packet_stamp(__u8 proto, __u32 seq)
 {
 	if (proto == IPPROTO_TCP)
 		return seq ? seq : 1;
-	__u32 ms = bpf_ktime_get_ns() / 1000000;
-	return ms ? ms : 1;
+	return now_ms();
+}
+
+/* The key of a connection request's sender by its sequence number alone. */
+static __always_inline void isn_flow(struct policy_flow *k, __u32 isn)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->family = POLICY_FLOW_BY_ISN;
+	k->proto = IPPROTO_TCP;
+	__builtin_memcpy(k->saddr, &isn, sizeof(isn));
+}
+
+/* The sender of the connection request with sequence number isn, when its
+ * flow was translated on the way (the entry under the flow the receiver
+ * sees is another's or none); NULL once stale. */
+static __always_inline struct policy_sender *isn_sender(__u32 isn)
+{
+	struct policy_flow k;
+	isn_flow(&k, isn);
+	struct policy_sender *snd = bpf_map_lookup_elem(&policy_senders, &k);
+	if (snd && now_ms() - snd->stamp > POLICY_ISN_SENDER_MS)
+		return NULL;
+	return snd;
+}
+
+/* The key of an open connection by its handshake's two sequence numbers,
+ * the client's first: the same at both ends whatever translation rewrote.
+ * Each end has them from what it has received and had acknowledged since:
+ * TCP's byte counts include the client's SYN in what the client had
+ * acknowledged, never the server's SYN-ACK, nor a SYN in what was
+ * received. */
+static __always_inline void isn_pair_flow(struct policy_flow *k, struct sock *sk, int connected)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	__u32 own = BPF_CORE_READ(tp, snd_una) - (__u32)BPF_CORE_READ(tp, bytes_acked);
+	__u32 peer = BPF_CORE_READ(tp, rcv_nxt) - (__u32)BPF_CORE_READ(tp, bytes_received) - 1;
+	__builtin_memset(k, 0, sizeof(*k));
+	k->family = POLICY_FLOW_BY_ISN;
+	k->proto = IPPROTO_TCP;
+	if (connected) {
+		__builtin_memcpy(k->saddr, &own, sizeof(own));
+		__builtin_memcpy(k->saddr + 4, &peer, sizeof(peer));
+	} else {
+		own -= 1;
+		__builtin_memcpy(k->saddr, &peer, sizeof(peer));
+		__builtin_memcpy(k->saddr + 4, &own, sizeof(own));
+	}
 }
 
 /* The sender entry was written for this packet: the same connection
@@ -159,7 +213,8 @@ static __always_inline int stamp_matches(const struct policy_sender *snd, __u8 p
  * scope has no rules in this slot. addr holds 4 or 16 bytes after family.
  * A scope with peer rules looks the flow's sender up in senders first; with
  * seq (the packet's TCP sequence number, 0 for UDP) it takes the entry only
- * if it was written for this packet. */
+ * if it was written for this packet, and else the request's entry by
+ * sequence number. */
 static __always_inline __u8 decide(__u32 slot, __u64 scope, __u8 dir, __u8 family, const __u8 addr[16],
 				   __u16 port, __u8 proto, __u32 *rule, void *senders, const struct policy_flow *flow,
 				   const __u32 *seq)
@@ -176,6 +231,8 @@ static __always_inline __u8 decide(__u32 slot, __u64 scope, __u8 dir, __u8 famil
 		struct policy_sender *snd = bpf_map_lookup_elem(senders, flow);
 		if (snd && seq && !stamp_matches(snd, flow->proto, packet_stamp(flow->proto, *seq)))
 			snd = NULL; /* written for another socket of that flow */
+		if (!snd && seq && flow->proto == IPPROTO_TCP)
+			snd = isn_sender(*seq); /* translated on its way? */
 		if (snd) {
 			__u8 a = decide_peer(slot, scope, dir, snd, port, proto, rule);
 			if (a)
@@ -453,6 +510,7 @@ int shunt_policy_peer_egress(struct __sk_buff *skb)
 		return 1;
 	__u64 own = bpf_skb_cgroup_id(skb);
 	__u32 stamp = packet_stamp(f.proto, seq);
+	struct policy_sender s = { .stamp = stamp };
 	struct policy_sender *known = bpf_map_lookup_elem(&policy_senders, &f);
 	/* Written already: by a nested peer cgroup's copy of this program,
 	 * or for an earlier packet of the flow. A datagram renews the stamp
@@ -460,17 +518,26 @@ int shunt_policy_peer_egress(struct __sk_buff *skb)
 	if (known && known->n && known->cgroups[(known->n - 1) & (POLICY_PEER_LEVELS - 1)] == own) {
 		if (f.proto == IPPROTO_TCP ? known->stamp != stamp : stamp - known->stamp > POLICY_UDP_SENDER_MS / 8)
 			known->stamp = stamp;
-		return 1;
+		if (f.proto != IPPROTO_TCP)
+			return 1;
+		__builtin_memcpy(&s, known, sizeof(s));
+	} else {
+		for (int l = 1; l <= POLICY_PEER_LEVELS; l++) {
+			__u64 id = bpf_skb_ancestor_cgroup_id(skb, l);
+			if (!id)
+				break;
+			s.cgroups[l - 1] = id;
+			s.n = l;
+		}
+		bpf_map_update_elem(&policy_senders, &f, &s, BPF_ANY);
 	}
-	struct policy_sender s = { .stamp = stamp };
-	for (int l = 1; l <= POLICY_PEER_LEVELS; l++) {
-		__u64 id = bpf_skb_ancestor_cgroup_id(skb, l);
-		if (!id)
-			break;
-		s.cgroups[l - 1] = id;
-		s.n = l;
+	/* A connection request also under its sequence number, for a receiver
+	 * that sees it translated. Each (re)transmission renews it. */
+	if (f.proto == IPPROTO_TCP) {
+		s.stamp = now_ms();
+		isn_flow(&f, seq);
+		bpf_map_update_elem(&policy_senders, &f, &s, BPF_ANY);
 	}
-	bpf_map_update_elem(&policy_senders, &f, &s, BPF_ANY);
 	return 1;
 }
 
@@ -548,6 +615,15 @@ static __always_inline void sweep(struct bpf_iter_meta *meta, struct sock_common
 	w.f.family = w.family, w.f.proto = proto, w.f.sport = r->remote_port, w.f.dport = r->local_port;
 	__builtin_memcpy(w.f.saddr, w.addr, 16);
 	policy_addr(r->local, w.f.daddr);
+	/* Its peer by the handshake's sequence numbers first: the flow the
+	 * peer collected under is not this one if translation rewrote it (a
+	 * Service's DNAT), and may be another's that shares it. */
+	if (proto == IPPROTO_TCP && dir == POLICY_INGRESS) {
+		struct policy_flow k;
+		isn_pair_flow(&k, sk, 0);
+		if (bpf_map_lookup_elem(&policy_conn_senders, &k))
+			__builtin_memcpy(&w.f, &k, sizeof(k));
+	}
 	w.cg = (__u64)BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
 	if (!w.cg)
 		return;
@@ -599,6 +675,11 @@ int shunt_policy_collect_tcp(struct bpf_iter__tcp *ctx)
 		snd.cgroups[l - 1] = anc ? BPF_CORE_READ(anc, kn, id) : 0;
 		snd.n = l;
 	}
+	bpf_map_update_elem(&policy_conn_senders, &f, &snd, BPF_ANY);
+	/* And under its handshake's sequence numbers, as if it connected:
+	 * the sweep finds an accepted connection's peer by them when
+	 * translation between the ends rewrote the flow. */
+	isn_pair_flow(&f, sk, 1);
 	bpf_map_update_elem(&policy_conn_senders, &f, &snd, BPF_ANY);
 	return 0;
 }

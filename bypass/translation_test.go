@@ -123,37 +123,12 @@ func checkTranslated(t *testing.T, in *bypass.Install, cg host.Cgroup, tr transl
 	}
 }
 
-// ipIn runs ip(8) in a namespace.
-func ipIn(t *testing.T, ns *testenv.NetNS, args ...string) {
-	t.Helper()
-	run(t, exec.Command("ip", append([]string{"-n", ns.Name}, args...)...), "")
-}
-
 func run(t *testing.T, cmd *exec.Cmd, stdin string) {
 	t.Helper()
 	cmd.Stdin = strings.NewReader(stdin)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v: %s", strings.Join(cmd.Args, " "), err, out)
 	}
-}
-
-// vethLink joins a and b with a veth pair named an and bn, addressed net.1 on a
-// and net.2 on b (IPv4 10.N.0.0/24 and IPv6 fd00:N::/64).
-func vethLink(t *testing.T, a *testenv.NetNS, an string, b *testenv.NetNS, bn string, n int) {
-	t.Helper()
-	run(t, exec.Command("ip", "link", "add", an, "netns", a.Name, "type", "veth", "peer", "name", bn, "netns", b.Name), "")
-	for _, e := range []struct {
-		ns   *testenv.NetNS
-		name string
-		host int
-	}{{a, an, 1}, {b, bn, 2}} {
-		ipIn(t, e.ns, "addr", "add", fmt.Sprintf("10.%d.0.%d/24", n, e.host), "dev", e.name)
-		ipIn(t, e.ns, "addr", "add", fmt.Sprintf("fd00:%d::%d/64", n, e.host), "dev", e.name, "nodad")
-		ipIn(t, e.ns, "link", "set", e.name, "up")
-	}
-	// Routed only once both ends are up (testenv's AddAddress says why).
-	a.WaitLocal(t, fmt.Sprintf("fd00:%d::1", n))
-	b.WaitLocal(t, fmt.Sprintf("fd00:%d::2", n))
 }
 
 func pick(v6 bool, v4addr, v6addr string) string {
@@ -168,18 +143,8 @@ func pick(v6 bool, v4addr, v6addr string) string {
 // with masq also rewrites the client's address to its own.
 func routed(t *testing.T, v6, masq bool) translation {
 	tr := routedTopology(t, v6)
-	post := ""
-	if masq {
-		post = `chain post { type nat hook postrouting priority srcnat; oifname "r1" masquerade; }`
-	}
-	tr.router.Nft(t, `table inet shunt_test {
-	chain pre {
-		type nat hook prerouting priority dstnat;
-		ip daddr 10.96.0.10 tcp dport 80 dnat ip to 10.202.0.2:8080
-		ip6 daddr fd00:96::10 tcp dport 80 dnat ip6 to [fd00:202::2]:8080
-	}
-	`+post+`
-}`)
+	r := testenv.Routed{Client: tr.client, Router: tr.router, Server: tr.server}
+	r.ServiceDNAT(t, masq)
 	if masq {
 		tr.seenFrom = pick(v6, "10.202.0.1", "fd00:202::1")
 	}
@@ -210,19 +175,11 @@ func routedByIptables(t *testing.T, v6 bool) translation {
 	return tr
 }
 
-// routedTopology: client (10.201.0.2) and server (10.202.0.2) namespaces
-// routed through a router namespace, the client dialling the virtual
-// address 10.96.0.10:80 (fd00:96::10) that the router's rules translate.
+// routedTopology: testenv.MustRouted, the client dialling the Service's
+// virtual address that the router's rules translate.
 func routedTopology(t *testing.T, v6 bool) translation {
-	client, router, server := testenv.MustNetNS(t), testenv.MustNetNS(t), testenv.MustNetNS(t)
-	vethLink(t, router, "r0", client, "c0", 201)
-	vethLink(t, router, "r1", server, "s0", 202)
-	ipIn(t, client, "route", "add", "default", "via", "10.201.0.1")
-	ipIn(t, client, "-6", "route", "add", "default", "via", "fd00:201::1")
-	ipIn(t, server, "route", "add", "default", "via", "10.202.0.1")
-	ipIn(t, server, "-6", "route", "add", "default", "via", "fd00:202::1")
-	run(t, exec.Command("ip", "netns", "exec", router.Name, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"), "")
-	return translation{client: client, server: server, router: router,
+	r := testenv.MustRouted(t)
+	return translation{client: r.Client, server: r.Server, router: r.Router,
 		listen: pick(v6, "10.202.0.2:8080", "[fd00:202::2]:8080"),
 		vip:    pick(v6, "10.96.0.10:80", "[fd00:96::10]:80")}
 }
@@ -232,7 +189,7 @@ func routedTopology(t *testing.T, v6 bool) translation {
 // for its sidecar.
 func redirected(t *testing.T, v6 bool) translation {
 	ns := testenv.MustNetNS(t)
-	ipIn(t, ns, "addr", "add", "10.96.0.11/32", "dev", "lo")
+	ns.IP(t, "addr", "add", "10.96.0.11/32", "dev", "lo")
 	ns.AddAddress(t, "lo", "fd00:96::11/128")
 	ns.Nft(t, `table inet shunt_test {
 	chain out {
@@ -251,9 +208,9 @@ func redirected(t *testing.T, v6 bool) translation {
 // the host).
 func publishedPort(t *testing.T, v6 bool) translation {
 	client, server := testenv.MustNetNS(t), testenv.MustNetNS(t)
-	vethLink(t, client, "c0", server, "s0", 203)
-	ipIn(t, client, "route", "add", "10.96.0.12/32", "dev", "c0")
-	ipIn(t, client, "-6", "route", "add", "fd00:96::12/128", "dev", "c0")
+	testenv.VethLink(t, client, "c0", server, "s0", 203)
+	client.IP(t, "route", "add", "10.96.0.12/32", "dev", "c0")
+	client.IP(t, "-6", "route", "add", "fd00:96::12/128", "dev", "c0")
 	client.Nft(t, `table inet shunt_test {
 	chain out {
 		type nat hook output priority -100;
@@ -284,9 +241,9 @@ func TestTranslatedLookAlikeNotPaired(t *testing.T) {
 	// route leads to another 10.202.0.2:8080, a listener shunt does not
 	// hold (the test's own cgroup).
 	x, y := testenv.MustNetNS(t), testenv.MustNetNS(t)
-	vethLink(t, y, "y0", x, "x0", 201) // x: 10.201.0.2, y: 10.201.0.1
-	ipIn(t, x, "route", "add", "default", "via", "10.201.0.1")
-	ipIn(t, y, "addr", "add", "10.202.0.2/32", "dev", "lo")
+	testenv.VethLink(t, y, "y0", x, "x0", 201) // x: 10.201.0.2, y: 10.201.0.1
+	x.IP(t, "route", "add", "default", "via", "10.201.0.1")
+	y.IP(t, "addr", "add", "10.202.0.2/32", "dev", "lo")
 	other := testenv.Listen(t, testenv.Side{NS: y}, "tcp4", "10.202.0.2:8080")
 
 	ln := testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp4", tr.listen)

@@ -105,6 +105,8 @@ struct tcp_sock {
 	__u32 copied_seq; /* end of what its reader has read from TCP */
 	__u32 rcv_nxt;    /* end of what TCP has received */
 	__u32 snd_una;    /* first byte the far end has not acknowledged */
+	__u64 bytes_received; /* rcv_nxt's advance since the handshake */
+	__u64 bytes_acked;    /* snd_una's advance since the SYN was sent */
 };
 
 /* The psock hangs off sk_user_data; only its receive queues matter to us. */
