@@ -144,8 +144,9 @@ static __always_inline __u32 now_ms(void)
 	return ms ? ms : 1;
 }
 
-/* The packet's stamp (struct policy_sender): a connection request's
- * sequence number, or now in milliseconds for a datagram; never 0. */
+/* The stamp an entry by flow holds for the packet (struct policy_sender):
+ * a connection request's sequence number (a peer program from before wrote
+ * those), or now in milliseconds for a datagram; never 0. */
 static __always_inline __u32 packet_stamp(__u8 proto, __u32 seq)
 {
 	if (proto == IPPROTO_TCP)
@@ -211,10 +212,9 @@ static __always_inline int stamp_matches(const struct policy_sender *snd, __u8 p
 /* The action scope gives a connection to (egress) or from (ingress) addr,
  * on port over proto, and the counter of the rule that gave it; 0 when the
  * scope has no rules in this slot. addr holds 4 or 16 bytes after family.
- * A scope with peer rules looks the flow's sender up in senders first; with
- * seq (the packet's TCP sequence number, 0 for UDP) it takes the entry only
- * if it was written for this packet, and else the request's entry by
- * sequence number. */
+ * A scope with peer rules looks the sender up: a connection request's (seq:
+ * its sequence number) by that number, anything else by the flow in
+ * senders, taking the entry only if it was written for this packet. */
 static __always_inline __u8 decide(__u32 slot, __u64 scope, __u8 dir, __u8 family, const __u8 addr[16],
 				   __u16 port, __u8 proto, __u32 *rule, void *senders, const struct policy_flow *flow,
 				   const __u32 *seq)
@@ -228,11 +228,14 @@ static __always_inline __u8 decide(__u32 slot, __u64 scope, __u8 dir, __u8 famil
 	__u8 action = s->default_action[dir];
 
 	if (flow && s->has_peer_rules[dir]) {
-		struct policy_sender *snd = bpf_map_lookup_elem(senders, flow);
-		if (snd && seq && !stamp_matches(snd, flow->proto, packet_stamp(flow->proto, *seq)))
-			snd = NULL; /* written for another socket of that flow */
-		if (!snd && seq && flow->proto == IPPROTO_TCP)
-			snd = isn_sender(*seq); /* translated on its way? */
+		struct policy_sender *snd = NULL;
+		if (seq && flow->proto == IPPROTO_TCP)
+			snd = isn_sender(*seq);
+		if (!snd) { /* a datagram, or a SYN a peer program from before wrote */
+			snd = bpf_map_lookup_elem(senders, flow);
+			if (snd && seq && !stamp_matches(snd, flow->proto, packet_stamp(flow->proto, *seq)))
+				snd = NULL; /* written for another socket of that flow */
+		}
 		if (snd) {
 			__u8 a = decide_peer(slot, scope, dir, snd, port, proto, rule);
 			if (a)
@@ -509,35 +512,31 @@ int shunt_policy_peer_egress(struct __sk_buff *skb)
 	if (!parse_flow(skb, &f, &seq))
 		return 1;
 	__u64 own = bpf_skb_cgroup_id(skb);
-	__u32 stamp = packet_stamp(f.proto, seq);
-	struct policy_sender s = { .stamp = stamp };
+	__u32 stamp = now_ms();
+	/* A connection request under its sequence number alone: found so
+	 * whether or not translation rewrote the flow on its way, and a later
+	 * socket that reuses the port sends another. */
+	if (f.proto == IPPROTO_TCP)
+		isn_flow(&f, seq);
 	struct policy_sender *known = bpf_map_lookup_elem(&policy_senders, &f);
 	/* Written already: by a nested peer cgroup's copy of this program,
-	 * or for an earlier packet of the flow. A datagram renews the stamp
-	 * now and then, not at each send (a map write each). */
+	 * or for an earlier packet (a retransmitted SYN, a datagram of the
+	 * flow). A datagram renews the stamp now and then, not at each send
+	 * (a map write each). */
 	if (known && known->n && known->cgroups[(known->n - 1) & (POLICY_PEER_LEVELS - 1)] == own) {
-		if (f.proto == IPPROTO_TCP ? known->stamp != stamp : stamp - known->stamp > POLICY_UDP_SENDER_MS / 8)
+		if (f.proto == IPPROTO_TCP || stamp - known->stamp > POLICY_UDP_SENDER_MS / 8)
 			known->stamp = stamp;
-		if (f.proto != IPPROTO_TCP)
-			return 1;
-		__builtin_memcpy(&s, known, sizeof(s));
-	} else {
-		for (int l = 1; l <= POLICY_PEER_LEVELS; l++) {
-			__u64 id = bpf_skb_ancestor_cgroup_id(skb, l);
-			if (!id)
-				break;
-			s.cgroups[l - 1] = id;
-			s.n = l;
-		}
-		bpf_map_update_elem(&policy_senders, &f, &s, BPF_ANY);
+		return 1;
 	}
-	/* A connection request also under its sequence number, for a receiver
-	 * that sees it translated. Each (re)transmission renews it. */
-	if (f.proto == IPPROTO_TCP) {
-		s.stamp = now_ms();
-		isn_flow(&f, seq);
-		bpf_map_update_elem(&policy_senders, &f, &s, BPF_ANY);
+	struct policy_sender s = { .stamp = stamp };
+	for (int l = 1; l <= POLICY_PEER_LEVELS; l++) {
+		__u64 id = bpf_skb_ancestor_cgroup_id(skb, l);
+		if (!id)
+			break;
+		s.cgroups[l - 1] = id;
+		s.n = l;
 	}
+	bpf_map_update_elem(&policy_senders, &f, &s, BPF_ANY);
 	return 1;
 }
 

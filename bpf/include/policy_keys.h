@@ -110,14 +110,16 @@ struct policy_peer_key {
  * cgroup must reuse the port at once to be let in on the peer's word. */
 #define POLICY_UDP_SENDER_MS 250
 
-/* A connection request's sender is also written under its sequence number
- * alone (family POLICY_FLOW_BY_ISN, the number in saddr's first 4 bytes,
- * stamped with the time it left): address translation on the way (a
- * Service's DNAT, masquerade) rewrites the addresses and ports the receiver
- * sees, never the sequence number. Taken within POLICY_ISN_SENDER_MS: past
- * a SYN's retransmissions (each writes it anew). policy_conn_senders holds
- * open connections also by both of the handshake's sequence numbers, the
- * client's then the server's, in saddr's first 8 bytes. */
+/* A connection request's sender is written under its sequence number alone
+ * (family POLICY_FLOW_BY_ISN, the number in saddr's first 4 bytes, stamped
+ * with the time it left): address translation on the way (a Service's DNAT,
+ * masquerade) rewrites the addresses and ports the receiver sees, never the
+ * sequence number. Taken within POLICY_ISN_SENDER_MS: past a SYN's
+ * retransmissions (each renews it). (A peer program loaded before wrote
+ * requests under their flow, stamped with the sequence number.)
+ * policy_conn_senders holds open connections also by both of the
+ * handshake's sequence numbers, the client's then the server's, in saddr's
+ * first 8 bytes. */
 #define POLICY_FLOW_BY_ISN 1
 #define POLICY_ISN_SENDER_MS 10000
 
@@ -138,9 +140,9 @@ struct policy_sender {
 	__u32 n;
 	/* policy_senders: which packet it was written for, so that a later
 	 * socket reusing the flow's source port is not taken for the sender:
-	 * a connection request's sequence number (TCP), or the time it left
-	 * in milliseconds (UDP, and entries by sequence number). Not used in
-	 * policy_conn_senders. */
+	 * the time it left in milliseconds (or, in an entry by flow that a
+	 * peer program from before wrote for a connection request, its
+	 * sequence number). Not used in policy_conn_senders. */
 	__u32 stamp;
 	__u64 cgroups[POLICY_PEER_LEVELS];
 };
