@@ -609,19 +609,21 @@ static __always_inline void sweep(struct bpf_iter_meta *meta, struct sock_common
 		.slot = active_slot(),
 	};
 	w.family = policy_addr(r->remote, w.addr);
-	/* An accepted connection's sender is its peer: the flow as the peer
-	 * sent its SYN, under which the collector wrote the peer's cgroups. */
-	w.f.family = w.family, w.f.proto = proto, w.f.sport = r->remote_port, w.f.dport = r->local_port;
-	__builtin_memcpy(w.f.saddr, w.addr, 16);
-	policy_addr(r->local, w.f.daddr);
-	/* Its peer by the handshake's sequence numbers first: the flow the
-	 * peer collected under is not this one if translation rewrote it (a
-	 * Service's DNAT), and may be another's that shares it. */
+	/* An accepted connection's sender is its peer: found by the
+	 * handshake's sequence numbers first (the flow it collected under is
+	 * not this one if translation rewrote it, a Service's DNAT, and may be
+	 * another's that shares it), else by the flow as the peer sent its
+	 * SYN. Built in place: the stack holds no second key on 6.1. */
+	int by_isns = 0;
 	if (proto == IPPROTO_TCP && dir == POLICY_INGRESS) {
-		struct policy_flow k;
-		isn_pair_flow(&k, sk, 0);
-		if (bpf_map_lookup_elem(&policy_conn_senders, &k))
-			__builtin_memcpy(&w.f, &k, sizeof(k));
+		isn_pair_flow(&w.f, sk, 0);
+		by_isns = bpf_map_lookup_elem(&policy_conn_senders, &w.f) != NULL;
+	}
+	if (!by_isns) {
+		__builtin_memset(&w.f, 0, sizeof(w.f));
+		w.f.family = w.family, w.f.proto = proto, w.f.sport = r->remote_port, w.f.dport = r->local_port;
+		__builtin_memcpy(w.f.saddr, w.addr, 16);
+		policy_addr(r->local, w.f.daddr);
 	}
 	w.cg = (__u64)BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
 	if (!w.cg)

@@ -48,6 +48,7 @@ func TestBypassThroughTranslation(t *testing.T) {
 		}{
 			{"dnat-in-router", func(t *testing.T, v6 bool) translation { return routed(t, v6, false) }},
 			{"dnat-and-masquerade-in-router", func(t *testing.T, v6 bool) translation { return routed(t, v6, true) }},
+			{"hairpin-through-router", hairpin},
 			{"iptables-service-chains-in-router", routedByIptables},
 			{"redirect-on-output", redirected},
 			{"dnat-on-output-over-veth", publishedPort},
@@ -94,8 +95,26 @@ func checkTranslated(t *testing.T, in *bypass.Install, cg host.Cgroup, tr transl
 	}
 
 	testenv.Warm(t, c, s)
-	up := testenv.Stream{Seed: 21, Size: 4 << 20, MaxChunk: 64 << 10}
-	down := testenv.Stream{Seed: 22, Size: 4 << 20, MaxChunk: 64 << 10}
+	up, down := streamBothWays(t, c, s, 4<<20)
+	f := flowOf(t, in, testenv.Cookie(t, c))
+	if f == nil || f.Client == nil || f.Server == nil {
+		st, _ := in.Stats()
+		t.Fatalf("not bypassed: flow %+v; counters %+v", f, st.Counters)
+	}
+	if f.Client.TxBytes < uint64(up.Size)/2 || f.Server.TxBytes < uint64(down.Size)/2 {
+		t.Errorf("redirected %d bytes up and %d down of %d each: the rest crossed TCP", f.Client.TxBytes, f.Server.TxBytes, up.Size)
+	}
+	after, _ := in.Stats()
+	if n := after.Counters.Translated - before.Counters.Translated; n != 1 {
+		t.Errorf("%d connections counted as translated, want 1", n)
+	}
+}
+
+// streamBothWays sends size bytes from c to s, then back, and checks them.
+func streamBothWays(t *testing.T, c, s *net.TCPConn, size int64) (up, down testenv.Stream) {
+	t.Helper()
+	up = testenv.Stream{Seed: 21, Size: size, MaxChunk: 64 << 10}
+	down = testenv.Stream{Seed: 22, Size: size, MaxChunk: 64 << 10}
 	for _, d := range []struct {
 		st   testenv.Stream
 		w, r *net.TCPConn
@@ -109,18 +128,7 @@ func checkTranslated(t *testing.T, in *bypass.Install, cg host.Cgroup, tr transl
 			t.Fatal(err)
 		}
 	}
-	f := flowOf(t, in, testenv.Cookie(t, c))
-	if f == nil || f.Client == nil || f.Server == nil {
-		st, _ := in.Stats()
-		t.Fatalf("not bypassed: flow %+v; counters %+v", f, st.Counters)
-	}
-	if f.Client.TxBytes < uint64(up.Size)/2 || f.Server.TxBytes < uint64(down.Size)/2 {
-		t.Errorf("redirected %d bytes up and %d down of %d each: the rest crossed TCP", f.Client.TxBytes, f.Server.TxBytes, up.Size)
-	}
-	after, _ := in.Stats()
-	if n := after.Counters.Translated - before.Counters.Translated; n != 1 {
-		t.Errorf("%d connections counted as translated, want 1", n)
-	}
+	return up, down
 }
 
 func run(t *testing.T, cmd *exec.Cmd, stdin string) {
@@ -148,6 +156,17 @@ func routed(t *testing.T, v6, masq bool) translation {
 	if masq {
 		tr.seenFrom = pick(v6, "10.202.0.1", "fd00:202::1")
 	}
+	return tr
+}
+
+// hairpin: a pod reaching a Service that picks the pod itself. Its SYN
+// goes out to the router, whose DNAT sends it back over the same link,
+// masqueraded (kube-proxy marks hairpin traffic for masquerade: else the
+// pod would answer itself directly, from an address its client never
+// dialled). Both ends are in one namespace; neither sees the other's tuple.
+func hairpin(t *testing.T, v6 bool) translation {
+	tr := routed(t, v6, true)
+	tr.client = tr.server
 	return tr
 }
 
@@ -275,39 +294,65 @@ func TestTranslatedLookAlikeNotPaired(t *testing.T) {
 // still cross (handshake, FIN) stay inside the window conntrack tracks: a
 // translated connection's entry ends with it, as without shunt (kube-proxy's
 // rules drop what conntrack calls invalid, and an entry left established
-// would hold the table for days).
+// would hold the table for days). After 10,000 connections the router's
+// table holds what it holds after as many plain ones.
 func TestTranslatedConnectionsEndInConntrack(t *testing.T) {
 	testenv.NeedProgram(t, "nft")
 	in, cg := mustInstall(t)
-	tr := routed(t, false, false)
-	ln := testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp4", tr.listen)
-	conns := 200
+	plain := testenv.MustCgroup(t) // not enabled
+	conns := 10000
 	if testing.Short() {
 		conns = 50
 	}
-	before, _ := in.Stats()
-	for i := 0; i < conns; i++ {
-		c := testenv.Dial(t, testenv.Side{NS: tr.client, CG: cg}, "tcp4", tr.vip, nil)
-		s := testenv.Accept(t, ln)
-		testenv.Warm(t, c, s)
-		exchange(t, c, s, strings.Repeat("x", 16<<10))
-		exchange(t, s, c, strings.Repeat("y", 16<<10))
-		c.Close()
-		s.Close()
-	}
-	after, _ := in.Stats()
-	if n := after.Counters.Translated - before.Counters.Translated; n != uint64(conns) {
-		t.Errorf("%d of %d connections paired through the translation", n, conns)
-	}
-	var states map[string]int
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		states = conntrackStates(t, tr.router, "sport=8080") // the reply tuple
-		if states["TIME_WAIT"]+states["CLOSE"] == conns || time.Now().After(deadline) {
-			break
+	byMode := map[string]map[string]int{}
+	for _, mode := range []string{"shunt", "plain"} {
+		tr := routed(t, false, false)
+		side := testenv.Side{NS: tr.client, CG: cg}
+		srv := testenv.Side{NS: tr.server, CG: cg}
+		if mode == "plain" {
+			side.CG, srv.CG = plain, plain
 		}
+		ln := testenv.Listen(t, srv, "tcp4", tr.listen)
+		before, _ := in.Stats()
+		for i := 0; i < conns; i++ {
+			c := testenv.Dial(t, side, "tcp4", tr.vip, nil)
+			s := testenv.Accept(t, ln)
+			testenv.Warm(t, c, s)
+			exchange(t, c, s, strings.Repeat("x", 16<<10))
+			exchange(t, s, c, strings.Repeat("y", 16<<10))
+			c.Close()
+			s.Close()
+		}
+		ln.Close()
+		after, _ := in.Stats()
+		want := uint64(conns)
+		if mode == "plain" {
+			want = 0
+		}
+		if n := after.Counters.Translated - before.Counters.Translated; n != want {
+			t.Errorf("%s: %d of %d connections paired through the translation, want %d", mode, n, conns, want)
+		}
+		var states map[string]int
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			states = conntrackStates(t, tr.router, "sport=8080") // the reply tuple
+			if states["TIME_WAIT"]+states["CLOSE"] == conns || time.Now().After(deadline) {
+				break
+			}
+		}
+		byMode[mode] = states
 	}
-	if states["TIME_WAIT"]+states["CLOSE"] != conns {
-		t.Errorf("conntrack entries of the %d closed connections by state: %v, want all TIME_WAIT or CLOSE", conns, states)
+	t.Logf("router's conntrack entries by state after %d connections: shunt %v, plain %v", conns, byMode["shunt"], byMode["plain"])
+	if got := byMode["shunt"]; got["TIME_WAIT"]+got["CLOSE"] != conns || len(got) > 2 {
+		t.Errorf("conntrack entries of the %d closed connections by state: %v, want all TIME_WAIT or CLOSE (plain TCP: %v)", conns, got, byMode["plain"])
+	}
+	total := func(m map[string]int) (n int) {
+		for _, v := range m {
+			n += v
+		}
+		return n
+	}
+	if a, b := total(byMode["shunt"]), total(byMode["plain"]); a != b {
+		t.Errorf("the router holds %d conntrack entries after %d bypassed connections, %d after as many plain ones (%v against %v)", a, conns, b, byMode["shunt"], byMode["plain"])
 	}
 }
 
@@ -381,5 +426,62 @@ func TestFastOpenNotHalfHeld(t *testing.T) {
 	t.Logf("TFO connections: %d paired, %d unpaired", st.Counters.Paired, st.Counters.Unpaired)
 	if st.Counters.Paired > 1 {
 		t.Errorf("%d connections paired, want only the cookie request's", st.Counters.Paired)
+	}
+}
+
+// A middlebox that rewrites sequence numbers (nftables' synproxy answers the
+// client's SYN itself and opens its own handshake to the server, then shifts
+// every segment's numbers between the two) leaves the two ends no handshake
+// in common: the client holds the proxy's SYN-ACK, not the server's. They
+// share a tuple (no translation), but a server that pairs by sequence
+// numbers releases a claim by tuple, so the connection stays on TCP,
+// byte-exact, and neither end is paired with anything.
+func TestSequenceRewritingMiddleboxLeftOnTCP(t *testing.T) {
+	testenv.NeedProgram(t, "nft")
+	in, cg := mustInstall(t)
+	fams := []string{"ipv4", "ipv6"}
+	if testing.Short() {
+		fams = fams[:1] // the kernel matrix under qemu
+	}
+	for _, fam := range fams {
+		t.Run(fam, func(t *testing.T) {
+			r := testenv.MustRouted(t)
+			run(t, exec.Command("ip", "netns", "exec", r.Router.Name, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0"), "")
+			r.Router.Nft(t, `table inet shunt_test {
+	chain pre {
+		type filter hook prerouting priority raw;
+		tcp dport 8080 tcp flags syn notrack
+	}
+	chain through {
+		type filter hook forward priority filter;
+		tcp dport 8080 ct state invalid,untracked synproxy mss 1400 wscale 7 timestamp sack-perm
+		ct state invalid drop
+	}
+}`)
+			addr := net.JoinHostPort(testenv.EndpointIPv4, "8080")
+			if fam == "ipv6" {
+				addr = net.JoinHostPort(testenv.EndpointIPv6, "8080")
+			}
+			before, _ := in.Stats()
+			ln := testenv.Listen(t, testenv.Side{NS: r.Server, CG: cg}, "tcp", addr)
+			c := testenv.Dial(t, testenv.Side{NS: r.Client, CG: cg}, "tcp", addr, nil)
+			s := testenv.Accept(t, ln)
+			defer c.Close()
+			defer s.Close()
+			testenv.Warm(t, c, s)
+			streamBothWays(t, c, s, 1<<20)
+			if synproxied := conntrackStates(t, r.Router, "dport=8080"); synproxied["ESTABLISHED"] == 0 {
+				t.Fatalf("the router's conntrack holds no established entry (%v): synproxy did not take the connection", synproxied)
+			}
+			for _, end := range []*net.TCPConn{c, s} {
+				if f := flowOf(t, in, testenv.Cookie(t, end)); f != nil {
+					t.Errorf("%s is held: %+v", end.LocalAddr(), f)
+				}
+			}
+			after, _ := in.Stats()
+			if n := after.Counters.Paired - before.Counters.Paired; n != 0 {
+				t.Errorf("%d connections paired", n)
+			}
+		})
 	}
 }
