@@ -50,6 +50,13 @@ func TestBypassThroughTranslation(t *testing.T) {
 			{"dnat-and-masquerade-in-router", func(t *testing.T, v6 bool) translation { return routed(t, v6, true) }},
 			{"hairpin-through-router", hairpin},
 			{"iptables-service-chains-in-router", routedByIptables},
+			{"kube-proxy-nftables-chains-in-router", routedByKubeProxyNftables},
+			{"kube-proxy-nftables-hairpin", func(t *testing.T, v6 bool) translation {
+				// The endpoint's own chain marks it for masquerade.
+				tr := routedByKubeProxyNftables(t, v6)
+				tr.client, tr.seenFrom = tr.server, pick(v6, "10.202.0.1", "fd00:202::1")
+				return tr
+			}},
 			{"redirect-on-output", redirected},
 			{"dnat-on-output-over-veth", publishedPort},
 		} {
@@ -191,6 +198,56 @@ func routedByIptables(t *testing.T, v6 bool) translation {
 	} {
 		run(t, exec.Command("ip", append([]string{"netns", "exec", tr.router.Name, tool, "-t", "nat"}, rule...)...), "")
 	}
+	return tr
+}
+
+// routedByKubeProxyNftables: the router's DNAT in the layout kube-proxy's
+// nftables mode writes: a verdict map from (address, protocol, port) to a
+// Service's chain, which picks an endpoint's chain by a random number
+// (numgen), which marks hairpin traffic for masquerade and DNATs; the
+// postrouting chain masquerades what is marked, with random ports.
+func routedByKubeProxyNftables(t *testing.T, v6 bool) translation {
+	tr := routedTopology(t, v6)
+	fam, addrType, ip, vip, ep := "ip", "ipv4_addr", "ip", testenv.ServiceIPv4, testenv.EndpointIPv4+":8080"
+	if v6 {
+		fam, addrType, ip, vip, ep = "ip6", "ipv6_addr", "ip6", testenv.ServiceIPv6, "["+testenv.EndpointIPv6+"]:8080"
+	}
+	epIP := testenv.EndpointIPv4
+	if v6 {
+		epIP = testenv.EndpointIPv6
+	}
+	tr.router.Nft(t, fmt.Sprintf(`table %[1]s kube-proxy {
+	map service-ips {
+		type %[2]s . inet_proto . inet_service : verdict
+		elements = { %[4]s . tcp . 80 : goto service-TEST-tcp }
+	}
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat;
+		jump services
+	}
+	chain nat-postrouting {
+		type nat hook postrouting priority srcnat;
+		jump masquerading
+	}
+	chain services {
+		%[3]s daddr . meta l4proto . th dport vmap @service-ips
+	}
+	chain mark-for-masquerade {
+		mark set mark or 0x4000
+	}
+	chain masquerading {
+		mark and 0x4000 == 0 return
+		mark set mark xor 0x4000
+		masquerade fully-random
+	}
+	chain service-TEST-tcp {
+		numgen random mod 1 vmap { 0 : goto endpoint-TEST-tcp }
+	}
+	chain endpoint-TEST-tcp {
+		%[3]s saddr %[6]s jump mark-for-masquerade
+		meta l4proto tcp dnat to %[5]s
+	}
+}`, fam, addrType, ip, vip, ep, epIP))
 	return tr
 }
 

@@ -92,28 +92,7 @@ var benchPrograms = []struct {
 	run               func(b *testing.B, e *env) float64
 }{
 	{"redis-benchmark", "redis-server", "req/s", func(b *testing.B, e *env) float64 {
-		port := strconv.Itoa(e.freePort(b))
-		e.start(b, pinned(serverCPU, "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")...)
-		e.waitListening(b, "127.0.0.1:"+port)
-		out := e.run(b, pinned(clientCPU, "redis-benchmark", "-h", "127.0.0.1", "-p", port, "-q", "--csv", "-n", "200000", "-c", "50", "-d", "100", "-t", "set,get")...)
-		// "SET","123456.79",...
-		var sum float64
-		var n int
-		for _, line := range strings.Split(out, "\n") {
-			f := strings.Split(line, ",")
-			if len(f) > 1 && (f[0] == `"SET"` || f[0] == `"GET"`) {
-				v, err := strconv.ParseFloat(strings.Trim(f[1], `"`), 64)
-				if err != nil {
-					b.Fatalf("redis-benchmark said %q", line)
-				}
-				sum += v
-				n++
-			}
-		}
-		if n != 2 {
-			b.Fatalf("redis-benchmark printed no SET and GET rates: %q", out)
-		}
-		return sum / 2
+		return redisBenchmark(b, e, false)
 	}},
 	{"pgbench-select", "/usr/lib/postgresql/15/bin/pgbench", "tps", func(b *testing.B, e *env) float64 {
 		port := startPostgres(b, e)
@@ -276,4 +255,85 @@ def app(environ, start_response):
 	e.start(t, pinned(serverCPU, "gunicorn", "--chdir", dir, "--workers", "2", "--worker-class", "sync", "--bind", addr, "--log-level", "warning", "app:app")...)
 	e.waitListening(t, addr)
 	return addr
+}
+
+// redisBenchmark starts Redis on serverCPU and returns redis-benchmark's
+// mean of its SET and GET rates (50 connections, 100 B values), the client
+// dialling Redis directly or, throughService, a Service's virtual address
+// that a DNAT on output sends to Redis (kube-proxy's shape for an endpoint
+// on the node).
+func redisBenchmark(b *testing.B, e *env, throughService bool) float64 {
+	port := e.freePort(b)
+	e.start(b, pinned(serverCPU, redisArgv(strconv.Itoa(port))...)...)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	e.waitListening(b, addr)
+	host, dport := "127.0.0.1", strconv.Itoa(port)
+	if throughService {
+		const vip = "10.96.0.20:6379"
+		e.serviceDNAT(b, vip, addr)
+		host, dport = "10.96.0.20", "6379"
+	}
+	out := e.run(b, pinned(clientCPU, "redis-benchmark", "-h", host, "-p", dport, "-q", "--csv", "-n", "200000", "-c", "50", "-d", "100", "-t", "set,get")...)
+	// "SET","123456.79",...
+	var sum float64
+	var n int
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Split(line, ",")
+		if len(f) > 1 && (f[0] == `"SET"` || f[0] == `"GET"`) {
+			v, err := strconv.ParseFloat(strings.Trim(f[1], `"`), 64)
+			if err != nil {
+				b.Fatalf("redis-benchmark said %q", line)
+			}
+			sum += v
+			n++
+		}
+	}
+	if n != 2 {
+		b.Fatalf("redis-benchmark printed no SET and GET rates: %q", out)
+	}
+	return sum / 2
+}
+
+// BenchmarkRedisThroughService: Redis reached through a Service (DNAT)
+// against Redis reached directly, each plain and through shunt, the four
+// modes interleaved in alternating order each round. Shunt pairs the
+// Service's connections by their sequence numbers; the gain should be the
+// direct one's. SHUNT_COMPAT_ROUNDS rounds (default 5); as root.
+func BenchmarkRedisThroughService(b *testing.B) {
+	testenv.NeedProgram(b, "redis-server")
+	testenv.NeedProgram(b, "nft")
+	rounds := 5
+	if v, err := strconv.Atoi(os.Getenv("SHUNT_COMPAT_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	type mode struct {
+		name           string
+		shunt, service bool
+	}
+	modes := []mode{{"plain-direct", false, false}, {"plain-service", false, true}, {"shunt-direct", true, false}, {"shunt-service", true, true}}
+	got := map[string][]float64{}
+	for r := 0; r < rounds; r++ {
+		order := slices.Clone(modes)
+		if r%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, m := range order {
+			e := newEnv(b, m.shunt)
+			got[m.name] = append(got[m.name], redisBenchmark(b, e, m.service))
+			if e.in != nil && m.service && r == 0 {
+				if st, err := e.in.Stats(); err == nil {
+					b.Logf("round 0, %s: %d paired, %d through address translation", m.name, st.Counters.Paired, st.Counters.Translated)
+				}
+			}
+		}
+	}
+	med := map[string]float64{}
+	for _, m := range modes {
+		med[m.name] = median(got[m.name])
+		b.ReportMetric(med[m.name], m.name+"-req/s")
+		b.Logf("%s: median %s req/s (rounds: %s)", m.name, rounded(med[m.name]), rounded(got[m.name]...))
+	}
+	b.ReportMetric(med["shunt-direct"]/med["plain-direct"], "direct-gain")
+	b.ReportMetric(med["shunt-service"]/med["plain-service"], "service-gain")
+	b.Logf("shunt/plain: direct %.2f, through the Service %.2f", med["shunt-direct"]/med["plain-direct"], med["shunt-service"]/med["plain-service"])
 }

@@ -171,7 +171,7 @@ func redisArgv(port string) []string {
 // serviceDNAT gives the env a virtual address vip (on lo, as a Service's
 // cluster IP is routable) and DNATs it on output to addr, as kube-proxy's
 // nftables mode does for an endpoint on the node.
-func (e *env) serviceDNAT(t *testing.T, vip, addr string) {
+func (e *env) serviceDNAT(t testing.TB, vip, addr string) {
 	t.Helper()
 	v, a := netip.MustParseAddrPort(vip), netip.MustParseAddrPort(addr)
 	e.run(t, "ip", "addr", "add", v.Addr().String()+"/32", "dev", "lo")

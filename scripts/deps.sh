@@ -30,6 +30,7 @@ command -v gunicorn >/dev/null || need+=(gunicorn) # compat: sync workers, block
 command -v memcaslap >/dev/null || need+=(libmemcached-tools) # make compat-bench
 command -v nft >/dev/null || need+=(nftables) # policy parity with netfilter (policy/)
 command -v iptables >/dev/null || need+=(iptables) # iptables-nft: bypass through iptables NAT rules (bypass/)
+command -v ipvsadm >/dev/null || need+=(ipvsadm) # IPVS NAT under the kernel matrix (bypass/ipvs_test.go; the host kernel has no IPVS)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   # Installing haproxy, nginx and prometheus must not start them as services.
