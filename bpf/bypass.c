@@ -1547,6 +1547,61 @@ int BPF_PROG(shunt_refuse_splice, struct file *file, int mask, int ret)
 	return -EINVAL;
 }
 
+/* Set from Go before it loads shunt_iter_listeners: the cgroup enabled. */
+volatile const __u64 watch_cgroup;
+
+#define SOL_TCP 6
+#define TCP_BPF_SOCK_OPS_CB_FLAGS 1008 /* bpf_{get,set}sockopt, 6.12 and later */
+
+/* Whether cg is the cgroup id or below it. */
+static __always_inline int in_subtree(struct cgroup *cg, __u64 id)
+{
+	if (!cg)
+		return 0;
+	int level = BPF_CORE_READ(cg, level);
+	for (int l = 0; l <= 32; l++) {
+		if (l > level)
+			break;
+		struct cgroup *anc = NULL;
+		bpf_core_read(&anc, sizeof(anc), &cg->ancestors[l]);
+		if (anc && BPF_CORE_READ(anc, kn, id) == id)
+			return 1;
+	}
+	return 0;
+}
+
+/* The listeners of watch_cgroup's subtree that listened before it was
+ * enabled: their TCP_LISTEN_CB ran with no program of ours to ask for
+ * their SYN-ACKs, so a connection translated on its way (a Service's DNAT)
+ * could not pair by its sequence numbers. Sets the flag that callback
+ * sets, by bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS) (6.12 and later), and
+ * writes one __s32 per listener of the subtree: 0, or the error (-EINVAL
+ * where the kernel has no such option). */
+SEC("iter/tcp")
+int shunt_iter_listeners(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc)
+		return 0;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp)
+		return 0;
+	struct sock *sk = (struct sock *)tp;
+	if (sk->__sk_common.skc_state != TCP_LISTEN)
+		return 0;
+	if (!in_subtree(BPF_CORE_READ(sk, sk_cgrp_data.cgroup), watch_cgroup))
+		return 0;
+	int flags = 0;
+	long err = bpf_getsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags));
+	if (!err && !(flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG)) {
+		flags |= BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG;
+		err = bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags));
+	}
+	__s32 rec = err;
+	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
+	return 0;
+}
+
 /* One record per socket shunt holds that some process has open. A server
  * socket its listener has not accepted yet has no file and is not listed. */
 SEC("iter/task_file")

@@ -211,6 +211,7 @@ const (
 	bypassMapSplicePrograms      = "splice_programs"
 	bypassProgShuntIterDrain     = "shunt_iter_drain"
 	bypassProgShuntIterFlows     = "shunt_iter_flows"
+	bypassProgShuntIterListeners = "shunt_iter_listeners"
 	bypassProgShuntIterStalls    = "shunt_iter_stalls"
 	bypassProgShuntReads         = "shunt_reads"
 	bypassProgShuntReadsFexit    = "shunt_reads_fexit"
@@ -228,6 +229,7 @@ const (
 	bypassVarUnusedSpliceProgram = "unused_splice_program"
 	bypassVarUnusedSpliceSeen    = "unused_splice_seen"
 	bypassVarUnusedStateFlags    = "unused_state_flags"
+	bypassVarWatchCgroup         = "watch_cgroup"
 )
 
 // loadBypass returns the embedded CollectionSpec for bypass.
@@ -272,16 +274,17 @@ type bypassSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassProgramSpecs struct {
-	ShuntIterDrain    *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
-	ShuntIterFlows    *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
-	ShuntIterStalls   *ebpf.ProgramSpec `ebpf:"shunt_iter_stalls"`
-	ShuntReads        *ebpf.ProgramSpec `ebpf:"shunt_reads"`
-	ShuntReadsFexit   *ebpf.ProgramSpec `ebpf:"shunt_reads_fexit"`
-	ShuntRefuseSplice *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
-	ShuntSetsockopt   *ebpf.ProgramSpec `ebpf:"shunt_setsockopt"`
-	ShuntSkMsg        *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
-	ShuntSockops      *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
-	ShuntSplices      *ebpf.ProgramSpec `ebpf:"shunt_splices"`
+	ShuntIterDrain     *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
+	ShuntIterFlows     *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
+	ShuntIterListeners *ebpf.ProgramSpec `ebpf:"shunt_iter_listeners"`
+	ShuntIterStalls    *ebpf.ProgramSpec `ebpf:"shunt_iter_stalls"`
+	ShuntReads         *ebpf.ProgramSpec `ebpf:"shunt_reads"`
+	ShuntReadsFexit    *ebpf.ProgramSpec `ebpf:"shunt_reads_fexit"`
+	ShuntRefuseSplice  *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
+	ShuntSetsockopt    *ebpf.ProgramSpec `ebpf:"shunt_setsockopt"`
+	ShuntSkMsg         *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
+	ShuntSockops       *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
+	ShuntSplices       *ebpf.ProgramSpec `ebpf:"shunt_splices"`
 }
 
 // bypassMapSpecs contains maps before they are loaded into the kernel.
@@ -316,6 +319,7 @@ type bypassVariableSpecs struct {
 	UnusedSpliceProgram *ebpf.VariableSpec `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.VariableSpec `ebpf:"unused_splice_seen"`
 	UnusedStateFlags    *ebpf.VariableSpec `ebpf:"unused_state_flags"`
+	WatchCgroup         *ebpf.VariableSpec `ebpf:"watch_cgroup"`
 }
 
 // bypassObjects contains all objects after they have been loaded into the kernel.
@@ -384,28 +388,31 @@ type bypassVariables struct {
 	UnusedSpliceProgram *ebpf.Variable `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.Variable `ebpf:"unused_splice_seen"`
 	UnusedStateFlags    *ebpf.Variable `ebpf:"unused_state_flags"`
+	WatchCgroup         *ebpf.Variable `ebpf:"watch_cgroup"`
 }
 
 // bypassPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassPrograms struct {
-	ShuntIterDrain    *ebpf.Program `ebpf:"shunt_iter_drain"`
-	ShuntIterFlows    *ebpf.Program `ebpf:"shunt_iter_flows"`
-	ShuntIterStalls   *ebpf.Program `ebpf:"shunt_iter_stalls"`
-	ShuntReads        *ebpf.Program `ebpf:"shunt_reads"`
-	ShuntReadsFexit   *ebpf.Program `ebpf:"shunt_reads_fexit"`
-	ShuntRefuseSplice *ebpf.Program `ebpf:"shunt_refuse_splice"`
-	ShuntSetsockopt   *ebpf.Program `ebpf:"shunt_setsockopt"`
-	ShuntSkMsg        *ebpf.Program `ebpf:"shunt_sk_msg"`
-	ShuntSockops      *ebpf.Program `ebpf:"shunt_sockops"`
-	ShuntSplices      *ebpf.Program `ebpf:"shunt_splices"`
+	ShuntIterDrain     *ebpf.Program `ebpf:"shunt_iter_drain"`
+	ShuntIterFlows     *ebpf.Program `ebpf:"shunt_iter_flows"`
+	ShuntIterListeners *ebpf.Program `ebpf:"shunt_iter_listeners"`
+	ShuntIterStalls    *ebpf.Program `ebpf:"shunt_iter_stalls"`
+	ShuntReads         *ebpf.Program `ebpf:"shunt_reads"`
+	ShuntReadsFexit    *ebpf.Program `ebpf:"shunt_reads_fexit"`
+	ShuntRefuseSplice  *ebpf.Program `ebpf:"shunt_refuse_splice"`
+	ShuntSetsockopt    *ebpf.Program `ebpf:"shunt_setsockopt"`
+	ShuntSkMsg         *ebpf.Program `ebpf:"shunt_sk_msg"`
+	ShuntSockops       *ebpf.Program `ebpf:"shunt_sockops"`
+	ShuntSplices       *ebpf.Program `ebpf:"shunt_splices"`
 }
 
 func (p *bypassPrograms) Close() error {
 	return _BypassClose(
 		p.ShuntIterDrain,
 		p.ShuntIterFlows,
+		p.ShuntIterListeners,
 		p.ShuntIterStalls,
 		p.ShuntReads,
 		p.ShuntReadsFexit,

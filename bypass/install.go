@@ -544,6 +544,9 @@ func (in *Install) Attach(cg host.Cgroup) (bool, error) {
 		in.detachSetsockopt(cg.ID)
 		return false, fmt.Errorf("pin cgroup link: %w", err)
 	}
+	// Best effort: where the kernel cannot, older listeners pair only
+	// untranslated connections, as before (docs/KUBERNETES.md).
+	_, _ = in.WatchListeners(cg)
 	return true, nil
 }
 

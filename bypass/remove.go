@@ -140,7 +140,7 @@ func (it *iterators) Close() {
 // loadIterators loads the iterator programs bound to the pinned maps.
 func (in *Install) loadIterators() (*iterators, error) {
 	var it iterators
-	if err := in.loadBound(&it); err != nil {
+	if err := in.loadBound(&it, nil); err != nil {
 		return nil, fmt.Errorf("load BPF iterators: %w", err)
 	}
 	return &it, nil
@@ -151,7 +151,8 @@ func (in *Install) loadIterators() (*iterators, error) {
 // an older shunt keeps the shapes its maps were made with: the spec takes
 // them, so programs that do not use a map whose shape changed still load
 // (a program that reads past an older value is refused by the verifier).
-func (in *Install) loadBound(objs any) error {
+// vars sets constants of the program's own (as watch_cgroup).
+func (in *Install) loadBound(objs any, vars map[string]any) error {
 	spec, err := loadBypass()
 	if err != nil {
 		return err
@@ -159,6 +160,11 @@ func (in *Install) loadBound(objs any) error {
 	if cfg, err := in.config(); err == nil {
 		if err := spec.Variables["cfg"].Set(cfg); err != nil {
 			return err
+		}
+	}
+	for name, v := range vars {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return fmt.Errorf("configure %s: %w", name, err)
 		}
 	}
 	for name, m := range in.maps {

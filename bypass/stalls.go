@@ -29,7 +29,7 @@ func (in *Install) OpenStallScan() (*StallScan, error) {
 	var objs struct {
 		Stalls *ebpf.Program `ebpf:"shunt_iter_stalls"`
 	}
-	if err := in.loadBound(&objs); err != nil {
+	if err := in.loadBound(&objs, nil); err != nil {
 		if spec, serr := loadBypass(); serr == nil && in.maps["peer_refs"].ValueSize() != spec.Maps["peer_refs"].ValueSize {
 			return nil, ErrNoStallScan
 		}

@@ -1,6 +1,7 @@
 package bypass_test
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -31,6 +32,9 @@ type translation struct {
 	// conntrack answers its SO_ORIGINAL_DST (elsewhere: ENOENT, shunt or
 	// not).
 	sameNetns bool
+	// ln: the server's listener, if made already (else checkTranslated
+	// listens on listen).
+	ln *net.TCPListener
 }
 
 // Connections through the address translation a node runs already (a
@@ -78,7 +82,10 @@ func checkTranslated(t *testing.T, in *bypass.Install, cg host.Cgroup, tr transl
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp", tr.listen)
+	ln := tr.ln
+	if ln == nil {
+		ln = testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp", tr.listen)
+	}
 	c := testenv.Dial(t, testenv.Side{NS: tr.client, CG: cg}, "tcp", tr.vip, nil)
 	s := testenv.Accept(t, ln)
 	defer c.Close()
@@ -540,5 +547,49 @@ func TestSequenceRewritingMiddleboxLeftOnTCP(t *testing.T) {
 				t.Errorf("%d connections paired", n)
 			}
 		})
+	}
+}
+
+// A server that listened before its cgroup was enabled (a pod's server
+// that started before the agent saw the pod) never ran the listen callback
+// that asks for its SYN-ACKs. Enabling the cgroup asks for them (6.12 and
+// later: bpf_setsockopt of TCP_BPF_SOCK_OPS_CB_FLAGS from an iterator), so
+// its connections through a Service pair too. Where the kernel cannot,
+// enable says so and they stay on TCP, whole.
+func TestListenerOlderThanEnablePairsThroughTranslation(t *testing.T) {
+	testenv.NeedProgram(t, "nft")
+	testenv.RequireRoot(t)
+	testenv.WatchKernelLog(t)
+	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	cg := testenv.MustCgroup(t)
+	tr := routed(t, false, false)
+	tr.ln = testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp", tr.listen)
+	if _, err := in.Attach(cg); err != nil {
+		t.Fatal(err)
+	}
+	if host.OlderThan([2]int{6, 12}) {
+		n, err := in.WatchListeners(cg)
+		if !errors.Is(err, bypass.ErrListenersNotWatched) || n != 1 {
+			t.Fatalf("watch on a kernel before 6.12: %d listeners, %v; want 1 and ErrListenersNotWatched", n, err)
+		}
+		before, _ := in.Stats()
+		c := testenv.Dial(t, testenv.Side{NS: tr.client, CG: cg}, "tcp", tr.vip, nil)
+		s := testenv.Accept(t, tr.ln)
+		defer c.Close()
+		defer s.Close()
+		streamBothWays(t, c, s, 1<<20)
+		if after, _ := in.Stats(); after.Counters.Translated != before.Counters.Translated {
+			t.Errorf("paired through the translation on a kernel that cannot watch an older listener")
+		}
+		return
+	}
+	checkTranslated(t, in, cg, tr)
+	// Attach watched it: another pass finds it so.
+	if n, err := in.WatchListeners(cg); err != nil || n != 1 {
+		t.Fatalf("watch: %d listeners, %v; want the one", n, err)
 	}
 }
