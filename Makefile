@@ -3,7 +3,7 @@ GO ?= go
 BIN := bin/shunt
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: help deps build generate test test-kernels vet lint race try compat compat-bench package test-package manifests dashboard-snapshot clean
+.PHONY: help deps build generate test test-kernels vet lint race fuzz try compat compat-bench package test-package manifests dashboard-snapshot clean
 
 help:
 	@echo "make deps      install build and test dependencies (Debian 12, as root)"
@@ -13,6 +13,7 @@ help:
 	@echo "make test      go vet and every test (as root, on the real kernel)"
 	@echo "make lint      staticcheck (pinned) over every package: unused code, dropped errors of note, deprecated APIs"
 	@echo "make race      proxy, daemon, metrics and two internal packages under the race detector (as root, ~4 min)"
+	@echo "make fuzz      search the parsers of untrusted input (ruleset, agent config, daemon requests), FUZZTIME each (30s)"
 	@echo "make try       build, then bypass one loopback connection and show it"
 	@echo "make compat    real programs (Redis, memcached, PostgreSQL, nginx, HAProxy, Python) through shunt (as root)"
 	@echo "make compat-bench  their own benchmark clients, plain TCP against shunt, interleaved (as root, ~5 min)"
@@ -51,6 +52,15 @@ RACE_PKGS := ./proxy ./daemon ./metrics ./internal/readlimit ./internal/runlock
 
 race:
 	$(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
+
+# The parsers of what a user or a client hands shunt. `go test` runs each
+# target's seeds and the inputs it once failed on (testdata/fuzz); this
+# searches for new ones.
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test ./policy -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./agent -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./daemon -run '^$$' -fuzz '^FuzzRequest$$' -fuzztime $(FUZZTIME)
 
 test: vet
 	$(GO) test -count=1 -timeout 20m ./...

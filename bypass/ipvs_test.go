@@ -19,7 +19,11 @@ import (
 func TestBypassThroughIPVS(t *testing.T) {
 	testenv.NeedProgram(t, "ipvsadm")
 	in, cg := mustInstall(t)
-	for _, fam := range []string{"ipv4", "ipv6"} {
+	fams := []string{"ipv4", "ipv6"}
+	if testing.Short() {
+		fams = fams[:1] // the matrix's time; IPv6 passed by hand on 6.1 and 6.12 (docs/KERNELS.md)
+	}
+	for _, fam := range fams {
 		t.Run(fam, func(t *testing.T) {
 			v6 := fam == "ipv6"
 			tr := routedTopology(t, v6)

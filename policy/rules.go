@@ -291,7 +291,9 @@ func Parse(b []byte) (Ruleset, error) {
 func yamlError(err error) error {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	msg = strings.ReplaceAll(msg, "unmarshal errors:\n  ", "")
-	return fmt.Errorf("%s", strings.ReplaceAll(msg, "\n  ", "; "))
+	msg = strings.ReplaceAll(msg, "\n  ", "; ")
+	// A value the decoder quotes may hold newlines of its own.
+	return fmt.Errorf("%s", strings.ReplaceAll(msg, "\n", `\n`))
 }
 
 // Check finds what the kernel could not hold or would take differently
