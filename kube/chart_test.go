@@ -139,6 +139,32 @@ func TestChartValuesRenderStrictly(t *testing.T) {
 			}
 		},
 	}, {
+		// The metrics behind a bearer token from a Secret, mounted
+		// readable by the agent alone (it refuses a token others may read).
+		name:   "metrics token",
+		values: map[string]any{"metrics": map[string]any{"tokenSecret": "shunt-metrics-token"}},
+		check: func(t *testing.T, m manifests) {
+			cfg := checkManifests(t, m, true)
+			if cfg.Metrics.TokenFile != "/etc/shunt-token/token" {
+				t.Errorf("metrics.token_file %q, want /etc/shunt-token/token", cfg.Metrics.TokenFile)
+			}
+			pod := m.ds.Spec.Template.Spec
+			var mounted bool
+			for _, vm := range pod.Containers[0].VolumeMounts {
+				mounted = mounted || vm.Name == "metrics-token" && vm.MountPath == "/etc/shunt-token" && vm.ReadOnly
+			}
+			var secret bool
+			for _, v := range pod.Volumes {
+				if s := v.Secret; v.Name == "metrics-token" && s != nil {
+					secret = s.SecretName == "shunt-metrics-token" && s.DefaultMode != nil && *s.DefaultMode == 0o400 &&
+						len(s.Items) == 1 && s.Items[0].Key == "token" && s.Items[0].Path == "token"
+				}
+			}
+			if !mounted || !secret {
+				t.Errorf("the token Secret: mounted %v, volume as wanted %v", mounted, secret)
+			}
+		},
+	}, {
 		// With no condition the agent still selects pods: all of them.
 		name:   "every pod",
 		values: map[string]any{"select": map[string]any{"annotation": ""}},
