@@ -389,11 +389,47 @@ int shunt_policy_sendmsg6(struct bpf_sock_addr *ctx)
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
 
+#define IPV6_EXT_HOPOPTS 0
+#define IPV6_EXT_ROUTING 43
+#define IPV6_EXT_FRAGMENT 44
+#define IPV6_EXT_AH 51
+#define IPV6_EXT_DSTOPTS 60
+#define IPV6_EXT_MAX 8
+
+/* Past the IPv6 extension headers from *l4 (next: the first one's type):
+ * the transport protocol and where its header starts. 0 for a later
+ * fragment (no ports) or a chain longer than IPV6_EXT_MAX, which Linux
+ * would deliver all the same: such a packet is not judged. */
+static __always_inline int skip_ipv6_ext(struct __sk_buff *skb, __u8 next, __u8 *proto, __u32 *l4)
+{
+	for (int i = 0; i < IPV6_EXT_MAX; i++) {
+		if (next != IPV6_EXT_HOPOPTS && next != IPV6_EXT_ROUTING && next != IPV6_EXT_FRAGMENT &&
+		    next != IPV6_EXT_AH && next != IPV6_EXT_DSTOPTS) {
+			*proto = next;
+			return 1;
+		}
+		__u8 h[4]; /* next header, length; a fragment's offset */
+		if (bpf_skb_load_bytes(skb, *l4, h, sizeof(h)))
+			return 0;
+		if (next == IPV6_EXT_FRAGMENT) {
+			if ((((__u16)h[2] << 8) | h[3]) & 0xfff8)
+				return 0;
+			*l4 += 8;
+		} else if (next == IPV6_EXT_AH) {
+			*l4 += ((__u32)h[1] + 2) * 4;
+		} else {
+			*l4 += ((__u32)h[1] + 1) * 8;
+		}
+		next = h[0];
+	}
+	return 0;
+}
+
 /* The flow of a connection request (a TCP SYN without ACK), or of any TCP
  * segment with every_segment, or a UDP or UDP-Lite datagram, addresses in
  * the policy's form; 0 for any other packet (the rest of a TCP connection
- * was decided at its SYN). IPv6 packets whose transport header does not
- * follow the fixed header (extension headers) are not judged. */
+ * was decided at its SYN). IPv6 extension headers before the transport
+ * header are walked (skip_ipv6_ext). */
 static __always_inline int parse_packet(struct __sk_buff *skb, struct policy_flow *f, __u32 *seq, int every_segment)
 {
 	__u32 l4;
@@ -421,8 +457,10 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct policy_flo
 		} ip6;
 		if (bpf_skb_load_bytes(skb, 0, &ip6, sizeof(ip6)))
 			return 0;
-		f->family = policy_addr(ip6.saddr, f->saddr), f->proto = ip6.next, l4 = sizeof(ip6);
+		f->family = policy_addr(ip6.saddr, f->saddr), l4 = sizeof(ip6);
 		policy_addr(ip6.daddr, f->daddr);
+		if (!skip_ipv6_ext(skb, ip6.next, &f->proto, &l4))
+			return 0;
 	} else {
 		return 0;
 	}

@@ -55,6 +55,7 @@ var ingressTable = []ingressCase{
 	{verdictCase{tcpConnect, "127.0.0.1", 81, false, "127.0.0.1 to 81"}, "127.0.0.1"},
 	{verdictCase{tcpConnect, "127.0.0.1", 82, true, "other port"}, "127.0.0.1"},
 	{verdictCase{udpSendto, "fd09::1", 53, false, "fd09::/64 udp"}, "fd09::2"},
+	{verdictCase{udpSendtoExt, "fd09::1", 53, false, "fd09::/64 udp, behind an extension header"}, "fd09::2"},
 	{verdictCase{udpSendto, "10.9.0.1", 80, true, "80 is denied for tcp only"}, "10.9.0.2"},
 	{verdictCase{udpConnect, "127.0.0.1", 81, false, "127.0.0.1 to 81, connected UDP"}, "127.0.0.1"},
 	{verdictCase{udpSendto, "::ffff:10.9.0.7", 53, true, "IPv4-mapped, 10.9.0.7"}, "::ffff:10.9.0.7"},

@@ -230,10 +230,15 @@ const (
 	udpliteSendto
 	rawUDP // a UDP datagram built by hand on a raw socket
 	rawTCP // a TCP segment (an ACK, not a SYN) built by hand on a raw socket
+	// IPv6, behind a destination options extension header (IPV6_DSTOPTS),
+	// which the transport header then follows.
+	udpSendtoExt
+	rawUDPExt
 )
 
 func (o op) String() string {
-	return [...]string{"tcp connect", "udp connect", "udp sendto", "udplite connect", "udplite sendto", "raw udp", "raw tcp"}[o]
+	return [...]string{"tcp connect", "udp connect", "udp sendto", "udplite connect", "udplite sendto", "raw udp", "raw tcp",
+		"udp sendto behind dstopts", "raw udp behind dstopts"}[o]
 }
 
 type verdictCase struct {
@@ -274,7 +279,7 @@ func attemptBound(c verdictCase, from string, fromPort int, payload string) erro
 		typ = unix.SOCK_STREAM
 	case udpliteConnect, udpliteSendto:
 		proto = unix.IPPROTO_UDPLITE
-	case rawUDP:
+	case rawUDP, rawUDPExt:
 		typ, proto = unix.SOCK_RAW, unix.IPPROTO_UDP
 	case rawTCP:
 		typ, proto = unix.SOCK_RAW, unix.IPPROTO_TCP
@@ -284,6 +289,13 @@ func attemptBound(c verdictCase, from string, fromPort int, payload string) erro
 		return fmt.Errorf("socket: %w", err)
 	}
 	defer unix.Close(fd)
+	if c.op == udpSendtoExt || c.op == rawUDPExt {
+		// Next header (the kernel's), length 0 (8 bytes), PadN of 4.
+		opt := string([]byte{0, 0, 1, 4, 0, 0, 0, 0})
+		if err := unix.SetsockoptString(fd, unix.IPPROTO_IPV6, unix.IPV6_DSTOPTS, opt); err != nil {
+			return fmt.Errorf("IPV6_DSTOPTS: %w", err)
+		}
+	}
 	tv := unix.Timeval{Sec: 1}
 	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
@@ -303,14 +315,14 @@ func attemptBound(c verdictCase, from string, fromPort int, payload string) erro
 		}
 	}
 	switch c.op {
-	case udpSendto, udpliteSendto:
+	case udpSendto, udpliteSendto, udpSendtoExt:
 		return unix.Sendto(fd, []byte(payload), 0, sa)
-	case rawUDP, rawTCP:
+	case rawUDP, rawTCP, rawUDPExt:
 		// The header by hand (checksum 0: none for UDP over IPv4, wrong
 		// for TCP, which the receiver drops); the kernel adds the IP
 		// header. The address's port means nothing here.
 		d := binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint16(nil, 40000), uint16(c.port))
-		if c.op == rawUDP {
+		if c.op != rawTCP {
 			d = append(d, byte((8+len(payload))>>8), byte(8+len(payload)), 0, 0)
 		} else {
 			// seq, ack, data offset 5 words, ACK, window, checksum, urgent
@@ -468,6 +480,8 @@ var table = []verdictCase{
 	{rawUDP, "10.9.0.9", 9, true, "default"},
 	{rawTCP, "10.9.0.1", 80, false, "10.9.0.0/24 tcp 80: any segment, not only a SYN"},
 	{rawTCP, "10.9.0.1", 443, true, "default"},
+	{rawUDPExt, "fd09::1", 53, false, "fd09::/64 udp, behind an extension header"},
+	{rawUDPExt, "fd09::5", 443, true, "fd09::5 udp 443, behind an extension header"},
 }
 
 // runTable runs every case from side and reports which were let through.
