@@ -242,21 +242,7 @@ func TestPeerRulesAcrossNamespaces(t *testing.T) {
 		if st, _ := in.Stats(); st.Counters.Paired < 2 {
 			t.Fatalf("the connections were not bypassed: %+v", st.Counters)
 		}
-		res := mustApply(t, p, mustParse(t, fmt.Sprintf(`
-scopes:
-  - cgroup: %s
-    ingress_default: deny
-    ingress: [{action: allow, peer_cgroup: %s}]
-`, server.Path, clients["frontend"].Path)))
-		if len(res.Closed) != 1 {
-			t.Errorf("apply closed %d connections, want the other's: %+v", len(res.Closed), res.Closed)
-		}
-		if err := echo(open[1]); !errors.Is(err, unix.ECONNRESET) && !errors.Is(err, io.EOF) {
-			t.Errorf("other's connection after the apply: %v, want a reset", err)
-		}
-		if err := echo(open[0]); err != nil {
-			t.Errorf("frontend's connection, which the rules allow: %v", err)
-		}
+		applyFrontendOnly(t, p, server, clients, open)
 		for _, addr := range []string{v4, v6} {
 			if c, err := dial("canary", addr); err != nil {
 				t.Errorf("canary (in frontend) to %s: %v", addr, err)
@@ -268,6 +254,29 @@ scopes:
 			}
 		}
 	})
+}
+
+// applyFrontendOnly applies "ingress default deny, allow peer frontend" to
+// server's scope, with open holding a connection from frontend and one
+// from the other cgroup, made before: the apply closes the other's alone
+// (its next call meets a reset) and frontend's keeps working.
+func applyFrontendOnly(t *testing.T, p *policy.Policy, server host.Cgroup, clients map[string]host.Cgroup, open []net.Conn) {
+	t.Helper()
+	res := mustApply(t, p, mustParse(t, fmt.Sprintf(`
+scopes:
+  - cgroup: %s
+    ingress_default: deny
+    ingress: [{action: allow, peer_cgroup: %s}]
+`, server.Path, clients["frontend"].Path)))
+	if len(res.Closed) != 1 {
+		t.Errorf("apply closed %d connections, want the other's alone: %+v", len(res.Closed), res.Closed)
+	}
+	if err := echo(open[1]); !errors.Is(err, unix.ECONNRESET) && !errors.Is(err, io.EOF) {
+		t.Errorf("other's connection after the apply: %v, want a reset", err)
+	}
+	if err := echo(open[0]); err != nil {
+		t.Errorf("frontend's connection, which the rules allow, after the apply: %v", err)
+	}
 }
 
 // TestPeerRulesRefusedOnOlderInstall: an install made before peer rules

@@ -1,15 +1,11 @@
 package policy_test
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -77,21 +73,7 @@ func testPeerRulesThroughServiceDNAT(t *testing.T, v6, masq bool) {
 		t.Errorf("%d connections paired through the translation, want 2: the test no longer runs bypassed", st.Counters.Translated)
 	}
 
-	res := mustApply(t, p, mustParse(t, fmt.Sprintf(`
-scopes:
-  - cgroup: %s
-    ingress_default: deny
-    ingress: [{action: allow, peer_cgroup: %s}]
-`, server.Path, clients["frontend"].Path)))
-	if len(res.Closed) != 1 {
-		t.Errorf("apply closed %d connections, want the other's alone: %+v", len(res.Closed), res.Closed)
-	}
-	if err := echo(open[0]); err != nil {
-		t.Errorf("frontend's connection, which the rules allow, after the apply: %v", err)
-	}
-	if err := echo(open[1]); !errors.Is(err, unix.ECONNRESET) && !errors.Is(err, io.EOF) {
-		t.Errorf("other's connection after the apply: %v, want a reset", err)
-	}
+	applyFrontendOnly(t, p, server, clients, open)
 
 	if c, err := dial("canary", 5*time.Second); err != nil {
 		t.Errorf("canary (in frontend) through the Service: %v", err)
