@@ -8,7 +8,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 help:
 	@echo "make deps      install build and test dependencies (Debian 12, as root)"
 	@echo "make build     build the static binary $(BIN)"
-	@echo "make generate  recompile the BPF programs (bpf2go)"
+	@echo "make generate  recompile the BPF programs (bpf2go; the clang of bpf/CLANG_VERSION, else ANY_CLANG=1)"
 	@echo "make manifests render deploy/kubernetes/shunt.yaml from the Helm chart deploy/helm/shunt"
 	@echo "make test      go vet and every test (as root, on the real kernel)"
 	@echo "make lint      staticcheck (pinned) over every package: unused code, dropped errors of note, deprecated APIs"
@@ -28,7 +28,15 @@ deps:
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN) ./cmd/shunt
 
+# CI compares the committed objects with what bpf/ compiles to, byte for
+# byte: they are what one clang makes (bpf/CLANG_VERSION, Debian 12's).
+CLANG_VERSION := $(shell cat bpf/CLANG_VERSION)
 generate:
+	@v=$$(clang --version 2>/dev/null | sed -n 's/.*clang version \([0-9.]*\).*/\1/p' | head -1); \
+	if [ "$$v" != "$(CLANG_VERSION)" ] && [ -z "$(ANY_CLANG)" ]; then \
+	  echo "make generate: clang $${v:-is missing} here, the committed objects are clang $(CLANG_VERSION)'s (Debian 12's clang; or ANY_CLANG=1 to remake every object with this one and commit them)" >&2; \
+	  exit 2; \
+	fi
 	$(GO) generate ./...
 
 manifests:
