@@ -42,6 +42,7 @@
 #include "include/bypass_keys.h"
 #include "include/bypass_maps.h"
 #include "include/bypass_helpers.h"
+#include "include/cgroup_btf.h"
 
 char __license[] SEC("license") = "GPL";
 
@@ -1547,30 +1548,17 @@ int BPF_PROG(shunt_refuse_splice, struct file *file, int mask, int ret)
 	return -EINVAL;
 }
 
-/* Set from Go before it loads shunt_iter_listeners: the cgroup enabled. */
-volatile const __u64 watch_cgroup;
+/* Set from Go before it loads shunt_iter_listeners: the cgroup enabled,
+ * and its level in the hierarchy. */
+volatile const struct listener_watch {
+	__u64 cgroup_id;
+	__u32 level;
+} watch;
 
 #define SOL_TCP 6
 #define TCP_BPF_SOCK_OPS_CB_FLAGS 1008 /* bpf_{get,set}sockopt, 6.12 and later */
 
-/* Whether cg is the cgroup id or below it. */
-static __always_inline int in_subtree(struct cgroup *cg, __u64 id)
-{
-	if (!cg)
-		return 0;
-	int level = BPF_CORE_READ(cg, level);
-	for (int l = 0; l <= 32; l++) {
-		if (l > level)
-			break;
-		struct cgroup *anc = NULL;
-		bpf_core_read(&anc, sizeof(anc), &cg->ancestors[l]);
-		if (anc && BPF_CORE_READ(anc, kn, id) == id)
-			return 1;
-	}
-	return 0;
-}
-
-/* The listeners of watch_cgroup's subtree that listened before it was
+/* The listeners of the watched cgroup's subtree that listened before it was
  * enabled: their TCP_LISTEN_CB ran with no program of ours to ask for
  * their SYN-ACKs, so a connection translated on its way (a Service's DNAT)
  * could not pair by its sequence numbers. Sets the flag that callback
@@ -1589,7 +1577,7 @@ int shunt_iter_listeners(struct bpf_iter__tcp *ctx)
 	struct sock *sk = (struct sock *)tp;
 	if (sk->__sk_common.skc_state != TCP_LISTEN)
 		return 0;
-	if (!in_subtree(BPF_CORE_READ(sk, sk_cgrp_data.cgroup), watch_cgroup))
+	if (!cgroup_within(BPF_CORE_READ(sk, sk_cgrp_data.cgroup), watch.cgroup_id, watch.level))
 		return 0;
 	int flags = 0;
 	long err = bpf_getsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags));

@@ -23,6 +23,7 @@
 #include "include/kernel.h"
 #include "include/sock_addr.h"
 #include "include/sk_btf.h"
+#include "include/cgroup_btf.h"
 #include "include/index_keys.h"
 #include "include/index_maps.h"
 
@@ -304,13 +305,7 @@ int shunt_index_release(struct bpf_sock *sk)
  * and its descendants. */
 static __always_inline int in_our_cgroup(struct sock *sk)
 {
-	struct cgroup *cg = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
-	__u32 lvl = icfg.cgroup_level;
-	if (!cg || BPF_CORE_READ(cg, level) < (int)lvl)
-		return 0;
-	struct cgroup *anc = NULL;
-	bpf_core_read(&anc, sizeof(anc), &cg->ancestors[lvl & 0xff]);
-	return anc && BPF_CORE_READ(anc, kn, id) == icfg.cgroup_id;
+	return cgroup_within(BPF_CORE_READ(sk, sk_cgrp_data.cgroup), icfg.cgroup_id, icfg.cgroup_level);
 }
 
 /* Start-up sweep: index a socket found by an iterator. Only sockets an

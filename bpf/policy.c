@@ -187,17 +187,9 @@ static __always_inline void isn_pair_flow(struct policy_flow *k, struct sock *sk
 	struct tcp_sock *tp = (struct tcp_sock *)sk;
 	__u32 own = BPF_CORE_READ(tp, snd_una) - (__u32)BPF_CORE_READ(tp, bytes_acked);
 	__u32 peer = BPF_CORE_READ(tp, rcv_nxt) - (__u32)BPF_CORE_READ(tp, bytes_received) - 1;
-	__builtin_memset(k, 0, sizeof(*k));
-	k->family = POLICY_FLOW_BY_ISN;
-	k->proto = IPPROTO_TCP;
-	if (connected) {
-		__builtin_memcpy(k->saddr, &own, sizeof(own));
-		__builtin_memcpy(k->saddr + 4, &peer, sizeof(peer));
-	} else {
-		own -= 1;
-		__builtin_memcpy(k->saddr, &peer, sizeof(peer));
-		__builtin_memcpy(k->saddr + 4, &own, sizeof(own));
-	}
+	__u32 server = connected ? peer : own - 1;
+	isn_flow(k, connected ? own : peer);
+	__builtin_memcpy(k->saddr + 4, &server, sizeof(server));
 }
 
 /* The sender entry was written for this packet: the same connection

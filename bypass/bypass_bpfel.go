@@ -102,6 +102,13 @@ type bypassGuardEvent struct {
 	Ino    uint64
 }
 
+type bypassListenerWatch struct {
+	_        structs.HostLayout
+	CgroupId uint64
+	Level    uint32
+	_        [4]byte
+}
+
 type bypassPending struct {
 	_           structs.HostLayout
 	ServerNetns uint64
@@ -229,7 +236,7 @@ const (
 	bypassVarUnusedSpliceProgram = "unused_splice_program"
 	bypassVarUnusedSpliceSeen    = "unused_splice_seen"
 	bypassVarUnusedStateFlags    = "unused_state_flags"
-	bypassVarWatchCgroup         = "watch_cgroup"
+	bypassVarWatch               = "watch"
 )
 
 // loadBypass returns the embedded CollectionSpec for bypass.
@@ -319,7 +326,7 @@ type bypassVariableSpecs struct {
 	UnusedSpliceProgram *ebpf.VariableSpec `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.VariableSpec `ebpf:"unused_splice_seen"`
 	UnusedStateFlags    *ebpf.VariableSpec `ebpf:"unused_state_flags"`
-	WatchCgroup         *ebpf.VariableSpec `ebpf:"watch_cgroup"`
+	Watch               *ebpf.VariableSpec `ebpf:"watch"`
 }
 
 // bypassObjects contains all objects after they have been loaded into the kernel.
@@ -388,7 +395,7 @@ type bypassVariables struct {
 	UnusedSpliceProgram *ebpf.Variable `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.Variable `ebpf:"unused_splice_seen"`
 	UnusedStateFlags    *ebpf.Variable `ebpf:"unused_state_flags"`
-	WatchCgroup         *ebpf.Variable `ebpf:"watch_cgroup"`
+	Watch               *ebpf.Variable `ebpf:"watch"`
 }
 
 // bypassPrograms contains all programs after they have been loaded into the kernel.

@@ -27,7 +27,8 @@ func (in *Install) WatchListeners(cg host.Cgroup) (int, error) {
 	var objs struct {
 		Listeners *ebpf.Program `ebpf:"shunt_iter_listeners"`
 	}
-	if err := in.loadBound(&objs, map[string]any{"watch_cgroup": cg.ID}); err != nil {
+	watch := bypassListenerWatch{CgroupId: cg.ID, Level: uint32(cg.Level())}
+	if err := in.loadBound(&objs, map[string]any{"watch": watch}); err != nil {
 		return 0, fmt.Errorf("load the listener iterator: %w", err)
 	}
 	defer objs.Listeners.Close()
