@@ -151,7 +151,7 @@ func (in *Install) loadIterators() (*iterators, error) {
 // an older shunt keeps the shapes its maps were made with: the spec takes
 // them, so programs that do not use a map whose shape changed still load
 // (a program that reads past an older value is refused by the verifier).
-// vars sets constants of the program's own (as watch_cgroup).
+// vars sets constants of the program's own (as the listener watch).
 func (in *Install) loadBound(objs any, vars map[string]any) error {
 	spec, err := loadBypass()
 	if err != nil {
