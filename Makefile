@@ -13,7 +13,7 @@ help:
 	@echo "make test      go vet and every test (as root, on the real kernel)"
 	@echo "make lint      staticcheck (pinned) over every package: unused code, dropped errors of note, deprecated APIs"
 	@echo "make race      proxy, daemon, metrics and two internal packages under the race detector (as root, ~4 min)"
-	@echo "make fuzz      search the parsers of untrusted input (ruleset, agent config, daemon requests and hand-over), FUZZTIME each (30s; CI: 10s)"
+	@echo "make fuzz      search the parsers of untrusted input (ruleset, agent config, daemon requests and hand-over), FUZZTIME each (30s, or a count like 2000x; CI: 2000x)"
 	@echo "make try       build, then bypass one loopback connection and show it"
 	@echo "make compat    real programs (Redis, memcached, PostgreSQL, nginx, HAProxy, Python) through shunt (as root)"
 	@echo "make compat-bench  their own benchmark clients, plain TCP against shunt, interleaved (as root, ~5 min)"
