@@ -274,6 +274,19 @@ static __always_inline void register_isn(struct bpf_sock_ops *skops)
 	count(CNT_AMBIGUOUS);
 }
 
+/* A second claim of one registration: two sockets hold what the pairing
+ * keys on, and at most one is the server's client (the other forged the
+ * handshake's numbers, or shares the tuple). Neither is paired: the server
+ * finds the registration ambiguous and releases the first claimant. Its
+ * true client claims before it sends the ACK that establishes the server,
+ * so a forger that claimed first is always found out; one that claims
+ * second finds it claimed and poisons it the same. */
+static __always_inline void poison_claimed(__u32 *state)
+{
+	if (*state & PENDING_CLAIMED)
+		__sync_fetch_and_or(state, PENDING_AMBIGUOUS);
+}
+
 /* Client side: claim the registration whose state is *state and insert
  * ourselves. The server pairs only after our handshake ACK, which is sent
  * after this callback returns: poisoning the state cannot race with it. */
@@ -320,6 +333,7 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 	}
 	if (x) {
 		if (x->p.state != PENDING_REGISTERED) {
+			poison_claimed(&x->p.state);
 			count(CNT_UNPAIRED);
 			return;
 		}
@@ -342,6 +356,7 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 	if (!p)
 		return; /* peer elsewhere or not enabled: stay out of the way */
 	if (p->state != PENDING_REGISTERED) {
+		poison_claimed(&p->state);
 		count(CNT_UNPAIRED);
 		return;
 	}
@@ -397,6 +412,11 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 				peer.netns = x->p.client_netns;
 				peer.tuple = x->client;
 				translated = !same_tuple(&peer.tuple, &t);
+			} else if (x->p.state & PENDING_CLAIMED) {
+				/* Claimed twice (poison_claimed): the first
+				 * claimant joined; take it out again. */
+				struct sock_key first = { .netns = x->p.client_netns, .tuple = x->client, .role = ROLE_CLIENT };
+				release_client(&first);
 			}
 			bpf_map_delete_elem(&isn_handshakes, &k);
 		}
@@ -404,16 +424,17 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 	struct pending *p = bpf_map_lookup_elem(&handshakes, &t);
 	if (p) {
 		found = 1;
-		if (p->state == PENDING_CLAIMED && p->server_netns == netns) {
+		if ((p->state & PENDING_CLAIMED) && p->server_netns == netns) {
 			struct sock_key claimant = { .netns = p->client_netns, .tuple = t, .role = ROLE_CLIENT };
-			if (!by_isn) {
+			if (!by_isn && p->state == PENDING_CLAIMED) {
 				ours = 1;
 				peer = claimant;
 			} else {
 				/* Our true client, local and enabled, claims
 				 * by sequence numbers, never by tuple: a socket
 				 * elsewhere that only shares the tuple did, and
-				 * must not send into ours. */
+				 * must not send into ours. Or two claimed the
+				 * tuple (poison_claimed): neither is ours. */
 				release_client(&claimant);
 			}
 		}

@@ -1,6 +1,7 @@
 package bypass
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"time"
 
@@ -75,4 +76,38 @@ func (in *Install) setReaderPortsSeen(seen func(uint64) uint64) error {
 		}
 	}
 	return nil
+}
+
+// ForgeISNClaims marks every registration by sequence numbers still
+// unclaimed as claimed by a client that is not there (netns 0xdead), as a
+// forger that held a handshake's numbers and claimed first leaves it.
+// Returns how many it marked.
+func (in *Install) ForgeISNClaims() (int, error) {
+	m := in.maps[isnHandshakesMap]
+	k, v := make([]byte, m.KeySize()), make([]byte, m.ValueSize())
+	var keys [][]byte
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, append([]byte(nil), k...))
+	}
+	if err := it.Err(); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, key := range keys {
+		if err := m.Lookup(key, &v); err != nil {
+			continue
+		}
+		// struct pending: server_netns, client_netns, created_ns, state.
+		if binary.NativeEndian.Uint32(v[24:]) != 0 {
+			continue
+		}
+		binary.NativeEndian.PutUint64(v[8:], 0xdead)
+		binary.NativeEndian.PutUint32(v[24:], 1) // PENDING_CLAIMED
+		if err := m.Update(key, v, 0); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }

@@ -601,3 +601,50 @@ func TestListenerOlderThanEnablePairsThroughTranslation(t *testing.T) {
 		t.Fatalf("watch: %d listeners, %v; want the one", n, err)
 	}
 }
+
+// A socket that holds a translated handshake's two sequence numbers (a
+// forger that saw the server's SYN-ACK and chose its own ISN) and claims
+// the registration before the true client is never paired with the
+// server: the true client's claim, which always comes before the ACK that
+// establishes the server, finds it claimed and poisons it, and the server
+// pairs with neither. Modelled by marking the registration claimed by a
+// socket that is not there while the SYN-ACK is held at the router.
+func TestForgedClaimNotPaired(t *testing.T) {
+	testenv.NeedProgram(t, "nft")
+	in, cg := mustInstall(t)
+	tr := routed(t, false, false)
+	tr.router.Nft(t, `table inet shunt_hold { chain hold { type filter hook forward priority 0; ip saddr 10.202.0.2 tcp sport 8080 tcp flags & (syn|ack) == syn|ack drop; }; }`)
+	ln := testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp4", tr.listen)
+	dialed := make(chan *net.TCPConn, 1)
+	go func() {
+		dialed <- testenv.Dial(t, testenv.Side{NS: tr.client, CG: cg}, "tcp4", tr.vip, nil)
+	}()
+	forged := 0
+	for deadline := time.Now().Add(5 * time.Second); forged == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		n, err := in.ForgeISNClaims()
+		if err != nil {
+			t.Fatal(err)
+		}
+		forged = n
+	}
+	if forged != 1 {
+		t.Fatalf("%d registrations marked claimed, want the held handshake's", forged)
+	}
+	before, _ := in.Stats()
+	tr.router.Nft(t, "delete table inet shunt_hold")
+	c := <-dialed
+	s := testenv.Accept(t, ln) // after the SYN-ACK's retransmission, about a second
+	defer c.Close()
+	defer s.Close()
+	testenv.Warm(t, c, s)
+	streamBothWays(t, c, s, 1<<20)
+	if f := flowOf(t, in, testenv.Cookie(t, s)); f != nil {
+		t.Errorf("the server is held, paired with %+v: the forged claim won", f)
+	}
+	if f := flowOf(t, in, testenv.Cookie(t, c)); f != nil {
+		t.Errorf("the true client is held: %+v", f)
+	}
+	if after, _ := in.Stats(); after.Counters.Paired != before.Counters.Paired {
+		t.Errorf("%d connections paired", after.Counters.Paired-before.Counters.Paired)
+	}
+}
