@@ -359,11 +359,17 @@ func (a *Agent) reconcileBypass(ctx context.Context) error {
 		if err != nil {
 			continue // gone since
 		}
-		if _, err := in.Attach(cg); err != nil {
+		added, err := in.Attach(cg)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("enable %s: %w", p, err))
 			continue
 		}
 		a.logf("enabled %s", p)
+		if added {
+			if note := bypass.DescribeWatch(in.WatchListeners(cg)); note != "" {
+				a.logf("%s: %s", p, note)
+			}
+		}
 	}
 	if now, err := in.CgroupIDs(); err == nil {
 		a.stats.setEnabled(len(now))

@@ -6,14 +6,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/shunt-project/shunt/host"
 )
-
-// AttachUnwatched attaches as a kernel before 6.12 does: the cgroup's
-// listeners older than the attach never ask for their SYN-ACKs and keep
-// pairing by tuple alone.
-func (in *Install) AttachUnwatched(cg host.Cgroup) (bool, error) { return in.attach(cg, false) }
 
 // InjectHandshake registers a server-side handshake for client -> server as
 // if a server in serverNetns had seen the SYN age ago.

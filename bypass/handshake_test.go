@@ -12,7 +12,7 @@ import (
 
 // Tuple registrations (a listener older than the install pairs by its
 // tuple alone where the attach could not ask for its SYN-ACKs: before
-// 6.12, modelled by AttachUnwatched) left by handshakes that never completed must not pile up nor
+// 6.12, modelled by an Attach without WatchListeners) left by handshakes that never completed must not pile up nor
 // block later connections, and a live one from another namespace must still
 // keep an identical tuple off the redirect path. A listener made since pairs
 // by sequence numbers, which such a collision does not confuse.
@@ -27,7 +27,7 @@ func TestHandshakeRegistryCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { in.Close() })
-	if _, err := in.AttachUnwatched(cg); err != nil {
+	if _, err := in.Attach(cg); err != nil {
 		t.Fatal(err)
 	}
 	srv := netip.MustParseAddrPort(ln.Addr().String())

@@ -508,12 +508,10 @@ func (in *Install) Close() error {
 }
 
 // Attach enables bypass for sockets of a cgroup and its descendants. It
-// returns false if the cgroup was enabled already.
-func (in *Install) Attach(cg host.Cgroup) (bool, error) { return in.attach(cg, true) }
-
-// attach is Attach; with watch it also asks for the SYN-ACKs of the
-// cgroup's listeners older than it (WatchListeners).
-func (in *Install) attach(cg host.Cgroup, watch bool) (bool, error) {
+// returns false if the cgroup was enabled already. Listeners in it older
+// than the attach pair only untranslated connections until WatchListeners
+// asks for their SYN-ACKs: callers say what that found.
+func (in *Install) Attach(cg host.Cgroup) (bool, error) {
 	in.sweep()
 	if err := in.setDraining(false); err != nil {
 		return false, err
@@ -547,11 +545,6 @@ func (in *Install) attach(cg host.Cgroup, watch bool) (bool, error) {
 		}
 		in.detachSetsockopt(cg.ID)
 		return false, fmt.Errorf("pin cgroup link: %w", err)
-	}
-	if watch {
-		// Best effort: where the kernel cannot, older listeners pair only
-		// untranslated connections, as before (docs/KUBERNETES.md).
-		_, _ = in.WatchListeners(cg)
 	}
 	return true, nil
 }

@@ -62,3 +62,17 @@ func (in *Install) WatchListeners(cg host.Cgroup) (int, error) {
 	}
 	return found, nil
 }
+
+// DescribeWatch says in one line what WatchListeners found, for enable's
+// output and the agent's log; "" when there was no older listener.
+func DescribeWatch(found int, err error) string {
+	switch {
+	case errors.Is(err, ErrListenersNotWatched):
+		return fmt.Sprintf("%d listening socket(s) older than the enable: their connections through address translation (a Service, a sidecar's redirect) stay on TCP until the server listens anew (this kernel cannot ask for their SYN-ACKs; 6.12 and later can)", found)
+	case err != nil:
+		return fmt.Sprintf("could not look for listening sockets older than the enable (%v): their connections through address translation may stay on TCP until the server listens anew", err)
+	case found > 0:
+		return fmt.Sprintf("%d listening socket(s) older than the enable asked for their SYN-ACKs: their connections through address translation pair too", found)
+	}
+	return ""
+}

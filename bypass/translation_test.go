@@ -595,11 +595,10 @@ func TestListenerOlderThanEnablePairsThroughTranslation(t *testing.T) {
 		}
 		return
 	}
-	checkTranslated(t, in, cg, tr)
-	// Attach watched it: another pass finds it so.
 	if n, err := in.WatchListeners(cg); err != nil || n != 1 {
 		t.Fatalf("watch: %d listeners, %v; want the one", n, err)
 	}
+	checkTranslated(t, in, cg, tr)
 }
 
 // A socket that holds a translated handshake's two sequence numbers (a
