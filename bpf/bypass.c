@@ -274,6 +274,69 @@ static __always_inline void register_isn(struct bpf_sock_ops *skops)
 	count(CNT_AMBIGUOUS);
 }
 
+/* The claim's header option (RFC 6994's experimental kind, shunt's ExID),
+ * carrying the claimant's nonce (claim_nonces) in its handshake ACK. */
+#define CLAIM_OPT_KIND 254
+#define CLAIM_OPT_LEN 8
+#define CLAIM_OPT_EXID 0x5348 /* "SH" */
+
+struct claim_opt {
+	__u8 kind;
+	__u8 len;
+	__be16 exid;
+	__u32 nonce;
+};
+
+/* Client side, once claimed: bind the claim to our handshake ACK, which is
+ * sent after this callback returns (write_claim). Without an entry the
+ * server finds nothing to match and declines: both stay on TCP. */
+static __always_inline void bind_claim(struct bpf_sock_ops *skops, struct sock_key *self)
+{
+	__u32 nonce = bpf_get_prandom_u32() | 1;
+	if (bpf_map_update_elem(&claim_nonces, self, &nonce, BPF_ANY))
+		return;
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+}
+
+/* Client side, each segment after the claim until the server took the
+ * nonce: write it. Usually the handshake ACK and no more; where the server
+ * dropped that ACK (a full accept queue) and sent its SYN-ACK again, the
+ * ACK that answers it carries the nonce too. */
+static __always_inline void write_claim(struct bpf_sock_ops *skops)
+{
+	struct sock_key self = { .netns = bpf_get_netns_cookie(skops), .role = ROLE_CLIENT };
+	__u32 *nonce = 0;
+	if (!tuple_from_skops(skops, &self.tuple, 1))
+		nonce = bpf_map_lookup_elem(&claim_nonces, &self);
+	if (!nonce) {
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+		return;
+	}
+	struct claim_opt opt = { .kind = CLAIM_OPT_KIND, .len = CLAIM_OPT_LEN, .exid = bpf_htons(CLAIM_OPT_EXID), .nonce = *nonce };
+	bpf_store_hdr_opt(skops, &opt, sizeof(opt), 0);
+}
+
+/* Server side, PASSIVE_ESTABLISHED: did the ACK that established us come
+ * from the claimant? Only its handshake ACK carries its nonce. A socket that
+ * claimed a handshake it holds the numbers of but is not the end of (a
+ * forger that saw the server's SYN-ACK to a client elsewhere) sends its ACK
+ * anywhere but here, short of spoofing the client's packets, which would
+ * take over a plain TCP connection too. */
+static __always_inline int claim_bound(struct bpf_sock_ops *skops, struct sock_key *claimant)
+{
+	__u32 *nonce = bpf_map_lookup_elem(&claim_nonces, claimant);
+	if (!nonce)
+		return 0;
+	__u32 want = *nonce;
+	bpf_map_delete_elem(&claim_nonces, claimant);
+	/* Search by kind and 16-bit ExID (len 4); the option found is
+	 * copied over the search key. */
+	struct claim_opt opt = { .kind = CLAIM_OPT_KIND, .len = 4, .exid = bpf_htons(CLAIM_OPT_EXID) };
+	if (bpf_load_hdr_opt(skops, &opt, sizeof(opt), 0) != sizeof(opt))
+		return 0;
+	return opt.len == CLAIM_OPT_LEN && opt.nonce == want;
+}
+
 /* A second claim of one registration: two sockets hold what the pairing
  * keys on, and at most one is the server's client (the other forged the
  * handshake's numbers, or shares the tuple). Neither is paired: the server
@@ -309,6 +372,7 @@ static __always_inline void join_as_client(struct bpf_sock_ops *skops, struct bp
 		return;
 	}
 	publish(skops, sk, self, peer);
+	bind_claim(skops, self);
 }
 
 static __always_inline void client_established(struct bpf_sock_ops *skops)
@@ -447,6 +511,11 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 		count(CNT_UNPAIRED);
 		return;
 	}
+	if (!claim_bound(skops, &peer)) {
+		release_client(&peer);
+		count(CNT_CLAIM_UNBOUND);
+		return;
+	}
 	if (uses_zerocopy(sk)) {
 		release_client(&peer);
 		count(CNT_ZEROCOPY);
@@ -487,13 +556,18 @@ int shunt_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
 		/* Not a full socket: a request socket's SYN-ACK. The write
 		 * callback runs only where room was reserved; the kernel
-		 * pads what it does not write with NOPs (4 bytes). */
+		 * pads what it does not write with NOPs (4 bytes). A full
+		 * socket asks only once it claimed (bind_claim): its ACK. */
 		if (!skops->is_fullsock)
 			bpf_reserve_hdr_opt(skops, 4, 0);
+		else
+			bpf_reserve_hdr_opt(skops, CLAIM_OPT_LEN, 0);
 		break;
 	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB:
 		if (!skops->is_fullsock)
 			register_isn(skops);
+		else
+			write_claim(skops);
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		client_established(skops);

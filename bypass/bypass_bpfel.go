@@ -70,7 +70,8 @@ const (
 	bypassCounterCNT_READER_PORT       bypassCounter = 22
 	bypassCounterCNT_PRESUMED_SPLICER  bypassCounter = 23
 	bypassCounterCNT_PRESUMED_QUEUED   bypassCounter = 24
-	bypassCounterCNT_MAX               bypassCounter = 25
+	bypassCounterCNT_CLAIM_UNBOUND     bypassCounter = 25
+	bypassCounterCNT_MAX               bypassCounter = 26
 )
 
 type bypassEventKind uint32
@@ -205,6 +206,7 @@ type bypassTuple struct {
 const (
 	bypassMapArgsScratch         = "args_scratch"
 	bypassMapCgroupSends         = "cgroup_sends"
+	bypassMapClaimNonces         = "claim_nonces"
 	bypassMapControl             = "control"
 	bypassMapCounters            = "counters"
 	bypassMapExcludedPorts       = "excluded_ports"
@@ -300,6 +302,7 @@ type bypassProgramSpecs struct {
 type bypassMapSpecs struct {
 	ArgsScratch    *ebpf.MapSpec `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.MapSpec `ebpf:"cgroup_sends"`
+	ClaimNonces    *ebpf.MapSpec `ebpf:"claim_nonces"`
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
@@ -351,6 +354,7 @@ func (o *bypassObjects) Close() error {
 type bypassMaps struct {
 	ArgsScratch    *ebpf.Map `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.Map `ebpf:"cgroup_sends"`
+	ClaimNonces    *ebpf.Map `ebpf:"claim_nonces"`
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
@@ -368,6 +372,7 @@ func (m *bypassMaps) Close() error {
 	return _BypassClose(
 		m.ArgsScratch,
 		m.CgroupSends,
+		m.ClaimNonces,
 		m.Control,
 		m.Counters,
 		m.ExcludedPorts,

@@ -72,9 +72,9 @@ func (in *Install) setReaderPortsSeen(seen func(uint64) uint64) error {
 }
 
 // ForgeISNClaims marks every registration by sequence numbers still
-// unclaimed as claimed by a client that is not there (netns 0xdead), as a
-// forger that held a handshake's numbers and claimed first leaves it.
-// Returns how many it marked.
+// unclaimed as claimed by a client that is not there (netns 0xdead), with
+// its nonce bound, as a forger that held a handshake's numbers and claimed
+// first leaves it. Returns how many it marked.
 func (in *Install) ForgeISNClaims() (int, error) {
 	m := in.maps[isnHandshakesMap]
 	k, v := make([]byte, m.KeySize()), make([]byte, m.ValueSize())
@@ -98,6 +98,11 @@ func (in *Install) ForgeISNClaims() (int, error) {
 		binary.NativeEndian.PutUint64(v[8:], 0xdead)
 		binary.NativeEndian.PutUint32(v[24:], 1) // PENDING_CLAIMED
 		if err := m.Update(key, v, 0); err != nil {
+			return n, err
+		}
+		// The claimant's key: its netns and the (zero) client tuple.
+		forger := bypassSockKey{Netns: 0xdead, Role: 1}
+		if err := in.maps[claimNoncesMap].Put(forger, uint32(0x5eed)); err != nil {
 			return n, err
 		}
 		n++

@@ -75,6 +75,10 @@ const cgroupSendsMap = "cgroup_sends"
 // installs made before pairing through address translation have none).
 const isnHandshakesMap = "isn_handshakes"
 
+// claimNoncesMap binds clients' claims to their handshake ACKs (not in
+// pinnedMaps: older installs have none).
+const claimNoncesMap = "claim_nonces"
+
 // readerPortsMap holds the server ports whose readers needed TCP lately (not
 // in pinnedMaps: older installs have none).
 const readerPortsMap = "reader_ports"
@@ -447,6 +451,7 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		cgroupSendsMap:   m.CgroupSends,
 		isnHandshakesMap: m.IsnHandshakes,
 		readerPortsMap:   m.ReaderPorts,
+		claimNoncesMap:   m.ClaimNonces,
 	}
 }
 
@@ -470,7 +475,7 @@ func Open(dir string) (*Install, error) {
 	}
 	// Installs made before per-cgroup counts or pairing by sequence
 	// numbers lack those maps; they still open (and can be removed).
-	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap} {
+	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap, claimNoncesMap} {
 		if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil); err == nil {
 			in.maps[name] = m
 		}

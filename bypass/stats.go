@@ -57,6 +57,11 @@ type Counters struct {
 	// bytes at that moment: a splice before their reader reads those is
 	// caught (no hook before splice(2) reads on these kernels).
 	PresumedQueued uint64 `json:"presumed_splicers_queued" help:"Of presumed_splicers, sockets that held redirected bytes unread at that moment: caught if their reader splices before it reads them."`
+	// ClaimsUnbound counts servers that declined the socket that claimed
+	// their handshake: the ACK that established them did not carry its
+	// nonce (a claimant that is not the connection's client, or a
+	// middlebox that strips TCP options).
+	ClaimsUnbound uint64 `json:"claims_unbound" help:"Connections left on TCP: the ACK that established the server did not carry the claimant's nonce (a socket claimed a handshake it is not the client of, or a middlebox stripped the option)."`
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -196,6 +201,7 @@ func (in *Install) Counters() (Counters, error) {
 		ReaderPort:       sum(bypassCounterCNT_READER_PORT),
 		PresumedSplicers: sum(bypassCounterCNT_PRESUMED_SPLICER),
 		PresumedQueued:   sum(bypassCounterCNT_PRESUMED_QUEUED),
+		ClaimsUnbound:    sum(bypassCounterCNT_CLAIM_UNBOUND),
 	}, nil
 }
 

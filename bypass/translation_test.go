@@ -647,3 +647,50 @@ func TestForgedClaimNotPaired(t *testing.T) {
 		t.Errorf("%d connections paired", after.Counters.Paired-before.Counters.Paired)
 	}
 }
+
+// A forger that claims the handshake of a client that is not enabled (a
+// remote client, whose true end never claims) is not paired with the
+// server either: the ACK that establishes the server comes from the true
+// client and does not carry the forger's nonce, so the server declines the
+// claim and releases the forger. Modelled as above, the client in a cgroup
+// shunt does not hold.
+func TestForgedClaimOfRemoteClientNotPaired(t *testing.T) {
+	testenv.NeedProgram(t, "nft")
+	in, cg := mustInstall(t)
+	tr := routed(t, false, false)
+	tr.router.Nft(t, `table inet shunt_hold { chain hold { type filter hook forward priority 0; ip saddr 10.202.0.2 tcp sport 8080 tcp flags & (syn|ack) == syn|ack drop; }; }`)
+	ln := testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp4", tr.listen)
+	dialed := make(chan *net.TCPConn, 1)
+	go func() {
+		dialed <- testenv.Dial(t, testenv.Side{NS: tr.client}, "tcp4", tr.vip, nil)
+	}()
+	forged := 0
+	for deadline := time.Now().Add(5 * time.Second); forged == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		n, err := in.ForgeISNClaims()
+		if err != nil {
+			t.Fatal(err)
+		}
+		forged = n
+	}
+	if forged != 1 {
+		t.Fatalf("%d registrations marked claimed, want the held handshake's", forged)
+	}
+	before, _ := in.Stats()
+	tr.router.Nft(t, "delete table inet shunt_hold")
+	c := <-dialed
+	s := testenv.Accept(t, ln)
+	defer c.Close()
+	defer s.Close()
+	testenv.Warm(t, c, s)
+	streamBothWays(t, c, s, 1<<20)
+	if f := flowOf(t, in, testenv.Cookie(t, s)); f != nil {
+		t.Errorf("the server is held, paired with %+v: the forged claim won", f)
+	}
+	after, _ := in.Stats()
+	if after.Counters.Paired != before.Counters.Paired {
+		t.Errorf("%d connections paired", after.Counters.Paired-before.Counters.Paired)
+	}
+	if after.Counters.ClaimsUnbound != before.Counters.ClaimsUnbound+1 {
+		t.Errorf("claims_unbound went from %d to %d, want one more", before.Counters.ClaimsUnbound, after.Counters.ClaimsUnbound)
+	}
+}

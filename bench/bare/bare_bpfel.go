@@ -18,6 +18,7 @@ import (
 const (
 	bareMapArgsScratch     = "args_scratch"
 	bareMapCgroupSends     = "cgroup_sends"
+	bareMapClaimNonces     = "claim_nonces"
 	bareMapControl         = "control"
 	bareMapCounters        = "counters"
 	bareMapExcludedPorts   = "excluded_ports"
@@ -83,6 +84,7 @@ type bareProgramSpecs struct {
 type bareMapSpecs struct {
 	ArgsScratch    *ebpf.MapSpec `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.MapSpec `ebpf:"cgroup_sends"`
+	ClaimNonces    *ebpf.MapSpec `ebpf:"claim_nonces"`
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
@@ -124,6 +126,7 @@ func (o *bareObjects) Close() error {
 type bareMaps struct {
 	ArgsScratch    *ebpf.Map `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.Map `ebpf:"cgroup_sends"`
+	ClaimNonces    *ebpf.Map `ebpf:"claim_nonces"`
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
@@ -141,6 +144,7 @@ func (m *bareMaps) Close() error {
 	return _BareClose(
 		m.ArgsScratch,
 		m.CgroupSends,
+		m.ClaimNonces,
 		m.Control,
 		m.Counters,
 		m.ExcludedPorts,

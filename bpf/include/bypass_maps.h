@@ -39,6 +39,18 @@ struct {
 	__type(value, struct isn_pending);
 } isn_handshakes SEC(".maps");
 
+/* A client's claim of a registration binds to its handshake ACK: the
+ * claimant writes this random nonce into the ACK (CLAIM_OPT_*), and the
+ * server pairs only if the ACK that established it carries it, so a socket
+ * that claimed a handshake it is not the end of is never paired. Keyed by
+ * the claimant; the server deletes the entry, LRU evicts the rest. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_PENDING);
+	__type(key, struct sock_key);
+	__type(value, __u32);
+} claim_nonces SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
