@@ -52,3 +52,11 @@ func (s *UDPSplicer) Mechanisms() (onMap, probeReads bool, err error) {
 // RepairWith puts socket i of the pair back into the kernel path as the
 // watcher does after a refusal, with fd standing for the socket.
 func (p *UDPPair) RepairWith(i, fd int) { p.repair(i, fd) }
+
+// CloseDefault closes the process-wide Splicer of Splice, if one was
+// loaded, for the leak check at the end of the tests.
+func CloseDefault() {
+	if defaultSplicer != nil {
+		defaultSplicer.Close()
+	}
+}

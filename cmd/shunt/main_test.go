@@ -2,9 +2,6 @@ package main
 
 import (
 	"bufio"
-	"github.com/shunt-project/shunt/bench"
-	"github.com/shunt-project/shunt/internal/testenv"
-
 	"bytes"
 	"io"
 	"os"
@@ -13,7 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shunt-project/shunt/bench"
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/leakcheck"
+	"github.com/shunt-project/shunt/internal/testenv"
 )
 
 // The test binary doubles as the shunt binary when SHUNT_TEST_MAIN=1, so
@@ -25,7 +25,7 @@ func TestMain(m *testing.M) {
 	}
 	// Processes shunt starts (the guard) run this binary as shunt too.
 	os.Setenv("SHUNT_TEST_MAIN", "1")
-	os.Exit(m.Run())
+	os.Exit(leakcheck.Main(m))
 }
 
 // runShunt runs a command line in-process.

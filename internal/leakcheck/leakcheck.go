@@ -1,0 +1,89 @@
+// Package leakcheck fails a test binary that leaves goroutines running or
+// file descriptors open after its tests: a TestMain calls Main. Proxies,
+// daemons and forwarders own sockets and goroutines whose lifetime ends at
+// Close; a Close that forgets one shows here, not in production.
+package leakcheck
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// settle is how long descriptors get to close after the last test (goleak
+// retries for about as long): a Close may return before a reader it woke
+// has run.
+const settle = 2 * time.Second
+
+// Main runs the tests and then checks for leaks; its result is the exit
+// code. after releases what a package holds for the whole process by
+// design (a process-wide object loaded on first use), before the check.
+func Main(m *testing.M, after ...func()) int {
+	// The runtime's poller (an epoll and an eventfd) opens at the first
+	// pollable descriptor and stays: open it before counting.
+	if r, w, err := os.Pipe(); err == nil {
+		r.Close()
+		w.Close()
+	}
+	before := openFDs()
+	opts := []goleak.Option{goleak.IgnoreCurrent()}
+	code := m.Run()
+	for _, f := range after {
+		f()
+	}
+	if code != 0 {
+		return code // a failed test leaks what it left open: that is not news
+	}
+	if err := goleak.Find(opts...); err != nil {
+		fmt.Fprintf(os.Stderr, "leakcheck: goroutines left running after the tests: %v\n", err)
+		code = 1
+	}
+	var left []string
+	for deadline := time.Now().Add(settle); ; time.Sleep(100 * time.Millisecond) {
+		left = newFDs(before, openFDs())
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "leakcheck: %d descriptors left open after the tests:\n  %s\n", len(left), strings.Join(left, "\n  "))
+		code = 1
+	}
+	return code
+}
+
+// openFDs maps each open descriptor to what it refers to.
+func openFDs() map[string]string {
+	out := map[string]string{}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return out
+	}
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err != nil {
+			continue // the directory's own descriptor, closed already
+		}
+		out[e.Name()] = target
+	}
+	return out
+}
+
+// newFDs lists the descriptors open now that were not before (or now name
+// something else).
+func newFDs(before, now map[string]string) []string {
+	var out []string
+	for fd, target := range now {
+		if before[fd] != target {
+			out = append(out, fd+" -> "+target)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
