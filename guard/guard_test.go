@@ -67,8 +67,15 @@ func TestSpliceAfterRecvIsCaughtThenLearned(t *testing.T) {
 		t.Fatalf("the splicing server got %d bytes, err %v after %v; want ECONNABORTED", r.n, r.err, r.at)
 	}
 	t.Logf("caught connection ended after %v", r.at)
-	if r.at > 3*time.Second {
-		t.Errorf("the caught connection took %v to end, want about a second at most", r.at)
+	// A bound on liveness, not a speed claim: under qemu without KVM
+	// (the kernel matrix, -short) everything runs 5 to 20 times slower;
+	// there it took 3.2 s once, beside a loaded host.
+	bound := 3 * time.Second
+	if testing.Short() {
+		bound = 10 * time.Second
+	}
+	if r.at > bound {
+		t.Errorf("the caught connection took %v to end, want about a second at most (%v here)", r.at, bound)
 	}
 	if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
 		t.Errorf("the client read %v, want ECONNRESET", err)
