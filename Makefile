@@ -20,6 +20,7 @@ help:
 	@echo "make package   build out/package/shunt_VERSION_amd64.deb (nfpm): binary, shunt-agent unit, config, completions"
 	@echo "make test-package  build the .deb, install it here, check it, run its unit's command under its capabilities, purge it (as root)"
 	@echo "make test-kernels  the kernel-dependent tests on Debian's 6.1 and 6.12 kernels under qemu (as root, ~50 min without KVM; KERNELS=6.1 for one; CI runs 6.1)"
+	@echo "make test-k8s  a one-node Kubernetes control plane (etcd, API server, controller manager, kube-proxy in nftables and iptables mode) built from Go modules, the chart, the agent and pods' traffic (as root; ~5 min to build once)"
 	@echo "make dashboard-snapshot  draw the Grafana dashboard on real data into docs/img/dashboard.png (as root, ~3 min)"
 
 deps:
@@ -43,13 +44,13 @@ manifests:
 	$(GO) test ./kube -run '^TestChartRendersTheManifests$$' -count=1 -update
 
 vet:
-	$(GO) vet ./...
+	$(GO) vet -tags kernelmatrix,k8snode ./...
 
 # staticcheck, pinned; go run builds it once into the build cache.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 lint:
-	$(GO) run $(STATICCHECK) ./...
+	$(GO) run $(STATICCHECK) -tags kernelmatrix,k8snode ./...
 
 # Packages that run goroutines of their own (servers, relays, readers)
 # under the race detector: those whose whole suite has run clean under it
@@ -73,6 +74,10 @@ fuzz:
 
 test: vet
 	$(GO) test -count=1 -timeout 20m ./...
+
+# A one-node control plane built from Kubernetes' Go modules (k8snode/).
+test-k8s:
+	./scripts/k8s.sh test
 
 # KERNELS: names from scripts/kernels/matrix (all when empty). CI runs 6.1's
 # rows only, to stay within its hour; run the whole before submitting.
