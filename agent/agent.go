@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -42,6 +43,9 @@ type Options struct {
 	// nil: a client made from the configuration (kubeconfig, or the
 	// in-cluster service account).
 	KubePods kube.PodClient
+	// OwnerGone says whether the configuration's kubernetes.daemonset is
+	// gone; nil: asked of the API server, with KubePods' credentials.
+	OwnerGone kube.OwnerGone
 }
 
 // resync reconciles even without an event, in case one was missed.
@@ -69,6 +73,9 @@ type Agent struct {
 	kube     *kube.Watcher     // nil without a kubernetes section
 	kubeCfg  *KubernetesConfig // what kube was started with
 	kubeStop func()
+	// ownerGone is set when the configuration names the agent's
+	// DaemonSet: asked when the agent stops.
+	ownerGone kube.OwnerGone
 }
 
 // New reads the configuration; an error there is the caller's to report
@@ -129,6 +136,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			a.leaveIfUninstalled()
 			return nil
 		case <-hup:
 			a.reload(ctx, "SIGHUP")
@@ -506,12 +514,24 @@ func (a *Agent) startKube(ctx context.Context) error {
 	if k == nil {
 		return nil
 	}
-	pods := a.opts.KubePods
+	pods, gone := a.opts.KubePods, a.opts.OwnerGone
 	if pods == nil {
-		var err error
-		if pods, err = kubePods(k.Kubeconfig); err != nil {
+		cfg, err := kubeConfig(k.Kubeconfig)
+		if err != nil {
 			return err
 		}
+		if pods, err = kube.PodClientFor(cfg); err != nil {
+			return err
+		}
+		if ns, name, ok := strings.Cut(k.DaemonSet, "/"); ok && gone == nil {
+			if gone, err = kube.DaemonSetGone(cfg, ns, name); err != nil {
+				return err
+			}
+		}
+	}
+	a.ownerGone = nil
+	if k.DaemonSet != "" {
+		a.ownerGone = gone
 	}
 	sel := kube.Selector{Namespaces: k.Namespaces, Labels: k.Labels, Annotation: k.Annotation}
 	w := kube.NewWatcher(pods, k.NodeName, sel, func() {
@@ -545,9 +565,9 @@ func (a *Agent) stopKube() {
 	a.kube = nil
 }
 
-// kubePods connects with a kubeconfig file, or as the pod's service
+// kubeConfig connects with a kubeconfig file, or as the pod's service
 // account where the file is not given.
-func kubePods(kubeconfig string) (kube.PodClient, error) {
+func kubeConfig(kubeconfig string) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -558,7 +578,52 @@ func kubePods(kubeconfig string) (kube.PodClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w (set kubernetes.kubeconfig outside a cluster)", err)
 	}
-	return kube.PodClientFor(cfg)
+	return cfg, nil
+}
+
+// leaveIfUninstalled takes shunt off the node when the agent stops because
+// its DaemonSet was deleted: no agent will come back to manage what it
+// left. Connections bypassed keep working (Remove drains them first); if
+// readers do not catch up in time, the install stays, draining, as
+// `bypass disable --all` leaves it. Where the API server cannot tell, the
+// install stays, as for a rollout.
+func (a *Agent) leaveIfUninstalled() {
+	if a.ownerGone == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	gone, err := a.ownerGone(ctx)
+	if err != nil {
+		a.logf("stopping; could not tell whether DaemonSet %s is gone (%v): shunt stays on this node, as for a rollout", a.kubeCfg.DaemonSet, err)
+		return
+	}
+	if !gone {
+		a.logf("stopping; DaemonSet %s is still there (a rollout): shunt stays on this node for the next agent", a.kubeCfg.DaemonSet)
+		return
+	}
+	a.stopGuard()
+	release, err := runlock.Lock("install", a.opts.PinDir, 30*time.Second, nil)
+	if err != nil {
+		a.logf("DaemonSet %s is gone, but shunt could not be removed: lock %s: %v", a.kubeCfg.DaemonSet, a.opts.PinDir, err)
+		return
+	}
+	defer release()
+	in, err := bypass.Open(a.opts.PinDir)
+	if errors.Is(err, bypass.ErrNotInstalled) {
+		return
+	}
+	if err == nil {
+		rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer rcancel()
+		err = in.Remove(rctx)
+		in.Close()
+	}
+	if err != nil {
+		a.logf("DaemonSet %s is gone; removing shunt from this node: %v", a.kubeCfg.DaemonSet, err)
+		return
+	}
+	a.logf("DaemonSet %s is gone (uninstalled): shunt removed from this node, nothing pinned at %s", a.kubeCfg.DaemonSet, a.opts.PinDir)
 }
 
 func (a *Agent) watchDown(dir string, depth int) {

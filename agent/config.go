@@ -21,6 +21,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/shunt-project/shunt/internal/readlimit"
 	"github.com/shunt-project/shunt/metrics"
@@ -53,6 +54,11 @@ type KubernetesConfig struct {
 	Annotation string            `yaml:"annotation"`  // if set: must be "true" on the pod
 	CgroupRoot string            `yaml:"cgroup_root"` // where kubelet's cgroups are: default, the cgroup v2 root
 	Driver     string            `yaml:"driver"`      // kubelet's cgroup driver: systemd, cgroupfs, or empty to tell from the tree
+	// DaemonSet is NAMESPACE/NAME of the DaemonSet the agent runs in: when
+	// the agent stops and that DaemonSet is gone (helm uninstall, kubectl
+	// delete), it takes shunt off the node; a rollout keeps it. Empty:
+	// shunt stays whenever the agent stops.
+	DaemonSet string `yaml:"daemonset"`
 }
 
 // BypassConfig says which cgroups are bypassed.
@@ -195,7 +201,7 @@ var sections = strings.NewReplacer(
 	"in type agent.PolicyConfig", "in policy (it takes file)",
 	"in type agent.BypassConfig", "in bypass (it takes cgroups, exclude, guard)",
 	"in type agent.IndexConfig", "in index (it takes enabled)",
-	"in type agent.KubernetesConfig", "in kubernetes (it takes node_name, kubeconfig, namespaces, labels, annotation, cgroup_root, driver)",
+	"in type agent.KubernetesConfig", "in kubernetes (it takes node_name, kubeconfig, namespaces, labels, annotation, cgroup_root, driver, daemonset)",
 	"in type agent.MetricsConfig", "in metrics (it takes address, token_file)",
 )
 
@@ -243,6 +249,12 @@ func checkKubernetes(k *KubernetesConfig, cgroupRoot string) error {
 	}
 	if _, err := labels.ValidatedSelectorFromSet(k.Labels); err != nil {
 		return fmt.Errorf("kubernetes.labels: %w", err)
+	}
+	if k.DaemonSet != "" {
+		ns, name, ok := strings.Cut(k.DaemonSet, "/")
+		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
+			return fmt.Errorf("kubernetes.daemonset: %q is not NAMESPACE/NAME (e.g. shunt-system/shunt-agent)", k.DaemonSet)
+		}
 	}
 	return nil
 }

@@ -2,9 +2,11 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,6 +104,61 @@ func TestAgentBypassesSelectedPods(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitEnabled(t, pin, web2Pod)
+		})
+	}
+}
+
+// An agent that stops takes shunt off the node when its DaemonSet is gone
+// (helm uninstall), and leaves it for the next agent when the DaemonSet is
+// still there (a rollout) or the API server cannot tell.
+func TestAgentLeavesWhenItsDaemonSetIsGone(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, tc := range []struct {
+		name    string
+		gone    bool
+		err     error
+		removed bool
+		says    string
+	}{
+		{"uninstalled", true, nil, true, "is gone (uninstalled): shunt removed from this node"},
+		{"rollout", false, nil, false, "is still there (a rollout)"},
+		{"API server unreachable", false, errors.New("connection refused"), false, "could not tell whether DaemonSet shunt-system/shunt-agent is gone"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pin := testenv.MustPinDir(t)
+			root := testenv.MustCgroup(t).Path
+			web := kubePod("web-1", "11111111-aaaa-4bbb-8ccc-000000000001", corev1.PodQOSBurstable, "web")
+			webPod, _ := mkPodCgroup(t, root, kube.Cgroupfs, web)
+			config := filepath.Join(t.TempDir(), "config.yaml")
+			writeConfig(t, config, fmt.Sprintf("kubernetes:\n  node_name: node-a\n  cgroup_root: %q\n  daemonset: shunt-system/shunt-agent\nbypass:\n  guard: false\n", root))
+			asked := 0
+			log := &syncBuffer{}
+			a, err := agent.New(agent.Options{ConfigPath: config, PinDir: pin, Features: host.Probe(), Log: log,
+				KubePods:  fake.NewClientset(web).CoreV1().Pods(""),
+				OwnerGone: func(context.Context) (bool, error) { asked++; return tc.gone, tc.err },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- a.Run(ctx) }()
+			waitEnabled(t, pin, webPod)
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("agent log:\n%s", log)
+			_, statErr := os.Stat(pin)
+			if removed := os.IsNotExist(statErr); removed != tc.removed || asked != 1 {
+				t.Errorf("pins removed: %v (asked %d times), want %v", removed, asked, tc.removed)
+			}
+			if !tc.removed && !isEnabled(t, pin, webPod) {
+				t.Error("the pod's cgroup was disabled")
+			}
+			if !strings.Contains(log.String(), tc.says) {
+				t.Errorf("the agent did not say %q", tc.says)
+			}
 		})
 	}
 }

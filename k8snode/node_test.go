@@ -26,6 +26,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	authv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -124,7 +126,7 @@ func testNode(t *testing.T, mode string) {
 		})
 	}
 
-	agentRollout(t, c, pin, in, stopAgent, client, "http://"+svc+"/blob", body)
+	stopAgent = agentRollout(t, c, pin, in, stopAgent, client, "http://"+svc+"/blob", body)
 
 	// The agent's metrics, as Prometheus would scrape them on the node.
 	eventually(t, 30*time.Second, "the agent's metrics", func() error {
@@ -134,13 +136,15 @@ func testNode(t *testing.T, mode string) {
 		}
 		return err
 	})
+
+	uninstall(t, c, stopAgent, pin, web, client)
 }
 
 // agentRollout stops the agent while a download is under way and starts a
 // new one on the same pins, as a DaemonSet rollout does: the download ends
 // intact and bypassed, the pods stay enabled throughout, and the new
 // agent's connections are bypassed.
-func agentRollout(t *testing.T, c *cluster, pin string, in *bypass.Install, stop func(), client *pod, url string, body []byte) {
+func agentRollout(t *testing.T, c *cluster, pin string, in *bypass.Install, stop func(), client *pod, url string, body []byte) (newStop func()) {
 	t.Helper()
 	before := counters(t, in)
 	done := make(chan error, 1)
@@ -152,7 +156,7 @@ func agentRollout(t *testing.T, c *cluster, pin string, in *bypass.Install, stop
 	if got := enabledPaths(t, in); !slices.Contains(got, client.cg.Path) {
 		t.Errorf("with the agent stopped, enabled: %v", got)
 	}
-	c.startAgent(t, pin)
+	newStop = c.startAgent(t, pin)
 	if err := <-done; err != nil {
 		t.Fatalf("the download across the rollout: %v", err)
 	}
@@ -162,6 +166,36 @@ func agentRollout(t *testing.T, c *cluster, pin string, in *bypass.Install, stop
 	after := counters(t, in)
 	if paired := after.Paired - before.Paired; paired != 2 {
 		t.Errorf("%d connections paired across and after the rollout, want 2", paired)
+	}
+	return newStop
+}
+
+// uninstall is `helm uninstall`, then the end of the agent's pod (kubelet
+// would stop it as the DaemonSet's garbage goes; the test does): the agent
+// finds its DaemonSet gone and takes shunt off the node, leaving nothing
+// pinned and no program attached to the pods' cgroups.
+func uninstall(t *testing.T, c *cluster, stopAgent func(), pin string, pods ...*pod) {
+	t.Helper()
+	c.helmUninstall(t)
+	stopAgent()
+	if _, err := os.Stat(pin); !os.IsNotExist(err) {
+		t.Errorf("after helm uninstall and the agent's end, %s is still there (%v)", pin, err)
+	}
+	for _, p := range pods {
+		cg, err := os.Open(p.cg.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, at := range []ebpf.AttachType{ebpf.AttachCGroupSockOps, ebpf.AttachCGroupSetsockopt} {
+			q, err := link.QueryPrograms(link.QueryOptions{Target: int(cg.Fd()), Attach: at})
+			if err != nil {
+				t.Fatalf("query %s: %v", p.cg.Path, err)
+			}
+			if len(q.Programs) > 0 {
+				t.Errorf("after helm uninstall, pod %s's cgroup still has %d %v program(s)", p.name, len(q.Programs), at)
+			}
+		}
+		cg.Close()
 	}
 }
 

@@ -38,6 +38,8 @@ type manifests struct {
 	svc  *corev1.Service // nil: metrics.service false
 	role *rbacv1.ClusterRole
 	bind *rbacv1.ClusterRoleBinding
+	own  *rbacv1.Role // reading its own DaemonSet
+	ownB *rbacv1.RoleBinding
 	ns   *corev1.Namespace // only in the plain manifests
 }
 
@@ -80,6 +82,12 @@ func decodeManifests(t *testing.T, b []byte) manifests {
 		case "ClusterRoleBinding":
 			m.bind = new(rbacv1.ClusterRoleBinding)
 			obj = m.bind
+		case "Role":
+			m.own = new(rbacv1.Role)
+			obj = m.own
+		case "RoleBinding":
+			m.ownB = new(rbacv1.RoleBinding)
+			obj = m.ownB
 		case "Namespace":
 			m.ns = new(corev1.Namespace)
 			obj = m.ns
@@ -98,8 +106,8 @@ func decodeManifests(t *testing.T, b []byte) manifests {
 			t.Errorf("%s: %v", head.Kind, e)
 		}
 	}
-	if m.ds == nil || m.sa == nil || m.cm == nil || m.role == nil || m.bind == nil {
-		t.Fatalf("objects %v: want a DaemonSet, ServiceAccount, ConfigMap, ClusterRole and ClusterRoleBinding", seen)
+	if m.ds == nil || m.sa == nil || m.cm == nil || m.role == nil || m.bind == nil || m.own == nil || m.ownB == nil {
+		t.Fatalf("objects %v: want a DaemonSet, ServiceAccount, ConfigMap, ClusterRole, ClusterRoleBinding, Role and RoleBinding", seen)
 	}
 	return m
 }
@@ -122,6 +130,14 @@ func checkManifests(t *testing.T, m manifests, privileged bool) *agent.Config {
 	verbs := strings.Join(m.role.Rules[0].Verbs, ",")
 	if len(m.role.Rules) != 1 || m.role.Rules[0].Resources[0] != "pods" || verbs != "get,list,watch" {
 		t.Errorf("role grants %v on %v; the agent needs get, list, watch on pods and nothing more", verbs, m.role.Rules[0].Resources)
+	}
+	// The Role lets it read its own DaemonSet, in its namespace, and no
+	// other object; the configuration names that DaemonSet.
+	if m.ownB.Subjects[0].Name != m.sa.Name || m.ownB.RoleRef.Name != m.own.Name || m.ownB.Namespace != m.ds.Namespace || m.own.Namespace != m.ds.Namespace {
+		t.Error("the Role binding does not bind the Role to the agent's service account in the DaemonSet's namespace")
+	}
+	if r := m.own.Rules; len(r) != 1 || strings.Join(r[0].Verbs, ",") != "get" || strings.Join(r[0].Resources, ",") != "daemonsets" || strings.Join(r[0].ResourceNames, ",") != m.ds.Name {
+		t.Errorf("the Role grants %+v; the agent needs get on its own DaemonSet and nothing more", r)
 	}
 	if !pod.HostPID {
 		t.Error("no hostPID: the guard and the index reach sockets through /proc")
@@ -159,6 +175,9 @@ func checkManifests(t *testing.T, m manifests, privileged bool) *agent.Config {
 	}
 	if cfg.Kubernetes == nil || cfg.Kubernetes.NodeName != "node-a" || cfg.Metrics.Address == "" {
 		t.Errorf("the ConfigMap's configuration: %+v", cfg)
+	}
+	if want := m.ds.Namespace + "/" + m.ds.Name; cfg.Kubernetes != nil && cfg.Kubernetes.DaemonSet != want {
+		t.Errorf("the configuration names DaemonSet %q, the chart's is %s", cfg.Kubernetes.DaemonSet, want)
 	}
 	if _, port, _ := strings.Cut(cfg.Metrics.Address, ":"); port != strconv.Itoa(int(c.Ports[0].ContainerPort)) {
 		t.Errorf("the agent serves metrics on %s, the container's metrics port is %d", cfg.Metrics.Address, c.Ports[0].ContainerPort)
