@@ -373,7 +373,11 @@ func (a *Agent) reconcileBypass(ctx context.Context) error {
 			continue
 		}
 		a.logf("enabled %s", p)
-		if added {
+		// A cgroup no process is in yet (kubelet's new pod, before its
+		// containers start) has no listener older than the attach, and
+		// the watch costs some 50 ms a cgroup (it loads an iterator and
+		// walks every namespace): pods enabled as they come skip it.
+		if populated, perr := cg.Populated(); added && (perr != nil || populated) {
 			if note := bypass.DescribeWatch(in.WatchListeners(cg)); note != "" {
 				a.logf("%s: %s", p, note)
 			}

@@ -50,9 +50,15 @@ type cluster struct {
 	ca     []byte
 }
 
-// start runs a program of the node until the test ends (or stop, which
-// it returns, is called); its output is logged when the test failed.
-func (c *cluster) start(t *testing.T, name string, argv ...string) (stop func()) {
+// proc is a program running on the node.
+type proc struct {
+	pid  int
+	stop func() // SIGTERM, then SIGKILL after 15 s; waits for the end
+}
+
+// start runs a program of the node until the test ends (or it is
+// stopped); its output is logged when the test failed.
+func (c *cluster) start(t testing.TB, name string, argv ...string) *proc {
 	t.Helper()
 	out, err := os.OpenFile(filepath.Join(c.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -69,7 +75,7 @@ func (c *cluster) start(t *testing.T, name string, argv ...string) (stop func())
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	var once sync.Once
-	stop = func() {
+	stop := func() {
 		once.Do(func() {
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
 			select {
@@ -88,7 +94,7 @@ func (c *cluster) start(t *testing.T, name string, argv ...string) (stop func())
 			t.Logf("%s said (last 4 KiB):\n%s", name, tail(b, 4096))
 		}
 	})
-	return stop
+	return &proc{pid: cmd.Process.Pid, stop: stop}
 }
 
 func tail(b []byte, n int) []byte {
@@ -100,7 +106,7 @@ func tail(b []byte, n int) []byte {
 
 // startCluster brings the control plane up in node and waits until the API
 // server answers.
-func startCluster(t *testing.T, node *testenv.NetNS) *cluster {
+func startCluster(t testing.TB, node *testenv.NetNS) *cluster {
 	t.Helper()
 	c := &cluster{node: node, dir: t.TempDir()}
 	// The node routes between its pods' links, as a CNI plugin has it do.
@@ -145,7 +151,7 @@ func startCluster(t *testing.T, node *testenv.NetNS) *cluster {
 
 // startProxy runs kube-proxy in mode (nftables or iptables) with the
 // admin's credentials.
-func (c *cluster) startProxy(t *testing.T, mode string) {
+func (c *cluster) startProxy(t testing.TB, mode string) {
 	t.Helper()
 	cfg := filepath.Join(c.dir, "kube-proxy.yaml")
 	must(t, os.WriteFile(cfg, []byte(fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -162,7 +168,7 @@ healthzBindAddress: 127.0.0.1:10256
 	c.start(t, "kube-proxy-"+mode, bin("kube-proxy"), "--config", cfg)
 }
 
-func (c *cluster) waitReady(t *testing.T) {
+func (c *cluster) waitReady(t testing.TB) {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	var err error
@@ -200,7 +206,7 @@ func (c *cluster) restConfig(token string) *rest.Config {
 }
 
 // kubeconfig writes a kubeconfig that authenticates with token.
-func (c *cluster) kubeconfig(t *testing.T, name, token string) string {
+func (c *cluster) kubeconfig(t testing.TB, name, token string) string {
 	t.Helper()
 	ca := filepath.Join(c.dir, "ca.crt")
 	f := filepath.Join(c.dir, name)
@@ -217,7 +223,7 @@ current-context: c
 // writePKI makes a CA, the API server's serving certificate (127.0.0.1,
 // the node's address and the kubernetes Service's) and the service
 // account signing key.
-func (c *cluster) writePKI(t *testing.T) {
+func (c *cluster) writePKI(t testing.TB) {
 	t.Helper()
 	caKey := newKey(t)
 	caTmpl := &x509.Certificate{
@@ -253,7 +259,7 @@ func (c *cluster) writePKI(t *testing.T) {
 	writeKey(t, filepath.Join(c.dir, "sa.key"), newKey(t))
 }
 
-func newKey(t *testing.T) *ecdsa.PrivateKey {
+func newKey(t testing.TB) *ecdsa.PrivateKey {
 	t.Helper()
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -262,7 +268,7 @@ func newKey(t *testing.T) *ecdsa.PrivateKey {
 	return k
 }
 
-func writeKey(t *testing.T, f string, k *ecdsa.PrivateKey) {
+func writeKey(t testing.TB, f string, k *ecdsa.PrivateKey) {
 	t.Helper()
 	der, err := x509.MarshalECPrivateKey(k)
 	if err != nil {
@@ -271,7 +277,7 @@ func writeKey(t *testing.T, f string, k *ecdsa.PrivateKey) {
 	must(t, os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600))
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

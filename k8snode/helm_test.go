@@ -20,7 +20,7 @@ const (
 
 // helmConfig is what the helm command builds from its flags, reaching the
 // API server in the node's namespace.
-func (c *cluster) helmConfig(t *testing.T) *action.Configuration {
+func (c *cluster) helmConfig(t testing.TB) *action.Configuration {
 	t.Helper()
 	flags := genericclioptions.NewConfigFlags(false)
 	kc := c.kubeconfig(t, "helm.kubeconfig", adminToken)
@@ -40,7 +40,7 @@ func (c *cluster) helmConfig(t *testing.T) *action.Configuration {
 
 // helmInstall installs the chart as `helm install shunt deploy/helm/shunt
 // --namespace shunt-system --create-namespace --wait=false` with values.
-func (c *cluster) helmInstall(t *testing.T, values map[string]any) {
+func (c *cluster) helmInstall(t testing.TB, values map[string]any) {
 	t.Helper()
 	ch, err := loader.Load(chartDir)
 	if err != nil {
@@ -54,7 +54,7 @@ func (c *cluster) helmInstall(t *testing.T, values map[string]any) {
 }
 
 // helmUninstall is `helm uninstall shunt --namespace shunt-system`.
-func (c *cluster) helmUninstall(t *testing.T) {
+func (c *cluster) helmUninstall(t testing.TB) {
 	t.Helper()
 	if _, err := action.NewUninstall(c.helmConfig(t)).Run(releaseName); err != nil {
 		t.Fatalf("helm uninstall: %v", err)

@@ -56,18 +56,26 @@ func TestNode(t *testing.T) {
 	}
 }
 
-func testNode(t *testing.T, mode string) {
-	node := testenv.MustNetNS(t)
-	k := newKubelet(t)
-	c := startCluster(t, node)
+// startNode brings up the control plane (kube-proxy in proxyMode, none if
+// empty), installs the chart and starts the agent as the chart has it run,
+// with its pins at pin.
+func startNode(t testing.TB, proxyMode string) (c *cluster, k *kubelet, pin string, agent *proc) {
+	t.Helper()
+	k = newKubelet(t)
+	c = startCluster(t, testenv.MustNetNS(t))
 	c.registerNode(t)
-	c.startProxy(t, mode)
-
+	if proxyMode != "" {
+		c.startProxy(t, proxyMode)
+	}
 	c.helmInstall(t, map[string]any{"kubelet": map[string]any{"cgroupRoot": k.root.Path, "driver": "cgroupfs"}})
-	pin := testenv.MustPinDir(t)
-	stopAgent := c.startAgent(t, pin)
-
+	pin = testenv.MustPinDir(t)
+	agent = c.startAgent(t, pin)
 	c.createNamespace(t, podNamespace)
+	return c, k, pin, agent
+}
+
+func testNode(t *testing.T, mode string) {
+	c, k, pin, agent := startNode(t, mode)
 	web := k.runPod(t, c, "web", map[string]string{"app": "web"}, true)
 	client := k.runPod(t, c, "client", map[string]string{"app": "client"}, true)
 	other := k.runPod(t, c, "other", map[string]string{"app": "other"}, false)
@@ -126,7 +134,7 @@ func testNode(t *testing.T, mode string) {
 		})
 	}
 
-	stopAgent = agentRollout(t, c, pin, in, stopAgent, client, "http://"+svc+"/blob", body)
+	agent = agentRollout(t, c, pin, in, agent, client, "http://"+svc+"/blob", body)
 
 	// The agent's metrics, as Prometheus would scrape them on the node.
 	eventually(t, 30*time.Second, "the agent's metrics", func() error {
@@ -137,14 +145,14 @@ func testNode(t *testing.T, mode string) {
 		return err
 	})
 
-	uninstall(t, c, stopAgent, pin, web, client)
+	uninstall(t, c, agent, pin, web, client)
 }
 
 // agentRollout stops the agent while a download is under way and starts a
 // new one on the same pins, as a DaemonSet rollout does: the download ends
 // intact and bypassed, the pods stay enabled throughout, and the new
 // agent's connections are bypassed.
-func agentRollout(t *testing.T, c *cluster, pin string, in *bypass.Install, stop func(), client *pod, url string, body []byte) (newStop func()) {
+func agentRollout(t testing.TB, c *cluster, pin string, in *bypass.Install, old *proc, client *pod, url string, body []byte) (agent *proc) {
 	t.Helper()
 	before := counters(t, in)
 	done := make(chan error, 1)
@@ -152,11 +160,11 @@ func agentRollout(t *testing.T, c *cluster, pin string, in *bypass.Install, stop
 		done <- download(t, client, url, body, "--limit-rate", "2M")
 	}()
 	time.Sleep(500 * time.Millisecond)
-	stop()
+	old.stop()
 	if got := enabledPaths(t, in); !slices.Contains(got, client.cg.Path) {
 		t.Errorf("with the agent stopped, enabled: %v", got)
 	}
-	newStop = c.startAgent(t, pin)
+	agent = c.startAgent(t, pin)
 	if err := <-done; err != nil {
 		t.Fatalf("the download across the rollout: %v", err)
 	}
@@ -167,17 +175,17 @@ func agentRollout(t *testing.T, c *cluster, pin string, in *bypass.Install, stop
 	if paired := after.Paired - before.Paired; paired != 2 {
 		t.Errorf("%d connections paired across and after the rollout, want 2", paired)
 	}
-	return newStop
+	return agent
 }
 
 // uninstall is `helm uninstall`, then the end of the agent's pod (kubelet
 // would stop it as the DaemonSet's garbage goes; the test does): the agent
 // finds its DaemonSet gone and takes shunt off the node, leaving nothing
 // pinned and no program attached to the pods' cgroups.
-func uninstall(t *testing.T, c *cluster, stopAgent func(), pin string, pods ...*pod) {
+func uninstall(t testing.TB, c *cluster, agent *proc, pin string, pods ...*pod) {
 	t.Helper()
 	c.helmUninstall(t)
-	stopAgent()
+	agent.stop()
 	if _, err := os.Stat(pin); !os.IsNotExist(err) {
 		t.Errorf("after helm uninstall and the agent's end, %s is still there (%v)", pin, err)
 	}
@@ -210,7 +218,7 @@ func b2u(b bool) uint64 {
 // chart's ConfigMap holds and the chart's service account's token, as the
 // DaemonSet's pod would (NODE_NAME from the downward API; a kubeconfig
 // with the token where the pod would have it mounted).
-func (c *cluster) startAgent(t *testing.T, pin string) (stop func()) {
+func (c *cluster) startAgent(t testing.TB, pin string) *proc {
 	t.Helper()
 	ctx := context.Background()
 	cm, err := c.client.CoreV1().ConfigMaps(releaseNS).Get(ctx, agentName, metav1.GetOptions{})
@@ -240,7 +248,7 @@ func (c *cluster) startAgent(t *testing.T, pin string) (stop func()) {
 
 // waitEnabled waits until the agent has installed bypass in pin and
 // enabled at least the cgroups want.
-func waitEnabled(t *testing.T, pin string, want ...string) *bypass.Install {
+func waitEnabled(t testing.TB, pin string, want ...string) *bypass.Install {
 	t.Helper()
 	var in *bypass.Install
 	eventually(t, 30*time.Second, "the agent enables the selected pods", func() error {
@@ -262,7 +270,7 @@ func waitEnabled(t *testing.T, pin string, want ...string) *bypass.Install {
 	return in
 }
 
-func enabledPaths(t *testing.T, in *bypass.Install) []string {
+func enabledPaths(t testing.TB, in *bypass.Install) []string {
 	t.Helper()
 	cgs, err := in.Cgroups()
 	if err != nil {
@@ -275,7 +283,7 @@ func enabledPaths(t *testing.T, in *bypass.Install) []string {
 	return out
 }
 
-func counters(t *testing.T, in *bypass.Install) bypass.Counters {
+func counters(t testing.TB, in *bypass.Install) bypass.Counters {
 	t.Helper()
 	c, err := in.Counters()
 	if err != nil {
@@ -285,7 +293,7 @@ func counters(t *testing.T, in *bypass.Install) bypass.Counters {
 }
 
 // download fetches url with curl in the pod and compares it with body.
-func download(t *testing.T, p *pod, url string, body []byte, curlArgs ...string) error {
+func download(t testing.TB, p *pod, url string, body []byte, curlArgs ...string) error {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "got")
 	argv := append([]string{"curl", "-sSf", "--max-time", "30", "-o", out}, curlArgs...)
@@ -303,7 +311,7 @@ func download(t *testing.T, p *pod, url string, body []byte, curlArgs ...string)
 }
 
 // nginxConf serves body as /blob (and an empty /ready) on port 8080.
-func nginxConf(t *testing.T, body []byte) string {
+func nginxConf(t testing.TB, body []byte) string {
 	t.Helper()
 	dir := t.TempDir()
 	www := filepath.Join(dir, "www")
@@ -358,7 +366,7 @@ func grep(s, sub string) string {
 
 // logState logs what the node holds for a test that failed: the Services'
 // endpoint slices and kube-proxy's rules.
-func (c *cluster) logState(t *testing.T) {
+func (c *cluster) logState(t testing.TB) {
 	slices, err := c.client.DiscoveryV1().EndpointSlices(podNamespace).List(context.Background(), metav1.ListOptions{})
 	if err == nil {
 		for _, s := range slices.Items {

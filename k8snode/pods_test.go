@@ -43,7 +43,7 @@ type kubelet struct {
 	link int         // the next pod link's subnet, 10.link.0.0/24
 }
 
-func newKubelet(t *testing.T) *kubelet {
+func newKubelet(t testing.TB) *kubelet {
 	t.Helper()
 	root := testenv.MustCgroup(t)
 	pods := testenv.MustChildCgroup(t, root, "kubepods")
@@ -51,8 +51,9 @@ func newKubelet(t *testing.T) *kubelet {
 	return &kubelet{root: root, qos: testenv.MustChildCgroup(t, pods, "besteffort"), link: 201}
 }
 
-// runPod creates the pod through the API on this node and makes it.
-func (k *kubelet) runPod(t *testing.T, c *cluster, name string, labels map[string]string, annotated bool) *pod {
+// createPod creates a pod of this node through the API, as a controller or
+// a user would (kubelet is not told: it is not there).
+func (c *cluster) createPod(t testing.TB, name string, labels map[string]string, annotated bool) *corev1.Pod {
 	t.Helper()
 	ctx := context.Background()
 	obj := &corev1.Pod{
@@ -79,13 +80,29 @@ func (k *kubelet) runPod(t *testing.T, c *cluster, name string, labels map[strin
 	if created.Status.QOSClass != corev1.PodQOSBestEffort {
 		t.Fatalf("pod %s: QoS class %q, want BestEffort (the API server sets it)", name, created.Status.QOSClass)
 	}
-	p := &pod{name: name, ip: fmt.Sprintf("10.%d.0.2", k.link)}
-	// The pod's cgroup is where kube.PodCgroup says kubelet puts it.
+	t.Cleanup(func() {
+		c.client.CoreV1().Pods(podNamespace).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	})
+	return created
+}
+
+// podCgroup makes the pod's cgroup where kube.PodCgroup says kubelet puts
+// it, removed when the test ends.
+func (k *kubelet) podCgroup(t testing.TB, created *corev1.Pod) host.Cgroup {
+	t.Helper()
 	want := kube.PodCgroup(k.root.Path, kube.Cgroupfs, created.Status.QOSClass, created.UID)
-	p.cg = testenv.MustChildCgroup(t, k.qos, "pod"+string(created.UID))
-	if p.cg.Path != want {
-		t.Fatalf("pod cgroup %s, kube.PodCgroup says %s", p.cg.Path, want)
+	cg := testenv.MustChildCgroup(t, k.qos, "pod"+string(created.UID))
+	if cg.Path != want {
+		t.Fatalf("pod cgroup %s, kube.PodCgroup says %s", cg.Path, want)
 	}
+	return cg
+}
+
+// runPod creates the pod through the API on this node and makes it.
+func (k *kubelet) runPod(t testing.TB, c *cluster, name string, labels map[string]string, annotated bool) *pod {
+	t.Helper()
+	created := c.createPod(t, name, labels, annotated)
+	p := &pod{name: name, ip: fmt.Sprintf("10.%d.0.2", k.link), cg: k.podCgroup(t, created)}
 	p.ns = testenv.MustNetNS(t)
 	testenv.VethLink(t, c.node, fmt.Sprintf("p%d", k.link), p.ns, "eth0", k.link)
 	p.ns.IP(t, "route", "add", "default", "via", fmt.Sprintf("10.%d.0.1", k.link))
@@ -104,18 +121,15 @@ func (k *kubelet) runPod(t *testing.T, c *cluster, name string, labels map[strin
 		Name: "main", Image: "shunt-test.invalid/none:0", Ready: true,
 		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
 	}}
-	if _, err := c.client.CoreV1().Pods(podNamespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	if _, err := c.client.CoreV1().Pods(podNamespace).UpdateStatus(context.Background(), created, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("pod %s status: %v", name, err)
 	}
-	t.Cleanup(func() {
-		c.client.CoreV1().Pods(podNamespace).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-	})
 	return p
 }
 
 // command makes argv run in the pod's namespace and cgroup; done releases
 // the cgroup's descriptor once the command has started.
-func (p *pod) command(t *testing.T, argv ...string) (cmd *exec.Cmd, done func()) {
+func (p *pod) command(t testing.TB, argv ...string) (cmd *exec.Cmd, done func()) {
 	t.Helper()
 	cg, err := os.Open(p.cg.Path)
 	if err != nil {
@@ -127,7 +141,7 @@ func (p *pod) command(t *testing.T, argv ...string) (cmd *exec.Cmd, done func())
 }
 
 // start runs a program in the pod until the test ends.
-func (p *pod) start(t *testing.T, argv ...string) {
+func (p *pod) start(t testing.TB, argv ...string) {
 	t.Helper()
 	cmd, done := p.command(t, argv...)
 	defer done()
@@ -155,7 +169,7 @@ func (p *pod) start(t *testing.T, argv ...string) {
 }
 
 // run runs a program in the pod to its end and returns what it printed.
-func (p *pod) run(t *testing.T, argv ...string) (string, error) {
+func (p *pod) run(t testing.TB, argv ...string) (string, error) {
 	t.Helper()
 	cmd, done := p.command(t, argv...)
 	var out strings.Builder
@@ -170,7 +184,7 @@ func (p *pod) run(t *testing.T, argv ...string) (string, error) {
 
 // service creates a ClusterIP Service in front of the pods labelled
 // app=name and returns its address.
-func (c *cluster) service(t *testing.T, name string, port, target int32) string {
+func (c *cluster) service(t testing.TB, name string, port, target int32) string {
 	t.Helper()
 	svc, err := c.client.CoreV1().Services(podNamespace).Create(context.Background(), &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace},
@@ -186,7 +200,7 @@ func (c *cluster) service(t *testing.T, name string, port, target int32) string 
 }
 
 // createNamespace creates the pods' namespace (idempotent).
-func (c *cluster) createNamespace(t *testing.T, name string) {
+func (c *cluster) createNamespace(t testing.TB, name string) {
 	t.Helper()
 	_, err := c.client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
@@ -196,7 +210,7 @@ func (c *cluster) createNamespace(t *testing.T, name string) {
 
 // registerNode creates the Node object kubelet would register, with the
 // node's address (kube-proxy reads it).
-func (c *cluster) registerNode(t *testing.T) {
+func (c *cluster) registerNode(t testing.TB) {
 	t.Helper()
 	_, err := c.client.CoreV1().Nodes().Create(context.Background(), &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}},
@@ -210,7 +224,7 @@ func (c *cluster) registerNode(t *testing.T) {
 }
 
 // eventually retries fn until it succeeds or the time is up.
-func eventually(t *testing.T, within time.Duration, what string, fn func() error) {
+func eventually(t testing.TB, within time.Duration, what string, fn func() error) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {

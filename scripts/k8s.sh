@@ -5,6 +5,8 @@
 #                          and kube-proxy from their Go modules (scripts/k8s/build),
 #                          once per version: ~5 min the first time
 #   scripts/k8s.sh test    setup, make build, then go test -tags k8snode ./k8snode
+#   scripts/k8s.sh bench   setup, make build, then the agent's benchmark on that node
+#                          (enable latency over 50 pods, memory and scrape with 200)
 #   scripts/k8s.sh clean   remove the built programs
 #
 # No release download or image registry is reachable from here, so the
@@ -50,6 +52,11 @@ test)
   setup
   make -C "$repo" build
   cd "$repo" && go test -tags k8snode -count=1 -timeout 20m -v ./k8snode -args -k8s.bin "$bins" -shunt "$repo/bin/shunt"
+  ;;
+bench)
+  setup
+  make -C "$repo" build
+  cd "$repo" && go test -tags k8snode -count=1 -timeout 20m -run '^$' -bench BenchmarkAgent -benchtime 1x ./k8snode -args -k8s.bin "$bins" -shunt "$repo/bin/shunt"
   ;;
 clean) rm -rf "$cache" ;;
 *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2 ;;
