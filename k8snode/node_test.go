@@ -242,7 +242,6 @@ func (c *cluster) startAgent(t testing.TB, pin string) *proc {
 	}
 	f := filepath.Join(c.dir, "agent.yaml")
 	must(t, os.WriteFile(f, b, 0o600))
-	t.Logf("agent configuration (the chart's, with a kubeconfig):\n%s", b)
 	return c.start(t, "agent", "env", "NODE_NAME="+nodeName, *shuntBin, "agent", "--config", f, "--pin-dir", pin)
 }
 
