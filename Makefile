@@ -12,7 +12,7 @@ help:
 	@echo "make manifests render deploy/kubernetes/shunt.yaml from the Helm chart deploy/helm/shunt"
 	@echo "make test      go vet and every test (as root, on the real kernel)"
 	@echo "make lint      staticcheck (pinned) over every package: unused code, dropped errors of note, deprecated APIs"
-	@echo "make race      proxy, daemon, metrics and two internal packages under the race detector (as root, ~4 min)"
+	@echo "make race      proxy, daemon, metrics, agent, kube, guard, splice and two internal packages under the race detector (as root, ~4 min; CI runs it)"
 	@echo "make fuzz      search the parsers of untrusted input (ruleset, agent config, daemon requests and hand-over), FUZZTIME each (30s, or a count like 2000x; CI: 2000x)"
 	@echo "make try       build, then bypass one loopback connection and show it"
 	@echo "make compat    real programs (Redis, memcached, PostgreSQL, nginx, HAProxy, Python) through shunt (as root)"
@@ -52,12 +52,12 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint:
 	$(GO) run $(STATICCHECK) -tags kernelmatrix,k8snode ./...
 
-# Packages that run goroutines of their own (servers, relays, readers)
-# under the race detector: those whose whole suite has run clean under it
-# here. fanout's suite is not among them: under -race one of its load tests
-# grew past 21 GB resident (of 24) and was stopped; agent, splice, guard and
-# cmd/shunt have had only some tests run under it. Not yet in .ci/run.
-RACE_PKGS := ./proxy ./daemon ./metrics ./internal/readlimit ./internal/runlock
+# Packages that run goroutines of their own (servers, relays, readers,
+# watchers) under the race detector: those whose whole suite has run clean
+# under it here; CI runs them. fanout's suite is not among them: under -race
+# one of its load tests grew past 21 GB resident (of 24) and was stopped;
+# cmd/shunt has had only some tests run under it.
+RACE_PKGS := ./proxy ./daemon ./metrics ./agent ./kube ./guard ./splice ./internal/readlimit ./internal/runlock
 
 race:
 	$(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
