@@ -612,31 +612,7 @@ func TestForgedClaimNotPaired(t *testing.T) {
 	testenv.NeedProgram(t, "nft")
 	in, cg := mustInstall(t)
 	tr := routed(t, false, false)
-	tr.router.Nft(t, `table inet shunt_hold { chain hold { type filter hook forward priority 0; ip saddr 10.202.0.2 tcp sport 8080 tcp flags & (syn|ack) == syn|ack drop; }; }`)
-	ln := testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp4", tr.listen)
-	dialed := make(chan *net.TCPConn, 1)
-	go func() {
-		dialed <- testenv.Dial(t, testenv.Side{NS: tr.client, CG: cg}, "tcp4", tr.vip, nil)
-	}()
-	forged := 0
-	for deadline := time.Now().Add(5 * time.Second); forged == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		n, err := in.ForgeISNClaims()
-		if err != nil {
-			t.Fatal(err)
-		}
-		forged = n
-	}
-	if forged != 1 {
-		t.Fatalf("%d registrations marked claimed, want the held handshake's", forged)
-	}
-	before, _ := in.Stats()
-	tr.router.Nft(t, "delete table inet shunt_hold")
-	c := <-dialed
-	s := testenv.Accept(t, ln) // after the SYN-ACK's retransmission, about a second
-	defer c.Close()
-	defer s.Close()
-	testenv.Warm(t, c, s)
-	streamBothWays(t, c, s, 1<<20)
+	c, s, before := forgedClaim(t, in, cg, testenv.Side{NS: tr.client, CG: cg}, tr)
 	if f := flowOf(t, in, testenv.Cookie(t, s)); f != nil {
 		t.Errorf("the server is held, paired with %+v: the forged claim won", f)
 	}
@@ -658,11 +634,30 @@ func TestForgedClaimOfRemoteClientNotPaired(t *testing.T) {
 	testenv.NeedProgram(t, "nft")
 	in, cg := mustInstall(t)
 	tr := routed(t, false, false)
+	_, s, before := forgedClaim(t, in, cg, testenv.Side{NS: tr.client}, tr)
+	if f := flowOf(t, in, testenv.Cookie(t, s)); f != nil {
+		t.Errorf("the server is held, paired with %+v: the forged claim won", f)
+	}
+	after, _ := in.Stats()
+	if after.Counters.Paired != before.Counters.Paired {
+		t.Errorf("%d connections paired", after.Counters.Paired-before.Counters.Paired)
+	}
+	if after.Counters.ClaimsUnbound != before.Counters.ClaimsUnbound+1 {
+		t.Errorf("claims_unbound went from %d to %d, want one more", before.Counters.ClaimsUnbound, after.Counters.ClaimsUnbound)
+	}
+}
+
+// forgedClaim holds a translated handshake's SYN-ACK at the router, marks
+// its registration claimed by a forger that is not there (ForgeISNClaims),
+// lets the SYN-ACK through and returns the connection, streamed both ways,
+// and the counters from before the release. The client dials from client.
+func forgedClaim(t *testing.T, in *bypass.Install, cg host.Cgroup, client testenv.Side, tr translation) (c, s *net.TCPConn, before bypass.Stats) {
+	t.Helper()
 	tr.router.Nft(t, `table inet shunt_hold { chain hold { type filter hook forward priority 0; ip saddr 10.202.0.2 tcp sport 8080 tcp flags & (syn|ack) == syn|ack drop; }; }`)
 	ln := testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp4", tr.listen)
 	dialed := make(chan *net.TCPConn, 1)
 	go func() {
-		dialed <- testenv.Dial(t, testenv.Side{NS: tr.client}, "tcp4", tr.vip, nil)
+		dialed <- testenv.Dial(t, client, "tcp4", tr.vip, nil)
 	}()
 	forged := 0
 	for deadline := time.Now().Add(5 * time.Second); forged == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
@@ -675,22 +670,12 @@ func TestForgedClaimOfRemoteClientNotPaired(t *testing.T) {
 	if forged != 1 {
 		t.Fatalf("%d registrations marked claimed, want the held handshake's", forged)
 	}
-	before, _ := in.Stats()
+	before, _ = in.Stats()
 	tr.router.Nft(t, "delete table inet shunt_hold")
-	c := <-dialed
-	s := testenv.Accept(t, ln)
-	defer c.Close()
-	defer s.Close()
+	c = <-dialed
+	s = testenv.Accept(t, ln) // after the SYN-ACK's retransmission, about a second
+	t.Cleanup(func() { c.Close(); s.Close() })
 	testenv.Warm(t, c, s)
 	streamBothWays(t, c, s, 1<<20)
-	if f := flowOf(t, in, testenv.Cookie(t, s)); f != nil {
-		t.Errorf("the server is held, paired with %+v: the forged claim won", f)
-	}
-	after, _ := in.Stats()
-	if after.Counters.Paired != before.Counters.Paired {
-		t.Errorf("%d connections paired", after.Counters.Paired-before.Counters.Paired)
-	}
-	if after.Counters.ClaimsUnbound != before.Counters.ClaimsUnbound+1 {
-		t.Errorf("claims_unbound went from %d to %d, want one more", before.Counters.ClaimsUnbound, after.Counters.ClaimsUnbound)
-	}
+	return c, s, before
 }

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -83,27 +82,7 @@ func (e *env) start(t testing.TB, argv ...string) int {
 	t.Helper()
 	cmd, done := e.command(t, argv...)
 	defer done()
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &lockedBuilder{b: &out}, &lockedBuilder{b: &out}
-	cmd.SysProcAttr.Setpgid = true
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %v: %v", argv, err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("%s said:\n%s", argv[0], out.String())
-		}
-	})
-	return cmd.Process.Pid
+	return testenv.Start(t, argv[0], cmd).Pid
 }
 
 // command makes argv run in the env's namespace and cgroup; done releases
@@ -117,17 +96,6 @@ func (e *env) command(t testing.TB, argv ...string) (cmd *exec.Cmd, done func())
 	cmd = exec.Command("ip", append([]string{"netns", "exec", e.side.NS.Name}, argv...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	return cmd, func() { cg.Close() }
-}
-
-type lockedBuilder struct {
-	mu sync.Mutex
-	b  *strings.Builder
-}
-
-func (l *lockedBuilder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
 }
 
 // listenerIn opens a listener in the env's namespace and cgroup.

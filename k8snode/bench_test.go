@@ -68,7 +68,7 @@ func BenchmarkAgent(b *testing.B) {
 		slices.Sort(lat)
 		slices.Sort(after)
 		slices.Sort(scrapes)
-		rss := residentKiB(b, agent.pid)
+		rss := residentKiB(b, agent.Pid)
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1e3, "enable-p50-ms")
 		b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1e3, "enable-max-ms")
 		b.ReportMetric(float64(rss)/1024, "agent-rss-MiB")

@@ -16,8 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -50,51 +48,13 @@ type cluster struct {
 	ca     []byte
 }
 
-// proc is a program running on the node.
-type proc struct {
-	pid  int
-	stop func() // SIGTERM, then SIGKILL after 15 s; waits for the end
-}
-
 // start runs a program of the node until the test ends (or it is
 // stopped); its output is logged when the test failed.
-func (c *cluster) start(t testing.TB, name string, argv ...string) *proc {
+func (c *cluster) start(t testing.TB, name string, argv ...string) *testenv.Process {
 	t.Helper()
-	out, err := os.OpenFile(filepath.Join(c.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// nsenter, not ip netns exec: that remounts /sys for the namespace,
 	// which hides bpffs and the cgroup hierarchy from the agent.
-	cmd := exec.Command("nsenter", append([]string{"--net=/run/netns/" + c.node.Name, "--"}, argv...)...)
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(15 * time.Second):
-				syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-				<-exited
-			}
-			out.Close()
-		})
-	}
-	t.Cleanup(func() {
-		stop()
-		if t.Failed() {
-			b, _ := os.ReadFile(out.Name())
-			t.Logf("%s said (last 4 KiB):\n%s", name, tail(b, 4096))
-		}
-	})
-	return &proc{pid: cmd.Process.Pid, stop: stop}
+	return testenv.Start(t, name, exec.Command("nsenter", append([]string{"--net=/run/netns/" + c.node.Name, "--"}, argv...)...))
 }
 
 func tail(b []byte, n int) []byte {

@@ -59,7 +59,7 @@ func TestNode(t *testing.T) {
 // startNode brings up the control plane (kube-proxy in proxyMode, none if
 // empty), installs the chart and starts the agent as the chart has it run,
 // with its pins at pin.
-func startNode(t testing.TB, proxyMode string) (c *cluster, k *kubelet, pin string, agent *proc) {
+func startNode(t testing.TB, proxyMode string) (c *cluster, k *kubelet, pin string, agent *testenv.Process) {
 	t.Helper()
 	k = newKubelet(t)
 	c = startCluster(t, testenv.MustNetNS(t))
@@ -152,7 +152,7 @@ func testNode(t *testing.T, mode string) {
 // new one on the same pins, as a DaemonSet rollout does: the download ends
 // intact and bypassed, the pods stay enabled throughout, and the new
 // agent's connections are bypassed.
-func agentRollout(t testing.TB, c *cluster, pin string, in *bypass.Install, old *proc, client *pod, url string, body []byte) (agent *proc) {
+func agentRollout(t testing.TB, c *cluster, pin string, in *bypass.Install, old *testenv.Process, client *pod, url string, body []byte) (agent *testenv.Process) {
 	t.Helper()
 	before := counters(t, in)
 	done := make(chan error, 1)
@@ -160,7 +160,7 @@ func agentRollout(t testing.TB, c *cluster, pin string, in *bypass.Install, old 
 		done <- download(t, client, url, body, "--limit-rate", "2M")
 	}()
 	time.Sleep(500 * time.Millisecond)
-	old.stop()
+	old.Stop()
 	if got := enabledPaths(t, in); !slices.Contains(got, client.cg.Path) {
 		t.Errorf("with the agent stopped, enabled: %v", got)
 	}
@@ -182,10 +182,10 @@ func agentRollout(t testing.TB, c *cluster, pin string, in *bypass.Install, old 
 // would stop it as the DaemonSet's garbage goes; the test does): the agent
 // finds its DaemonSet gone and takes shunt off the node, leaving nothing
 // pinned and no program attached to the pods' cgroups.
-func uninstall(t testing.TB, c *cluster, agent *proc, pin string, pods ...*pod) {
+func uninstall(t testing.TB, c *cluster, agent *testenv.Process, pin string, pods ...*pod) {
 	t.Helper()
 	c.helmUninstall(t)
-	agent.stop()
+	agent.Stop()
 	if _, err := os.Stat(pin); !os.IsNotExist(err) {
 		t.Errorf("after helm uninstall and the agent's end, %s is still there (%v)", pin, err)
 	}
@@ -218,7 +218,7 @@ func b2u(b bool) uint64 {
 // chart's ConfigMap holds and the chart's service account's token, as the
 // DaemonSet's pod would (NODE_NAME from the downward API; a kubeconfig
 // with the token where the pod would have it mounted).
-func (c *cluster) startAgent(t testing.TB, pin string) *proc {
+func (c *cluster) startAgent(t testing.TB, pin string) *testenv.Process {
 	t.Helper()
 	ctx := context.Background()
 	cm, err := c.client.CoreV1().ConfigMaps(releaseNS).Get(ctx, agentName, metav1.GetOptions{})

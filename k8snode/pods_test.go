@@ -145,27 +145,7 @@ func (p *pod) start(t testing.TB, argv ...string) {
 	t.Helper()
 	cmd, done := p.command(t, argv...)
 	defer done()
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr.Setpgid = true
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %v in %s: %v", argv, p.name, err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("%s in %s said:\n%s", argv[0], p.name, out.String())
-		}
-	})
+	testenv.Start(t, argv[0]+" in "+p.name, cmd)
 }
 
 // run runs a program in the pod to its end and returns what it printed.
