@@ -377,7 +377,7 @@ func (a *Agent) reconcileBypass(ctx context.Context) error {
 		// containers start) has no listener older than the attach, and
 		// the watch costs some 50 ms a cgroup (it loads an iterator and
 		// walks every namespace): pods enabled as they come skip it.
-		if populated, perr := cg.Populated(); added && (perr != nil || populated) {
+		if added && watchWorthwhile(cg) {
 			if note := bypass.DescribeWatch(in.WatchListeners(cg)); note != "" {
 				a.logf("%s: %s", p, note)
 			}
@@ -567,6 +567,13 @@ func (a *Agent) stopKube() {
 		a.kubeStop = nil
 	}
 	a.kube = nil
+}
+
+// watchWorthwhile: whether a cgroup may hold listeners (a process is in
+// it, or that cannot be read).
+func watchWorthwhile(cg host.Cgroup) bool {
+	populated, err := cg.Populated()
+	return err != nil || populated
 }
 
 // kubeConfig connects with a kubeconfig file, or as the pod's service

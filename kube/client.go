@@ -27,17 +27,12 @@ type PodClient interface {
 // shunt and register them all at start: some 10 MB more resident memory
 // for an agent that reads pods only (docs/BENCHMARKS.md, "The agent").
 func PodClientFor(cfg *rest.Config) (PodClient, error) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
+	c, err := coreConfig(cfg)
+	if err != nil {
 		return nil, err
 	}
-	c := rest.CopyConfig(cfg)
 	c.GroupVersion = &corev1.SchemeGroupVersion
 	c.APIPath = "/api"
-	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	if c.UserAgent == "" {
-		c.UserAgent = "shunt-agent"
-	}
 	rc, err := rest.RESTClientFor(c)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
@@ -74,4 +69,19 @@ func podsOfNode(pods PodClient, node string) cache.ListerWatcher {
 			return pods.Watch(ctx, o)
 		},
 	}
+}
+
+// coreConfig is cfg with a codec for core/v1 (and metav1's Status, which
+// errors come in) and the agent's user agent: the one API group shunt links.
+func coreConfig(cfg *rest.Config) (*rest.Config, error) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	c := rest.CopyConfig(cfg)
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	if c.UserAgent == "" {
+		c.UserAgent = "shunt-agent"
+	}
+	return c, nil
 }

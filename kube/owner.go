@@ -5,10 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 )
 
@@ -24,15 +21,10 @@ type OwnerGone func(ctx context.Context) (bool, error)
 // its SIGTERM). Any other error is returned: the caller keeps shunt, as
 // for a rollout.
 func DaemonSetGone(cfg *rest.Config, namespace, name string) (OwnerGone, error) {
-	c := rest.CopyConfig(cfg)
-	if c.UserAgent == "" {
-		c.UserAgent = "shunt-agent"
-	}
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil { // with metav1's Status, for errors
+	c, err := coreConfig(cfg)
+	if err != nil {
 		return nil, err
 	}
-	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	rc, err := rest.UnversionedRESTClientFor(c)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
