@@ -17,10 +17,9 @@ import (
 	"go.uber.org/goleak"
 )
 
-// settle is how long descriptors get to close after the last test (goleak
-// retries for about as long): a Close may return before a reader it woke
-// has run.
-const settle = 2 * time.Second
+// settle is how long goroutines and descriptors get to end after the last
+// test: a Close may return before a reader it woke has run.
+const settle = 5 * time.Second
 
 // Main runs the tests and then checks for leaks; its result is the exit
 // code. after releases what a package holds for the whole process by
@@ -41,7 +40,15 @@ func Main(m *testing.M, after ...func()) int {
 	if code != 0 {
 		return code // a failed test leaks what it left open: that is not news
 	}
-	if err := goleak.Find(opts...); err != nil {
+	// goleak retries for about a second; a test's helper may sleep
+	// longer on its way out (a slow peer that holds its end a second).
+	var err error
+	for deadline := time.Now().Add(settle); ; time.Sleep(100 * time.Millisecond) {
+		if err = goleak.Find(opts...); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "leakcheck: goroutines left running after the tests: %v\n", err)
 		code = 1
 	}
