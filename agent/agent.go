@@ -367,21 +367,11 @@ func (a *Agent) reconcileBypass(ctx context.Context) error {
 		if err != nil {
 			continue // gone since
 		}
-		added, err := in.Attach(cg)
-		if err != nil {
+		if _, err := in.Attach(cg); err != nil {
 			errs = append(errs, fmt.Errorf("enable %s: %w", p, err))
 			continue
 		}
 		a.logf("enabled %s", p)
-		// A cgroup no process is in yet (kubelet's new pod, before its
-		// containers start) has no listener older than the attach, and
-		// the watch costs some 50 ms a cgroup (it loads an iterator and
-		// walks every namespace): pods enabled as they come skip it.
-		if added && watchWorthwhile(cg) {
-			if note := bypass.DescribeWatch(in.WatchListeners(cg)); note != "" {
-				a.logf("%s: %s", p, note)
-			}
-		}
 	}
 	if now, err := in.CgroupIDs(); err == nil {
 		a.stats.setEnabled(len(now))
@@ -567,13 +557,6 @@ func (a *Agent) stopKube() {
 		a.kubeStop = nil
 	}
 	a.kube = nil
-}
-
-// watchWorthwhile: whether a cgroup may hold listeners (a process is in
-// it, or that cannot be read).
-func watchWorthwhile(cg host.Cgroup) bool {
-	populated, err := cg.Populated()
-	return err != nil || populated
 }
 
 // kubeConfig connects with a kubeconfig file, or as the pod's service

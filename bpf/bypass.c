@@ -2,18 +2,19 @@
 /* shunt bypass: host-local TCP connections skip the TCP/IP stack.
  *
  * Pairing (see docs/ARCHITECTURE.md):
- *  1. server side: the SYN-ACK a listener sends (WRITE_HDR_OPT) registers the
- *     handshake's two initial sequence numbers, with the server's netns and
- *     tuple, in `isn_handshakes`; the request socket (TIMEOUT_INIT) registers
- *     its tuple in `handshakes` too, for listeners older than the install.
- *     A second registration of the same key from another netns marks it
+ *  1. server side: a listener's request socket (TIMEOUT_INIT, before its
+ *     SYN-ACK is sent) registers the handshake's two initial sequence
+ *     numbers, with the server's netns and tuple, in `isn_handshakes`. A
+ *     second registration of the same pair from another netns marks it
  *     ambiguous: those connections are never paired.
  *  2. client side, ACTIVE_ESTABLISHED: the sequence numbers of the SYN-ACK it
- *     received (or, failing them, its tuple) find the registration, so the
- *     peer is on this host and enabled, whatever NAT rewrote between them.
- *     Claim it, record our netns and tuple, insert ourselves.
- *  3. server side, PASSIVE_ESTABLISHED: a claimed registration from our own
- *     netns is our client. Insert ourselves; the entries are done.
+ *     received find the registration, so the peer is on this host and
+ *     enabled, whatever NAT rewrote between them. Claim it, record our netns
+ *     and tuple, insert ourselves, and bind the claim to our handshake ACK
+ *     (a nonce in a TCP option).
+ *  3. server side, PASSIVE_ESTABLISHED: a registration claimed once, by the
+ *     socket whose nonce the ACK that established us carries, is our client.
+ *     Insert ourselves; the entries are done.
  * Each side's sockhash key carries its own netns, so a key names one live
  * socket on the host. Sockets whose peer is elsewhere are never inserted.
  *
@@ -49,6 +50,7 @@ char __license[] SEC("license") = "GPL";
 /* Weak: kernels before 6.2 lack it; there cfg.probe_reads is set and the
  * calls are never reached (the loader poisons them, the verifier prunes). */
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
 
 /* Keep these types in BTF so bpf2go generates their Go twins. */
 const struct flow_record *unused_flow_record __attribute__((unused));
@@ -64,7 +66,6 @@ const enum event_kind *unused_event_kind __attribute__((unused));
 
 /* Set from Go before load. */
 volatile const struct config {
-	__u64 pending_ttl_ns; /* a registration older than this is a dead handshake */
 	__u64 settle_ns;      /* how long a redirect decided before a switch may still be landing */
 	__u32 max_backlog;    /* unread redirected bytes a receiver may hold, unless it set SO_RCVBUF */
 	__u32 trust_readers;  /* redirect before the reader was seen in recv (no splice readers here) */
@@ -76,7 +77,6 @@ volatile const struct config {
 	__u32 reader_port_ttl_s;   /* how long a server port whose reader needed TCP stays unpaired (0: never) */
 	__u32 wait_nrs[WAIT_NRS]; /* system calls that wait for readiness (epoll_wait, poll, ...); ~0: unused */
 } cfg = {
-	.pending_ttl_ns = 300ULL * 1000 * 1000 * 1000,
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,
 	.stall_ns = 20ULL * 1000 * 1000,
@@ -96,59 +96,69 @@ static __always_inline struct reader_port_seen *kept_port(__u64 netns, __u16 por
 	return s;
 }
 
-static __always_inline void register_handshake(struct bpf_sock_ops *skops)
+/* The handshake's two initial sequence numbers, from the request socket
+ * behind a TIMEOUT_INIT (which the sockops context does not expose): both
+ * are chosen before the callback runs, and the SYN-ACK carries them. */
+static __always_inline int request_isns(struct bpf_sock_ops *skops, struct isn_pair *k)
 {
-	struct tuple t = {};
-	if (tuple_from_skops(skops, &t, 0))
+	struct tcp_request_sock *req = 0;
+	if (cfg.probe_reads) {
+		/* The context is the kernel's struct bpf_sock_ops_kern. */
+		if (bpf_probe_read_kernel(&req, sizeof(req), (void *)skops + bpf_core_field_offset(struct bpf_sock_ops_kern, sk)) || !req)
+			return -1;
+		k->client_isn = BPF_CORE_READ(req, rcv_isn);
+		k->server_isn = BPF_CORE_READ(req, snt_isn);
+		return 0;
+	}
+	struct bpf_sock_ops_kern *kctx = bpf_cast_to_kern_ctx(skops);
+	if (!kctx->sk)
+		return -1;
+	req = bpf_rdonly_cast(kctx->sk, bpf_core_type_id_kernel(struct tcp_request_sock));
+	k->client_isn = req->rcv_isn;
+	k->server_isn = req->snt_isn;
+	return 0;
+}
+
+/* Server side, a connection request (its request socket, TIMEOUT_INIT):
+ * register the handshake by its sequence numbers, with the tuple the server
+ * sees. A client whose tuple differs (translated) finds it by the same
+ * numbers in the SYN-ACK it receives. Unregistered, the connection is never
+ * paired: its client finds nothing to claim and both ends stay plain TCP. */
+static __always_inline void register_request(struct bpf_sock_ops *skops)
+{
+	struct isn_pending fresh = {};
+	if (tuple_from_skops(skops, &fresh.server, 0))
 		return;
-	/* Unregistered, the connection is never paired: its client finds
-	 * nothing to claim and both ends stay plain TCP. */
-	if (bpf_map_lookup_elem(&excluded_ports, &t.server_port)) {
+	if (bpf_map_lookup_elem(&excluded_ports, &fresh.server.server_port)) {
 		count(CNT_EXCLUDED);
 		return;
 	}
-
 	__u64 netns = bpf_get_netns_cookie(skops);
-	struct reader_port_seen *kept = kept_port(netns, t.server_port);
+	struct reader_port_seen *kept = kept_port(netns, fresh.server.server_port);
 	if (kept) {
 		__sync_fetch_and_add(&kept->kept, 1);
 		count(CNT_READER_PORT);
 		return;
 	}
-	__u64 now = bpf_ktime_get_ns();
-	struct pending fresh = {
-		.server_netns = netns,
-		.created_ns = now,
-		.state = PENDING_REGISTERED,
-		.registrants = 1,
-	};
-
-	struct pending *p = bpf_map_lookup_elem(&handshakes, &t);
-	if (!p) {
-		if (bpf_map_update_elem(&handshakes, &t, &fresh, BPF_NOEXIST) == 0) {
-			count(CNT_REGISTERED);
-			return;
-		}
-		p = bpf_map_lookup_elem(&handshakes, &t);
-		if (!p) {
-			count(CNT_REGISTRY_FULL);
-			return;
-		}
-	}
-	/* Another CPU may have registered after we read the clock: compare
-	 * signed, or that fresh entry would look ancient and be overwritten,
-	 * erasing the collision (caught by TestIsolationIdenticalTuples). */
-	if ((__s64)(bpf_ktime_get_ns() - p->created_ns) > (__s64)cfg.pending_ttl_ns) {
-		bpf_map_update_elem(&handshakes, &t, &fresh, BPF_EXIST);
+	struct isn_pair k;
+	if (request_isns(skops, &k))
+		return;
+	fresh.p.server_netns = netns;
+	fresh.p.state = PENDING_REGISTERED;
+	if (bpf_map_update_elem(&isn_handshakes, &k, &fresh, BPF_NOEXIST) == 0) {
 		count(CNT_REGISTERED);
 		return;
 	}
-	/* Same netns and tuple: the same connection (a SYN retried after its
-	 * request was dropped); a netns holds one connection per tuple. */
-	if (p->server_netns == netns)
+	struct isn_pending *x = bpf_map_lookup_elem(&isn_handshakes, &k);
+	if (!x) {
+		count(CNT_REGISTRY_FULL);
 		return;
-	__sync_fetch_and_add(&p->registrants, 1);
-	__sync_fetch_and_or(&p->state, PENDING_AMBIGUOUS);
+	}
+	if (x->p.server_netns == netns)
+		return; /* this request, registered again */
+	/* Two servers hold the same pair of sequence numbers: whichever
+	 * client holds them, neither is paired. */
+	__sync_fetch_and_or(&x->p.state, PENDING_AMBIGUOUS);
 	count(CNT_AMBIGUOUS);
 }
 
@@ -167,6 +177,7 @@ static __always_inline struct sock_state *new_state(struct bpf_sock *sk, struct 
 	st->tx_msgs = 0;
 	st->pass_msgs = 0;
 	st->flags = 0;
+	st->claim_nonce = 0;
 	st->cgroup_id = 0;
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (tp) {
@@ -241,41 +252,8 @@ static __always_inline int skb_seqs(struct bpf_sock_ops *skops, __u32 *seq, __u3
 	return 0;
 }
 
-/* Server side, the SYN-ACK on its way out (WRITE_HDR_OPT for a request
- * socket): register the handshake by its sequence numbers, with the tuple
- * the server sees. A client whose tuple differs (translated) finds it by
- * the same numbers in the SYN-ACK it receives. */
-static __always_inline void register_isn(struct bpf_sock_ops *skops)
-{
-	__u32 seq, ack;
-	if (skb_seqs(skops, &seq, &ack))
-		return;
-	struct isn_pending fresh = {};
-	if (tuple_from_skops(skops, &fresh.server, 0))
-		return;
-	if (bpf_map_lookup_elem(&excluded_ports, &fresh.server.server_port))
-		return; /* counted at TIMEOUT_INIT */
-	struct isn_pair k = { .client_isn = ack - 1, .server_isn = seq };
-	__u64 netns = bpf_get_netns_cookie(skops);
-	if (kept_port(netns, fresh.server.server_port))
-		return; /* counted at TIMEOUT_INIT */
-	fresh.p.server_netns = netns;
-	fresh.p.created_ns = bpf_ktime_get_ns();
-	fresh.p.state = PENDING_REGISTERED;
-	fresh.p.registrants = 1;
-	if (bpf_map_update_elem(&isn_handshakes, &k, &fresh, BPF_NOEXIST) == 0)
-		return;
-	struct isn_pending *x = bpf_map_lookup_elem(&isn_handshakes, &k);
-	if (!x || x->p.server_netns == netns)
-		return; /* evicted meanwhile, or this SYN-ACK sent again */
-	/* Two servers sent the same pair of sequence numbers: whichever
-	 * client holds them, neither is paired. */
-	__sync_fetch_and_or(&x->p.state, PENDING_AMBIGUOUS);
-	count(CNT_AMBIGUOUS);
-}
-
 /* The claim's header option (RFC 6994's experimental kind, shunt's ExID),
- * carrying the claimant's nonce (claim_nonces) in its handshake ACK. */
+ * carrying the claimant's nonce in its handshake ACK. */
 #define CLAIM_OPT_KIND 254
 #define CLAIM_OPT_LEN 8
 #define CLAIM_OPT_EXID 0x5348 /* "SH" */
@@ -288,47 +266,65 @@ struct claim_opt {
 };
 
 /* Client side, once claimed: bind the claim to our handshake ACK, which is
- * sent after this callback returns (write_claim). Without an entry the
- * server finds nothing to match and declines: both stay on TCP. */
-static __always_inline void bind_claim(struct bpf_sock_ops *skops, struct sock_key *self)
+ * sent after this callback returns (write_claim). The nonce goes in the
+ * registration, for the server, and in our state, for the header
+ * callbacks: no map update of its own. */
+static __always_inline void bind_claim(struct bpf_sock_ops *skops, struct isn_pending *x, struct isn_pair *k,
+				       struct sock_state *st)
 {
 	__u32 nonce = bpf_get_prandom_u32() | 1;
-	if (bpf_map_update_elem(&claim_nonces, self, &nonce, BPF_ANY))
-		return;
+	x->p.nonce = nonce;
+	st->claim = *k;
+	st->claim_nonce = nonce;
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 }
 
-/* Client side, each segment after the claim until the server took the
- * nonce: write it. Usually the handshake ACK and no more; where the server
- * dropped that ACK (a full accept queue) and sent its SYN-ACK again, the
- * ACK that answers it carries the nonce too. */
+/* Client side, our claim's nonce while the server has not taken it (its
+ * registration is still there): each segment after the claim carries it,
+ * usually the handshake ACK only (the server takes it as that ACK
+ * establishes it); where the server dropped that ACK (a full accept queue)
+ * and sent its SYN-ACK again, the ACK that answers it carries the nonce
+ * too. Once it is taken the header callbacks are switched off. */
+static __always_inline struct sock_state *claim_pending(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	struct sock_state *st = sk ? bpf_sk_storage_get(&sock_states, sk, 0, 0) : 0;
+	if (st && st->claim_nonce) {
+		if (bpf_map_lookup_elem(&isn_handshakes, &st->claim))
+			return st;
+		st->claim_nonce = 0;
+	}
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+	return 0;
+}
+
+/* Room for the nonce, where there is one to write: without room reserved
+ * the write callback does not run. */
+static __always_inline void reserve_claim(struct bpf_sock_ops *skops)
+{
+	if (claim_pending(skops))
+		bpf_reserve_hdr_opt(skops, CLAIM_OPT_LEN, 0);
+}
+
 static __always_inline void write_claim(struct bpf_sock_ops *skops)
 {
-	struct sock_key self = { .netns = bpf_get_netns_cookie(skops), .role = ROLE_CLIENT };
-	__u32 *nonce = 0;
-	if (!tuple_from_skops(skops, &self.tuple, 1))
-		nonce = bpf_map_lookup_elem(&claim_nonces, &self);
-	if (!nonce) {
-		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+	struct sock_state *st = claim_pending(skops);
+	if (!st)
 		return;
-	}
-	struct claim_opt opt = { .kind = CLAIM_OPT_KIND, .len = CLAIM_OPT_LEN, .exid = bpf_htons(CLAIM_OPT_EXID), .nonce = *nonce };
+	struct claim_opt opt = { .kind = CLAIM_OPT_KIND, .len = CLAIM_OPT_LEN, .exid = bpf_htons(CLAIM_OPT_EXID), .nonce = st->claim_nonce };
 	bpf_store_hdr_opt(skops, &opt, sizeof(opt), 0);
 }
 
 /* Server side, PASSIVE_ESTABLISHED: did the ACK that established us come
- * from the claimant? Only its handshake ACK carries its nonce. A socket that
- * claimed a handshake it holds the numbers of but is not the end of (a
- * forger that saw the server's SYN-ACK to a client elsewhere) sends its ACK
- * anywhere but here, short of spoofing the client's packets, which would
- * take over a plain TCP connection too. */
-static __always_inline int claim_bound(struct bpf_sock_ops *skops, struct sock_key *claimant)
+ * from the claimant, whose nonce is want? Only its handshake ACK carries
+ * it. A socket that claimed a handshake it holds the numbers of but is not
+ * the end of (a forger that saw the server's SYN-ACK to a client elsewhere)
+ * sends its ACK anywhere but here, short of spoofing the client's packets,
+ * which would take over a plain TCP connection too. */
+static __always_inline int claim_bound(struct bpf_sock_ops *skops, __u32 want)
 {
-	__u32 *nonce = bpf_map_lookup_elem(&claim_nonces, claimant);
-	if (!nonce)
+	if (!want)
 		return 0;
-	__u32 want = *nonce;
-	bpf_map_delete_elem(&claim_nonces, claimant);
 	/* Search by kind and 16-bit ExID (len 4); the option found is
 	 * copied over the search key. */
 	struct claim_opt opt = { .kind = CLAIM_OPT_KIND, .len = 4, .exid = bpf_htons(CLAIM_OPT_EXID) };
@@ -350,29 +346,30 @@ static __always_inline void poison_claimed(__u32 *state)
 		__sync_fetch_and_or(state, PENDING_AMBIGUOUS);
 }
 
-/* Client side: claim the registration whose state is *state and insert
- * ourselves. The server pairs only after our handshake ACK, which is sent
- * after this callback returns: poisoning the state cannot race with it. */
-static __always_inline void join_as_client(struct bpf_sock_ops *skops, struct bpf_sock *sk, __u32 *state,
-					   struct sock_key *self, struct sock_key *peer)
+/* Client side: claim the registration x (key k) and insert ourselves. The
+ * server pairs only after our handshake ACK, which is sent after this
+ * callback returns: poisoning the state cannot race with it. */
+static __always_inline void join_as_client(struct bpf_sock_ops *skops, struct bpf_sock *sk, struct isn_pending *x,
+					   struct isn_pair *k, struct sock_key *self, struct sock_key *peer)
 {
-	if (__sync_val_compare_and_swap(state, PENDING_REGISTERED, PENDING_CLAIMED) != PENDING_REGISTERED) {
+	if (__sync_val_compare_and_swap(&x->p.state, PENDING_REGISTERED, PENDING_CLAIMED) != PENDING_REGISTERED) {
 		count(CNT_UNPAIRED);
 		return;
 	}
-	if (!new_state(sk, self, peer)) {
-		__sync_fetch_and_or(state, PENDING_AMBIGUOUS);
+	struct sock_state *st = new_state(sk, self, peer);
+	if (!st) {
+		__sync_fetch_and_or(&x->p.state, PENDING_AMBIGUOUS);
 		count(CNT_INSERT_FAILED);
 		return;
 	}
 	if (bpf_sock_hash_update(skops, &sock_hash, self, BPF_NOEXIST)) {
 		bpf_sk_storage_delete(&sock_states, sk);
-		__sync_fetch_and_or(state, PENDING_AMBIGUOUS);
+		__sync_fetch_and_or(&x->p.state, PENDING_AMBIGUOUS);
 		count(CNT_INSERT_FAILED);
 		return;
 	}
 	publish(skops, sk, self, peer);
-	bind_claim(skops, self);
+	bind_claim(skops, x, k, st);
 }
 
 static __always_inline void client_established(struct bpf_sock_ops *skops)
@@ -387,53 +384,31 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 	struct sock_key self = { .netns = netns, .tuple = t, .role = ROLE_CLIENT };
 	struct sock_key peer = { .role = ROLE_SERVER };
 
-	/* By sequence numbers first: they name this very connection whatever
-	 * translated its addresses, and only this client holds the server's. */
+	/* The sequence numbers name this very connection whatever translated
+	 * its addresses, and only this client holds the server's. */
 	__u32 seq, ack;
-	struct isn_pending *x = 0;
-	if (!skb_seqs(skops, &seq, &ack)) {
-		struct isn_pair k = { .client_isn = ack - 1, .server_isn = seq };
-		x = bpf_map_lookup_elem(&isn_handshakes, &k);
-	}
-	if (x) {
-		if (x->p.state != PENDING_REGISTERED) {
-			poison_claimed(&x->p.state);
-			count(CNT_UNPAIRED);
-			return;
-		}
-		if (uses_zerocopy(sk)) {
-			/* Unclaimed, the registration pairs nobody. */
-			count(CNT_ZEROCOPY);
-			return;
-		}
-		peer.netns = x->p.server_netns;
-		peer.tuple = x->server;
-		x->client = t;
-		x->p.client_netns = netns;
-		join_as_client(skops, sk, &x->p.state, &self, &peer);
+	if (skb_seqs(skops, &seq, &ack))
 		return;
-	}
-
-	/* A server that listened before shunt was enabled for its cgroup
-	 * registered its tuple only: pair by that, untranslated. */
-	struct pending *p = bpf_map_lookup_elem(&handshakes, &t);
-	if (!p)
+	struct isn_pair k = { .client_isn = ack - 1, .server_isn = seq };
+	struct isn_pending *x = bpf_map_lookup_elem(&isn_handshakes, &k);
+	if (!x)
 		return; /* peer elsewhere or not enabled: stay out of the way */
-	if (p->state != PENDING_REGISTERED) {
-		poison_claimed(&p->state);
+	if (x->p.state != PENDING_REGISTERED) {
+		poison_claimed(&x->p.state);
 		count(CNT_UNPAIRED);
 		return;
 	}
 	if (uses_zerocopy(sk)) {
-		/* Unclaimed, the registration pairs nobody: the server's
-		 * PASSIVE_ESTABLISHED finds it unclaimed and drops it. */
+		/* Unclaimed, the registration pairs nobody. */
 		count(CNT_ZEROCOPY);
 		return;
 	}
-	peer.netns = p->server_netns;
-	peer.tuple = t;
-	p->client_netns = netns;
-	join_as_client(skops, sk, &p->state, &self, &peer);
+	peer.netns = x->p.server_netns;
+	peer.tuple = x->server;
+	x->client = t;
+	x->p.client_netns = netns;
+	x->p.translated = !same_tuple(&t, &peer.tuple);
+	join_as_client(skops, sk, x, &k, &self, &peer);
 }
 
 /* The server declines a connection its client already joined: take the
@@ -447,8 +422,9 @@ static __always_inline void release_client(struct sock_key *client)
 
 static __always_inline void server_established(struct bpf_sock_ops *skops)
 {
-	/* A child inherits its listener's flags; its own segments need no
-	 * header callback. */
+	/* A child inherits its listener's flags (an install before this one
+	 * asked for the listener's header callbacks); its own segments need
+	 * none. */
 	if (skops->bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG)
 		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 	struct tuple t = {};
@@ -460,58 +436,31 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 	__u64 netns = bpf_get_netns_cookie(skops);
 	struct sock_key self = { .netns = netns, .tuple = t, .role = ROLE_SERVER };
 	struct sock_key peer = { .role = ROLE_CLIENT };
-	int found = 0, by_isn = 0, ours = 0, translated = 0;
 
 	/* Nothing but the SYN-ACK sent yet, and the ACK's own data not queued
-	 * yet: snd_una - 1 and rcv_nxt - 1 are what the SYN-ACK carried (for
-	 * a TFO child, made at the SYN, rcv_nxt includes the SYN's data as
-	 * the SYN-ACK's ack does, and its client has claimed nothing yet). */
-	{
-		struct isn_pair k = { .client_isn = skops->rcv_nxt - 1, .server_isn = skops->snd_una - 1 };
-		struct isn_pending *x = bpf_map_lookup_elem(&isn_handshakes, &k);
-		if (x && x->p.server_netns == netns) {
-			found = by_isn = 1;
-			if (x->p.state == PENDING_CLAIMED) {
-				ours = 1;
-				peer.netns = x->p.client_netns;
-				peer.tuple = x->client;
-				translated = !same_tuple(&peer.tuple, &t);
-			} else if (x->p.state & PENDING_CLAIMED) {
-				/* Claimed twice (poison_claimed): the first
-				 * claimant joined; take it out again. */
-				struct sock_key first = { .netns = x->p.client_netns, .tuple = x->client, .role = ROLE_CLIENT };
-				release_client(&first);
-			}
-			bpf_map_delete_elem(&isn_handshakes, &k);
-		}
-	}
-	struct pending *p = bpf_map_lookup_elem(&handshakes, &t);
-	if (p) {
-		found = 1;
-		if ((p->state & PENDING_CLAIMED) && p->server_netns == netns) {
-			struct sock_key claimant = { .netns = p->client_netns, .tuple = t, .role = ROLE_CLIENT };
-			if (!by_isn && p->state == PENDING_CLAIMED) {
-				ours = 1;
-				peer = claimant;
-			} else {
-				/* Our true client, local and enabled, claims
-				 * by sequence numbers, never by tuple: a socket
-				 * elsewhere that only shares the tuple did, and
-				 * must not send into ours. Or two claimed the
-				 * tuple (poison_claimed): neither is ours. */
-				release_client(&claimant);
-			}
-		}
-		if (__sync_fetch_and_add(&p->registrants, -1) <= 1)
-			bpf_map_delete_elem(&handshakes, &t);
-	}
-	if (!found)
+	 * yet: snd_una - 1 and rcv_nxt - 1 are the handshake's initial
+	 * sequence numbers (a TFO child, made at the SYN, counts the SYN's
+	 * data in rcv_nxt: it finds no registration and stays on TCP). */
+	struct isn_pair k = { .client_isn = skops->rcv_nxt - 1, .server_isn = skops->snd_una - 1 };
+	struct isn_pending *x = bpf_map_lookup_elem(&isn_handshakes, &k);
+	if (!x || x->p.server_netns != netns)
 		return;
-	if (!ours) {
+	__u32 state = x->p.state;
+	peer.netns = x->p.client_netns;
+	peer.tuple = x->client;
+	int translated = x->p.translated;
+	__u32 nonce = x->p.nonce;
+	bpf_map_delete_elem(&isn_handshakes, &k);
+	if (state != PENDING_CLAIMED) {
+		if (state & PENDING_CLAIMED) {
+			/* Claimed twice (poison_claimed): the first
+			 * claimant joined; take it out again. */
+			release_client(&peer);
+		}
 		count(CNT_UNPAIRED);
 		return;
 	}
-	if (!claim_bound(skops, &peer)) {
+	if (!claim_bound(skops, nonce)) {
 		release_client(&peer);
 		count(CNT_CLAIM_UNBOUND);
 		return;
@@ -546,27 +495,17 @@ int shunt_sockops(struct bpf_sock_ops *skops)
 		/* Runs for the client's own socket too; only the server's
 		 * request socket (not a full socket) registers. */
 		if (!skops->is_fullsock)
-			register_handshake(skops);
-		break;
-	case BPF_SOCK_OPS_TCP_LISTEN_CB:
-		/* Ask for this listener's SYN-ACKs: they carry the sequence
-		 * numbers a translated connection pairs by. */
-		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+			register_request(skops);
 		break;
 	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
-		/* Not a full socket: a request socket's SYN-ACK. The write
-		 * callback runs only where room was reserved; the kernel
-		 * pads what it does not write with NOPs (4 bytes). A full
-		 * socket asks only once it claimed (bind_claim): its ACK. */
-		if (!skops->is_fullsock)
-			bpf_reserve_hdr_opt(skops, 4, 0);
-		else
-			bpf_reserve_hdr_opt(skops, CLAIM_OPT_LEN, 0);
+		/* Asked for by a client that claimed (bind_claim): its ACK.
+		 * A request socket's SYN-ACK asks where an install before
+		 * this one armed its listener: nothing to write there. */
+		if (skops->is_fullsock)
+			reserve_claim(skops);
 		break;
 	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB:
-		if (!skops->is_fullsock)
-			register_isn(skops);
-		else
+		if (skops->is_fullsock)
 			write_claim(skops);
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
@@ -1641,48 +1580,6 @@ int BPF_PROG(shunt_refuse_splice, struct file *file, int mask, int ret)
 		return 0;
 	count(CNT_SPLICE_REFUSED);
 	return -EINVAL;
-}
-
-/* Set from Go before it loads shunt_iter_listeners: the cgroup enabled,
- * and its level in the hierarchy. */
-volatile const struct listener_watch {
-	__u64 cgroup_id;
-	__u32 level;
-} watch;
-
-#define SOL_TCP 6
-#define TCP_BPF_SOCK_OPS_CB_FLAGS 1008 /* bpf_{get,set}sockopt, 6.12 and later */
-
-/* The listeners of the watched cgroup's subtree that listened before it was
- * enabled: their TCP_LISTEN_CB ran with no program of ours to ask for
- * their SYN-ACKs, so a connection translated on its way (a Service's DNAT)
- * could not pair by its sequence numbers. Sets the flag that callback
- * sets, by bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS) (6.12 and later), and
- * writes one __s32 per listener of the subtree: 0, or the error (-EINVAL
- * where the kernel has no such option). */
-SEC("iter/tcp")
-int shunt_iter_listeners(struct bpf_iter__tcp *ctx)
-{
-	struct sock_common *skc = ctx->sk_common;
-	if (!skc)
-		return 0;
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
-	if (!tp)
-		return 0;
-	struct sock *sk = (struct sock *)tp;
-	if (sk->__sk_common.skc_state != TCP_LISTEN)
-		return 0;
-	if (!cgroup_within(BPF_CORE_READ(sk, sk_cgrp_data.cgroup), watch.cgroup_id, watch.level))
-		return 0;
-	int flags = 0;
-	long err = bpf_getsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags));
-	if (!err && !(flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG)) {
-		flags |= BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG;
-		err = bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags));
-	}
-	__s32 rec = err;
-	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
-	return 0;
 }
 
 /* One record per socket shunt holds that some process has open. A server

@@ -23,7 +23,6 @@ type bypassCgroupTraffic struct {
 
 type bypassConfig struct {
 	_                 structs.HostLayout
-	PendingTtlNs      uint64
 	SettleNs          uint64
 	MaxBacklog        uint32
 	TrustReaders      uint32
@@ -103,22 +102,6 @@ type bypassGuardEvent struct {
 	Ino    uint64
 }
 
-type bypassListenerWatch struct {
-	_        structs.HostLayout
-	CgroupId uint64
-	Level    uint32
-	_        [4]byte
-}
-
-type bypassPending struct {
-	_           structs.HostLayout
-	ServerNetns uint64
-	ClientNetns uint64
-	CreatedNs   uint64
-	State       uint32
-	Registrants uint32
-}
-
 type bypassReaderPort struct {
 	_     structs.HostLayout
 	Netns uint64
@@ -150,16 +133,21 @@ type bypassSockKey struct {
 }
 
 type bypassSockState struct {
-	_         structs.HostLayout
-	Self      bypassSockKey
-	Peer      bypassSockKey
-	CreatedNs uint64
-	TxBytes   uint64
-	TxMsgs    uint64
-	PassMsgs  uint64
-	Flags     uint32
-	Pad       uint32
-	CgroupId  uint64
+	_          structs.HostLayout
+	Self       bypassSockKey
+	Peer       bypassSockKey
+	CreatedNs  uint64
+	TxBytes    uint64
+	TxMsgs     uint64
+	PassMsgs   uint64
+	Flags      uint32
+	ClaimNonce uint32
+	CgroupId   uint64
+	Claim      struct {
+		_         structs.HostLayout
+		ClientIsn uint32
+		ServerIsn uint32
+	}
 }
 
 type bypassSpliceProgram struct {
@@ -206,12 +194,10 @@ type bypassTuple struct {
 const (
 	bypassMapArgsScratch         = "args_scratch"
 	bypassMapCgroupSends         = "cgroup_sends"
-	bypassMapClaimNonces         = "claim_nonces"
 	bypassMapControl             = "control"
 	bypassMapCounters            = "counters"
 	bypassMapExcludedPorts       = "excluded_ports"
 	bypassMapGuardEvents         = "guard_events"
-	bypassMapHandshakes          = "handshakes"
 	bypassMapIsnHandshakes       = "isn_handshakes"
 	bypassMapPeerRefs            = "peer_refs"
 	bypassMapReaderPorts         = "reader_ports"
@@ -220,7 +206,6 @@ const (
 	bypassMapSplicePrograms      = "splice_programs"
 	bypassProgShuntIterDrain     = "shunt_iter_drain"
 	bypassProgShuntIterFlows     = "shunt_iter_flows"
-	bypassProgShuntIterListeners = "shunt_iter_listeners"
 	bypassProgShuntIterStalls    = "shunt_iter_stalls"
 	bypassProgShuntReads         = "shunt_reads"
 	bypassProgShuntReadsFexit    = "shunt_reads_fexit"
@@ -238,7 +223,6 @@ const (
 	bypassVarUnusedSpliceProgram = "unused_splice_program"
 	bypassVarUnusedSpliceSeen    = "unused_splice_seen"
 	bypassVarUnusedStateFlags    = "unused_state_flags"
-	bypassVarWatch               = "watch"
 )
 
 // loadBypass returns the embedded CollectionSpec for bypass.
@@ -283,17 +267,16 @@ type bypassSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassProgramSpecs struct {
-	ShuntIterDrain     *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
-	ShuntIterFlows     *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
-	ShuntIterListeners *ebpf.ProgramSpec `ebpf:"shunt_iter_listeners"`
-	ShuntIterStalls    *ebpf.ProgramSpec `ebpf:"shunt_iter_stalls"`
-	ShuntReads         *ebpf.ProgramSpec `ebpf:"shunt_reads"`
-	ShuntReadsFexit    *ebpf.ProgramSpec `ebpf:"shunt_reads_fexit"`
-	ShuntRefuseSplice  *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
-	ShuntSetsockopt    *ebpf.ProgramSpec `ebpf:"shunt_setsockopt"`
-	ShuntSkMsg         *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
-	ShuntSockops       *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
-	ShuntSplices       *ebpf.ProgramSpec `ebpf:"shunt_splices"`
+	ShuntIterDrain    *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
+	ShuntIterFlows    *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
+	ShuntIterStalls   *ebpf.ProgramSpec `ebpf:"shunt_iter_stalls"`
+	ShuntReads        *ebpf.ProgramSpec `ebpf:"shunt_reads"`
+	ShuntReadsFexit   *ebpf.ProgramSpec `ebpf:"shunt_reads_fexit"`
+	ShuntRefuseSplice *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
+	ShuntSetsockopt   *ebpf.ProgramSpec `ebpf:"shunt_setsockopt"`
+	ShuntSkMsg        *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
+	ShuntSockops      *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
+	ShuntSplices      *ebpf.ProgramSpec `ebpf:"shunt_splices"`
 }
 
 // bypassMapSpecs contains maps before they are loaded into the kernel.
@@ -302,12 +285,10 @@ type bypassProgramSpecs struct {
 type bypassMapSpecs struct {
 	ArgsScratch    *ebpf.MapSpec `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.MapSpec `ebpf:"cgroup_sends"`
-	ClaimNonces    *ebpf.MapSpec `ebpf:"claim_nonces"`
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.MapSpec `ebpf:"guard_events"`
-	Handshakes     *ebpf.MapSpec `ebpf:"handshakes"`
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
@@ -329,7 +310,6 @@ type bypassVariableSpecs struct {
 	UnusedSpliceProgram *ebpf.VariableSpec `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.VariableSpec `ebpf:"unused_splice_seen"`
 	UnusedStateFlags    *ebpf.VariableSpec `ebpf:"unused_state_flags"`
-	Watch               *ebpf.VariableSpec `ebpf:"watch"`
 }
 
 // bypassObjects contains all objects after they have been loaded into the kernel.
@@ -354,12 +334,10 @@ func (o *bypassObjects) Close() error {
 type bypassMaps struct {
 	ArgsScratch    *ebpf.Map `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.Map `ebpf:"cgroup_sends"`
-	ClaimNonces    *ebpf.Map `ebpf:"claim_nonces"`
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.Map `ebpf:"guard_events"`
-	Handshakes     *ebpf.Map `ebpf:"handshakes"`
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
@@ -372,12 +350,10 @@ func (m *bypassMaps) Close() error {
 	return _BypassClose(
 		m.ArgsScratch,
 		m.CgroupSends,
-		m.ClaimNonces,
 		m.Control,
 		m.Counters,
 		m.ExcludedPorts,
 		m.GuardEvents,
-		m.Handshakes,
 		m.IsnHandshakes,
 		m.PeerRefs,
 		m.ReaderPorts,
@@ -400,31 +376,28 @@ type bypassVariables struct {
 	UnusedSpliceProgram *ebpf.Variable `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.Variable `ebpf:"unused_splice_seen"`
 	UnusedStateFlags    *ebpf.Variable `ebpf:"unused_state_flags"`
-	Watch               *ebpf.Variable `ebpf:"watch"`
 }
 
 // bypassPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassPrograms struct {
-	ShuntIterDrain     *ebpf.Program `ebpf:"shunt_iter_drain"`
-	ShuntIterFlows     *ebpf.Program `ebpf:"shunt_iter_flows"`
-	ShuntIterListeners *ebpf.Program `ebpf:"shunt_iter_listeners"`
-	ShuntIterStalls    *ebpf.Program `ebpf:"shunt_iter_stalls"`
-	ShuntReads         *ebpf.Program `ebpf:"shunt_reads"`
-	ShuntReadsFexit    *ebpf.Program `ebpf:"shunt_reads_fexit"`
-	ShuntRefuseSplice  *ebpf.Program `ebpf:"shunt_refuse_splice"`
-	ShuntSetsockopt    *ebpf.Program `ebpf:"shunt_setsockopt"`
-	ShuntSkMsg         *ebpf.Program `ebpf:"shunt_sk_msg"`
-	ShuntSockops       *ebpf.Program `ebpf:"shunt_sockops"`
-	ShuntSplices       *ebpf.Program `ebpf:"shunt_splices"`
+	ShuntIterDrain    *ebpf.Program `ebpf:"shunt_iter_drain"`
+	ShuntIterFlows    *ebpf.Program `ebpf:"shunt_iter_flows"`
+	ShuntIterStalls   *ebpf.Program `ebpf:"shunt_iter_stalls"`
+	ShuntReads        *ebpf.Program `ebpf:"shunt_reads"`
+	ShuntReadsFexit   *ebpf.Program `ebpf:"shunt_reads_fexit"`
+	ShuntRefuseSplice *ebpf.Program `ebpf:"shunt_refuse_splice"`
+	ShuntSetsockopt   *ebpf.Program `ebpf:"shunt_setsockopt"`
+	ShuntSkMsg        *ebpf.Program `ebpf:"shunt_sk_msg"`
+	ShuntSockops      *ebpf.Program `ebpf:"shunt_sockops"`
+	ShuntSplices      *ebpf.Program `ebpf:"shunt_splices"`
 }
 
 func (p *bypassPrograms) Close() error {
 	return _BypassClose(
 		p.ShuntIterDrain,
 		p.ShuntIterFlows,
-		p.ShuntIterListeners,
 		p.ShuntIterStalls,
 		p.ShuntReads,
 		p.ShuntReadsFexit,

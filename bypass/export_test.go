@@ -2,26 +2,10 @@ package bypass
 
 import (
 	"encoding/binary"
-	"net/netip"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
-
-// InjectHandshake registers a server-side handshake for client -> server as
-// if a server in serverNetns had seen the SYN age ago.
-func (in *Install) InjectHandshake(client, server netip.AddrPort, serverNetns uint64, age time.Duration) error {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return err
-	}
-	k := bypassTuple{ClientIp: client.Addr().As16(), ServerIp: server.Addr().As16(), ClientPort: client.Port(), ServerPort: server.Port()}
-	v := bypassPending{ServerNetns: serverNetns, CreatedNs: uint64(ts.Nano()) - uint64(age), State: 0, Registrants: 1}
-	return in.maps["handshakes"].Put(k, v)
-}
-
-// HandshakeEntries counts the registrations in the registry.
-func (in *Install) HandshakeEntries() int { return countKeys(in.maps["handshakes"]) }
 
 // RedirectSettle is how long a leave or a removal waits for redirects in flight.
 const RedirectSettle = redirectSettle
@@ -91,18 +75,14 @@ func (in *Install) ForgeISNClaims() (int, error) {
 		if err := m.Lookup(key, &v); err != nil {
 			continue
 		}
-		// struct pending: server_netns, client_netns, created_ns, state.
-		if binary.NativeEndian.Uint32(v[24:]) != 0 {
+		// struct pending: server_netns, client_netns, state, nonce.
+		if binary.NativeEndian.Uint32(v[16:]) != 0 {
 			continue
 		}
 		binary.NativeEndian.PutUint64(v[8:], 0xdead)
-		binary.NativeEndian.PutUint32(v[24:], 1) // PENDING_CLAIMED
+		binary.NativeEndian.PutUint32(v[16:], 1)      // PENDING_CLAIMED
+		binary.NativeEndian.PutUint32(v[20:], 0x5eed) // the forger's nonce
 		if err := m.Update(key, v, 0); err != nil {
-			return n, err
-		}
-		// The claimant's key: its netns and the (zero) client tuple.
-		forger := bypassSockKey{Netns: 0xdead, Role: 1}
-		if err := in.maps[claimNoncesMap].Put(forger, uint32(0x5eed)); err != nil {
 			return n, err
 		}
 		n++

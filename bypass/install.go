@@ -25,10 +25,6 @@ import (
 // DefaultPinDir is where the install lives in bpffs.
 const DefaultPinDir = "/sys/fs/bpf/shunt"
 
-// HandshakeTTL bounds how long a handshake registration may wait for its
-// client; older ones are left over from handshakes that never completed.
-const HandshakeTTL = 5 * time.Minute
-
 // redirectSettle bounds how long a redirect decided before a switch (drain,
 // or a reader that needs TCP) may still be landing: it completes inside the
 // sender's sendmsg, after the verdict, without a lock anyone else can wait on.
@@ -65,7 +61,7 @@ const (
 	splicesLink    = "splices"
 )
 
-var pinnedMaps = []string{"sock_hash", "sock_states", "handshakes", "control", "counters", "peer_refs", "excluded_ports", "guard_events"}
+var pinnedMaps = []string{"sock_hash", "sock_states", "control", "counters", "peer_refs", "excluded_ports", "guard_events"}
 
 // cgroupSendsMap holds per-cgroup send counts (not in pinnedMaps: an
 // install from before it lacks it).
@@ -74,10 +70,6 @@ const cgroupSendsMap = "cgroup_sends"
 // isnHandshakesMap holds handshakes by sequence numbers (not in pinnedMaps:
 // installs made before pairing through address translation have none).
 const isnHandshakesMap = "isn_handshakes"
-
-// claimNoncesMap binds clients' claims to their handshake ACKs (not in
-// pinnedMaps: older installs have none).
-const claimNoncesMap = "claim_nonces"
 
 // readerPortsMap holds the server ports whose readers needed TCP lately (not
 // in pinnedMaps: older installs have none).
@@ -317,7 +309,6 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 // newConfig is the programs' configuration for an install with opts.
 func newConfig(opts Options) bypassConfig {
 	cfg := bypassConfig{
-		PendingTtlNs:   uint64(HandshakeTTL),
 		SettleNs:       uint64(redirectSettle),
 		MaxBacklog:     opts.MaxBacklog,
 		SpliceNr:       unix.SYS_SPLICE,
@@ -442,7 +433,6 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
 		"sock_hash":      m.SockHash,
 		"sock_states":    m.SockStates,
-		"handshakes":     m.Handshakes,
 		"control":        m.Control,
 		"counters":       m.Counters,
 		"peer_refs":      m.PeerRefs,
@@ -451,7 +441,6 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		cgroupSendsMap:   m.CgroupSends,
 		isnHandshakesMap: m.IsnHandshakes,
 		readerPortsMap:   m.ReaderPorts,
-		claimNoncesMap:   m.ClaimNonces,
 	}
 }
 
@@ -475,7 +464,7 @@ func Open(dir string) (*Install, error) {
 	}
 	// Installs made before per-cgroup counts or pairing by sequence
 	// numbers lack those maps; they still open (and can be removed).
-	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap, claimNoncesMap} {
+	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap} {
 		if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil); err == nil {
 			in.maps[name] = m
 		}
@@ -514,8 +503,8 @@ func (in *Install) Close() error {
 
 // Attach enables bypass for sockets of a cgroup and its descendants. It
 // returns false if the cgroup was enabled already. Listeners in it older
-// than the attach pair only untranslated connections until WatchListeners
-// asks for their SYN-ACKs: callers say what that found.
+// than the attach pair their new connections too (each connection request
+// registers, whatever its listener's age).
 func (in *Install) Attach(cg host.Cgroup) (bool, error) {
 	in.sweep()
 	if err := in.setDraining(false); err != nil {

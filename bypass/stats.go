@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -23,9 +22,9 @@ type MapFill struct {
 // Counters are events counted by the BPF programs since install. Each
 // field's help tag says what it counts (shunt metrics exports them).
 type Counters struct {
-	Registered      uint64 `json:"handshakes_registered" help:"Server-side handshakes seen."`
-	Ambiguous       uint64 `json:"handshakes_ambiguous" help:"Tuples seen from two namespaces at once: not bypassed."`
-	RegistryFull    uint64 `json:"handshakes_dropped" help:"Handshakes not registered, the registry was full: not bypassed."`
+	Registered      uint64 `json:"handshakes_registered" help:"Connection requests registered by enabled servers."`
+	Ambiguous       uint64 `json:"handshakes_ambiguous" help:"Connection requests with the same initial sequence numbers in two namespaces at once: not bypassed."`
+	RegistryFull    uint64 `json:"handshakes_dropped" help:"Connection requests not registered (the registry could not take them): not bypassed."`
 	Paired          uint64 `json:"connections_paired" help:"Connections bypassed."`
 	Unpaired        uint64 `json:"connections_unpaired" help:"Local peers that could not be paired."`
 	InsertFailed    uint64 `json:"insert_failed" help:"Socket storage or sockhash inserts that failed."`
@@ -105,7 +104,7 @@ func (in *Install) Stats() (Stats, error) {
 		return s, err
 	}
 	s.Programs = progs
-	if s.Maps, err = in.MapFills("sock_hash", "sock_states", "handshakes", "peer_refs"); err != nil {
+	if s.Maps, err = in.MapFills("sock_hash", "sock_states", isnHandshakesMap, "peer_refs"); err != nil {
 		return s, err
 	}
 	if s.ExcludedPorts, err = in.ExcludedPorts(); err != nil {
@@ -141,7 +140,7 @@ func (in *Install) MapFills(names ...string) ([]MapFill, error) {
 	for _, name := range names {
 		m, ok := in.maps[name]
 		if !ok {
-			return nil, fmt.Errorf("no map %s", name)
+			continue // an install made by an older shunt lacks it
 		}
 		f := MapFill{Name: name, Max: maxEntries(m)}
 		if m.Type() == ebpf.SkStorage {
@@ -228,12 +227,10 @@ func countKeys(m *ebpf.Map) int {
 	}
 }
 
-// sweep removes state the BPF programs could not: registrations of dead
-// handshakes, and published refs of sockets that closed after their cgroup
-// was detached (the close callback runs only while attached). Attach and
+// sweep removes state the BPF programs could not: published refs of
+// sockets that closed after their cgroup was detached (the close callback runs only while attached). Attach and
 // Detach run it; readers do not, so tests see what the kernel left.
 func (in *Install) sweep() {
-	in.SweepHandshakes()
 	in.CgroupTraffic() // deletes the counts of cgroups that are gone
 	var key bypassSockKey
 	var gone []bypassSockKey
@@ -248,28 +245,6 @@ func (in *Install) sweep() {
 	for _, k := range gone {
 		_ = in.maps["peer_refs"].Delete(k)
 	}
-}
-
-// SweepHandshakes deletes handshake registrations older than HandshakeTTL:
-// handshakes that never completed (e.g. a client that went away after SYN).
-func (in *Install) SweepHandshakes() int {
-	now := uint64(monotonicNow())
-	m := in.maps["handshakes"]
-	var (
-		key   bypassTuple
-		val   bypassPending
-		stale []bypassTuple
-	)
-	it := m.Iterate()
-	for it.Next(&key, &val) {
-		if now-val.CreatedNs > uint64(HandshakeTTL/time.Nanosecond) {
-			stale = append(stale, key)
-		}
-	}
-	for _, k := range stale {
-		_ = m.Delete(k)
-	}
-	return len(stale)
 }
 
 // programs describes the install's programs from their pins.

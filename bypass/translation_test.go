@@ -1,7 +1,6 @@
 package bypass_test
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -559,11 +558,9 @@ func TestSequenceRewritingMiddleboxLeftOnTCP(t *testing.T) {
 }
 
 // A server that listened before its cgroup was enabled (a pod's server
-// that started before the agent saw the pod) never ran the listen callback
-// that asks for its SYN-ACKs. Enabling the cgroup asks for them (6.12 and
-// later: bpf_setsockopt of TCP_BPF_SOCK_OPS_CB_FLAGS from an iterator), so
-// its connections through a Service pair too. Where the kernel cannot,
-// enable says so and they stay on TCP, whole.
+// that started before the agent saw the pod) pairs its connections through
+// a Service too, on every kernel: each connection request registers by its
+// sequence numbers, whatever the age of its listener.
 func TestListenerOlderThanEnablePairsThroughTranslation(t *testing.T) {
 	testenv.NeedProgram(t, "nft")
 	testenv.RequireRoot(t)
@@ -578,25 +575,6 @@ func TestListenerOlderThanEnablePairsThroughTranslation(t *testing.T) {
 	tr.ln = testenv.Listen(t, testenv.Side{NS: tr.server, CG: cg}, "tcp", tr.listen)
 	if _, err := in.Attach(cg); err != nil {
 		t.Fatal(err)
-	}
-	if host.OlderThan([2]int{6, 12}) {
-		n, err := in.WatchListeners(cg)
-		if !errors.Is(err, bypass.ErrListenersNotWatched) || n != 1 {
-			t.Fatalf("watch on a kernel before 6.12: %d listeners, %v; want 1 and ErrListenersNotWatched", n, err)
-		}
-		before, _ := in.Stats()
-		c := testenv.Dial(t, testenv.Side{NS: tr.client, CG: cg}, "tcp", tr.vip, nil)
-		s := testenv.Accept(t, tr.ln)
-		defer c.Close()
-		defer s.Close()
-		streamBothWays(t, c, s, 1<<20)
-		if after, _ := in.Stats(); after.Counters.Translated != before.Counters.Translated {
-			t.Errorf("paired through the translation on a kernel that cannot watch an older listener")
-		}
-		return
-	}
-	if n, err := in.WatchListeners(cg); err != nil || n != 1 {
-		t.Fatalf("watch: %d listeners, %v; want the one", n, err)
 	}
 	checkTranslated(t, in, cg, tr)
 }

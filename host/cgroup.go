@@ -178,23 +178,3 @@ func (c Cgroup) Level() int {
 	}
 	return len(strings.Split(rel, string(filepath.Separator)))
 }
-
-// Populated says whether a process is in the cgroup or any cgroup below it
-// (cgroup.events "populated"). The root has no such file: it is populated.
-func (c Cgroup) Populated() (bool, error) {
-	b, err := os.ReadFile(filepath.Join(c.Path, "cgroup.events"))
-	if errors.Is(err, os.ErrNotExist) {
-		if root, rerr := Cgroup2Root(); rerr == nil && filepath.Clean(c.Path) == filepath.Clean(root) {
-			return true, nil
-		}
-	}
-	if err != nil {
-		return false, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "populated "); ok {
-			return v == "1", nil
-		}
-	}
-	return false, fmt.Errorf("%s/cgroup.events: no populated line", c.Path)
-}

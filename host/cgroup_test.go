@@ -3,11 +3,8 @@ package host
 import (
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"testing"
-	"time"
 )
 
 func TestCgroup2RootFromMountinfo(t *testing.T) {
@@ -44,58 +41,5 @@ func TestKernelVersion(t *testing.T) {
 		if maj, min := kernelVersion(rel); maj != want[0] || min != want[1] {
 			t.Errorf("%s: got %d.%d", rel, maj, min)
 		}
-	}
-}
-
-// Populated follows the processes in a cgroup's subtree: a new cgroup is
-// empty, one with a process below it is populated, and empty again once the
-// process has gone.
-func TestCgroupPopulated(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (creates cgroups)")
-	}
-	root, err := Cgroup2Root()
-	if err != nil {
-		t.Skip(err)
-	}
-	dir, err := os.MkdirTemp(root, "shunt-test-populated-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	child := filepath.Join(dir, "child")
-	if err := os.Mkdir(child, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("sleep", "30")
-	t.Cleanup(func() {
-		os.Remove(child)
-		os.Remove(dir)
-	})
-	cg := Cgroup{Path: dir}
-	if p, err := cg.Populated(); err != nil || p {
-		t.Fatalf("a new cgroup: populated %v, %v", p, err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(child, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
-		cmd.Process.Kill()
-		t.Fatal(err)
-	}
-	if p, err := cg.Populated(); err != nil || !p {
-		t.Errorf("with a process in its child: populated %v, %v", p, err)
-	}
-	cmd.Process.Kill()
-	cmd.Wait()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if p, err := cg.Populated(); err == nil && !p {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("still populated 5 s after its only process ended")
-		}
-	}
-	if p, err := (Cgroup{Path: root}).Populated(); err != nil || !p {
-		t.Errorf("the root: populated %v, %v", p, err)
 	}
 }

@@ -18,12 +18,10 @@ import (
 const (
 	bareMapArgsScratch     = "args_scratch"
 	bareMapCgroupSends     = "cgroup_sends"
-	bareMapClaimNonces     = "claim_nonces"
 	bareMapControl         = "control"
 	bareMapCounters        = "counters"
 	bareMapExcludedPorts   = "excluded_ports"
 	bareMapGuardEvents     = "guard_events"
-	bareMapHandshakes      = "handshakes"
 	bareMapIsnHandshakes   = "isn_handshakes"
 	bareMapPeerRefs        = "peer_refs"
 	bareMapReaderPorts     = "reader_ports"
@@ -84,12 +82,10 @@ type bareProgramSpecs struct {
 type bareMapSpecs struct {
 	ArgsScratch    *ebpf.MapSpec `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.MapSpec `ebpf:"cgroup_sends"`
-	ClaimNonces    *ebpf.MapSpec `ebpf:"claim_nonces"`
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.MapSpec `ebpf:"guard_events"`
-	Handshakes     *ebpf.MapSpec `ebpf:"handshakes"`
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
@@ -126,12 +122,10 @@ func (o *bareObjects) Close() error {
 type bareMaps struct {
 	ArgsScratch    *ebpf.Map `ebpf:"args_scratch"`
 	CgroupSends    *ebpf.Map `ebpf:"cgroup_sends"`
-	ClaimNonces    *ebpf.Map `ebpf:"claim_nonces"`
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.Map `ebpf:"guard_events"`
-	Handshakes     *ebpf.Map `ebpf:"handshakes"`
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
@@ -144,12 +138,10 @@ func (m *bareMaps) Close() error {
 	return _BareClose(
 		m.ArgsScratch,
 		m.CgroupSends,
-		m.ClaimNonces,
 		m.Control,
 		m.Counters,
 		m.ExcludedPorts,
 		m.GuardEvents,
-		m.Handshakes,
 		m.IsnHandshakes,
 		m.PeerRefs,
 		m.ReaderPorts,

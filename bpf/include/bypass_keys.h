@@ -30,22 +30,24 @@ struct sock_key {
 	__u32 role;
 };
 
-/* Handshake registry: the server side records each incoming connection
- * while the handshake runs, so the client learns at ESTABLISHED that its peer
- * is on this host and enabled, and both learn each other's netns.
+/* Handshake registry: the server side records each connection request by
+ * its two initial sequence numbers while the handshake runs, so the client
+ * learns at ESTABLISHED that its peer is on this host and enabled, and both
+ * learn each other's netns and tuple.
  */
 enum pending_state {
 	PENDING_REGISTERED = 0, /* server saw the SYN */
 	PENDING_CLAIMED = 1,    /* client joined; server may pair */
-	PENDING_AMBIGUOUS = 2,  /* two servers registered this tuple: never pair */
+	PENDING_AMBIGUOUS = 2,  /* registered or claimed twice: never pair */
 };
 
 struct pending {
 	__u64 server_netns;
 	__u64 client_netns;
-	__u64 created_ns;   /* bpf_ktime_get_ns() at registration */
 	__u32 state;        /* enum pending_state */
-	__u32 registrants;  /* server-side registrations not yet resolved */
+	__u32 nonce;        /* the claimant's: its handshake ACK carries it (set at its claim) */
+	__u32 translated;   /* the client's tuple is not the server's (set at its claim) */
+	__u32 pad;
 };
 
 /* A connection's two initial sequence numbers. Address translation (DNAT,
@@ -57,8 +59,9 @@ struct isn_pair {
 	__u32 server_isn;
 };
 
-/* A handshake registered by its sequence numbers (the server's SYN-ACK):
- * the two ends' tuples may differ, so each records its own for the other. */
+/* A handshake registered by its sequence numbers (the server's request
+ * socket): the two ends' tuples may differ, so each records its own for the
+ * other. */
 struct isn_pending {
 	struct pending p;
 	struct tuple server; /* as the server sees it */
@@ -76,8 +79,9 @@ struct sock_state {
 	__u64 tx_msgs;     /* sendmsg calls redirected */
 	__u64 pass_msgs;   /* sends left on the TCP path */
 	__u32 flags;       /* enum state_flags */
-	__u32 _pad;
+	__u32 claim_nonce; /* a client's nonce, while the server has not taken it */
 	__u64 cgroup_id;   /* the socket's cgroup (v2 id), the key of its cgroup_sends */
+	struct isn_pair claim; /* a client's handshake, the key of its claim */
 };
 
 /* What one cgroup's bypassed sockets sent, per CPU. Sends of its sockets

@@ -23,33 +23,14 @@ struct {
 	__type(value, struct sock_state);
 } sock_states SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_PENDING);
-	__type(key, struct tuple);
-	__type(value, struct pending);
-} handshakes SEC(".maps");
-
-/* Handshakes by sequence numbers, registered from the server's SYN-ACK. LRU:
- * a handshake that never completes is evicted, not swept. */
+/* Handshakes by sequence numbers, registered from the server's request
+ * socket. LRU: a handshake that never completes is evicted, not swept. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MAX_PENDING);
 	__type(key, struct isn_pair);
 	__type(value, struct isn_pending);
 } isn_handshakes SEC(".maps");
-
-/* A client's claim of a registration binds to its handshake ACK: the
- * claimant writes this random nonce into the ACK (CLAIM_OPT_*), and the
- * server pairs only if the ACK that established it carries it, so a socket
- * that claimed a handshake it is not the end of is never paired. Keyed by
- * the claimant; the server deletes the entry, LRU evicts the rest. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_PENDING);
-	__type(key, struct sock_key);
-	__type(value, __u32);
-} claim_nonces SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

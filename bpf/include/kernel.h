@@ -109,6 +109,18 @@ struct tcp_sock {
 	__u64 bytes_acked;    /* snd_una's advance since the SYN was sent */
 };
 
+/* A connection request (a listener's request socket): the handshake's two
+ * initial sequence numbers, both chosen before its TIMEOUT_INIT runs. */
+struct tcp_request_sock {
+	__u32 rcv_isn; /* the client's */
+	__u32 snt_isn; /* the server's */
+};
+
+/* What a sockops program's context is in the kernel. */
+struct bpf_sock_ops_kern {
+	struct sock *sk;
+};
+
 /* The psock hangs off sk_user_data; only its receive queues matter to us. */
 struct sk_psock {
 	struct list_head ingress_msg;

@@ -201,9 +201,6 @@ func bypassEnable(ctx context.Context, e *env, g *globals, cgroupPath string, op
 	}
 	if added {
 		fmt.Fprintf(e.stdout, "bypass enabled for %s\n", what)
-		if note := bypass.DescribeWatch(in.WatchListeners(cg)); note != "" {
-			fmt.Fprintln(e.stdout, note)
-		}
 	} else {
 		fmt.Fprintf(e.stdout, "bypass already enabled for %s\n", what)
 	}

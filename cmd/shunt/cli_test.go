@@ -17,7 +17,6 @@ import (
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/guard"
-	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -403,32 +402,5 @@ func TestDisableWaitsForTheInstallLockAndSaysWhatItRemoves(t *testing.T) {
 		if !strings.Contains(r.out, want) {
 			t.Errorf("disable --all said %q, without %q", r.out, want)
 		}
-	}
-}
-
-// enable asks for the SYN-ACKs of the cgroup's listeners older than it, so
-// that their connections through a Service pair too, and says what it found.
-func TestEnableWatchesOlderListeners(t *testing.T) {
-	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
-	cg := testenv.MustCgroup(t)
-	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
-	testenv.Listen(t, side, "tcp4", "127.0.0.1:0")
-	out, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin)
-	if code != 0 {
-		t.Fatalf("enable: exit %d, %s", code, stderr)
-	}
-	t.Cleanup(func() { runShunt(t, nil, "bypass", "disable", "--all", "--pin-dir", pin) })
-	want := "1 listening socket(s) older than the enable asked for their SYN-ACKs"
-	if host.OlderThan([2]int{6, 12}) {
-		want = "1 listening socket(s) older than the enable: their connections through address translation (a Service, a sidecar's redirect) stay on TCP"
-	}
-	if !strings.Contains(out, want) {
-		t.Fatalf("enable said %q, want a line with %q", out, want)
-	}
-	// A cgroup with no listener gets no such line.
-	other := testenv.MustCgroup(t)
-	if out, _, _ = runShunt(t, nil, "bypass", "enable", "--cgroup", other.Path, "--pin-dir", pin); strings.Contains(out, "listening socket") {
-		t.Fatalf("enable of a cgroup without listeners said %q", out)
 	}
 }
