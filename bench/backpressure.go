@@ -198,8 +198,8 @@ loop:
 	}
 	// Unblock producers stuck in write and consumers in read.
 	for _, p := range pairs {
-		unix.Shutdown(p.c, unix.SHUT_RDWR)
-		unix.Shutdown(p.s, unix.SHUT_RDWR)
+		_ = unix.Shutdown(p.c, unix.SHUT_RDWR)
+		_ = unix.Shutdown(p.s, unix.SHUT_RDWR)
 	}
 	wg.Wait()
 	close(errs)

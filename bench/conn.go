@@ -121,7 +121,7 @@ func dial(addr *unix.SockaddrInet4) (int, error) {
 
 func ipv4(s string) []byte {
 	var b [4]byte
-	fmt.Sscanf(s, "%d.%d.%d.%d", &b[0], &b[1], &b[2], &b[3])
+	_, _ = fmt.Sscanf(s, "%d.%d.%d.%d", &b[0], &b[1], &b[2], &b[3])
 	return b[:]
 }
 

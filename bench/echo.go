@@ -165,7 +165,7 @@ func echoRun(l *Lab, ke *kecho.Echo, c Cell, cfg EchoConfig) ([]time.Duration, t
 			return nil, 0, err
 		}
 		defer func() {
-			ke.Remove(sfd)
+			_ = ke.Remove(sfd)
 			unix.Close(sfd)
 		}()
 		close(srvDone)
@@ -183,7 +183,7 @@ func echoRun(l *Lab, ke *kecho.Echo, c Cell, cfg EchoConfig) ([]time.Duration, t
 	}
 
 	samples, cpu, err := echoClient(cfd, ccpu, c.Size, cfg)
-	unix.Shutdown(cfd, unix.SHUT_WR)
+	_ = unix.Shutdown(cfd, unix.SHUT_WR)
 	if serr := <-srvDone; serr != nil && err == nil {
 		err = serr
 	}

@@ -74,8 +74,8 @@ func (l *Lab) serve(ctx context.Context, cpu int, tool, ip string, port int, arg
 	deadline := time.Now().Add(5 * time.Second)
 	for !listening(srv.Process.Pid, tool, port) {
 		if time.Now().After(deadline) {
-			srv.Process.Kill()
-			srv.Wait()
+			_ = srv.Process.Kill()
+			_ = srv.Wait()
 			return nil, fmt.Errorf("%s server did not start listening on %s", tool, net.JoinHostPort(ip, strconv.Itoa(port)))
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -199,7 +199,7 @@ func sockperfRun(l *Lab, c Cell, cfg LatencyConfig) (Dist, error) {
 		if err != nil {
 			return err
 		}
-		defer func() { srv.Process.Kill(); srv.Wait() }()
+		defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
 		secs := max(1, int((cfg.MaxTime+time.Second-1)/time.Second))
 		cli := l.toolCmd(ctx, clientNS, ccpu, "sockperf", "pp", "--tcp", "-i", ip, "-p", strconv.Itoa(port),
 			"-m", strconv.Itoa(c.Size), "-t", strconv.Itoa(secs))
@@ -219,7 +219,7 @@ func parseSockperf(out []byte) (Dist, error) {
 	for sc.Scan() {
 		line := sc.Text()
 		if i := strings.Index(line, "Total "); i >= 0 && strings.Contains(line, "observations") {
-			fmt.Sscanf(line[i:], "Total %d observations", &d.Count)
+			_, _ = fmt.Sscanf(line[i:], "Total %d observations", &d.Count)
 		}
 		m := sockperfLine.FindStringSubmatch(line)
 		if m == nil {
@@ -260,7 +260,7 @@ func iperfRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, time.
 		if err != nil {
 			return err
 		}
-		defer func() { srv.Process.Kill(); srv.Wait() }()
+		defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
 		secs := max(1, int((cfg.Duration+time.Second-1)/time.Second))
 		cli := l.toolCmd(ctx, clientNS, ccpu, "iperf3", "-c", ip, "-p", strconv.Itoa(port), "-t", strconv.Itoa(secs),
 			"-l", strconv.Itoa(c.Size), "-J")

@@ -154,7 +154,7 @@ func fanoutRun(ctx context.Context, ns *lab.NetNS, dur time.Duration, path fanou
 			}
 			// A small buffer fills at once: from then on the forwarder
 			// queues and drops for it.
-			unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096)
+			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4096)
 			stalled = append(stalled, fd)
 		}
 		var err error
@@ -253,7 +253,7 @@ func dialTCP(ap netip.AddrPort) (int, error) {
 
 func monotonicNs() int64 {
 	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return ts.Nano()
 }
 

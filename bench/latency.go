@@ -195,7 +195,7 @@ func latencyRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 		// shunt's name.
 		return l.requireBypassed(c.Mode, cfd)
 	}()
-	unix.Shutdown(cfd, unix.SHUT_WR)
+	_ = unix.Shutdown(cfd, unix.SHUT_WR)
 	if err := <-srvErr; err != nil && cliErr == nil {
 		cliErr = err
 	}

@@ -115,7 +115,7 @@ func newConnRun(l *Lab, c Cell, cfg LatencyConfig) (latencySample, error) {
 			return err
 		})
 	})
-	unix.Shutdown(ln, unix.SHUT_RDWR)
+	_ = unix.Shutdown(ln, unix.SHUT_RDWR)
 	if err := <-srvErr; err != nil && cliErr == nil {
 		cliErr = err
 	}

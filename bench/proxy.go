@@ -311,13 +311,13 @@ func (p *proxyProc) log() string {
 }
 
 func (p *proxyProc) stop() {
-	p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
-	go func() { p.cmd.Wait(); close(done) }()
+	go func() { _ = p.cmd.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(15 * time.Second):
-		p.cmd.Process.Kill()
+		_ = p.cmd.Process.Kill()
 		<-done
 	}
 	os.RemoveAll(p.dir)

@@ -145,7 +145,7 @@ func dialBlocking(ns *lab.NetNS, addr string) (*os.File, error) {
 		return nil, err
 	}
 	defer c.Close()
-	c.(*net.TCPConn).SetNoDelay(true)
+	_ = c.(*net.TCPConn).SetNoDelay(true)
 	return c.(*net.TCPConn).File()
 }
 
@@ -202,7 +202,7 @@ func bulk(ns *lab.NetNS, u *upstream, addr string, block int, d time.Duration) (
 			return bulkResult{}, err
 		}
 	}
-	unix.Shutdown(fd, unix.SHUT_WR)
+	_ = unix.Shutdown(fd, unix.SHUT_WR)
 	unpin()
 	defer f.Close()
 	select {

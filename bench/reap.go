@@ -64,7 +64,7 @@ func RunReap(ctx context.Context, cfg ReapConfig, progress io.Writer) ([]ReapRes
 	if err != nil {
 		return nil, err
 	}
-	defer rmCgroup()
+	defer func() { _ = rmCgroup() }()
 	pinDir := "/sys/fs/bpf/" + lab.Name("shunt-test-reap-")
 	if err := host.EnsureBPFFS(pinDir); err != nil {
 		return nil, err
@@ -73,7 +73,7 @@ func RunReap(ctx context.Context, cfg ReapConfig, progress io.Writer) ([]ReapRes
 	if err != nil {
 		return nil, err
 	}
-	defer ix.Remove()
+	defer func() { _ = ix.Remove() }()
 
 	var nss []*lab.NetNS
 	defer func() {
@@ -181,7 +181,7 @@ func (w *reapWorld) dial(ns *lab.NetNS, port, count int, send bool) ([]int, erro
 				}
 				if send && w.proto == "udp" {
 					// The first send tells the index the local port.
-					unix.Write(fd, []byte("x"))
+					_, _ = unix.Write(fd, []byte("x"))
 				}
 			}
 			return nil

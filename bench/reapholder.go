@@ -73,7 +73,7 @@ func runHolder(spec string) error {
 		}
 	}
 	fmt.Fprintln(os.Stdout, "ready")
-	io.Copy(io.Discard, os.Stdin)
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	return nil
 }
 
@@ -112,7 +112,7 @@ func startHolder(spec string) (*holder, error) {
 
 func (h *holder) stop() {
 	h.stdin.Close()
-	h.cmd.Wait()
+	_ = h.cmd.Wait()
 }
 
 // HoldConnections connects n sockets (proto "tcp" or "udp") to

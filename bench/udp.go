@@ -163,7 +163,7 @@ func udpRun(ns *lab.NetNS, cfg UDPConfig, mode string, size int, h *histogram) (
 			if err != nil {
 				return
 			}
-			server.Write(buf[:n])
+			_, _ = server.Write(buf[:n])
 		}
 	}()
 	unpin, err := pinThread(udpPeerCPU)
@@ -174,7 +174,7 @@ func udpRun(ns *lab.NetNS, cfg UDPConfig, mode string, size int, h *histogram) (
 	buf := make([]byte, 65536)
 	for i := 0; i < cfg.Requests; i++ {
 		start := time.Now()
-		client.Write(msg)
+		_, _ = client.Write(msg)
 		client.SetReadDeadline(start.Add(time.Second))
 		if _, err := client.Read(buf); err != nil {
 			r.lost++
@@ -246,8 +246,8 @@ func connectedUDP() (x, y *net.UDPConn, err error) {
 		return nil, nil, err
 	}
 	for _, c := range []*net.UDPConn{x, y} {
-		c.SetReadBuffer(8 << 20)
-		c.SetWriteBuffer(8 << 20)
+		_ = c.SetReadBuffer(8 << 20)
+		_ = c.SetWriteBuffer(8 << 20)
 	}
 	return x, y, nil
 }
@@ -291,7 +291,7 @@ func joinUDP(mode string, front, back *net.UDPConn) (stop func(), err error) {
 			if err != nil {
 				return
 			}
-			to.Write(buf[:n])
+			_, _ = to.Write(buf[:n])
 		}
 	}
 	wg.Add(2)

@@ -396,7 +396,7 @@ func attachSkMsg(dir string, sockhash *ebpf.Map, prog *ebpf.Program) error {
 	if a.OnMap() {
 		return nil
 	}
-	defer a.Release() // the pin holds it
+	defer func() { _ = a.Release() }() // the pin holds it
 	if err := a.Link().Pin(filepath.Join(dir, linksDir, skMsgLink)); err != nil {
 		return fmt.Errorf("pin sk_msg link: %w", err)
 	}
@@ -521,24 +521,22 @@ func (in *Install) Attach(cg host.Cgroup) (bool, error) {
 	}
 	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: ebpf.AttachCGroupSockOps, Program: in.sockops})
 	if err != nil {
-		in.detachSetsockopt(cg.ID)
-		return false, fmt.Errorf("attach sockops to %s: %w", cg.Path, err)
+		err = fmt.Errorf("attach sockops to %s: %w", cg.Path, err)
+		return false, errors.Join(err, in.detachSetsockopt(cg.ID))
 	}
 	defer l.Close()
 	// Pin under a temporary name, then rename: a racing enable of the same
 	// cgroup loses the rename and its link detaches when closed.
 	tmp := where + "-new-" + strconv.Itoa(os.Getpid())
 	if err := l.Pin(tmp); err != nil {
-		in.detachSetsockopt(cg.ID)
-		return false, fmt.Errorf("pin cgroup link: %w", err)
+		return false, errors.Join(fmt.Errorf("pin cgroup link: %w", err), in.detachSetsockopt(cg.ID))
 	}
 	if err := pin.RenameNoReplace(tmp, where); err != nil {
 		os.Remove(tmp)
 		if errors.Is(err, os.ErrExist) {
 			return false, nil // the racing enable pinned both
 		}
-		in.detachSetsockopt(cg.ID)
-		return false, fmt.Errorf("pin cgroup link: %w", err)
+		return false, errors.Join(fmt.Errorf("pin cgroup link: %w", err), in.detachSetsockopt(cg.ID))
 	}
 	return true, nil
 }

@@ -231,7 +231,7 @@ func countKeys(m *ebpf.Map) int {
 // sockets that closed after their cgroup was detached (the close callback runs only while attached). Attach and
 // Detach run it; readers do not, so tests see what the kernel left.
 func (in *Install) sweep() {
-	in.CgroupTraffic() // deletes the counts of cgroups that are gone
+	_, _ = in.CgroupTraffic() // deletes the counts of cgroups that are gone
 	var key bypassSockKey
 	var gone []bypassSockKey
 	it := in.maps["peer_refs"].Iterate()

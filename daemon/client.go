@@ -153,6 +153,8 @@ func fdOf(c syscall.Conn) (int, error) {
 		return -1, err
 	}
 	fd := -1
-	raw.Control(func(f uintptr) { fd = int(f) })
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return -1, err
+	}
 	return fd, nil
 }

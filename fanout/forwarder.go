@@ -247,7 +247,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		defer close(wakerDone)
 		select {
 		case <-ctx.Done():
-			unix.Write(f.stop, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+			_, _ = unix.Write(f.stop, []byte{1, 0, 0, 0, 0, 0, 0, 0})
 		case <-runDone:
 		}
 	}()
@@ -433,7 +433,9 @@ func (f *Forwarder) watch(s *subscriber) {
 	if !s.writable {
 		ev |= unix.EPOLLOUT
 	}
-	unix.EpollCtl(f.ep, unix.EPOLL_CTL_MOD, s.fd, &unix.EpollEvent{Events: ev, Fd: int32(s.fd)})
+	// s.fd stays registered while s is a subscriber: MOD fails only on a
+	// closed epoll, after Close.
+	_ = unix.EpollCtl(f.ep, unix.EPOLL_CTL_MOD, s.fd, &unix.EpollEvent{Events: ev, Fd: int32(s.fd)})
 }
 
 func (f *Forwarder) accept() {
@@ -518,7 +520,7 @@ func (f *Forwarder) drop(s *subscriber, why string) {
 		f.kern.detach(s)
 	}
 	f.releaseZeroCopy(s)
-	unix.EpollCtl(f.ep, unix.EPOLL_CTL_DEL, s.fd, nil)
+	_ = unix.EpollCtl(f.ep, unix.EPOLL_CTL_DEL, s.fd, nil)
 	unix.Close(s.fd)
 	delete(f.subs, s.fd)
 	f.totals.Disconnected++

@@ -130,7 +130,7 @@ func openKernelPath(cfg Config) (k *kernelPath, err error) {
 // receives the feed.
 func (k *kernelPath) openGroup() error {
 	var r [2]byte
-	rand.Read(r[:])
+	_, _ = rand.Read(r[:])
 	k.group.Addr = [4]byte{239, 255, r[0], r[1]}
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -172,7 +172,7 @@ func (k *kernelPath) attach(s *subscriber) error {
 	}
 	feed, cookie, err := k.joinFeed(slot)
 	if err != nil {
-		k.objs.Targets.Delete(slot)
+		_ = k.objs.Targets.Delete(slot)
 		return err
 	}
 	k.free = k.free[:len(k.free)-1]
@@ -207,12 +207,12 @@ func (k *kernelPath) joinFeed(slot uint32) (feed int, cookie uint64, err error) 
 		return fail("add feed cookie", err)
 	}
 	if err := k.objs.Feeds.Update(slot, uint64(feed), ebpf.UpdateAny); err != nil {
-		k.objs.Slots.Delete(cookie)
+		_ = k.objs.Slots.Delete(cookie)
 		return fail("add feed to sockmap", err)
 	}
 	mreq := &unix.IPMreqn{Multiaddr: k.group.Addr, Ifindex: int32(k.loIndex)}
 	if err := unix.SetsockoptIPMreqn(feed, unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP, mreq); err != nil {
-		k.objs.Slots.Delete(cookie)
+		_ = k.objs.Slots.Delete(cookie)
 		return fail("join the group", err)
 	}
 	return feed, cookie, nil
@@ -225,9 +225,9 @@ func (k *kernelPath) detach(s *subscriber) {
 	if s.feed < 0 {
 		return
 	}
-	k.objs.Slots.Delete(s.cookie)
+	_ = k.objs.Slots.Delete(s.cookie)
 	unix.Close(s.feed) // leaves the group and the feeds map
-	k.objs.Targets.Delete(s.slot)
+	_ = k.objs.Targets.Delete(s.slot)
 	k.free = append(k.free, s.slot)
 	s.feed = -1
 }

@@ -100,7 +100,7 @@ func (f *Forwarder) serveControl() {
 			defer unix.Close(fd)
 			b, _ := json.Marshal(st)
 			tv := unix.NsecToTimeval(int64(5 * time.Second))
-			unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+			_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 			for len(b) > 0 {
 				n, err := unix.Write(fd, b)
 				if err != nil {

@@ -177,9 +177,9 @@ func (f *Forwarder) releaseZeroCopy(s *subscriber) {
 	if len(s.zc) == 0 {
 		return
 	}
-	f.reapCompletions(s)
+	_ = f.reapCompletions(s)
 	if len(s.zc) > 0 {
-		unix.SetsockoptLinger(s.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+		_ = unix.SetsockoptLinger(s.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 		for _, z := range s.zc {
 			f.zc.put(z.buf)
 		}

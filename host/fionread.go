@@ -33,7 +33,7 @@ func fionreadCountsTCP(linked bool) bool {
 		if err := link.RawAttachProgram(opts); err != nil {
 			return false
 		}
-		defer link.RawDetachProgram(link.RawDetachProgramOptions{Target: m.FD(), Program: p, Attach: ebpf.AttachSkMsgVerdict})
+		defer func() { _ = link.RawDetachProgram(link.RawDetachProgramOptions{Target: m.FD(), Program: p, Attach: ebpf.AttachSkMsgVerdict}) }()
 	}
 
 	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -56,8 +56,8 @@ func fionreadCountsTCP(linked bool) bool {
 	if err != nil {
 		return false
 	}
-	queued := -1
-	raw.Control(func(fd uintptr) {
+	queued := -1 // stays so if the socket closed under us
+	_ = raw.Control(func(fd uintptr) {
 		if m.Update(uint32(0), uint64(fd), ebpf.UpdateAny) != nil {
 			return
 		}

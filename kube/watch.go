@@ -72,7 +72,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			w.set(p)
 		}
 	}
-	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    update,
 		UpdateFunc: func(_, obj any) { update(obj) },
 		DeleteFunc: func(obj any) {
@@ -83,7 +83,10 @@ func (w *Watcher) Run(ctx context.Context) error {
 				w.remove(p.UID)
 			}
 		},
-	})
+	}); err != nil {
+		stop()
+		return fmt.Errorf("watch pods: %w", err)
+	}
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)

@@ -177,7 +177,7 @@ func (p *Proxy) Close() error {
 	p.mu.Lock()
 	p.closing = true
 	for c := range p.conns {
-		c.SetLinger(0)
+		_ = c.SetLinger(0)
 		c.Close()
 	}
 	p.mu.Unlock()
@@ -316,7 +316,7 @@ func (p *Proxy) dial(ups *pool) (*net.TCPConn, error) {
 // abort aborts the connections (RST, not FIN).
 func abort(conns ...*net.TCPConn) {
 	for _, c := range conns {
-		c.SetLinger(0)
+		_ = c.SetLinger(0)
 		c.Close()
 	}
 }

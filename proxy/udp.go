@@ -324,7 +324,7 @@ type datagram struct {
 // drain takes what waits on c without blocking.
 func drain(c *net.UDPConn) []datagram {
 	var out []datagram
-	sockutil.DrainUDP(c, func(b []byte, from netip.AddrPort) {
+	_, _ = sockutil.DrainUDP(c, func(b []byte, from netip.AddrPort) {
 		out = append(out, datagram{from, append([]byte(nil), b...)})
 	})
 	return out
@@ -396,7 +396,7 @@ func clientSocket(listener netip.AddrPort, local netip.Addr, client netip.AddrPo
 		}
 		return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
 	}
-	unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
 	if err := unix.Bind(fd, sockaddr(netip.AddrPortFrom(local, listener.Port()))); err != nil {
 		unix.Close(fd)
 		return nil, err

@@ -288,14 +288,14 @@ func (d *direction) drainAndHandBack() error {
 	}
 	handed := false
 	defer func() {
-		unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, clamp)
+		_ = unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP, clamp)
 		// Announce the wider window now rather than with a delayed ACK.
 		// Not once handed back: the verdict's reads announce it as they
 		// take the queue, and on 6.18 TCP_QUICKACK on a socket the
 		// verdict reads can trip the kernel's "cleanup rbuf bug"
 		// warning (its copied_seq seen ahead of rcv_nxt).
 		if !handed {
-			unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
+			_ = unix.SetsockoptInt(d.srcFD, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
 		}
 	}()
 	for range 256 {

@@ -76,7 +76,7 @@ func (s *Splicer) Release() {
 	s.released = true
 	s.mu.Unlock()
 	s.unmap()
-	s.attach.Release() // the new owner holds it
+	_ = s.attach.Release() // the new owner holds it
 	s.objs.Close()
 	s.mu.Lock()
 	for _, p := range s.pairs {
@@ -130,7 +130,7 @@ func Resume(objs Objects, opts Options, states []PairState) (*Splicer, []*Pair, 
 	}
 	size := int(slots) * int(unsafe.Sizeof(spliceSpliceDir{}))
 	if s.mem, err = unix.Mmap(s.objs.Dirs.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
-		s.attach.Release() // still the giver's, who may thaw
+		_ = s.attach.Release() // still the giver's, who may thaw
 		s.objs.Close()
 		return nil, nil, fmt.Errorf("splice: map state: %w", err)
 	}

@@ -123,7 +123,7 @@ func (p *Pair) join() error {
 	for i, d := range []*direction{p.ab, p.ba} {
 		if err := p.s.objs.Socks.Update(d.slot, uint64(d.srcFD), ebpf.UpdateAny); err != nil {
 			if i == 1 {
-				p.s.objs.Socks.Delete(p.ab.slot)
+				_ = p.s.objs.Socks.Delete(p.ab.slot)
 			}
 			p.forget()
 			if errors.Is(err, unix.EOPNOTSUPP) {
@@ -143,7 +143,7 @@ func (p *Pair) join() error {
 func (p *Pair) forget() {
 	for _, d := range []*direction{p.ab, p.ba} {
 		if d != nil {
-			p.s.objs.Slots.Delete(d.cookie)
+			_ = p.s.objs.Slots.Delete(d.cookie)
 		}
 	}
 }
@@ -207,7 +207,7 @@ func (p *Pair) Abort() {
 	p.once.Do(func() {
 		p.aborted.Store(true)
 		for _, c := range []*net.TCPConn{p.a, p.b} {
-			c.SetLinger(0)
+			_ = c.SetLinger(0)
 			c.Close()
 		}
 	})
@@ -217,8 +217,8 @@ func (p *Pair) Abort() {
 // and are closed, and the slots are reused.
 func (p *Pair) release() {
 	if !p.userOnly {
-		p.s.objs.Socks.Delete(p.ab.slot)
-		p.s.objs.Socks.Delete(p.ba.slot)
+		_ = p.s.objs.Socks.Delete(p.ab.slot)
+		_ = p.s.objs.Socks.Delete(p.ba.slot)
 		p.forget()
 	}
 	p.a.Close()

@@ -188,7 +188,7 @@ func (p *UDPPair) watch(i int) {
 	if err != nil {
 		return
 	}
-	raw.Read(func(fd uintptr) bool {
+	_ = raw.Read(func(fd uintptr) bool {
 		if soerr, _ := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR); soerr != 0 {
 			p.noteRefused(i)
 			p.repair(i, int(fd))
@@ -274,9 +274,9 @@ func (p *UDPPair) insert() error {
 // remove takes the pair's sockets and cookies out of the maps.
 func (p *UDPPair) remove() {
 	for i := range 2 {
-		p.s.objs.UdpSocks.Delete(2*p.index + uint32(i))
+		_ = p.s.objs.UdpSocks.Delete(2*p.index + uint32(i))
 		if p.cookies[i] != 0 {
-			p.s.objs.UdpSlots.Delete(p.cookies[i])
+			_ = p.s.objs.UdpSlots.Delete(p.cookies[i])
 		}
 	}
 }
@@ -290,7 +290,8 @@ func (p *UDPPair) forwardQueued() {
 		if i == 1 {
 			to, copied = p.a, &p.copiedBA
 		}
-		n, err := sockutil.DrainUDP(c, func(b []byte, _ netip.AddrPort) { to.Write(b) })
+		// A datagram the far side refuses is dropped, as the kernel path drops it.
+		n, err := sockutil.DrainUDP(c, func(b []byte, _ netip.AddrPort) { _, _ = to.Write(b) })
 		copied.Add(uint64(n))
 		if errors.Is(err, unix.ECONNREFUSED) {
 			p.noteRefused(i)
@@ -318,7 +319,7 @@ func (p *UDPPair) Refusals() <-chan int { return p.refusals }
 func (p *UDPPair) Stats() (ab, ba UDPStats) {
 	read := func(slot uint32, copied uint64) UDPStats {
 		var d spliceudpSpliceUdpDir
-		p.s.objs.UdpDirs.Lookup(slot, &d)
+		_ = p.s.objs.UdpDirs.Lookup(slot, &d)
 		return UDPStats{Datagrams: d.Datagrams, Bytes: d.Bytes, Dropped: d.Dropped, DroppedBytes: d.DroppedBytes, Copied: copied}
 	}
 	ab, ba = read(2*p.index, p.copiedAB.Load()), read(2*p.index+1, p.copiedBA.Load())

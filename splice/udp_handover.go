@@ -66,7 +66,7 @@ func (s *UDPSplicer) Release() {
 	pairs := s.pairs
 	s.pairs = map[uint32]*UDPPair{}
 	s.mu.Unlock()
-	s.attach.Release() // the new owner holds it
+	_ = s.attach.Release() // the new owner holds it
 	s.objs.Close()
 	for _, p := range pairs {
 		p.a.Close()
@@ -106,7 +106,7 @@ func ResumeUDP(objs UDPObjects, opts UDPOptions, states []UDPPairState) (*UDPSpl
 	}
 	slots := s.objs.UdpSocks.MaxEntries()
 	if s.objs.UdpDirs.ValueSize() != uint32(unsafe.Sizeof(spliceudpSpliceUdpDir{})) {
-		s.attach.Release() // still the giver's, who may thaw
+		_ = s.attach.Release() // still the giver's, who may thaw
 		s.objs.Close()
 		return nil, nil, errors.New("splice: the UDP objects handed over are not this version's")
 	}

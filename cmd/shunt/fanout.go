@@ -90,7 +90,7 @@ them.`,
 			if err != nil {
 				return err
 			}
-			defer stopMetrics()
+			defer func() { _ = stopMetrics() }()
 			fmt.Fprintf(e.stderr, "fanout: relaying udp://%s to subscribers of tcp://%s (framing %s, slow %s, queue %d bytes)\n",
 				f.SourceAddr(), f.ListenAddr(), cfg.Framing, cfg.Slow, cfg.Queue)
 			if err := f.Run(c.Context()); err != nil {

@@ -37,7 +37,7 @@ func NewCgroup(name string) (host.Cgroup, func() error, error) {
 	}
 	cg, err := host.ResolveCgroup(p)
 	if err != nil {
-		remove()
+		_ = remove()
 		return host.Cgroup{}, nil, err
 	}
 	return cg, remove, nil

@@ -103,7 +103,7 @@ func Held(purpose, pinDir string) bool {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
 		return errors.Is(err, unix.EWOULDBLOCK)
 	}
-	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
 	return false
 }
 

@@ -35,7 +35,8 @@ func DrainUDP(c *net.UDPConn, fn func(b []byte, from netip.AddrPort)) (n int, so
 		return 0, nil
 	}
 	buf := make([]byte, 1<<16)
-	raw.Control(func(fd uintptr) {
+	// Fails only once c is closed: nothing to drain then.
+	_ = raw.Control(func(fd uintptr) {
 		for {
 			m, sa, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
 			if err == unix.EINTR {

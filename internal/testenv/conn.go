@@ -138,8 +138,8 @@ func UDPConnPair(t testing.TB, ns *NetNS, addr string) (x, y *net.UDPConn) {
 		}
 	})
 	for _, c := range []*net.UDPConn{x, y} {
-		c.SetReadBuffer(32 << 20)
-		c.SetWriteBuffer(4 << 20)
+		_ = c.SetReadBuffer(32 << 20)
+		_ = c.SetWriteBuffer(4 << 20)
 	}
 	t.Cleanup(func() { x.Close(); y.Close() })
 	return x, y

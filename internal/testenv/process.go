@@ -38,15 +38,15 @@ func Start(t testing.TB, name string, cmd *exec.Cmd) *Process {
 		t.Fatalf("start %s: %v", name, err)
 	}
 	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
+	go func() { _ = cmd.Wait(); close(exited) }()
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
 			select {
 			case <-exited:
 			case <-time.After(15 * time.Second):
-				syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 				<-exited
 			}
 			out.Close()

@@ -168,7 +168,7 @@ func HeaderThenSplice(s *net.TCPConn) (copied int64, err error) {
 		return 0, err
 	}
 	copied, err = io.Copy(s, s)
-	s.CloseWrite()
+	_ = s.CloseWrite()
 	return copied, err
 }
 
