@@ -33,7 +33,9 @@ func fionreadCountsTCP(linked bool) bool {
 		if err := link.RawAttachProgram(opts); err != nil {
 			return false
 		}
-		defer func() { _ = link.RawDetachProgram(link.RawDetachProgramOptions{Target: m.FD(), Program: p, Attach: ebpf.AttachSkMsgVerdict}) }()
+		defer func() {
+			_ = link.RawDetachProgram(link.RawDetachProgramOptions{Target: m.FD(), Program: p, Attach: ebpf.AttachSkMsgVerdict})
+		}()
 	}
 
 	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
