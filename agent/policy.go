@@ -112,7 +112,7 @@ func applyPolicy(ctx context.Context, dir string, rs policy.Ruleset) (*policy.Ap
 	if err := host.EnsureBPFFS(dir); err != nil {
 		return nil, err
 	}
-	p, err := policy.Create(dir)
+	p, err := policy.Create(dir, policy.Options{})
 	if err != nil {
 		return nil, err
 	}

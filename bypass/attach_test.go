@@ -8,7 +8,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/shunt-project/shunt/internal/sockmap"
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -17,8 +18,7 @@ import (
 // install says so, connections are bypassed as with a link, and removal
 // leaves the program attached nowhere (it goes with the map).
 func TestSkMsgAttachedToTheMap(t *testing.T) {
-	t.Setenv(sockmap.ForceMapEnv, "map")
-	in, cg := mustInstall(t)
+	in, cg := mustInstallWith(t, bypass.Options{Mechanisms: host.Mechanisms{AttachOnMap: true}})
 	if got := in.SkMsgAttach(); got != "map" {
 		t.Fatalf("sk_msg attached by %q, want map", got)
 	}

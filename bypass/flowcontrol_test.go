@@ -30,18 +30,17 @@ func (c counting) Write(b []byte) (int, error) {
 // flow returns to the redirect path once the reader has caught up. A reader
 // that set SO_RCVBUF is held to that instead of the install's limit.
 func TestFlowControlBoundsBacklog(t *testing.T) {
-	flowControlBoundsBacklog(t)
+	flowControlBoundsBacklog(t, bypass.Options{})
 }
 
 // The same where sk_msg reads the receiver with bpf_probe_read_kernel, as on
 // kernels without bpf_rdonly_cast (6.1), forced on this one.
 func TestFlowControlByProbeReads(t *testing.T) {
-	t.Setenv(host.ProbeReadsEnv, "probe")
-	flowControlBoundsBacklog(t)
+	flowControlBoundsBacklog(t, bypass.Options{Mechanisms: host.Mechanisms{ProbeReads: true}})
 }
 
-func flowControlBoundsBacklog(t *testing.T) {
-	in, cg := mustInstall(t)
+func flowControlBoundsBacklog(t *testing.T, opts bypass.Options) {
+	in, cg := mustInstallWith(t, opts)
 	for _, tc := range []struct {
 		name   string
 		rcvbuf int // 0: leave the receiver's buffer to the kernel

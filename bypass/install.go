@@ -110,6 +110,9 @@ type Options struct {
 	// with EINVAL, as Go's io.Copy does: their connections stay bypassed.
 	// HAProxy 2.6 does not: its downloads hang (docs/KERNELS.md).
 	RefuseSplice bool `json:"refuse_splice"`
+	// Mechanisms: the zero value uses the kernel's newest; tests set it
+	// to run an older kernel's ways on this one.
+	Mechanisms host.Mechanisms `json:"-"`
 }
 
 // ErrNoSpliceRefusal: RefuseSplice asked on a kernel that runs no BPF LSM
@@ -294,7 +297,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if err := splices.Pin(filepath.Join(dir, linksDir, splicesLink)); err != nil {
 		return fmt.Errorf("pin splice watch link: %w", err)
 	}
-	if err := attachSkMsg(dir, objs.SockHash, objs.SkMsg); err != nil {
+	if err := attachSkMsg(dir, objs.SockHash, objs.SkMsg, opts.Mechanisms.AttachOnMap); err != nil {
 		return err
 	}
 	if !opts.RefuseSplice {
@@ -327,7 +330,7 @@ func newConfig(opts Options) bypassConfig {
 	if opts.TrustReaders {
 		cfg.TrustReaders = 1
 	}
-	if host.ProbeReads() {
+	if opts.Mechanisms.KernelReadsByProbe() {
 		cfg.ProbeReads = 1
 	}
 	// Where it cannot be measured, watch TCP's bytes too: a wake-up too
@@ -388,8 +391,8 @@ func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps
 // attachSkMsg attaches the sk_msg program to the sockhash: as a pinned BPF
 // link where the kernel has them (6.10), else on the map itself (the older
 // attach, which lasts as long as the map; the pinned program says so).
-func attachSkMsg(dir string, sockhash *ebpf.Map, prog *ebpf.Program) error {
-	a, err := sockmap.Attach(sockhash, prog, ebpf.AttachSkMsgVerdict)
+func attachSkMsg(dir string, sockhash *ebpf.Map, prog *ebpf.Program, onMap bool) error {
+	a, err := sockmap.Attach(sockhash, prog, ebpf.AttachSkMsgVerdict, onMap)
 	if err != nil {
 		return fmt.Errorf("attach sk_msg to sockhash: %w", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/netip"
 	"strings"
+
+	"github.com/shunt-project/shunt/host"
 )
 
 // Framing says how messages are delimited on a subscriber's stream.
@@ -109,6 +111,9 @@ type Config struct {
 	// depends on it: see Run).
 	CPU    int
 	PinCPU bool
+	// Mechanisms: the zero value uses the kernel's newest; tests set it
+	// to run an older kernel's ways on the kernel path on this one.
+	Mechanisms host.Mechanisms
 }
 
 // ParseEndpoint reads scheme://ADDR:PORT, e.g. udp://0.0.0.0:5000 or

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/fanout"
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -60,6 +61,18 @@ type lab struct {
 	stop func()
 }
 
+// mechanisms are what the forwarders a test makes use (the zero value:
+// this kernel's newest); TestKernelPathAsOnOlderKernels sets them for the
+// tests it runs.
+var mechanisms host.Mechanisms
+
+// useMechanisms makes the rest of t's forwarders use m.
+func useMechanisms(t *testing.T, m host.Mechanisms) {
+	old := mechanisms
+	mechanisms = m
+	t.Cleanup(func() { mechanisms = old })
+}
+
 func mustForwarder(t *testing.T, cfg fanout.Config) *lab {
 	t.Helper()
 	testenv.RequireRoot(t)
@@ -74,6 +87,7 @@ func mustForwarderIn(t *testing.T, ns *testenv.NetNS, cfg fanout.Config) *lab {
 		cfg.Listen = netip.MustParseAddrPort("127.0.0.1:0")
 	}
 	cfg.Control = l.ctl
+	cfg.Mechanisms = mechanisms
 	var err error
 	l.ns.Do(t, func() { l.f, err = fanout.New(cfg) })
 	if err != nil {

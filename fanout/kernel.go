@@ -78,7 +78,7 @@ func openKernelPath(cfg Config) (k *kernelPath, err error) {
 	}
 	framing := map[Framing]uint32{FramingNone: 0, FramingU16: 2, FramingU32: 4}[cfg.Framing]
 	kcfg := kfanoutFanoutConfig{Framing: framing, Queue: uint32(cfg.Queue), Disconnect: disconnect, PacerSlot: pacerSlot}
-	if host.ProbeReads() {
+	if cfg.Mechanisms.KernelReadsByProbe() {
 		kcfg.ProbeReads = 1
 	}
 	if err := spec.Variables["cfg"].Set(kcfg); err != nil {
@@ -96,7 +96,7 @@ func openKernelPath(cfg Config) (k *kernelPath, err error) {
 			k.Close()
 		}
 	}()
-	k.verdict, err = sockmap.Attach(k.objs.Feeds, k.objs.FanoutVerdict, ebpf.AttachSkSKBVerdict)
+	k.verdict, err = sockmap.Attach(k.objs.Feeds, k.objs.FanoutVerdict, ebpf.AttachSkSKBVerdict, cfg.Mechanisms.AttachOnMap)
 	if err != nil {
 		return nil, host.Explain(fmt.Errorf("kernel path: attach verdict: %w", err), "fan-out's kernel path", host.MinKernel)
 	}

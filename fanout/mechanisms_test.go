@@ -5,7 +5,6 @@ import (
 
 	"github.com/shunt-project/shunt/fanout"
 	"github.com/shunt-project/shunt/host"
-	"github.com/shunt-project/shunt/internal/sockmap"
 )
 
 func wantKernelMechanisms(t *testing.T, onMap, probeReads bool) {
@@ -38,10 +37,7 @@ func TestKernelPathAsOnOlderKernels(t *testing.T) {
 		probeReads bool
 	}{{"6.2-6.9", false}, {"6.1", true}} {
 		t.Run(k.name, func(t *testing.T) {
-			t.Setenv(sockmap.ForceMapEnv, "map")
-			if k.probeReads {
-				t.Setenv(host.ProbeReadsEnv, "probe")
-			}
+			useMechanisms(t, host.Mechanisms{AttachOnMap: true, ProbeReads: k.probeReads})
 			wantKernelMechanisms(t, true, k.probeReads || !host.Probe().CastToKernCtx)
 			t.Run("backlog-bounded", TestKernelPathBacklogBounded)
 			t.Run("no-leak", TestKernelPathNoLeak)

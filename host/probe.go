@@ -211,24 +211,37 @@ func HasRdonlyCast() bool {
 // HasSockDestroy says whether the kernel has the kfunc bpf_sock_destroy
 // (6.5), with which the reap iterators destroy the sockets they find.
 func HasSockDestroy() bool {
-	return os.Getenv(SockDestroyEnv) != "diag" && kernelHasFunc("bpf_sock_destroy")
+	return kernelHasFunc("bpf_sock_destroy")
 }
 
-// SockDestroyEnv, set to "diag", makes reap's iterators destroy through
-// sock_diag as on kernels without bpf_sock_destroy, so that both ways are
-// tested on one kernel.
-const SockDestroyEnv = "SHUNT_SOCK_DESTROY"
+// Mechanisms are the ways of using the kernel that differ between the
+// kernels shunt runs on. The zero value takes the newest the running
+// kernel has; a field set takes an older kernel's way where the running
+// kernel has both, so that tests run both ways on one kernel. Programs
+// take them from their package's options, never from the environment.
+type Mechanisms struct {
+	// ProbeReads: BPF programs read kernel structs with
+	// bpf_probe_read_kernel, as before the kfunc casts (6.2).
+	ProbeReads bool
+	// AttachOnMap: sk_msg and sk_skb verdicts are attached on their map,
+	// as before sockmap links (6.10).
+	AttachOnMap bool
+	// DiagDestroy: sockets found by an iterator are destroyed through
+	// sock_diag, as before bpf_sock_destroy (6.5).
+	DiagDestroy bool
+}
 
-// ProbeReadsEnv, set to "probe", makes shunt's BPF programs read kernel
-// structs with bpf_probe_read_kernel, as on kernels without the kfunc casts,
-// so that both ways are tested on one kernel.
-const ProbeReadsEnv = "SHUNT_KERNEL_READS"
+// KernelReadsByProbe says whether programs loaded with m read kernel
+// structs with bpf_probe_read_kernel: m asks for it, or the kernel lacks
+// the kfuncs bpf_rdonly_cast and bpf_cast_to_kern_ctx (both 6.2).
+func (m Mechanisms) KernelReadsByProbe() bool {
+	return m.ProbeReads || !HasRdonlyCast() || !kernelHasFunc("bpf_cast_to_kern_ctx")
+}
 
-// ProbeReads says whether shunt's BPF programs read kernel structs with
-// bpf_probe_read_kernel: the kernel lacks the kfuncs bpf_rdonly_cast and
-// bpf_cast_to_kern_ctx (both 6.2), or ProbeReadsEnv asks for it.
-func ProbeReads() bool {
-	return os.Getenv(ProbeReadsEnv) == "probe" || !HasRdonlyCast() || !kernelHasFunc("bpf_cast_to_kern_ctx")
+// SockDestroy says whether iterators loaded with m destroy the sockets
+// they find themselves (bpf_sock_destroy), not through sock_diag.
+func (m Mechanisms) SockDestroy() bool {
+	return !m.DiagDestroy && HasSockDestroy()
 }
 
 // FionreadCountsTCP says whether FIONREAD counts the bytes that came by TCP

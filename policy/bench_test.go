@@ -58,7 +58,7 @@ type benchEnv struct {
 func mustBenchEnv(b *testing.B) *benchEnv {
 	b.Helper()
 	testenv.RequireRoot(b)
-	p, err := policy.Create(testenv.MustPinDir(b))
+	p, err := policy.Create(testenv.MustPinDir(b), policy.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func BenchmarkApply(b *testing.B) {
 	testenv.RequireRoot(b)
 	cg := testenv.MustCgroup(b)
 	mustCreate := func(b *testing.B) *policy.Policy {
-		p, err := policy.Create(testenv.MustPinDir(b))
+		p, err := policy.Create(testenv.MustPinDir(b), policy.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}

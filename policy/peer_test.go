@@ -288,7 +288,7 @@ scopes:
 func TestPeerRulesRefusedOnOlderInstall(t *testing.T) {
 	testenv.RequireRoot(t)
 	dir := testenv.MustPinDir(t)
-	p, err := policy.Create(dir)
+	p, err := policy.Create(dir, policy.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestPeerRulesRefusedOnOlderInstall(t *testing.T) {
 	if err := p.Remove(); err != nil {
 		t.Fatal(err)
 	}
-	if p, err = policy.Create(dir); err != nil {
+	if p, err = policy.Create(dir, policy.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	mustApply(t, p, mustParse(t, withPeer))

@@ -95,15 +95,23 @@ func pinnedMaps(m *policyMaps) map[string]**ebpf.Map {
 	}
 }
 
+// Options shape a new policy install.
+type Options struct {
+	// Mechanisms: the zero value uses the kernel's newest; tests set it
+	// to run an older kernel's ways on this one (DiagDestroy: the sweep
+	// finds, user space destroys through sock_diag).
+	Mechanisms host.Mechanisms
+}
+
 // Create installs an empty policy (no scope: everything allowed) at dir, or
-// opens the one there.
-func Create(dir string) (*Policy, error) {
+// opens the one there (whose options stay as they were).
+func Create(dir string, opts Options) (*Policy, error) {
 	if p, err := Open(dir); err == nil {
 		return p, nil
 	} else if !errors.Is(err, ErrNotEnabled) {
 		return nil, err
 	}
-	err := pin.Install(dir, build)
+	err := pin.Install(dir, func(tmp string) error { return build(tmp, opts) })
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +123,7 @@ func Create(dir string) (*Policy, error) {
 }
 
 // build makes the maps and the sweep's programs and pins them in dir.
-func build(dir string) error {
+func build(dir string, opts Options) error {
 	for _, d := range []string{mapsDir, progsDir, linksDir, peersDir} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			return err
@@ -123,7 +131,7 @@ func build(dir string) error {
 	}
 	// Before 6.5 the sweep can only find; user space closes through
 	// sock_diag what it found (and reads which from the state map).
-	findsOnly := !host.HasSockDestroy()
+	findsOnly := !opts.Mechanisms.SockDestroy()
 	p := &Policy{dir: dir}
 	if err := p.pinNew(findsOnly, nil, func(string) bool { return true }); err != nil {
 		return err

@@ -51,11 +51,15 @@ func echo(c net.Conn) error {
 }
 
 // mustPolicy installs an empty policy at a fresh pin directory.
+// mechanisms are what the policies a test makes use (the zero value: this
+// kernel's newest); eachCloseMethod sets them for its sock_diag run.
+var mechanisms host.Mechanisms
+
 func mustPolicy(t *testing.T) *policy.Policy {
 	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.WatchKernelLog(t)
-	p, err := policy.Create(testenv.MustPinDir(t))
+	p, err := policy.Create(testenv.MustPinDir(t), policy.Options{Mechanisms: mechanisms})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -601,7 +605,9 @@ func eachCloseMethod(t *testing.T, test func(t *testing.T)) {
 	t.Run("this-kernel", test)
 	if host.HasSockDestroy() {
 		t.Run("sock_diag", func(t *testing.T) {
-			t.Setenv(host.SockDestroyEnv, "diag")
+			old := mechanisms
+			mechanisms = host.Mechanisms{DiagDestroy: true}
+			t.Cleanup(func() { mechanisms = old })
 			test(t)
 		})
 	}

@@ -99,7 +99,7 @@ func interrupt(t *testing.T, p *Policy, scopes []scopeRules, id func(ruleName) u
 // gives; also after a write that was interrupted half way.
 func TestIdleSlotWritesMatchAFullWrite(t *testing.T) {
 	testenv.RequireRoot(t)
-	p, err := Create(testenv.MustPinDir(t))
+	p, err := Create(testenv.MustPinDir(t), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func reapIter(ctx context.Context, t Target, opts Options, res *Result) error {
 	}
 	// Without the kfunc (before 6.5) the iterators only find, and each
 	// namespace's finds are destroyed through sock_diag, as the index's are.
-	byDiag := !opts.DryRun && !host.HasSockDestroy()
+	byDiag := !opts.DryRun && !opts.Mechanisms.SockDestroy()
 	cfg := reapiterReapConfig{Addr: t.Addr.As16(), Port: t.Port}
 	switch {
 	case opts.DryRun:

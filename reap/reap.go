@@ -13,6 +13,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/sockindex"
 )
 
@@ -44,6 +45,10 @@ type Options struct {
 	IndexDir string // default sockindex.DefaultPinDir
 	Method   Method
 	DryRun   bool // find and report, destroy nothing
+	// Mechanisms: the zero value uses the kernel's newest; tests set it
+	// to run an older kernel's ways on this one (DiagDestroy: the
+	// iterators find, user space destroys through sock_diag).
+	Mechanisms host.Mechanisms
 }
 
 // Socket is a socket reap found connected to the target.

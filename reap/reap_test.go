@@ -153,11 +153,15 @@ type reapMethod struct {
 	destroyBy string
 }
 
-// use forces the destroy this method names for the rest of the test.
-func (m reapMethod) use(t *testing.T) {
-	if m.method == reap.Iter && m.destroyBy == "sock_diag" {
-		t.Setenv(host.SockDestroyEnv, "diag")
-	}
+// options reap with this method, destroying as it names.
+func (m reapMethod) options(indexDir string) reap.Options {
+	diag := m.method == reap.Iter && m.destroyBy == "sock_diag"
+	return reap.Options{IndexDir: indexDir, Method: m.method, Mechanisms: host.Mechanisms{DiagDestroy: diag}}
+}
+
+func dryRun(o reap.Options) reap.Options {
+	o.DryRun = true
+	return o
 }
 
 func TestReapExactlyTheBackendsSockets(t *testing.T) {
@@ -169,7 +173,6 @@ func TestReapExactlyTheBackendsSockets(t *testing.T) {
 			{"udp", "::1", "127.0.0.1"},
 		} {
 			t.Run(fmt.Sprintf("%s/%s/%s", m.name, tc.proto, tc.ip), func(t *testing.T) {
-				m.use(t)
 				testReapExact(t, m, tc.proto, tc.ip, tc.other)
 			})
 		}
@@ -209,7 +212,7 @@ func testReapExact(t *testing.T, m reapMethod, proto, ip, other string) {
 		pr = sockindex.UDP
 	}
 	target := reap.Target{Addr: netip.MustParseAddr(ip), Port: port, Protos: []sockindex.Proto{pr}}
-	res, err := reap.Reap(context.Background(), target, reap.Options{IndexDir: dir, Method: method})
+	res, err := reap.Reap(context.Background(), target, m.options(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +257,7 @@ func testReapExact(t *testing.T, m reapMethod, proto, ip, other string) {
 		k := targets[i].dial(t, side, hp(ip, port))
 		later[k.cookie] = k
 	}
-	again, err := reap.Reap(context.Background(), target, reap.Options{IndexDir: dir, Method: method, DryRun: true})
+	again, err := reap.Reap(context.Background(), target, dryRun(m.options(dir)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -413,7 +416,6 @@ func TestReapDualStackSockets(t *testing.T) {
 		for _, proto := range []int{unix.SOCK_STREAM, unix.SOCK_DGRAM} {
 			name := map[int]string{unix.SOCK_STREAM: "tcp", unix.SOCK_DGRAM: "udp"}[proto]
 			t.Run(fmt.Sprintf("%s/%s", m.name, name), func(t *testing.T) {
-				m.use(t)
 				_, cg, dir := mustIndex(t)
 				side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
 				mustServer(t, side, name, "127.0.0.1:7005")
@@ -431,7 +433,7 @@ func TestReapDualStackSockets(t *testing.T) {
 					unix.Write(fd, []byte("x"))
 				})
 				cookie, _ := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
-				res, err := reap.Reap(context.Background(), reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: 7005}, reap.Options{IndexDir: dir, Method: m.method})
+				res, err := reap.Reap(context.Background(), reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: 7005}, m.options(dir))
 				if err != nil || res.Destroyed() != 1 || res.Sockets[0].Cookie != cookie || res.DestroyBy != m.destroyBy {
 					t.Fatalf("reap: %v %+v, want socket %d destroyed by %s", err, res, cookie, m.destroyBy)
 				}

@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/shunt-project/shunt/host"
-	"github.com/shunt-project/shunt/internal/sockmap"
 	"github.com/shunt-project/shunt/splice"
 )
 
@@ -51,10 +50,7 @@ var olderKernels = []struct {
 func TestJoinAsOnOlderKernels(t *testing.T) {
 	for _, k := range olderKernels {
 		t.Run(k.name, func(t *testing.T) {
-			t.Setenv(sockmap.ForceMapEnv, "map")
-			if k.probeReads {
-				t.Setenv(host.ProbeReadsEnv, "probe")
-			}
+			useMechanisms(t, host.Mechanisms{AttachOnMap: true, ProbeReads: k.probeReads})
 			probe := k.probeReads || !host.Probe().CastToKernCtx
 			wantMechanisms(t, "TCP", mustSplicer(t, splice.Options{}), true, probe)
 			wantMechanisms(t, "UDP", mustUDPSplicer(t, splice.UDPOptions{}), true, probe)

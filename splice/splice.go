@@ -36,6 +36,9 @@ var ErrFull = errors.New("splice: too many joined pairs")
 type Options struct {
 	MaxInflight uint32 // 0: DefaultMaxInflight
 	MaxPairs    int    // 0: DefaultMaxPairs
+	// Mechanisms: the zero value uses the kernel's newest; tests set it
+	// to run an older kernel's ways on this one.
+	Mechanisms host.Mechanisms
 }
 
 // Splicer owns the verdict program and its maps, and the pairs joined by it.
@@ -73,7 +76,7 @@ func New(opts Options) (*Splicer, error) {
 		spec.Maps[name].MaxEntries = slots
 	}
 	var cfg spliceSpliceConfig
-	if host.ProbeReads() {
+	if opts.Mechanisms.KernelReadsByProbe() {
 		cfg.ProbeReads = 1
 	}
 	if err := spec.Variables["cfg"].Set(cfg); err != nil {
@@ -83,7 +86,7 @@ func New(opts Options) (*Splicer, error) {
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
 		return nil, host.Explain(fmt.Errorf("load splice program: %w", err), "joining sockets in the kernel", host.MinKernel)
 	}
-	s.attach, err = sockmap.Attach(s.objs.Socks, s.objs.SpliceVerdict, ebpf.AttachSkSKBVerdict)
+	s.attach, err = sockmap.Attach(s.objs.Socks, s.objs.SpliceVerdict, ebpf.AttachSkSKBVerdict, opts.Mechanisms.AttachOnMap)
 	if err != nil {
 		s.objs.Close()
 		return nil, host.Explain(fmt.Errorf("attach splice verdict: %w", err), "joining sockets in the kernel", host.MinKernel)

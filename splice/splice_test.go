@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/exec"
 
-	"golang.org/x/sys/unix"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/lab"
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/splice"
@@ -20,9 +22,21 @@ import (
 
 // mustSplicer loads a Splicer for the test and checks at the end that no
 // pair, socket or cookie entry is left in it.
+// mechanisms are what the splicers a test makes use (the zero value: this
+// kernel's newest); TestJoinAsOnOlderKernels sets them for the tests it runs.
+var mechanisms host.Mechanisms
+
+// useMechanisms makes the rest of t's splicers use m.
+func useMechanisms(t *testing.T, m host.Mechanisms) {
+	old := mechanisms
+	mechanisms = m
+	t.Cleanup(func() { mechanisms = old })
+}
+
 func mustSplicer(t *testing.T, opts splice.Options) *splice.Splicer {
 	t.Helper()
 	testenv.RequireRoot(t)
+	opts.Mechanisms = mechanisms
 	s, err := splice.New(opts)
 	if err != nil {
 		t.Fatal(err)

@@ -29,6 +29,9 @@ const DefaultUDPMaxQueue = 1 << 20
 type UDPOptions struct {
 	MaxQueue uint32 // 0: DefaultUDPMaxQueue
 	MaxPairs int    // 0: DefaultMaxPairs
+	// Mechanisms: the zero value uses the kernel's newest; tests set it
+	// to run an older kernel's ways on this one.
+	Mechanisms host.Mechanisms
 }
 
 // UDPSplicer joins pairs of connected UDP sockets in the kernel
@@ -66,7 +69,7 @@ func NewUDP(opts UDPOptions) (*UDPSplicer, error) {
 		spec.Maps[name].MaxEntries = uint32(2 * opts.MaxPairs)
 	}
 	var cfg spliceudpSpliceUdpConfig
-	if host.ProbeReads() {
+	if opts.Mechanisms.KernelReadsByProbe() {
 		cfg.ProbeReads = 1
 	}
 	if err := spec.Variables["cfg"].Set(cfg); err != nil {
@@ -76,7 +79,7 @@ func NewUDP(opts UDPOptions) (*UDPSplicer, error) {
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
 		return nil, host.Explain(fmt.Errorf("load UDP splice program: %w", err), "joining sockets in the kernel", host.MinKernel)
 	}
-	s.attach, err = sockmap.Attach(s.objs.UdpSocks, s.objs.SpliceUdpVerdict, ebpf.AttachSkSKBVerdict)
+	s.attach, err = sockmap.Attach(s.objs.UdpSocks, s.objs.SpliceUdpVerdict, ebpf.AttachSkSKBVerdict, opts.Mechanisms.AttachOnMap)
 	if err != nil {
 		s.objs.Close()
 		return nil, host.Explain(fmt.Errorf("attach UDP splice verdict: %w", err), "joining sockets in the kernel", host.MinKernel)

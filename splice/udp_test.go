@@ -17,6 +17,7 @@ import (
 func mustUDPSplicer(t *testing.T, opts splice.UDPOptions) *splice.UDPSplicer {
 	t.Helper()
 	testenv.RequireRoot(t)
+	opts.Mechanisms = mechanisms
 	s, err := splice.NewUDP(opts)
 	if err != nil {
 		t.Fatal(err)

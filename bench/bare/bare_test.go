@@ -8,7 +8,7 @@ import (
 
 	"github.com/shunt-project/shunt/bench/bare"
 	"github.com/shunt-project/shunt/bypass"
-	"github.com/shunt-project/shunt/internal/sockmap"
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -19,10 +19,8 @@ func TestUseSwapsWhereTheProgramIsAttached(t *testing.T) {
 	for _, attach := range []string{"link", "map"} {
 		t.Run(attach, func(t *testing.T) {
 			testenv.RequireRoot(t)
-			if attach == "map" {
-				t.Setenv(sockmap.ForceMapEnv, "map")
-			}
-			in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{})
+			opts := bypass.Options{Mechanisms: host.Mechanisms{AttachOnMap: attach == "map"}}
+			in, err := bypass.Create(testenv.MustPinDir(t), opts)
 			if err != nil {
 				t.Fatal(err)
 			}

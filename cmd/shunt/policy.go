@@ -75,7 +75,7 @@ func changePolicy(ctx context.Context, e *env, g *globals, change func(*policy.R
 	if err := policy.Validate(rs); err != nil {
 		return nil, policyInputError(err)
 	}
-	p, err := policy.Create(g.policyDir)
+	p, err := policy.Create(g.policyDir, policy.Options{})
 	if err != nil {
 		return nil, err
 	}

@@ -15,13 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ForceMapEnv, set to "map", attaches on the map even where the kernel has
-// links, so that both ways are tested on one kernel.
-const ForceMapEnv = "SHUNT_SOCKMAP_ATTACH"
-
-// ForcedOnMap says whether ForceMapEnv asks for the attach on the map.
-func ForcedOnMap() bool { return os.Getenv(ForceMapEnv) == "map" }
-
 // Attachment is a program attached to a map.
 type Attachment struct {
 	link link.Link // nil: attached on the map
@@ -30,11 +23,12 @@ type Attachment struct {
 	typ  ebpf.AttachType
 }
 
-// Attach attaches prog to m as typ. The Attachment holds m and prog only
-// as long as their owner keeps them open.
-func Attach(m *ebpf.Map, prog *ebpf.Program, typ ebpf.AttachType) (*Attachment, error) {
+// Attach attaches prog to m as typ: as a link where the kernel has them,
+// unless onMap asks for the older attach on the map itself. The Attachment
+// holds m and prog only as long as their owner keeps them open.
+func Attach(m *ebpf.Map, prog *ebpf.Program, typ ebpf.AttachType, onMap bool) (*Attachment, error) {
 	a := &Attachment{m: m, prog: prog, typ: typ}
-	if !ForcedOnMap() {
+	if !onMap {
 		l, err := link.AttachRawLink(link.RawLinkOptions{Target: m.FD(), Program: prog, Attach: typ})
 		if err == nil {
 			a.link = l
