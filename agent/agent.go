@@ -33,12 +33,15 @@ import (
 // Options are what the agent is given besides its configuration.
 type Options struct {
 	ConfigPath string
-	PinDir     string
-	IndexDir   string
-	PolicyDir  string
-	Version    string
-	Features   host.Features
-	Log        io.Writer // one line per change it makes or problem it meets
+	// NodeName is kubernetes.node_name's default (the DaemonSet's
+	// NODE_NAME, read by the command line).
+	NodeName  string
+	PinDir    string
+	IndexDir  string
+	PolicyDir string
+	Version   string
+	Features  host.Features
+	Log       io.Writer // one line per change it makes or problem it meets
 	// KubePods lists and watches pods (a clientset's CoreV1().Pods(""));
 	// nil: a client made from the configuration (kubeconfig, or the
 	// in-cluster service account).
@@ -85,7 +88,7 @@ func New(opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := CheckConfig(opts.ConfigPath, root)
+	cfg, err := CheckConfig(opts.ConfigPath, ConfigEnv{CgroupRoot: root, NodeName: opts.NodeName})
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +180,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // reload reads the configuration again; a bad one is reported and the
 // previous one kept.
 func (a *Agent) reload(ctx context.Context, why string) {
-	cfg, err := LoadConfig(a.opts.ConfigPath, a.root)
+	cfg, err := LoadConfig(a.opts.ConfigPath, ConfigEnv{CgroupRoot: a.root, NodeName: a.opts.NodeName})
 	if err != nil {
 		a.stats.reloads("failed")
 		a.logf("%v: keeping the previous configuration", err)

@@ -271,7 +271,6 @@ func TestAgentStopLeavesBypass(t *testing.T) {
 // Bad configurations: one line naming the field; nothing is done.
 func TestConfigErrors(t *testing.T) {
 	root := "/sys/fs/cgroup"
-	t.Setenv("NODE_NAME", "")
 	for _, tc := range []struct{ yaml, want string }{
 		{"bypass:\n  cgroup: [\"/sys/fs/cgroup/a\"]\n", "field cgroup not found"},
 		{"bypass:\n  cgroups: [\"app-*\"]\n", `bypass.cgroups[0]: "app-*" is not an absolute path`},
@@ -292,17 +291,17 @@ func TestConfigErrors(t *testing.T) {
 		{"kubernetes: {node_name: n, cgroup_root: /etc}\n", `kubernetes.cgroup_root: "/etc" is not a directory of the cgroup v2 hierarchy`},
 		{"kubernetes: {node_name: n, namespace: [a]}\n", "field namespace not found in kubernetes (it takes node_name"},
 	} {
-		_, err := agent.ParseConfig([]byte(tc.yaml), root)
+		_, err := agent.ParseConfig([]byte(tc.yaml), agent.ConfigEnv{CgroupRoot: root})
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%q: error %v, want one line with %q", tc.yaml, err, tc.want)
 		}
 	}
 	// The issue's example, as written.
-	cfg, err := agent.ParseConfig([]byte(`bypass: {cgroups: ["/sys/fs/cgroup/app-*"]}`+"\n"+`metrics: {address: "127.0.0.1:9464"}`), root)
+	cfg, err := agent.ParseConfig([]byte(`bypass: {cgroups: ["/sys/fs/cgroup/app-*"]}`+"\n"+`metrics: {address: "127.0.0.1:9464"}`), agent.ConfigEnv{CgroupRoot: root})
 	if err != nil || cfg.Bypass.Cgroups[0] != "/sys/fs/cgroup/app-*" || cfg.Metrics.Address != "127.0.0.1:9464" || !cfg.GuardOn() {
 		t.Errorf("example: %+v, %v", cfg, err)
 	}
-	if cfg, err := agent.ParseConfig(nil, root); err != nil || len(cfg.Bypass.Cgroups) != 0 {
+	if cfg, err := agent.ParseConfig(nil, agent.ConfigEnv{CgroupRoot: root}); err != nil || len(cfg.Bypass.Cgroups) != 0 {
 		t.Errorf("an empty file: %+v, %v; want a configuration that asks for nothing", cfg, err)
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"path"
 	"path/filepath"
 	"strconv"
@@ -96,14 +95,23 @@ func (c *Config) GuardOn() bool { return c.Bypass.Guard == nil || *c.Bypass.Guar
 // endless file is refused, not read into memory.
 const MaxConfigSize = 1 << 20
 
+// ConfigEnv is what a configuration's checks and defaults depend on
+// outside the file, resolved once by the caller.
+type ConfigEnv struct {
+	CgroupRoot string // where cgroup v2 is mounted
+	// NodeName is kubernetes.node_name's default: the DaemonSet sets
+	// NODE_NAME from spec.nodeName, which the command line passes here.
+	NodeName string
+}
+
 // LoadConfig reads and checks the configuration at file. Its errors are
 // one line naming the file and the field.
-func LoadConfig(file, cgroupRoot string) (*Config, error) {
+func LoadConfig(file string, env ConfigEnv) (*Config, error) {
 	b, err := readlimit.File(context.Background(), file, MaxConfigSize)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", file, err)
 	}
-	cfg, err := ParseConfig(b, cgroupRoot)
+	cfg, err := ParseConfig(b, env)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", file, err)
 	}
@@ -113,8 +121,8 @@ func LoadConfig(file, cgroupRoot string) (*Config, error) {
 // CheckConfig loads the configuration at file and everything it names that
 // start would refuse (the policy file), so that `agent --check` and start
 // agree.
-func CheckConfig(file, cgroupRoot string) (*Config, error) {
-	cfg, err := LoadConfig(file, cgroupRoot)
+func CheckConfig(file string, env ConfigEnv) (*Config, error) {
+	cfg, err := LoadConfig(file, env)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +141,8 @@ func CheckConfig(file, cgroupRoot string) (*Config, error) {
 
 // ParseConfig parses and checks a configuration. Unknown fields are errors:
 // a misspelt key must not silently mean "nothing".
-func ParseConfig(b []byte, cgroupRoot string) (*Config, error) {
+func ParseConfig(b []byte, env ConfigEnv) (*Config, error) {
+	cgroupRoot := env.CgroupRoot
 	var cfg Config
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
@@ -159,7 +168,7 @@ func ParseConfig(b []byte, cgroupRoot string) (*Config, error) {
 		}
 	}
 	if k := cfg.Kubernetes; k != nil {
-		if err := checkKubernetes(k, cgroupRoot); err != nil {
+		if err := checkKubernetes(k, env); err != nil {
 			return nil, err
 		}
 	}
@@ -229,9 +238,10 @@ func checkPattern(p, cgroupRoot string) error {
 	return nil
 }
 
-func checkKubernetes(k *KubernetesConfig, cgroupRoot string) error {
+func checkKubernetes(k *KubernetesConfig, env ConfigEnv) error {
+	cgroupRoot := env.CgroupRoot
 	if k.NodeName == "" {
-		k.NodeName = os.Getenv("NODE_NAME")
+		k.NodeName = env.NodeName
 	}
 	if k.NodeName == "" {
 		return errors.New("kubernetes.node_name: empty, and NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)")

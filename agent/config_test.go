@@ -11,7 +11,7 @@ import (
 // once past agent.MaxConfigSize, not read into memory (the agent's config
 // and policy.file grew without bound before).
 func TestEndlessConfigRefused(t *testing.T) {
-	_, err := agent.LoadConfig("/dev/zero", "/sys/fs/cgroup")
+	_, err := agent.LoadConfig("/dev/zero", agent.ConfigEnv{CgroupRoot: "/sys/fs/cgroup"})
 	if err == nil || !strings.Contains(err.Error(), "config /dev/zero: more than 1 MiB") {
 		t.Fatalf("LoadConfig(/dev/zero): %v", err)
 	}

@@ -25,7 +25,7 @@ func FuzzParseConfig(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		cfg, err := agent.ParseConfig(b, root)
+		cfg, err := agent.ParseConfig(b, agent.ConfigEnv{CgroupRoot: root})
 		if err != nil {
 			if strings.Contains(err.Error(), "\n") {
 				t.Fatalf("refused in more than one line: %q", err)
@@ -36,7 +36,7 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil {
 			t.Fatalf("a parsed configuration does not marshal: %v", err)
 		}
-		again, err := agent.ParseConfig(out, root)
+		again, err := agent.ParseConfig(out, agent.ConfigEnv{CgroupRoot: root})
 		if err != nil {
 			t.Fatalf("the configuration as printed does not parse: %v\n%s", err, out)
 		}

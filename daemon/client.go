@@ -16,6 +16,7 @@ import (
 // this client joined that ended) arrive on Events.
 type Client struct {
 	c       *net.UnixConn
+	timeout time.Duration // replyTimeout; shorter in tests
 	mu      sync.Mutex
 	replies chan []byte
 	events  chan Event
@@ -32,7 +33,7 @@ func Dial(path string) (*Client, error) {
 		}
 		return nil, fmt.Errorf("connect to the daemon at %s: %w", path, err)
 	}
-	cl := &Client{c: c, replies: make(chan []byte, 1), events: make(chan Event, 256), done: make(chan struct{})}
+	cl := &Client{c: c, timeout: replyTimeout, replies: make(chan []byte, 1), events: make(chan Event, 256), done: make(chan struct{})}
 	go cl.readLoop()
 	return cl, nil
 }
@@ -86,17 +87,17 @@ func (cl *Client) call(req Request, fds ...int) (Reply, error) {
 		return r, nil
 	case <-cl.done:
 		return Reply{}, cl.err
-	case <-time.After(replyTimeout):
+	case <-time.After(cl.timeout):
 		// A late reply would be taken for the next request's: this
 		// connection is done.
 		cl.c.Close()
-		return Reply{}, fmt.Errorf("the daemon did not answer %q within %v; connection closed", req.Op, replyTimeout)
+		return Reply{}, fmt.Errorf("the daemon did not answer %q within %v; connection closed", req.Op, cl.timeout)
 	}
 }
 
 // replyTimeout bounds the wait for a reply: longer than a hand-over may
-// hold a client's requests (handoverWait). A variable for tests.
-var replyTimeout = 2 * handoverWait
+// hold a client's requests (handoverWait).
+const replyTimeout = 2 * handoverWait
 
 // Join hands a and b to the daemon, which joins them in the kernel; it
 // returns the pair's handle. The daemon holds its own descriptors: close a

@@ -6,7 +6,6 @@ import (
 	"io"
 
 	"context"
-	"golang.org/x/sys/unix"
 	"net"
 	"os"
 	"os/exec"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/daemon"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -520,7 +521,6 @@ func wantEnded(t *testing.T, cl *daemon.Client, h uint64, up, down testenv.Strea
 // client gave up must not have that answer taken for the client's next
 // request: the client gives up on the connection instead.
 func TestLateReplyIsNotTakenForTheNext(t *testing.T) {
-	defer daemon.SetReplyTimeout(200 * time.Millisecond)()
 	path := filepath.Join(t.TempDir(), "slow.sock")
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
@@ -544,6 +544,7 @@ func TestLateReplyIsNotTakenForTheNext(t *testing.T) {
 		time.Sleep(time.Second)
 	}()
 	cl := mustClient(t, path)
+	daemon.SetReplyTimeout(cl, 200*time.Millisecond)
 	if _, err := cl.Stats(); err == nil || !strings.Contains(err.Error(), "did not answer") {
 		t.Fatalf("first request: %v, want the bound", err)
 	}

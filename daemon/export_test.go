@@ -6,13 +6,8 @@ import (
 	"time"
 )
 
-// SetReplyTimeout shortens how long a client waits for a reply, until
-// restore.
-func SetReplyTimeout(d time.Duration) (restore func()) {
-	old := replyTimeout
-	replyTimeout = d
-	return func() { replyTimeout = old }
-}
+// SetReplyTimeout shortens how long cl waits for a reply.
+func SetReplyTimeout(cl *Client, d time.Duration) { cl.timeout = d }
 
 // TakeOverAndDie asks the daemon at path for a hand-over as a new daemon
 // would, reads n of its messages (n < 0: the whole state, without saying

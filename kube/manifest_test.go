@@ -168,8 +168,7 @@ func checkManifests(t *testing.T, m manifests, privileged bool) *agent.Config {
 	if c.Env[0].Name != "NODE_NAME" || c.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Error("NODE_NAME does not come from spec.nodeName")
 	}
-	t.Setenv("NODE_NAME", "node-a")
-	cfg, err := agent.ParseConfig([]byte(m.cm.Data["config.yaml"]), "/sys/fs/cgroup")
+	cfg, err := agent.ParseConfig([]byte(m.cm.Data["config.yaml"]), agent.ConfigEnv{CgroupRoot: "/sys/fs/cgroup", NodeName: "node-a"})
 	if err != nil {
 		t.Fatalf("the ConfigMap's config.yaml: %v", err)
 	}

@@ -98,8 +98,8 @@ func (d *direction) run() error {
 			}
 			if eof == 0 {
 				eofAt = time.Now()
-			} else if time.Since(eofAt) > lostAfter {
-				return fmt.Errorf("%s: EOF, but bytes the kernel took never arrived within %v", d.name, lostAfter)
+			} else if lost := d.p.s.lostAfter(); time.Since(eofAt) > lost {
+				return fmt.Errorf("%s: EOF, but bytes the kernel took never arrived within %v", d.name, lost)
 			}
 			backoff(eof)
 			eof++
@@ -263,9 +263,8 @@ func (d *direction) wrap(step string, err error) error {
 	return fmt.Errorf("%s: %s: %w", d.name, step, err)
 }
 
-// lostAfter bounds the wait, after EOF, for passed bytes to arrive (a
-// variable for tests).
-var lostAfter = 5 * time.Second
+// DefaultLostAfter bounds the wait, after EOF, for passed bytes to arrive.
+const DefaultLostAfter = 5 * time.Second
 
 // drainWindow is the receive window while draining: small enough that the
 // sender pauses within microseconds, at least a few segments so that ACKs

@@ -2,7 +2,6 @@ package splice
 
 import (
 	"sync/atomic"
-	"time"
 )
 
 // DropRepeated runs the user-space half of repeat removal on a direction
@@ -24,14 +23,6 @@ func DropRepeated(b []byte, pos uint64, repeats ...[2]uint64) (kept []byte, left
 // space and they were still held in the psock's backlog; n < 0 takes the
 // claim back.
 func (p *Pair) ClaimSeen(n int64) { atomic.AddUint64(&p.ab.shared.State, uint64(n)) }
-
-// SetLostAfter shortens how long EOF waits for passed bytes, for the
-// duration of a test.
-func SetLostAfter(d time.Duration) (restore func()) {
-	old := lostAfter
-	lostAfter = d
-	return func() { lostAfter = old }
-}
 
 // Mechanisms says how the verdict runs: attached on the map (no link), and
 // reading the skb by probe reads (no bpf_cast_to_kern_ctx), as the loaded

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -36,9 +37,21 @@ var ErrFull = errors.New("splice: too many joined pairs")
 type Options struct {
 	MaxInflight uint32 // 0: DefaultMaxInflight
 	MaxPairs    int    // 0: DefaultMaxPairs
+	// LostAfter bounds how long a direction that met EOF waits for bytes
+	// the verdict passed to arrive before it resets both ends; 0:
+	// DefaultLostAfter.
+	LostAfter time.Duration
 	// Mechanisms: the zero value uses the kernel's newest; tests set it
 	// to run an older kernel's ways on this one.
 	Mechanisms host.Mechanisms
+}
+
+// lostAfter is how long EOF waits for passed bytes.
+func (s *Splicer) lostAfter() time.Duration {
+	if s.lost > 0 {
+		return s.lost
+	}
+	return DefaultLostAfter
 }
 
 // Splicer owns the verdict program and its maps, and the pairs joined by it.
@@ -48,6 +61,7 @@ type Splicer struct {
 	mem         []byte       // dirs, shared with the verdict; nil once unmapped
 	memMu       sync.RWMutex // Stats against unmap
 	maxInflight uint32
+	lost        time.Duration // Options.LostAfter; 0 in a Splicer received by hand-over
 
 	mu       sync.Mutex
 	free     []uint32 // pair indices
@@ -82,7 +96,7 @@ func New(opts Options) (*Splicer, error) {
 	if err := spec.Variables["cfg"].Set(cfg); err != nil {
 		return nil, fmt.Errorf("splice: configure BPF: %w", err)
 	}
-	s := &Splicer{maxInflight: opts.MaxInflight, pairs: map[uint32]*Pair{}}
+	s := &Splicer{maxInflight: opts.MaxInflight, lost: opts.LostAfter, pairs: map[uint32]*Pair{}}
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
 		return nil, host.Explain(fmt.Errorf("load splice program: %w", err), "joining sockets in the kernel", host.MinKernel)
 	}

@@ -249,8 +249,7 @@ func TestResetPropagates(t *testing.T) {
 // clean FIN would end the stream short without anyone knowing.
 func TestEOFWaitsForPassedBytes(t *testing.T) {
 	testenv.RequireRoot(t)
-	defer splice.SetLostAfter(time.Second)()
-	s := mustSplicer(t, splice.Options{})
+	s := mustSplicer(t, splice.Options{LostAfter: time.Second})
 	ns := testenv.MustNetNS(t)
 	start := func(t *testing.T) *proxied {
 		p := mustProxied(t, s, ns, "tcp4", "127.0.0.1:0")

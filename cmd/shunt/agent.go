@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 
@@ -36,7 +37,7 @@ disabled. docs/AGENT.md describes the file, docs/KUBERNETES.md the DaemonSet.`,
 				if err != nil {
 					return err
 				}
-				if _, err := agent.CheckConfig(configPath, root); err != nil {
+				if _, err := agent.CheckConfig(configPath, agent.ConfigEnv{CgroupRoot: root, NodeName: os.Getenv("NODE_NAME")}); err != nil {
 					return usageError{err}
 				}
 				fmt.Fprintf(e.stdout, "%s: ok\n", configPath)
@@ -45,7 +46,7 @@ disabled. docs/AGENT.md describes the file, docs/KUBERNETES.md the DaemonSet.`,
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
-			a, err := agent.New(agent.Options{ConfigPath: configPath, PinDir: g.pinDir, IndexDir: g.indexDir,
+			a, err := agent.New(agent.Options{ConfigPath: configPath, NodeName: os.Getenv("NODE_NAME"), PinDir: g.pinDir, IndexDir: g.indexDir,
 				PolicyDir: g.policyDir, Version: version, Features: e.probe(), Log: e.stderr})
 			if err != nil {
 				return usageError{err}
