@@ -11,7 +11,7 @@ help:
 	@echo "make generate  recompile the BPF programs (bpf2go; the clang of bpf/CLANG_VERSION, else ANY_CLANG=1)"
 	@echo "make manifests render deploy/kubernetes/shunt.yaml from the Helm chart deploy/helm/shunt"
 	@echo "make test      go vet and every test (as root, on the real kernel)"
-	@echo "make lint      staticcheck and errcheck (pinned) over every package: unused code, dropped errors, deprecated APIs"
+	@echo "make lint      goimports, staticcheck and errcheck (pinned) over every package: layout, unused code, dropped errors, deprecated APIs"
 	@echo "make race      proxy, daemon, metrics, agent, kube, guard, splice and two internal packages under the race detector (as root, ~4 min; CI runs it)"
 	@echo "make fuzz      search the parsers of untrusted input (ruleset, agent config, daemon requests and hand-over), FUZZTIME each (30s, or a count like 2000x; CI: 2000x)"
 	@echo "make try       build, then bypass one loopback connection and show it"
@@ -56,7 +56,13 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 ERRCHECK := github.com/kisielk/errcheck@v1.9.0
 ERRCHECK_SKIP := \.Close\(|\.Flush\(|os\.Remove(All)?\(|fmt\.Fprint|\.Set(Read|Write)?Deadline\(|unix\.Munmap\(
 
+# goimports, pinned: gofmt's layout and imports grouped with shunt's own last
+# (bpf2go's generated files are left as generated).
+GOIMPORTS := golang.org/x/tools/cmd/goimports@v0.52.0
+
 lint:
+	@out=$$($(GO) run $(GOIMPORTS) -local github.com/shunt-project -l $$(git ls-files '*.go' | grep -v '_bpfel\.go$$')); \
+	  if [ -n "$$out" ]; then echo "$$out"; echo "make lint: not formatted (goimports -local github.com/shunt-project -w FILE)" >&2; exit 1; fi
 	$(GO) run $(STATICCHECK) -tags kernelmatrix,k8snode ./...
 	@out=$$($(GO) run $(ERRCHECK) -ignoretests -tags kernelmatrix,k8snode ./... 2>&1 | grep -v -E '$(ERRCHECK_SKIP)|^exit status 1$$'); \
 	  if [ -n "$$out" ]; then echo "$$out"; echo "make lint: errors dropped without _ = (errcheck)" >&2; exit 1; fi
