@@ -16,14 +16,7 @@ import (
 )
 
 func newProxyCmd(e *env) *cobra.Command {
-	var (
-		listen, upstreams, mode, proxyProto, maxInflight string
-		metricsAddr                                      string
-		routes                                           []string
-		maxConns                                         int
-		udp                                              bool
-		idle                                             time.Duration
-	)
+	var fl proxyFlags
 	c := &cobra.Command{
 		Use:   "proxy --listen ADDR:PORT --upstream ADDR:PORT[,ADDR:PORT...]",
 		Short: "A TCP proxy whose connections are joined in the kernel",
@@ -62,89 +55,114 @@ Prometheus (docs/METRICS.md).`,
   shunt proxy --udp --listen 0.0.0.0:53 --upstream 10.0.0.2:53,10.0.0.3:53`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			if listen == "" || upstreams == "" {
-				return usageError{fmt.Errorf("--listen and --upstream are required (see '%s --help')", c.CommandPath())}
+			cfg, err := fl.config()
+			if err != nil {
+				return usageError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 			}
-			var cfg proxy.Config
-			var err error
-			if cfg.Listen, err = proxy.ParseAddrPort(listen); err != nil {
-				return usageError{fmt.Errorf("--listen: %w", err)}
-			}
-			if cfg.Upstreams, err = proxy.ParseUpstreams(upstreams); err != nil {
-				return usageError{fmt.Errorf("--upstream: %w", err)}
-			}
-			for _, r := range routes {
-				rt, err := proxy.ParseRoute(r)
-				if err != nil {
-					return usageError{fmt.Errorf("--route: %w", err)}
-				}
-				cfg.Routes = append(cfg.Routes, rt)
-			}
-			if cfg.Mode, err = proxy.ParseMode(mode); err != nil {
-				return usageError{fmt.Errorf("--mode: %w", err)}
-			}
-			if cfg.Proxy, err = proxy.ParseProxyProtocol(proxyProto); err != nil {
-				return usageError{fmt.Errorf("--proxy-protocol: %w", err)}
-			}
-			sizes, err := parseSizes("--max-inflight", maxInflight)
-			if err != nil || len(sizes) != 1 || sizes[0] > 1<<30 {
-				return usageError{fmt.Errorf("--max-inflight: want one size up to 1G, like 4M, got %q", maxInflight)}
-			}
-			cfg.MaxInflight = uint32(sizes[0])
-			if maxConns < 1 || maxConns > 1<<20 {
-				return usageError{fmt.Errorf("--max-conns: want 1 to %d, got %d", 1<<20, maxConns)}
-			}
-			cfg.MaxConns = maxConns
 			if cfg.Mode == proxy.Kernel {
 				if err := host.CheckPrivileges(); err != nil {
 					return fmt.Errorf("--mode kernel: %w (or use --mode copy)", err)
 				}
 			}
-			if err := checkMetricsAddr(metricsAddr); err != nil {
-				return err
+			if fl.udp {
+				return runUDPProxy(c.Context(), e, cfg, fl.idle, fl.metricsAddr)
 			}
-			if udp {
-				if idle <= 0 {
-					return usageError{fmt.Errorf("--idle: want a positive duration, like 60s")}
-				}
-				return runUDPProxy(c.Context(), e, cfg, idle, metricsAddr)
-			}
-			p, err := proxy.New(cfg, func(format string, args ...any) {
-				fmt.Fprintf(e.stderr, format+"\n", args...)
-			})
-			if err != nil {
-				return err
-			}
-			stopMetrics, err := serveProcessMetrics(e, metricsAddr, metrics.Proxy(p.Stats))
-			if err != nil {
-				p.Close()
-				return err
-			}
-			fmt.Fprintf(e.stderr, "proxy: listening on %s, mode %s, upstreams %s%s\n",
-				p.Addr(), cfg.Mode, joinAddrs(cfg.Upstreams), describeRoutes(cfg.Routes))
-			runErr := p.Run(c.Context())
-			closeErr := errors.Join(p.Close(), stopMetrics())
-			st := p.Stats() // after Close: connections count when they end
-			fmt.Fprintf(e.stderr, "proxy: stopped after %d connections (%d refused, %d failed); %d bytes up, %d down, %d of them moved by the kernel\n",
-				st.Accepted, st.Refused, st.Failed, st.Up, st.Down, st.Kernel)
-			if runErr != nil {
-				return runErr
-			}
-			return closeErr
+			return runTCPProxy(c.Context(), e, cfg, fl.metricsAddr)
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&listen, "listen", "", "address to accept connections on, like 127.0.0.1:8080 or [::]:8080")
-	f.StringVar(&upstreams, "upstream", "", "upstream addresses, comma separated, taken in turn")
-	f.StringVar(&mode, "mode", "kernel", "kernel (joined in the kernel), copy (read and write) or pipe (splice(2) through a pipe): how bytes move once connected")
-	f.StringVar(&proxyProto, "proxy-protocol", "none", "none, v1 or v2: announce the client to the upstream")
-	f.StringArrayVar(&routes, "route", nil, "HOST=ADDR:PORT[,ADDR:PORT]: HTTP requests for HOST go there (repeatable)")
-	f.StringVar(&maxInflight, "max-inflight", "4M", "kernel mode: bytes one direction may have unacknowledged in the outgoing socket before user space paces it")
-	f.IntVar(&maxConns, "max-conns", 10000, "connections (UDP: flows) at once; more are refused")
-	f.BoolVar(&udp, "udp", false, "proxy UDP datagrams instead of TCP connections (modes kernel and copy)")
-	f.DurationVar(&idle, "idle", proxy.DefaultUDPIdle, "--udp: close a flow that carried nothing for this long")
-	metricsAddrFlag(c, &metricsAddr)
+	f.StringVar(&fl.listen, "listen", "", "address to accept connections on, like 127.0.0.1:8080 or [::]:8080")
+	f.StringVar(&fl.upstreams, "upstream", "", "upstream addresses, comma separated, taken in turn")
+	f.StringVar(&fl.mode, "mode", "kernel", "kernel (joined in the kernel), copy (read and write) or pipe (splice(2) through a pipe): how bytes move once connected")
+	f.StringVar(&fl.proxyProto, "proxy-protocol", "none", "none, v1 or v2: announce the client to the upstream")
+	f.StringArrayVar(&fl.routes, "route", nil, "HOST=ADDR:PORT[,ADDR:PORT]: HTTP requests for HOST go there (repeatable)")
+	f.StringVar(&fl.maxInflight, "max-inflight", "4M", "kernel mode: bytes one direction may have unacknowledged in the outgoing socket before user space paces it")
+	f.IntVar(&fl.maxConns, "max-conns", 10000, "connections (UDP: flows) at once; more are refused")
+	f.BoolVar(&fl.udp, "udp", false, "proxy UDP datagrams instead of TCP connections (modes kernel and copy)")
+	f.DurationVar(&fl.idle, "idle", proxy.DefaultUDPIdle, "--udp: close a flow that carried nothing for this long")
+	metricsAddrFlag(c, &fl.metricsAddr)
 	return c
+}
+
+// proxyFlags are proxy's flags as given.
+type proxyFlags struct {
+	listen, upstreams, mode, proxyProto, maxInflight string
+	metricsAddr                                      string
+	routes                                           []string
+	maxConns                                         int
+	udp                                              bool
+	idle                                             time.Duration
+}
+
+// config checks the flags and makes the proxy's configuration; each error
+// names the flag to fix. It touches nothing.
+func (fl proxyFlags) config() (proxy.Config, error) {
+	var cfg proxy.Config
+	if fl.listen == "" || fl.upstreams == "" {
+		return cfg, errors.New("--listen and --upstream are required")
+	}
+	var err error
+	if cfg.Listen, err = proxy.ParseAddrPort(fl.listen); err != nil {
+		return cfg, fmt.Errorf("--listen: %w", err)
+	}
+	if cfg.Upstreams, err = proxy.ParseUpstreams(fl.upstreams); err != nil {
+		return cfg, fmt.Errorf("--upstream: %w", err)
+	}
+	for _, r := range fl.routes {
+		rt, err := proxy.ParseRoute(r)
+		if err != nil {
+			return cfg, fmt.Errorf("--route: %w", err)
+		}
+		cfg.Routes = append(cfg.Routes, rt)
+	}
+	if cfg.Mode, err = proxy.ParseMode(fl.mode); err != nil {
+		return cfg, fmt.Errorf("--mode: %w", err)
+	}
+	if cfg.Proxy, err = proxy.ParseProxyProtocol(fl.proxyProto); err != nil {
+		return cfg, fmt.Errorf("--proxy-protocol: %w", err)
+	}
+	sizes, err := parseSizes("--max-inflight", fl.maxInflight)
+	if err != nil || len(sizes) != 1 || sizes[0] > 1<<30 {
+		return cfg, fmt.Errorf("--max-inflight: want one size up to 1G, like 4M, got %q", fl.maxInflight)
+	}
+	cfg.MaxInflight = uint32(sizes[0])
+	if fl.maxConns < 1 || fl.maxConns > 1<<20 {
+		return cfg, fmt.Errorf("--max-conns: want 1 to %d, got %d", 1<<20, fl.maxConns)
+	}
+	cfg.MaxConns = fl.maxConns
+	if err := checkMetricsAddr(fl.metricsAddr); err != nil {
+		return cfg, err
+	}
+	if fl.udp && fl.idle <= 0 {
+		return cfg, errors.New("--idle: want a positive duration, like 60s")
+	}
+	return cfg, nil
+}
+
+// runTCPProxy runs a TCP proxy until ctx ends, and says what it did.
+func runTCPProxy(ctx context.Context, e *env, cfg proxy.Config, metricsAddr string) error {
+	p, err := proxy.New(cfg, func(format string, args ...any) {
+		fmt.Fprintf(e.stderr, format+"\n", args...)
+	})
+	if err != nil {
+		return err
+	}
+	stopMetrics, err := serveProcessMetrics(e, metricsAddr, metrics.Proxy(p.Stats))
+	if err != nil {
+		p.Close()
+		return err
+	}
+	fmt.Fprintf(e.stderr, "proxy: listening on %s, mode %s, upstreams %s%s\n",
+		p.Addr(), cfg.Mode, joinAddrs(cfg.Upstreams), describeRoutes(cfg.Routes))
+	runErr := p.Run(ctx)
+	closeErr := errors.Join(p.Close(), stopMetrics())
+	st := p.Stats() // after Close: connections count when they end
+	fmt.Fprintf(e.stderr, "proxy: stopped after %d connections (%d refused, %d failed); %d bytes up, %d down, %d of them moved by the kernel\n",
+		st.Accepted, st.Refused, st.Failed, st.Up, st.Down, st.Kernel)
+	if runErr != nil {
+		return runErr
+	}
+	return closeErr
 }
 
 func runUDPProxy(ctx context.Context, e *env, cfg proxy.Config, idle time.Duration, metricsAddr string) error {
