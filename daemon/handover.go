@@ -50,32 +50,61 @@ func (srv *Server) handOver(c *conn, req Request) error {
 		c.send(handoverMsg{Error: fmt.Sprintf("this daemon keeps its state as %q, the new one as %q: they cannot hand over; stop this one (its pairs are reset) and start the new one", handoverVersion(), req.Version)})
 		return nil
 	}
-	// Stop serving the clients first, so that no join is half done when
-	// the pairs freeze; what they send from now on waits in their sockets.
+	clients := srv.pauseClients(c)
+	st, entries := srv.freeze(clients)
+	pairs := len(st.tcp) + len(st.udp)
+	if err := srv.transfer(c, st, pairs); err != nil {
+		srv.thaw(entries, clients)
+		return fmt.Errorf("%w; kept %d pairs and %d clients", err, pairs, len(clients))
+	}
+	srv.s.Release()
+	srv.u.Release()
+	for _, cc := range clients {
+		cc.c.Close() // the new daemon has its own copy
+	}
+	srv.ln.SetUnlinkOnClose(false) // the path is the new daemon's socket now
+	srv.ln.Close()                 // ends Serve
+	return nil
+}
+
+// pauseClients stops serving every client but the taker, first, so that
+// no join is half done when the pairs freeze; what they send from now on
+// waits in their sockets. Returns them in the order the state lists them.
+func (srv *Server) pauseClients(taker *conn) []*conn {
 	srv.mu.Lock()
 	var clients []*conn
-	index := map[*conn]int{}
 	for cc := range srv.conns {
-		if cc != c {
+		if cc != taker {
 			cc.handed = true
-			index[cc] = len(clients)
 			clients = append(clients, cc)
 		}
 	}
 	srv.mu.Unlock()
 	for _, cc := range clients {
-		cc.c.SetReadDeadline(time.Now())
+		_ = cc.c.SetReadDeadline(time.Now())
 	}
 	for _, cc := range clients {
 		<-cc.done
 	}
-	// Joins fail from here on ("splicer is closed").
+	return clients
+}
+
+// freeze stops the splicers (joins fail from here on: "splicer is closed")
+// and makes the state the taker gets: each pair with its handle, and the
+// client it belongs to (1 + its index in clients; 0: none). Returns the
+// entries taken out of the server too, for thaw.
+func (srv *Server) freeze(clients []*conn) (*handoverState, map[uint64]*entry) {
+	index := map[*conn]int{}
+	for i, cc := range clients {
+		index[cc] = i
+	}
 	objs, states := srv.s.Freeze()
 	uobjs, ustates := srv.u.Freeze()
 	st := &handoverState{objs: objs, uobjs: uobjs}
 	srv.mu.Lock()
 	entries := srv.pairs
 	srv.pairs = map[uint64]*entry{}
+	srv.mu.Unlock()
 	byIndex := map[uint32]*entry{}
 	byUDPIndex := map[uint32]*entry{}
 	for _, e := range entries {
@@ -85,7 +114,6 @@ func (srv *Server) handOver(c *conn, req Request) error {
 			byIndex[e.index] = e
 		}
 	}
-	srv.mu.Unlock()
 	owner := func(e *entry) int {
 		if i, ok := index[e.owner]; ok && e.owner != nil {
 			return i + 1
@@ -103,37 +131,32 @@ func (srv *Server) handOver(c *conn, req Request) error {
 	for _, cc := range clients {
 		st.clients = append(st.clients, cc.c)
 	}
+	return st, entries
+}
 
+// transfer sends st to the taker, waits for it to be ready and commits:
+// from a nil return the pairs are the new daemon's.
+func (srv *Server) transfer(c *conn, st *handoverState, pairs int) error {
 	h := newHandoverConn(c.c)
-	err := h.sendState(st)
-	if err == nil {
-		c.c.SetReadDeadline(time.Now().Add(handoverWait))
-		_, _, err = h.recv("ready")
-		c.c.SetReadDeadline(time.Time{})
+	if err := h.sendState(st); err != nil {
+		return err
 	}
-	if err == nil {
-		// The commit: from here the pairs are the new daemon's.
-		srv.mu.Lock()
-		srv.handedOver = true
-		srv.handed = len(states) + len(ustates)
-		srv.mu.Unlock()
-		if err = h.send(handoverMsg{Commit: true}); err != nil {
-			srv.mu.Lock()
-			srv.handedOver, srv.handed = false, 0
-			srv.mu.Unlock()
-		}
-	}
+	_ = c.c.SetReadDeadline(time.Now().Add(handoverWait))
+	_, _, err := h.recv("ready")
+	_ = c.c.SetReadDeadline(time.Time{})
 	if err != nil {
-		srv.thaw(entries, clients)
-		return fmt.Errorf("%w; kept %d pairs and %d clients", err, len(states)+len(ustates), len(clients))
+		return err
 	}
-	srv.s.Release()
-	srv.u.Release()
-	for _, cc := range clients {
-		cc.c.Close() // the new daemon has its own copy
+	srv.mu.Lock()
+	srv.handedOver = true
+	srv.handed = pairs
+	srv.mu.Unlock()
+	if err := h.send(handoverMsg{Commit: true}); err != nil {
+		srv.mu.Lock()
+		srv.handedOver, srv.handed = false, 0
+		srv.mu.Unlock()
+		return err
 	}
-	srv.ln.SetUnlinkOnClose(false) // the path is the new daemon's socket now
-	srv.ln.Close()                 // ends Serve
 	return nil
 }
 

@@ -134,20 +134,45 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		return nil, err
 	}
 	next := old ^ 1
-
-	// Counter ids: a rule already in force keeps its id, and its counts.
 	infos, err := p.allInfos()
 	if err != nil {
 		return nil, err
 	}
-	oldInfos := infos[old]
-	// The idle slot holds the ruleset before the one in force (or what a
-	// crash left): only what differs is written. What it holds is compiled
-	// back from its infos while the new ruleset is compiled.
+	c, err := p.writeNext(next, scopes, infos[next], infos[old], readersGone)
+	if err != nil {
+		return nil, err
+	}
+	attached, err := p.attachedScopes()
+	if err != nil {
+		return nil, err
+	}
+	peers, err := p.attachNew(scopes, attached)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.setState(policyPolicyStateKeyPOLICY_STATE_ACTIVE, uint32(next)); err != nil {
+		return nil, fmt.Errorf("switch to the new ruleset: %w", err)
+	}
+	// A program that read the old slot number just before the flip may
+	// still be looking at the old slot: the next apply waits before it
+	// rewrites it.
+	if err := p.detachRetired(scopes, attached, peers); err != nil {
+		return nil, fmt.Errorf("the new ruleset is in force, but cleaning up the old one failed: %w", err)
+	}
+	return p.afterFlip(ctx, start, scopes, len(peers) > 0, infos[old], c)
+}
+
+// writeNext compiles scopes into slot next, the idle one, and writes there
+// what differs from what it holds (the ruleset before the one in force, or
+// what a crash left), once readersGone says no program reads it any more.
+// Counter ids: a rule already in force keeps its id, and its counts.
+func (p *Policy) writeNext(next uint8, scopes []scopeRules, idleInfos, oldInfos map[uint32]policyPolicyRuleInfo, readersGone <-chan struct{}) (*compiled, error) {
+	// What the idle slot holds is compiled back from its infos while the
+	// new ruleset is compiled.
 	var idle idleSlot
 	idleRead := make(chan struct{})
 	go func() {
-		idle.prev, idle.exact, idle.err = p.idleContents(next, infos[next])
+		idle.prev, idle.exact, idle.err = p.idleContents(next, idleInfos)
 		close(idleRead)
 	}()
 	c, err := compile(next, scopes, idsAfter(oldInfos))
@@ -159,21 +184,25 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		return nil, idle.err
 	}
 	<-readersGone
-	if err := p.writeIdle(next, c, idle, infos[next], oldInfos); err != nil {
+	if err := p.writeIdle(next, c, idle, idleInfos, oldInfos); err != nil {
 		return nil, err
 	}
-	attached, err := p.attachedScopes()
-	if err != nil {
-		return nil, err
-	}
-	// New scopes' programs find no rules in the old slot and allow, as
-	// before; they start deciding at the flip.
+	return c, nil
+}
+
+// attachNew attaches the programs of scopes not attached yet (whose
+// programs find no rules in the old slot and allow, as before: they start
+// deciding at the flip), and the sender programs of the cgroups peer rules
+// name, which write their senders down from before the rules are in force.
+// Returns those cgroups.
+func (p *Policy) attachNew(scopes []scopeRules, attached map[uint64]bool) (map[uint64]bool, error) {
 	var spec *ebpf.CollectionSpec
 	for _, s := range scopes {
 		if complete, ok := attached[s.id]; ok && complete {
 			continue
 		}
 		if spec == nil {
+			var err error
 			if spec, err = loadPolicy(); err != nil {
 				return nil, fmt.Errorf("load BPF spec: %w", err)
 			}
@@ -182,19 +211,13 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 			return nil, err
 		}
 	}
-	// Cgroups that peer rules name write their senders down from before
-	// the rules are in force.
-	peers, err := p.attachPeers(spec, scopes)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.setState(policyPolicyStateKeyPOLICY_STATE_ACTIVE, uint32(next)); err != nil {
-		return nil, fmt.Errorf("switch to the new ruleset: %w", err)
-	}
-	// A program that read the old slot number just before the flip may
-	// still be looking at the old slot: the next apply waits before it
-	// rewrites it.
-	// Removed scopes find no rules in the new slot and allow from the flip.
+	return p.attachPeers(spec, scopes)
+}
+
+// detachRetired detaches, after the flip, the scopes not in force any more
+// (they find no rules in the new slot and allow from the flip) and the
+// sender programs of cgroups no peer rule names now.
+func (p *Policy) detachRetired(scopes []scopeRules, attached, peers map[uint64]bool) error {
 	inForce := map[uint64]bool{}
 	for _, s := range scopes {
 		inForce[s.id] = true
@@ -206,19 +229,21 @@ func (p *Policy) Apply(ctx context.Context, rs Ruleset) (*ApplyResult, error) {
 		}
 	}
 	errs = append(errs, p.detachPeersBut(peers))
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("the new ruleset is in force, but cleaning up the old one failed: %w", err)
-	}
-	// The old rules' counters go while the sweep runs.
+	return errors.Join(errs...)
+}
+
+// afterFlip closes the connections the new ruleset denies while the old
+// rules' counters go, and says what the apply did.
+func (p *Policy) afterFlip(ctx context.Context, start time.Time, scopes []scopeRules, peerRules bool, oldInfos map[uint32]policyPolicyRuleInfo, c *compiled) (*ApplyResult, error) {
 	dropped := make(chan error, 1)
 	go func() { dropped <- p.dropCounters(oldInfos, c) }()
-
 	res := &ApplyResult{Scopes: len(scopes)}
 	for _, s := range scopes {
 		res.Rules += len(s.Egress) + len(s.Ingress)
 	}
 	sweepStart := time.Now()
-	res.Closed, err = p.closeDenied(ctx, len(peers) > 0)
+	var err error
+	res.Closed, err = p.closeDenied(ctx, peerRules)
 	res.Sweep = time.Since(sweepStart)
 	derr := <-dropped
 	res.Took = time.Since(start)
