@@ -14,6 +14,7 @@ import (
 
 	"github.com/shunt-project/shunt/agent"
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -154,7 +155,7 @@ func waitEnabled(t *testing.T, pin string, want ...string) time.Duration {
 // when it stops.
 func TestAgentHoldsTheDeclaredCgroups(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	parent := testenv.MustCgroup(t).Path
 	app1 := mkCgroup(t, parent, "app-1")
 	app2 := mkCgroup(t, parent, "app-2")
@@ -213,7 +214,7 @@ func TestAgentHoldsTheDeclaredCgroups(t *testing.T) {
 // was removed and made again, is enabled too.
 func TestAgentFollowsNestedPatterns(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	parent := testenv.MustCgroup(t).Path
 	config := filepath.Join(t.TempDir(), "config.yaml")
 	writeConfig(t, config, fmt.Sprintf("bypass:\n  cgroups: [%q]\n  guard: false\n", parent+"/pod-*/app-*"))
@@ -241,7 +242,7 @@ func TestAgentFollowsNestedPatterns(t *testing.T) {
 // Stopping the agent leaves bypass running: state is pinned.
 func TestAgentStopLeavesBypass(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	parent := testenv.MustCgroup(t).Path
 	app := mkCgroup(t, parent, "app")
 	config := filepath.Join(t.TempDir(), "config.yaml")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -19,7 +20,7 @@ import (
 // -benchtime 100x ./agent).
 func BenchmarkNewCgroupEnabled(b *testing.B) {
 	testenv.RequireRoot(b)
-	pin := testenv.MustPinDir(b)
+	pin := bypasstest.MustPinDir(b)
 	parent := testenv.MustCgroup(b).Path
 	config := filepath.Join(b.TempDir(), "config.yaml")
 	if err := os.WriteFile(config, []byte(fmt.Sprintf("bypass:\n  cgroups: [%q]\n  guard: false\n", parent+"/app-*")), 0o644); err != nil {

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/shunt-project/shunt/agent"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/kube"
@@ -66,7 +67,7 @@ func TestAgentBypassesSelectedPods(t *testing.T) {
 	testenv.RequireRoot(t)
 	for _, d := range []kube.Driver{kube.Systemd, kube.Cgroupfs} {
 		t.Run(string(d), func(t *testing.T) {
-			pin := testenv.MustPinDir(t)
+			pin := bypasstest.MustPinDir(t)
 			root := testenv.MustCgroup(t).Path
 			web := kubePod("web-1", "11111111-aaaa-4bbb-8ccc-000000000001", corev1.PodQOSBurstable, "web")
 			db := kubePod("db-1", "22222222-aaaa-4bbb-8ccc-000000000002", corev1.PodQOSGuaranteed, "db")
@@ -125,7 +126,7 @@ func TestAgentLeavesWhenItsDaemonSetIsGone(t *testing.T) {
 		{"API server unreachable", false, errors.New("connection refused"), false, "could not tell whether DaemonSet shunt-system/shunt-agent is gone"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pin := testenv.MustPinDir(t)
+			pin := bypasstest.MustPinDir(t)
 			root := testenv.MustCgroup(t).Path
 			web := kubePod("web-1", "11111111-aaaa-4bbb-8ccc-000000000001", corev1.PodQOSBurstable, "web")
 			webPod, _ := mkPodCgroup(t, root, kube.Cgroupfs, web)

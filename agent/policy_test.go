@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/agent"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/policy"
@@ -53,8 +54,8 @@ func waitFor(t *testing.T, what string, log *syncBuffer, ok func() bool) {
 // file goes bad, and applies a scope once its cgroup exists.
 func TestAgentAppliesPolicyFile(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
-	policyDir := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
+	policyDir := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	dir := t.TempDir()
 	config, file := filepath.Join(dir, "config.yaml"), filepath.Join(dir, "policy.yaml")

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -25,7 +26,7 @@ func mustInstallWith(t *testing.T, opts bypass.Options) (*bypass.Install, host.C
 	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.WatchKernelLog(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	in, err := bypass.Create(pin, opts)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -64,7 +65,7 @@ func streamBoth(wg *sync.WaitGroup, errs chan<- error, c, s *net.TCPConn, seed u
 func TestEnableDisableUnderTraffic(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.WatchKernelLog(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
@@ -315,7 +316,7 @@ func TestSquattedPinDirectoriesRefused(t *testing.T) {
 		}, "exists and holds no shunt install"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dir := testenv.MustPinDir(t)
+			dir := bypasstest.MustPinDir(t)
 			made := c.make(dir)
 			_, err := bypass.Create(dir, bypass.Options{})
 			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "remove it") {

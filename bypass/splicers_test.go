@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -129,7 +130,7 @@ func TestCaughtSplicerGetsNothingOutOfOrder(t *testing.T) {
 func TestSpliceAfterRecvOnThisKernel(t *testing.T) {
 	if !host.CanRefuseSplice() {
 		testenv.RequireRoot(t)
-		pin := testenv.MustPinDir(t)
+		pin := bypasstest.MustPinDir(t)
 		if in, err := bypass.Create(pin, bypass.Options{RefuseSplice: true}); !errors.Is(err, bypass.ErrNoSpliceRefusal) {
 			if in != nil {
 				in.Close()

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -61,7 +62,7 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 			}
 			t.Run(tc.name+"/"+network, func(t *testing.T) {
 				in, cg := mustInstall(t)
-				testenv.RunGuard(t, in, func(s string) { t.Logf("guard: %s", s) })
+				bypasstest.RunGuard(t, in, func(s string) { t.Logf("guard: %s", s) })
 				side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
 				addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
 				c, s := testenv.ConnPair(t, network, side, addr, side, addr)
@@ -235,7 +236,7 @@ func fionreadLoop(fd, want int, how fionreadReader, deadline time.Time) ([]byte,
 // than it has, 1,000 of them held sockets: it visits every open file.
 func BenchmarkStallScan(b *testing.B) {
 	testenv.RequireRoot(b)
-	pin := testenv.MustPinDir(b)
+	pin := bypasstest.MustPinDir(b)
 	cg := testenv.MustCgroup(b)
 	in, err := bypass.Create(pin, bypass.Options{})
 	if err != nil {
@@ -286,7 +287,7 @@ func TestHalfClosedServerAnswersAfterTheScan(t *testing.T) {
 	for _, network := range []string{"tcp4", "tcp6"} {
 		t.Run(network, func(t *testing.T) {
 			in, cg := mustInstall(t)
-			testenv.RunGuard(t, in, func(s string) { t.Logf("guard: %s", s) })
+			bypasstest.RunGuard(t, in, func(s string) { t.Logf("guard: %s", s) })
 			side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
 			addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
 			c, s := testenv.ConnPair(t, network, side, addr, side, addr)

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -565,7 +566,7 @@ func TestListenerOlderThanEnablePairsThroughTranslation(t *testing.T) {
 	testenv.NeedProgram(t, "nft")
 	testenv.RequireRoot(t)
 	testenv.WatchKernelLog(t)
-	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{})
+	in, err := bypass.Create(bypasstest.MustPinDir(t), bypass.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

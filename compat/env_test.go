@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -37,7 +38,7 @@ func newEnv(t testing.TB, shunt bool) *env {
 	if !shunt {
 		return e
 	}
-	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{})
+	in, err := bypass.Create(bypasstest.MustPinDir(t), bypass.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func newEnv(t testing.TB, shunt bool) *env {
 	if _, err := in.Attach(e.cg); err != nil {
 		t.Fatal(err)
 	}
-	testenv.RunGuard(t, in, func(line string) { t.Logf("guard: %s", line) })
+	bypasstest.RunGuard(t, in, func(line string) { t.Logf("guard: %s", line) })
 	e.in = in
 	return e
 }

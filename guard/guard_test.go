@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -20,7 +21,7 @@ import (
 func guarded(t *testing.T) (*bypass.Install, testenv.Side, <-chan string) {
 	t.Helper()
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	in, err := bypass.Create(pin, bypass.Options{})
 	if err != nil {
@@ -31,7 +32,7 @@ func guarded(t *testing.T) (*bypass.Install, testenv.Side, <-chan string) {
 		t.Fatal(err)
 	}
 	reports := make(chan string, 16)
-	testenv.RunGuard(t, in, func(s string) { reports <- s })
+	bypasstest.RunGuard(t, in, func(s string) { reports <- s })
 	return in, testenv.Side{NS: testenv.MustNetNS(t), CG: cg}, reports
 }
 

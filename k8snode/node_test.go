@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -68,7 +69,7 @@ func startNode(t testing.TB, proxyMode string) (c *cluster, k *kubelet, pin stri
 		c.startProxy(t, proxyMode)
 	}
 	c.helmInstall(t, map[string]any{"kubelet": map[string]any{"cgroupRoot": k.root.Path, "driver": "cgroupfs"}})
-	pin = testenv.MustPinDir(t)
+	pin = bypasstest.MustPinDir(t)
 	agent = c.startAgent(t, pin)
 	c.createNamespace(t, podNamespace)
 	return c, k, pin, agent

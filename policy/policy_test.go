@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/policy"
@@ -27,7 +28,7 @@ import (
 // bytes are redirected too) for the cgroups, removed at cleanup.
 func mustBypass(t testing.TB, cgs ...host.Cgroup) *bypass.Install {
 	t.Helper()
-	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{TrustReaders: true})
+	in, err := bypass.Create(bypasstest.MustPinDir(t), bypass.Options{TrustReaders: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func mustPolicy(t *testing.T) *policy.Policy {
 	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.WatchKernelLog(t)
-	p, err := policy.Create(testenv.MustPinDir(t), policy.Options{Mechanisms: mechanisms})
+	p, err := policy.Create(bypasstest.MustPinDir(t), policy.Options{Mechanisms: mechanisms})
 	if err != nil {
 		t.Fatal(err)
 	}

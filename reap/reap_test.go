@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/reap"
@@ -28,7 +29,7 @@ func mustIndex(t *testing.T) (*sockindex.Index, host.Cgroup, string) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.WatchKernelLog(t)
-	dir := testenv.MustPinDir(t)
+	dir := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	ix, _, err := sockindex.Create(dir, cg)
 	if err != nil {
@@ -333,7 +334,7 @@ func disconnect(t *testing.T, fd int) {
 // and leaves nothing behind in either install.
 func TestReapBypassedConnection(t *testing.T) {
 	ix, cg, dir := mustIndex(t)
-	in, err := bypass.Create(testenv.MustPinDir(t), bypass.Options{})
+	in, err := bypass.Create(bypasstest.MustPinDir(t), bypass.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/shunt-project/shunt/bench/bare"
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -20,7 +21,7 @@ func TestUseSwapsWhereTheProgramIsAttached(t *testing.T) {
 		t.Run(attach, func(t *testing.T) {
 			testenv.RequireRoot(t)
 			opts := bypass.Options{Mechanisms: host.Mechanisms{AttachOnMap: attach == "map"}}
-			in, err := bypass.Create(testenv.MustPinDir(t), opts)
+			in, err := bypass.Create(bypasstest.MustPinDir(t), opts)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bench"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -35,7 +36,7 @@ func BenchmarkAgentWithManyConnections(b *testing.B) {
 		n, _ = strconv.Atoi(v)
 	}
 	raiseFileLimit(b, n+1000)
-	pin := testenv.MustPinDir(b)
+	pin := bypasstest.MustPinDir(b)
 	cg := testenv.MustCgroup(b)
 	port := freePort(b)
 	config := filepath.Join(b.TempDir(), "config.yaml")

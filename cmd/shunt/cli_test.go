@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -25,7 +26,7 @@ import (
 // `flows --json` and `status --json`, disable everything.
 func TestBypassCommandsEndToEnd(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 
 	out, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin)
@@ -193,7 +194,7 @@ func TestErrorExitCodes(t *testing.T) {
 func TestDisableWaitsForUnreadBytes(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.WatchKernelLog(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
 		t.Fatal(stderr)
@@ -239,7 +240,7 @@ func TestDisableWaitsForUnreadBytes(t *testing.T) {
 
 func TestExcludePortsFlag(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	status := func() []uint16 {
 		t.Helper()
@@ -279,7 +280,7 @@ func TestExcludePortsFlag(t *testing.T) {
 // reader has called recv.
 func TestBypassEnableTrustReaders(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--trust-readers", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
 		t.Fatal(stderr)
@@ -314,7 +315,7 @@ func TestBypassEnableTrustReaders(t *testing.T) {
 // names the program, and forget unlearns it.
 func TestGuardResetsCaughtSplicer(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
 		t.Fatalf("enable: %s", stderr)
@@ -370,7 +371,7 @@ func TestGuardResetsCaughtSplicer(t *testing.T) {
 // takes away (cgroups and their owner, --exclude-ports) and what it keeps.
 func TestDisableWaitsForTheInstallLockAndSaysWhatItRemoves(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin, "--exclude-ports", "8080", "--splicer", "haproxy", "--no-guard"); code != 0 {
 		t.Fatalf("enable: %s", stderr)

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -45,7 +46,7 @@ func nothingInstalled(t *testing.T, pin string, cg host.Cgroup) {
 // non-zero exit, and nothing installed.
 func TestEnableErrors(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	bin := shuntBinary(t)
 
@@ -222,7 +223,7 @@ func combined(cmd *exec.Cmd) (string, int) {
 // the kernel join and the index do the same, naming the kernel they need.
 func TestThisKernel(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := testenv.MustPinDir(t)
+	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	f := host.Probe()
 	t.Logf("kernel %s: %+v", f.Kernel, f)
@@ -264,7 +265,7 @@ func TestThisKernel(t *testing.T) {
 	}
 	// --refuse-splice needs BPF LSM: refused cleanly where it is missing.
 	// (A fresh pin directory: the learned programs outlive disable.)
-	pin = testenv.MustPinDir(t)
+	pin = bypasstest.MustPinDir(t)
 	_, stderr, code = runShunt(t, nil, "bypass", "enable", "--no-guard", "--refuse-splice", "--cgroup", cg.Path, "--pin-dir", pin)
 	switch {
 	case f.Err() != nil:

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -18,7 +19,7 @@ import (
 func startGuardWith(t *testing.T, argv ...string) (*exec.Cmd, error) {
 	t.Helper()
 	testenv.RequireRoot(t) // the guard's log lives under /run/shunt
-	pinDir := testenv.MustPinDir(t)
+	pinDir := bypasstest.MustPinDir(t)
 	t.Cleanup(func() { os.Remove(guard.LogPath(pinDir)) })
 	var started *exec.Cmd
 	e := defaultEnv()

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -69,7 +70,7 @@ func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, want ..
 func TestMetricsFollowBypassAndIndex(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.NeedProgram(t, "promtool")
-	pin, indexDir := testenv.MustPinDir(t), testenv.MustPinDir(t)
+	pin, indexDir := bypasstest.MustPinDir(t), bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 
 	_, fams := scrape(t, pin, indexDir)
@@ -334,14 +335,14 @@ func TestMetricsTokenFile(t *testing.T) {
 	loose := filepath.Join(dir, "loose")
 	os.WriteFile(loose, []byte("s3cret\n"), 0o644)
 	os.Chmod(loose, 0o644)
-	_, stderr, code := runShunt(t, nil, "metrics", "--token-file", loose, "--pin-dir", testenv.MustPinDir(t))
+	_, stderr, code := runShunt(t, nil, "metrics", "--token-file", loose, "--pin-dir", bypasstest.MustPinDir(t))
 	if code != 2 {
 		t.Errorf("a token file others can read: exit %d, want 2", code)
 	}
 	oneLine(t, stderr, "can be read by other users")
 
 	addr := "127.0.0.1:19464"
-	startShunt(t, ns, "serving metrics at", "metrics", "--listen", addr, "--token-file", token, "--pin-dir", testenv.MustPinDir(t))
+	startShunt(t, ns, "serving metrics at", "metrics", "--listen", addr, "--token-file", token, "--pin-dir", bypasstest.MustPinDir(t))
 	get := func(auth string) (int, string) {
 		c := testenv.Dial(t, testenv.Side{NS: ns}, "tcp", addr, nil)
 		defer c.Close()

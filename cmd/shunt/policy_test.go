@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/policy"
 )
@@ -18,7 +19,7 @@ import (
 // TestPolicyCommands drives add, default, show, delete, apply and clear.
 func TestPolicyCommands(t *testing.T) {
 	testenv.RequireRoot(t)
-	dir := testenv.MustPinDir(t)
+	dir := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	must := func(args ...string) string {
 		t.Helper()
@@ -101,7 +102,7 @@ func TestPolicyCommands(t *testing.T) {
 // applied.
 func TestPolicyBadInput(t *testing.T) {
 	testenv.RequireRoot(t)
-	dir := testenv.MustPinDir(t)
+	dir := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	file := func(text string) string {
 		f := filepath.Join(t.TempDir(), "policy.yaml")
@@ -168,7 +169,7 @@ func TestPolicyApplyInterruptedWhileReading(t *testing.T) {
 	}
 	for name, args := range map[string][]string{"fifo": {"-f", fifo}, "stdin": {"-f", "-"}} {
 		t.Run(name, func(t *testing.T) {
-			cmd := subprocess(shuntBinary(t), append([]string{"policy", "apply", "--policy-dir", testenv.MustPinDir(t)}, args...)...)
+			cmd := subprocess(shuntBinary(t), append([]string{"policy", "apply", "--policy-dir", bypasstest.MustPinDir(t)}, args...)...)
 			stdin, err := cmd.StdinPipe() // open, never written
 			if err != nil {
 				t.Fatal(err)

@@ -8,13 +8,14 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/reap"
 )
 
 func TestIndexAndReapEndToEnd(t *testing.T) {
 	testenv.RequireRoot(t)
-	dir := testenv.MustPinDir(t)
+	dir := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 	ix := func(args ...string) (string, string, int) {
 		return runShunt(t, nil, append(args, "--index-dir", dir)...)
