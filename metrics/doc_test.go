@@ -41,10 +41,10 @@ func TestEveryMetricDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := describedNames(t, New(Source{}),
-		Proxy(func() proxy.Stats { return proxy.Stats{} }),
-		UDPProxy(func() proxy.UDPStats { return proxy.UDPStats{} }),
-		Daemon(func() daemon.Totals { return daemon.Totals{} }),
-		Fanout(func() (fanout.Stats, error) { return fanout.Stats{}, nil }))
+		proxy.Collector(func() proxy.Stats { return proxy.Stats{} }),
+		proxy.UDPCollector(func() proxy.UDPStats { return proxy.UDPStats{} }),
+		daemon.Collector(func() daemon.Totals { return daemon.Totals{} }),
+		fanout.Collector(func() (fanout.Stats, error) { return fanout.Stats{}, nil }))
 	for _, n := range names {
 		if !strings.Contains(string(doc), "| `"+n+"` |") {
 			t.Errorf("docs/METRICS.md has no row for %s", n)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/shunt-project/shunt/daemon"
 	"github.com/shunt-project/shunt/host"
-	"github.com/shunt-project/shunt/metrics"
 	"github.com/shunt-project/shunt/splice"
 )
 
@@ -69,7 +68,7 @@ then exits; bytes keep flowing in the kernel meanwhile.`,
 				}
 				fmt.Fprintf(e.stderr, "daemon: listening on %s\n", socket)
 			}
-			stopMetrics, err := serveProcessMetrics(e, metricsAddr, metrics.Daemon(srv.Totals))
+			stopMetrics, err := serveProcessMetrics(e, metricsAddr, daemon.Collector(srv.Totals))
 			if err != nil {
 				srv.Close()
 				return err

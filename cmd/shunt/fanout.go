@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shunt-project/shunt/fanout"
-	"github.com/shunt-project/shunt/metrics"
 )
 
 const defaultFanoutControl = "/run/shunt/fanout.sock"
@@ -86,7 +85,7 @@ them.`,
 				return err
 			}
 			defer f.Close()
-			stopMetrics, err := serveProcessMetrics(e, metricsAddr, metrics.Fanout(func() (fanout.Stats, error) { return fanout.Query(control) }))
+			stopMetrics, err := serveProcessMetrics(e, metricsAddr, fanout.Collector(func() (fanout.Stats, error) { return fanout.Query(control) }))
 			if err != nil {
 				return err
 			}

@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/shunt-project/shunt/host"
-	"github.com/shunt-project/shunt/metrics"
 	"github.com/shunt-project/shunt/proxy"
 )
 
@@ -147,7 +146,7 @@ func runTCPProxy(ctx context.Context, e *env, cfg proxy.Config, metricsAddr stri
 	if err != nil {
 		return err
 	}
-	stopMetrics, err := serveProcessMetrics(e, metricsAddr, metrics.Proxy(p.Stats))
+	stopMetrics, err := serveProcessMetrics(e, metricsAddr, proxy.Collector(p.Stats))
 	if err != nil {
 		p.Close()
 		return err
@@ -172,7 +171,7 @@ func runUDPProxy(ctx context.Context, e *env, cfg proxy.Config, idle time.Durati
 	if err != nil {
 		return err
 	}
-	stopMetrics, err := serveProcessMetrics(e, metricsAddr, metrics.UDPProxy(p.Stats))
+	stopMetrics, err := serveProcessMetrics(e, metricsAddr, proxy.UDPCollector(p.Stats))
 	if err != nil {
 		p.Close()
 		return err
