@@ -25,13 +25,16 @@ const (
 	ProxyHAProxy = "haproxy" // splice on (option splice-auto)
 	ProxyNginx   = "nginx"   // stream module
 	ProxySocat   = "socat"
+	// ProxyDirect is no proxy: the client connects to the upstream itself,
+	// the floor a proxy that joins sockets in the kernel can approach.
+	ProxyDirect = "direct"
 )
 
 // nginxStream is where Debian's libnginx-mod-stream puts the module.
 const nginxStream = "/usr/lib/nginx/modules/ngx_stream_module.so"
 
 // ProxyModes lists every proxy the benchmark knows.
-var ProxyModes = []string{ProxyKernel, ProxyCopy, ProxyPipe, ProxyHAProxy, ProxyNginx, ProxySocat}
+var ProxyModes = []string{ProxyKernel, ProxyCopy, ProxyPipe, ProxyHAProxy, ProxyNginx, ProxySocat, ProxyDirect}
 
 // CPU placement: the proxy on one CPU, client and upstream on the other,
 // the same for every proxy. Kernel work runs where the kernel puts it
@@ -85,6 +88,7 @@ func (cfg ProxyConfig) validate() error {
 			if cfg.Shunt == "" {
 				return errors.New("the shunt modes need the shunt binary")
 			}
+		case ProxyDirect:
 		case ProxyHAProxy, ProxyNginx, ProxySocat:
 			if _, err := exec.LookPath(m); err != nil {
 				return fmt.Errorf("%s is not installed (apt-get install %s, or leave it out of --modes)", m, m)
@@ -222,6 +226,9 @@ func (r proxyRun) perGB() [2]float64 {
 // it; it returns the machine's and the proxy's CPU time over fn and the bytes
 // fn says it moved.
 func withProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, upstream int, fn func(addr string) (int64, error)) (r proxyRun, err error) {
+	if m == ProxyDirect {
+		return direct(upstream, fn)
+	}
 	port := freePort()
 	p, err := startProxy(ctx, ns, cfg, m, port, upstream)
 	if err != nil {
@@ -269,6 +276,20 @@ func withProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, up
 	}
 	r.kernelShare = float64(kernel) / float64(up+down)
 	return r, nil
+}
+
+// direct runs fn against the upstream itself: no proxy, no proxy CPU.
+func direct(upstream int, fn func(addr string) (int64, error)) (r proxyRun, err error) {
+	r.kernelShare = -1
+	clock, err := startCPU()
+	if err != nil {
+		return r, err
+	}
+	if r.bytes, err = fn(net.JoinHostPort("127.0.0.1", strconv.Itoa(upstream))); err != nil {
+		return r, err
+	}
+	r.machine, err = clock.elapsed()
+	return r, err
 }
 
 // proxyRun is what one run through a proxy cost.

@@ -32,7 +32,9 @@ times, the order rotating. CPU per GB is the whole machine's (kernel
 forwarding runs in softirq and kworkers) and the proxy processes' own.
 
 HAProxy runs with option splice-auto, nginx with its stream module, socat
-with fork; each is left out with a clear message if it is not installed.`,
+with fork; each is left out with a clear message if it is not installed.
+"direct" is no proxy at all: the client connects to the upstream, the floor
+a proxy that joins sockets in the kernel can approach.`,
 		Example: `  shunt bench proxy --out /tmp/proxy
   shunt bench proxy --modes shunt-kernel,haproxy --blocks 2M --rounds 5`,
 		Args: noArgs,
