@@ -121,7 +121,7 @@ type fanoutAcc struct {
 }
 
 // fanoutRun is one forwarder, n subscribers, one sending period.
-func fanoutRun(ctx context.Context, ns *lab.NetNS, dur time.Duration, path fanout.Path, size, rate, n, slow int, acc *fanoutAcc) error {
+func fanoutRun(ctx context.Context, ns *lab.NetNS, dur time.Duration, path fanout.Path, size, rate, n, slow int, acc *fanoutAcc) (err error) {
 	var f *fanout.Forwarder
 	cfg := fanout.Config{
 		Source: netip.MustParseAddrPort("127.0.0.1:0"), Listen: netip.MustParseAddrPort("127.0.0.1:0"),
@@ -134,12 +134,19 @@ func fanoutRun(ctx context.Context, ns *lab.NetNS, dur time.Duration, path fanou
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- f.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	// Run ends with nil once the context is done; an error it met before
+	// spoils the run.
+	defer func() {
+		stop()
+		if runErr := <-done; runErr != nil && err == nil {
+			err = fmt.Errorf("fan-out forwarder: %w", runErr)
+		}
+	}()
 
 	var subs, stalled []int
 	defer func() { closeAll(subs); closeAll(stalled) }()
 	var src int
-	err := ns.Do(func() error {
+	err = ns.Do(func() error {
 		for i := 0; i < n; i++ {
 			fd, err := dialTCP(f.ListenAddr())
 			if err != nil {

@@ -30,10 +30,8 @@ func BenchmarkPrograms(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("SHUNT_COMPAT_ROUNDS")); err == nil && v > 0 {
 		rounds = v
 	}
-	second := true
-	if os.Getenv("SHUNT_COMPAT_AA") == "1" {
-		second = false
-	}
+	// SHUNT_COMPAT_AA=1 runs the plain mode twice: the A/A spread.
+	second := os.Getenv("SHUNT_COMPAT_AA") != "1"
 	for _, p := range benchPrograms {
 		b.Run(p.name, func(b *testing.B) {
 			testenv.NeedProgram(b, p.needs)

@@ -145,8 +145,7 @@ func (p *Policy) writeIdle(slot uint8, c *compiled, held idleSlot, idle, inForce
 		deleted <- nil
 	}()
 	if err := c.writeCounters(p, inForce); err != nil {
-		<-deleted
-		return err
+		return errors.Join(err, <-deleted)
 	}
 	var ik []policyPolicyRuleKey
 	var iv []policyPolicyRuleInfo

@@ -62,7 +62,7 @@ a proxy that joins sockets in the kernel can approach.`,
 			if cfg.Shunt, err = os.Executable(); err != nil {
 				return err
 			}
-			var progress io.Writer = io.Discard
+			progress := io.Discard
 			if !output.json {
 				progress = e.stderr
 			}

@@ -52,7 +52,7 @@ UDP first, then TCP. A million TCP sockets take a few GiB of kernel memory.`,
 			if err := host.CheckPrivileges(); err != nil {
 				return err
 			}
-			var prog io.Writer = io.Discard
+			prog := io.Discard
 			if !output.json {
 				prog = e.stderr
 			}

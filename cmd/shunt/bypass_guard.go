@@ -98,8 +98,7 @@ func startGuard(e *env, pinDir string) (string, error) {
 			// A guard that never took its lock is no guard: stop it, so
 			// no second one is left running beside the next attempt.
 			_ = cmd.Process.Kill()
-			<-exited
-			return "", fmt.Errorf("the guard did not start within %v (stopped it; its log: %s); run 'shunt bypass guard' to see why", guardStartTimeout, logPath)
+			return "", fmt.Errorf("the guard did not start within %v (stopped it: %v; its log: %s); run 'shunt bypass guard' to see why", guardStartTimeout, <-exited, logPath)
 		case <-tick.C:
 		}
 	}
