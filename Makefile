@@ -55,11 +55,10 @@ lint:
 	$(GO) run $(GOLANGCI) run ./...
 
 # Packages that run goroutines of their own (servers, relays, readers,
-# watchers) under the race detector: those whose whole suite has run clean
-# under it here; CI runs them. fanout's suite is not among them: under -race
-# one of its load tests grew past 21 GB resident (of 24) and was stopped;
-# cmd/shunt has had only some tests run under it.
-RACE_PKGS := ./proxy ./daemon ./metrics ./agent ./kube ./guard ./splice ./internal/readlimit ./internal/runlock
+# watchers, the commands that start them) under the race detector, whole
+# suites; CI runs them. fanout's load tests run at their -short size under
+# -race (at full size one grew past 21 GB resident).
+RACE_PKGS := ./proxy ./daemon ./metrics ./agent ./kube ./guard ./splice ./fanout ./cmd/shunt ./internal/readlimit ./internal/runlock
 
 race:
 	$(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)

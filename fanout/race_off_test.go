@@ -1,0 +1,5 @@
+//go:build !race
+
+package fanout_test
+
+const raceEnabled = false
