@@ -24,7 +24,8 @@ import (
 // not a test: `make compat-bench` runs it (docs/COMPATIBILITY.md).
 // SHUNT_COMPAT_ROUNDS sets the rounds (5); SHUNT_COMPAT_AA=1 runs plain TCP
 // in both columns, an A/A run that shows how far this machine's noise
-// alone moves the ratio.
+// alone moves the ratio. A program that offers a unix socket is measured
+// over it too, in the same rounds: the floor a TCP bypass can approach.
 func BenchmarkPrograms(b *testing.B) {
 	rounds := 5
 	if v, err := strconv.Atoi(os.Getenv("SHUNT_COMPAT_ROUNDS")); err == nil && v > 0 {
@@ -35,11 +36,24 @@ func BenchmarkPrograms(b *testing.B) {
 	for _, p := range benchPrograms {
 		b.Run(p.name, func(b *testing.B) {
 			testenv.NeedProgram(b, p.needs)
-			var got [2][]float64
+			const plainMode, shuntMode, unixMode = 0, 1, 2
+			modes := []int{plainMode, shuntMode}
+			if p.unix != nil {
+				modes = append(modes, unixMode)
+			}
+			var got [3][]float64
 			for r := 0; r < rounds; r++ {
-				for i, shunt := range []bool{false, second} {
-					e := newEnv(b, shunt)
-					got[i] = append(got[i], p.run(b, e))
+				order := slices.Clone(modes)
+				if r%2 == 1 && p.unix != nil {
+					slices.Reverse(order)
+				}
+				for _, m := range order {
+					if m == unixMode {
+						got[m] = append(got[m], p.unix(b, newEnv(b, false)))
+						continue
+					}
+					e := newEnv(b, m == shuntMode && second)
+					got[m] = append(got[m], p.run(b, e))
 					if e.in != nil && r == 0 {
 						// What shunt did with the program's connections.
 						if st, err := e.in.Stats(); err == nil {
@@ -49,11 +63,17 @@ func BenchmarkPrograms(b *testing.B) {
 					}
 				}
 			}
-			plain, shunt := median(got[0]), median(got[1])
+			plain, shunt := median(got[plainMode]), median(got[shuntMode])
 			b.ReportMetric(plain, "plain-"+p.unit)
 			b.ReportMetric(shunt, "shunt-"+p.unit)
 			b.ReportMetric(shunt/plain, "ratio")
-			b.Logf("| %s | %s | %s | %s | %.2f | %s | %s |", p.name, p.unit, rounded(plain), rounded(shunt), shunt/plain, rounded(got[0]...), rounded(got[1]...))
+			b.Logf("| %s | %s | %s | %s | %.2f | %s | %s |", p.name, p.unit, rounded(plain), rounded(shunt), shunt/plain, rounded(got[plainMode]...), rounded(got[shuntMode]...))
+			if p.unix != nil {
+				unix := median(got[unixMode])
+				b.ReportMetric(unix, "unix-"+p.unit)
+				b.ReportMetric(shunt/unix, "shunt/unix")
+				b.Logf("unix socket: | %s | %s | %s | %s | %.2f | %s |", p.name, p.unit, rounded(unix), rounded(shunt), shunt/unix, rounded(got[unixMode]...))
+			}
 		})
 	}
 }
@@ -88,36 +108,37 @@ const serverCPU, clientCPU = 1, 0
 var benchPrograms = []struct {
 	name, needs, unit string
 	run               func(b *testing.B, e *env) float64
+	// unix, for a program that offers a unix socket: the same client and
+	// server over it.
+	unix func(b *testing.B, e *env) float64
 }{
 	{"redis-benchmark", "redis-server", "req/s", func(b *testing.B, e *env) float64 {
-		return redisBenchmark(b, e, false)
+		return redisBenchmark(b, e, redisDirect)
+	}, func(b *testing.B, e *env) float64 {
+		return redisBenchmark(b, e, redisUnix)
 	}},
 	{"pgbench-select", "/usr/lib/postgresql/15/bin/pgbench", "tps", func(b *testing.B, e *env) float64 {
-		port := startPostgres(b, e)
-		bin := "/usr/lib/postgresql/15/bin"
-		conn := []string{"-h", "127.0.0.1", "-p", port, "-U", "postgres", "postgres"}
-		e.run(b, append([]string{bin + "/pgbench", "-i", "-q", "-s", "1"}, conn...)...)
-		out := e.run(b, pinned(clientCPU, append([]string{bin + "/pgbench", "-n", "-S", "-c", "8", "-j", "1", "-T", "5"}, conn...)...)...)
-		v, _ := number(b, out, `tps = ([0-9.]+)`, "pgbench's tps")
-		return v
+		return pgbenchSelect(b, e, false)
+	}, func(b *testing.B, e *env) float64 {
+		return pgbenchSelect(b, e, true)
 	}},
 	{"nginx-wrk-1KB", "wrk", "req/s", func(b *testing.B, e *env) float64 {
 		addr := nginxOriginPinned(b, e, newBlob(1<<10, 1))
 		return wrkRate(b, e, "http://"+addr+"/blob", 20)
-	}},
+	}, nil},
 	{"nginx-wrk-1MB", "wrk", "req/s", func(b *testing.B, e *env) float64 {
 		addr := nginxOriginPinned(b, e, newBlob(1<<20, 1))
 		return wrkRate(b, e, "http://"+addr+"/blob", 4)
-	}},
+	}, nil},
 	{"nginx-wrk-1MB-p99", "wrk", "ms", func(b *testing.B, e *env) float64 {
 		return wrkP99(b, e, nginxOriginPinned(b, e, newBlob(1<<20, 1)))
-	}},
+	}, nil},
 	// The same with connections that last the whole run: nginx closes one
 	// after 1,000 requests by default, and each new connection's first
 	// response comes by TCP (docs/COMPATIBILITY.md, "The 1 MiB p99").
 	{"nginx-wrk-1MB-p99-kept", "wrk", "ms", func(b *testing.B, e *env) float64 {
 		return wrkP99(b, e, nginxOriginWith(b, e, newBlob(1<<20, 1), nginxSetup{sendfile: true, cpu: serverCPU, keepaliveRequests: 1 << 30}))
-	}},
+	}, nil},
 	{"memcaslap", "memcaslap", "ops/s", func(b *testing.B, e *env) float64 {
 		port := strconv.Itoa(e.freePort(b))
 		e.start(b, pinned(serverCPU, "memcached", "-l", "127.0.0.1", "-p", port, "-U", "0", "-u", "root", "-m", "64", "-t", "1")...)
@@ -125,27 +146,27 @@ var benchPrograms = []struct {
 		out := e.run(b, pinned(clientCPU, "memcaslap", "-s", "127.0.0.1:"+port, "-T", "1", "-c", "16", "-t", "5s", "-X", "100")...)
 		v, _ := number(b, out, `TPS: ([0-9]+)`, "memcaslap's TPS")
 		return v
-	}},
+	}, nil},
 	// nginx as a proxy (http, kept-alive upstream connections) in front of
 	// an nginx origin, both on serverCPU.
 	{"nginx-proxy-wrk-1KB", "nginx", "req/s", func(b *testing.B, e *env) float64 {
 		origin := nginxOriginPinned(b, e, newBlob(1<<10, 1))
 		return wrkRate(b, e, "http://"+nginxProxy(b, e, "http-keepalive", origin, serverCPU)+"/blob", 20)
-	}},
+	}, nil},
 	{"nginx-proxy-wrk-1MB", "nginx", "req/s", func(b *testing.B, e *env) float64 {
 		origin := nginxOriginPinned(b, e, newBlob(1<<20, 1))
 		return wrkRate(b, e, "http://"+nginxProxy(b, e, "http-keepalive", origin, serverCPU)+"/blob", 4)
-	}},
+	}, nil},
 	{"nginx-stream-wrk-1KB", "nginx", "req/s", func(b *testing.B, e *env) float64 {
 		origin := nginxOriginPinned(b, e, newBlob(1<<10, 1))
 		return wrkRate(b, e, "http://"+nginxProxy(b, e, "stream", origin, serverCPU)+"/blob", 20)
-	}},
+	}, nil},
 	// gunicorn's sync workers read with blocking recv, so shunt keeps
 	// their connections on TCP (docs/TRANSPARENCY.md), and they close each
 	// connection after one response: what a program kept on TCP pays.
 	{"gunicorn-sync-wrk-1KB", "gunicorn", "req/s", func(b *testing.B, e *env) float64 {
 		return wrkRate(b, e, "http://"+gunicornSync(b, e, 1<<10)+"/", 20)
-	}},
+	}, nil},
 	{"haproxy-wrk-1KB", "haproxy", "req/s", func(b *testing.B, e *env) float64 {
 		origin := nginxOriginPinned(b, e, newBlob(1<<10, 1))
 		port := e.freePort(b)
@@ -153,7 +174,7 @@ var benchPrograms = []struct {
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		e.waitListening(b, addr)
 		return wrkRate(b, e, "http://"+addr+"/blob", 20)
-	}},
+	}, nil},
 }
 
 // wrkP99 runs wrk with 4 connections for 5 s and returns its 99th
@@ -187,9 +208,26 @@ func number(b *testing.B, out, re, what string) (float64, []string) {
 	return v, m
 }
 
+// pgbenchSelect runs pgbench's select-only load (8 clients, 5 s) against
+// PostgreSQL over TCP or, overUnix, its unix socket, and returns its tps.
+func pgbenchSelect(b *testing.B, e *env, overUnix bool) float64 {
+	port, sockDir := startPostgres(b, e)
+	host := "127.0.0.1"
+	if overUnix {
+		host = sockDir
+	}
+	bin := "/usr/lib/postgresql/15/bin"
+	conn := []string{"-h", host, "-p", port, "-U", "postgres", "postgres"}
+	e.run(b, append([]string{bin + "/pgbench", "-i", "-q", "-s", "1"}, conn...)...)
+	out := e.run(b, pinned(clientCPU, append([]string{bin + "/pgbench", "-n", "-S", "-c", "8", "-j", "1", "-T", "5"}, conn...)...)...)
+	v, _ := number(b, out, `tps = ([0-9.]+)`, "pgbench's tps")
+	return v
+}
+
 // startPostgres runs PostgreSQL 15 (as the postgres user, on serverCPU) in
-// the env with a fresh cluster and returns its port.
-func startPostgres(t testing.TB, e *env) string {
+// the env with a fresh cluster and returns its port and the directory of
+// its unix socket.
+func startPostgres(t testing.TB, e *env) (port, sockDir string) {
 	bin := "/usr/lib/postgresql/15/bin"
 	pg, err := user.Lookup("postgres")
 	if err != nil {
@@ -210,7 +248,7 @@ func startPostgres(t testing.TB, e *env) string {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		t.Fatalf("initdb: %v: %s", err, out)
 	}
-	port := strconv.Itoa(e.freePort(t))
+	port = strconv.Itoa(e.freePort(t))
 	e.start(t, pinned(serverCPU, "setpriv", "--reuid", pg.Uid, "--regid", pg.Gid, "--clear-groups", bin+"/postgres", "-D", filepath.Join(dir, "data"),
 		"-k", dir, "-p", port, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")...)
 	e.waitListening(t, "127.0.0.1:"+port)
@@ -227,7 +265,7 @@ func startPostgres(t testing.TB, e *env) string {
 			t.Fatalf("PostgreSQL on port %s does not accept connections after 30 s: pg_isready: %v", port, err)
 		}
 	}
-	return port
+	return port, dir
 }
 
 // nginxOriginPinned is nginxOrigin with nginx on serverCPU.
@@ -255,23 +293,37 @@ def app(environ, start_response):
 	return addr
 }
 
+// redisPath is how redis-benchmark reaches Redis.
+type redisPath int
+
+const (
+	redisDirect  redisPath = iota // Redis's TCP address
+	redisService                  // a Service's virtual address that a DNAT on output sends to Redis (kube-proxy's shape for an endpoint on the node)
+	redisUnix                     // Redis's unix socket
+)
+
 // redisBenchmark starts Redis on serverCPU and returns redis-benchmark's
-// mean of its SET and GET rates (50 connections, 100 B values), the client
-// dialling Redis directly or, throughService, a Service's virtual address
-// that a DNAT on output sends to Redis (kube-proxy's shape for an endpoint
-// on the node).
-func redisBenchmark(b *testing.B, e *env, throughService bool) float64 {
+// mean of its SET and GET rates (50 connections, 100 B values).
+func redisBenchmark(b *testing.B, e *env, path redisPath) float64 {
 	port := e.freePort(b)
-	e.start(b, pinned(serverCPU, redisArgv(strconv.Itoa(port))...)...)
+	argv := redisArgv(strconv.Itoa(port))
+	sock := filepath.Join(b.TempDir(), "redis.sock")
+	if path == redisUnix {
+		argv = append(argv, "--unixsocket", sock, "--unixsocketperm", "700")
+	}
+	e.start(b, pinned(serverCPU, argv...)...)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	e.waitListening(b, addr)
-	host, dport := "127.0.0.1", strconv.Itoa(port)
-	if throughService {
+	target := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(port)}
+	switch path {
+	case redisService:
 		const vip = "10.96.0.20:6379"
 		e.serviceDNAT(b, vip, addr)
-		host, dport = "10.96.0.20", "6379"
+		target = []string{"-h", "10.96.0.20", "-p", "6379"}
+	case redisUnix:
+		target = []string{"-s", sock}
 	}
-	out := e.run(b, pinned(clientCPU, "redis-benchmark", "-h", host, "-p", dport, "-q", "--csv", "-n", "200000", "-c", "50", "-d", "100", "-t", "set,get")...)
+	out := e.run(b, pinned(clientCPU, append(append([]string{"redis-benchmark"}, target...), "-q", "--csv", "-n", "200000", "-c", "50", "-d", "100", "-t", "set,get")...)...)
 	// "SET","123456.79",...
 	var sum float64
 	var n int
@@ -305,10 +357,11 @@ func BenchmarkRedisThroughService(b *testing.B) {
 		rounds = v
 	}
 	type mode struct {
-		name           string
-		shunt, service bool
+		name  string
+		shunt bool
+		path  redisPath
 	}
-	modes := []mode{{"plain-direct", false, false}, {"plain-service", false, true}, {"shunt-direct", true, false}, {"shunt-service", true, true}}
+	modes := []mode{{"plain-direct", false, redisDirect}, {"plain-service", false, redisService}, {"shunt-direct", true, redisDirect}, {"shunt-service", true, redisService}}
 	got := map[string][]float64{}
 	for r := 0; r < rounds; r++ {
 		order := slices.Clone(modes)
@@ -317,8 +370,8 @@ func BenchmarkRedisThroughService(b *testing.B) {
 		}
 		for _, m := range order {
 			e := newEnv(b, m.shunt)
-			got[m.name] = append(got[m.name], redisBenchmark(b, e, m.service))
-			if e.in != nil && m.service && r == 0 {
+			got[m.name] = append(got[m.name], redisBenchmark(b, e, m.path))
+			if e.in != nil && m.path == redisService && r == 0 {
 				if st, err := e.in.Stats(); err == nil {
 					b.Logf("round 0, %s: %d paired, %d through address translation", m.name, st.Counters.Paired, st.Counters.Translated)
 				}

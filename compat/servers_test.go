@@ -312,7 +312,7 @@ func TestPostgreSQL(t *testing.T) {
 	bin := "/usr/lib/postgresql/15/bin"
 	testenv.NeedProgram(t, bin+"/postgres")
 	bothWays(t, redirected, 0, func(t *testing.T, e *env) {
-		port := startPostgres(t, e)
+		port, _ := startPostgres(t, e)
 		conn := []string{"-h", "127.0.0.1", "-p", port, "-U", "postgres"}
 		e.run(t, append(append([]string{bin + "/pgbench", "-i", "-q", "-s", "1"}, conn...), "postgres")...)
 		e.run(t, append(append([]string{bin + "/pgbench", "-n", "-c", "4", "-j", "2", "-t", "300"}, conn...), "postgres")...)
