@@ -899,13 +899,20 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 {
 	if (__sync_fetch_and_or(&ref->reads, STATE_CAUGHT) & STATE_CAUGHT)
 		return;
+	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
+	if (!ev) {
+		/* The ring is full (a guard that fell behind, or none yet):
+		 * caught with nobody told, the splicer would wait for ever.
+		 * Unmark it: the leave timer, which comes back while the bytes
+		 * wait, reports it again. */
+		__sync_fetch_and_and(&ref->reads, ~STATE_CAUGHT);
+		count(CNT_EVENTS_LOST);
+		return;
+	}
 	count(CNT_SPLICE_CAUGHT);
 	struct splice_program prog = { .args = ref->splicer_args };
 	__builtin_memcpy(prog.comm, ref->splicer_comm, sizeof(prog.comm));
 	learn(&prog, 0, 0, 1);
-	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
-	if (!ev)
-		return;
 	ev->self = *key;
 	ev->cookie = ref->cookie;
 	ev->unread = unread_redirected(sk, ref);
@@ -977,11 +984,13 @@ static __always_inline void reader_of(struct peer_ref *ref, struct reader *r)
 
 /* Tells the guard to wake the socket's reader: no BPF program can call
  * sk_data_ready, a setsockopt(SO_RCVLOWAT) from user space does. */
-static __always_inline void report_stall(struct sock_key *key, struct reader *r, __u32 kind, __u32 hidden)
+static __always_inline struct guard_event *stall_event(struct sock_key *key, struct reader *r, __u32 kind, __u32 hidden)
 {
 	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
-	if (!ev)
-		return;
+	if (!ev) {
+		count(CNT_EVENTS_LOST);
+		return 0;
+	}
 	ev->self = *key;
 	ev->cookie = r->cookie;
 	ev->unread = hidden;
@@ -989,7 +998,14 @@ static __always_inline void report_stall(struct sock_key *key, struct reader *r,
 	ev->kind = kind;
 	__builtin_memcpy(ev->comm, r->comm, sizeof(ev->comm));
 	ev->ino = r->ino;
-	bpf_ringbuf_submit(ev, 0);
+	return ev;
+}
+
+static __always_inline void report_stall(struct sock_key *key, struct reader *r, __u32 kind, __u32 hidden)
+{
+	struct guard_event *ev = stall_event(key, r, kind, hidden);
+	if (ev)
+		bpf_ringbuf_submit(ev, 0);
 }
 
 /* How often a rescued reader is looked at while it drains redirected bytes
@@ -1056,22 +1072,29 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
 	}
 	if (peer && !__sync_fetch_and_or(&peer->leaving, 1))
 		start_leave(peer, cfg.settle_ns);
-	/* The entry goes with the delete: what the wake-up needs, first. A
+	/* The entry goes with the delete: the wake-up's event, first. A
 	 * reader watched for hidden bytes may have been told 0 by FIONREAD
 	 * just before the leave; out of the sockhash it is told right, once
-	 * woken. */
-	__u32 reads = ref->reads;
-	__u32 queued = tcp_queued((struct sock *)tp);
-	struct reader told = {};
-	if ((reads & STATE_WATCHED) && queued)
-		reader_of(ref, &told);
-	/* Gone from peer_refs first: the peer's sends see no peer and take TCP. */
+	 * woken. With no room to tell the guard, stay until there is: gone,
+	 * nothing would look at this socket again. */
 	struct sock_key k = *key;
+	struct guard_event *wake = 0;
+	__u32 queued = tcp_queued((struct sock *)tp);
+	if ((ref->reads & STATE_WATCHED) && queued) {
+		struct reader told = {};
+		reader_of(ref, &told);
+		wake = stall_event(&k, &told, EVENT_WAKE, queued);
+		if (!wake) {
+			bpf_timer_start(&ref->leave, cfg.settle_ns, 0);
+			return 0;
+		}
+	}
+	/* Gone from peer_refs first: the peer's sends see no peer and take TCP. */
 	bpf_map_delete_elem(&peer_refs, &k);
 	bpf_map_delete_elem(&sock_hash, &k);
 	count(CNT_LEFT);
-	if (told.pid)
-		report_stall(&k, &told, EVENT_WAKE, queued);
+	if (wake)
+		bpf_ringbuf_submit(wake, 0);
 	return 0;
 }
 

@@ -70,7 +70,8 @@ const (
 	bypassCounterCNT_PRESUMED_SPLICER  bypassCounter = 23
 	bypassCounterCNT_PRESUMED_QUEUED   bypassCounter = 24
 	bypassCounterCNT_CLAIM_UNBOUND     bypassCounter = 25
-	bypassCounterCNT_MAX               bypassCounter = 26
+	bypassCounterCNT_EVENTS_LOST       bypassCounter = 26
+	bypassCounterCNT_MAX               bypassCounter = 27
 )
 
 type bypassEventKind uint32

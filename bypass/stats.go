@@ -61,6 +61,10 @@ type Counters struct {
 	// nonce (a claimant that is not the connection's client, or a
 	// middlebox that strips TCP options).
 	ClaimsUnbound uint64 `json:"claims_unbound" help:"Connections left on TCP: the ACK that established the server did not carry the claimant's nonce (a socket claimed a handshake it is not the client of, or a middlebox stripped the option)."`
+	// EventsLost counts events the guard's ring had no room for (no
+	// guard ran, or it fell behind). A caught connection's is reported
+	// again until it fits; a lost wake-up is not.
+	EventsLost uint64 `json:"guard_events_lost" help:"Events for the guard its ring had no room for (no guard running, or one behind): a caught connection's is reported again until it fits, a lost wake-up is not."`
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -201,6 +205,7 @@ func (in *Install) Counters() (Counters, error) {
 		PresumedSplicers: sum(bypassCounterCNT_PRESUMED_SPLICER),
 		PresumedQueued:   sum(bypassCounterCNT_PRESUMED_QUEUED),
 		ClaimsUnbound:    sum(bypassCounterCNT_CLAIM_UNBOUND),
+		EventsLost:       sum(bypassCounterCNT_EVENTS_LOST),
 	}, nil
 }
 

@@ -16,9 +16,8 @@ import (
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
-// guarded installs bypass on a cgroup of its own and runs the guard until
-// the test ends; caught connections are reported on the channel.
-func guarded(t *testing.T) (*bypass.Install, testenv.Side, <-chan string) {
+// installed installs bypass on a cgroup of its own, with no guard yet.
+func installed(t *testing.T) (*bypass.Install, testenv.Side) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	pin := bypasstest.MustPinDir(t)
@@ -31,9 +30,50 @@ func guarded(t *testing.T) (*bypass.Install, testenv.Side, <-chan string) {
 	if _, err := in.Attach(cg); err != nil {
 		t.Fatal(err)
 	}
+	return in, testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+}
+
+// guarded is installed with the guard running until the test ends; what
+// it reports comes on the channel.
+func guarded(t *testing.T) (*bypass.Install, testenv.Side, <-chan string) {
+	t.Helper()
+	in, side := installed(t)
+	return in, side, runGuard(t, in)
+}
+
+func runGuard(t *testing.T, in *bypass.Install) <-chan string {
+	t.Helper()
 	reports := make(chan string, 16)
 	bypasstest.RunGuard(t, in, func(s string) { reports <- s })
-	return in, testenv.Side{NS: testenv.MustNetNS(t), CG: cg}, reports
+	return reports
+}
+
+// spliceCaught makes a connection whose server reads a header by recv,
+// then splices with redirected bytes queued that splice cannot read: it is
+// caught. Its server's result comes on the channel.
+func spliceCaught(t *testing.T, side testenv.Side) (client *net.TCPConn, served <-chan spliceResult) {
+	t.Helper()
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	for _, conn := range []*net.TCPConn{c, s} {
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+	}
+	testenv.Warm(t, c, s) // both readers seen in recv: sends are redirected
+	done := make(chan spliceResult, 1)
+	start := time.Now()
+	go func() {
+		n, err := testenv.HeaderThenSplice(s)
+		done <- spliceResult{n, err, time.Since(start)}
+	}()
+	if _, err := c.Write([]byte("HEAD" + strings.Repeat("spliced body ", 5000))); err != nil {
+		t.Fatal(err)
+	}
+	return c, done
+}
+
+type spliceResult struct {
+	n   int64
+	err error
+	at  time.Duration
 }
 
 // A reader that splices after recv, with redirected bytes queued that
@@ -44,26 +84,8 @@ func TestSpliceAfterRecvIsCaughtThenLearned(t *testing.T) {
 	in, side, reports := guarded(t)
 	body := strings.Repeat("spliced body ", 5000)
 
-	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
-	for _, conn := range []*net.TCPConn{c, s} {
-		conn.SetDeadline(time.Now().Add(20 * time.Second))
-	}
-	testenv.Warm(t, c, s) // both readers seen in recv: sends are redirected
-	type result struct {
-		n   int64
-		err error
-		at  time.Duration
-	}
-	served := make(chan result, 1)
-	start := time.Now()
-	go func() {
-		n, err := testenv.HeaderThenSplice(s)
-		served <- result{n, err, time.Since(start)}
-	}()
-	if _, err := c.Write([]byte("HEAD" + body)); err != nil {
-		t.Fatal(err)
-	}
-	r := <-served
+	c, caught := spliceCaught(t, side)
+	r := <-caught
 	if !errors.Is(r.err, syscall.ECONNABORTED) {
 		t.Fatalf("the splicing server got %d bytes, err %v after %v; want ECONNABORTED", r.n, r.err, r.at)
 	}
@@ -103,14 +125,15 @@ func TestSpliceAfterRecvIsCaughtThenLearned(t *testing.T) {
 
 	// The same program's next connection: its reader stays on TCP from its
 	// first recv, so the splice sees every byte.
-	c, s = testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
 	for _, conn := range []*net.TCPConn{c, s} {
 		conn.SetDeadline(time.Now().Add(20 * time.Second))
 	}
 	testenv.Warm(t, c, s)
+	served := make(chan spliceResult, 1)
 	go func() {
 		n, err := testenv.HeaderThenSplice(s)
-		served <- result{n, err, 0}
+		served <- spliceResult{n, err, 0}
 	}()
 	if _, err := c.Write([]byte("HEAD" + body)); err != nil {
 		t.Fatal(err)
@@ -123,4 +146,46 @@ func TestSpliceAfterRecvIsCaughtThenLearned(t *testing.T) {
 	if st, err = in.Stats(); err != nil || st.Counters.LearnedReaders == 0 || st.Counters.SpliceCaught != 1 {
 		t.Fatalf("after a learned connection: %+v %v", st.Counters, err)
 	}
+}
+
+// A caught connection whose report finds no room in the guard's ring (no
+// guard ran yet, or it fell behind) is reported again once there is room:
+// the splicer is reset, not left waiting for ever with the catch counted
+// and nobody told.
+func TestCaughtWithTheRingFullIsReportedLater(t *testing.T) {
+	in, side := installed(t)
+	bypasstest.FillGuardRing(t, in.Dir())
+	_, caught := spliceCaught(t, side)
+	var lost uint64
+	for deadline := time.Now().Add(5 * time.Second); lost == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		st, err := in.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lost = st.Counters.EventsLost
+	}
+	if lost == 0 {
+		t.Fatal("guard_events_lost stayed 0 with the ring full: the catch went nowhere or was never made")
+	}
+	reports := runGuard(t, in)
+	r := <-caught
+	if !errors.Is(r.err, syscall.ECONNABORTED) {
+		t.Fatalf("the splicing server got %d bytes, err %v after %v; want ECONNABORTED once the guard ran", r.n, r.err, r.at)
+	}
+	select {
+	case msg := <-reports:
+		if !strings.Contains(msg, "connection reset") {
+			t.Errorf("guard report %q does not say the connection was reset", msg)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the guard reported nothing")
+	}
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Counters.SpliceCaught != 1 {
+		t.Errorf("caught %d, want 1 (counted once, when reported)", st.Counters.SpliceCaught)
+	}
+	t.Logf("%d guard events lost while the ring was full; caught connection ended after %v", st.Counters.EventsLost, r.at)
 }

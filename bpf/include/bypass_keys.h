@@ -149,6 +149,7 @@ enum counter {
 	CNT_PRESUMED_SPLICER,  /* sockets sent back to TCP when their reader's program was learned splicing */
 	CNT_PRESUMED_QUEUED,   /* ... of which held redirected bytes: caught if their reader splices before it reads them */
 	CNT_CLAIM_UNBOUND,     /* claims the server declined: the ACK that established it did not carry the claimant's nonce */
+	CNT_EVENTS_LOST,       /* guard events the ring had no room for (a caught connection's is tried again) */
 	CNT_MAX,
 };
 

@@ -1,6 +1,6 @@
 // Package bypasstest holds the test helpers that need a bypass install: a
-// pin directory whose install is removed when the test ends, and a guard
-// running beside a test. internal/testenv stays a leaf every package's
+// pin directory whose install is removed when the test ends, a guard
+// running beside a test, a guard ring with no room left. internal/testenv stays a leaf every package's
 // tests can use; this is where cleanup that knows bypass and the guard is
 // registered.
 package bypasstest
@@ -8,8 +8,12 @@ package bypasstest
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/guard"
@@ -59,4 +63,47 @@ func RunGuard(t testing.TB, in *bypass.Install, report func(string)) {
 			t.Errorf("guard: %v", err)
 		}
 	})
+}
+
+// FillGuardRing leaves no room in the guard's event ring of the install at
+// pinDir, as a guard that never ran or fell behind would: throwaway
+// programs reserve and discard records until none fits. A guard's reader
+// skips discarded records, freeing the ring as it reads.
+func FillGuardRing(t testing.TB, pinDir string) {
+	t.Helper()
+	ring, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "maps", "guard_events"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ring.Close()
+	// A ring holds at most its size less one byte of records, each with an
+	// 8-byte header, rounded to 8: pages while they fit, then the smallest.
+	for _, size := range []int32{4096 - 8, 8} {
+		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+			Type:    ebpf.SocketFilter,
+			License: "GPL",
+			Instructions: asm.Instructions{
+				asm.LoadMapPtr(asm.R1, ring.FD()),
+				asm.Mov.Imm(asm.R2, size),
+				asm.Mov.Imm(asm.R3, 0),
+				asm.FnRingbufReserve.Call(),
+				asm.JEq.Imm(asm.R0, 0, "out"),
+				asm.Mov.Reg(asm.R1, asm.R0),
+				asm.Mov.Imm(asm.R2, 0),
+				asm.FnRingbufDiscard.Call(),
+				asm.Mov.Imm(asm.R0, 0).WithSymbol("out"),
+				asm.Return(),
+			},
+		})
+		if err != nil {
+			t.Fatalf("load the ring filler: %v", err)
+		}
+		// A socket filter's test run needs an Ethernet header's worth of
+		// data; each run reserves once, more runs than records fit.
+		_, err = prog.Run(&ebpf.RunOptions{Data: make([]byte, 14), Repeat: ring.MaxEntries() / uint32(size+8)})
+		prog.Close()
+		if err != nil {
+			t.Fatalf("run the ring filler: %v", err)
+		}
+	}
 }

@@ -175,6 +175,9 @@ func printStatus(e *env, r statusReport) {
 			fmt.Fprintf(w, "reader port %d:\tpid %d (%s) needed TCP to read it %s ago (netns cookie %d): new connections stay unpaired for %s more, %d so far\n",
 				p.Port, p.PID, p.Command, time.Since(p.Seen).Round(time.Second), p.Netns, time.Until(p.Expires).Round(time.Second), p.Kept)
 		}
+		if c.EventsLost > 0 {
+			fmt.Fprintf(w, "guard events lost:\t%d had no room in the guard's ring (no guard ran, or it fell behind): caught connections are reported again, wake-ups are not\n", c.EventsLost)
+		}
 		if r.Guard.Running {
 			fmt.Fprintf(w, "guard:\trunning, log %s\n", r.Guard.Log)
 		} else {
