@@ -892,6 +892,17 @@ static __always_inline int learn(struct splice_program *prog, struct args_walk *
 	return 0;
 }
 
+/* Room in the guard's ring for a few more events. Asked before a step that
+ * cannot be taken back and must be followed by one (a reservation held
+ * across it is refused by 6.1's verifier). Another producer may take the
+ * room first: rare, and counted as lost. */
+static __always_inline int guard_has_room(void)
+{
+	__u64 size = bpf_ringbuf_query(&guard_events, BPF_RB_RING_SIZE);
+	__u64 used = bpf_ringbuf_query(&guard_events, BPF_RB_AVAIL_DATA);
+	return used + 4 * (sizeof(struct guard_event) + 8) < size;
+}
+
 /* A splice reader with redirected bytes queued that splice(2) cannot read:
  * without help it waits for them for ever. Reported once, to the guard,
  * which resets the connection so the application sees an error. */
@@ -899,20 +910,25 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 {
 	if (__sync_fetch_and_or(&ref->reads, STATE_CAUGHT) & STATE_CAUGHT)
 		return;
+	/* With the ring full (a guard that fell behind, or none yet) the
+	 * splicer, caught with nobody told, would wait for ever: unmark it,
+	 * and the leave timer, which comes back while the bytes wait, reports
+	 * it again. */
+	if (!guard_has_room()) {
+		__sync_fetch_and_and(&ref->reads, ~STATE_CAUGHT);
+		count(CNT_EVENTS_LOST);
+		return;
+	}
+	struct splice_program prog = { .args = ref->splicer_args };
+	__builtin_memcpy(prog.comm, ref->splicer_comm, sizeof(prog.comm));
+	learn(&prog, 0, 0, 1);
 	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
 	if (!ev) {
-		/* The ring is full (a guard that fell behind, or none yet):
-		 * caught with nobody told, the splicer would wait for ever.
-		 * Unmark it: the leave timer, which comes back while the bytes
-		 * wait, reports it again. */
 		__sync_fetch_and_and(&ref->reads, ~STATE_CAUGHT);
 		count(CNT_EVENTS_LOST);
 		return;
 	}
 	count(CNT_SPLICE_CAUGHT);
-	struct splice_program prog = { .args = ref->splicer_args };
-	__builtin_memcpy(prog.comm, ref->splicer_comm, sizeof(prog.comm));
-	learn(&prog, 0, 0, 1);
 	ev->self = *key;
 	ev->cookie = ref->cookie;
 	ev->unread = unread_redirected(sk, ref);
@@ -984,12 +1000,12 @@ static __always_inline void reader_of(struct peer_ref *ref, struct reader *r)
 
 /* Tells the guard to wake the socket's reader: no BPF program can call
  * sk_data_ready, a setsockopt(SO_RCVLOWAT) from user space does. */
-static __always_inline struct guard_event *stall_event(struct sock_key *key, struct reader *r, __u32 kind, __u32 hidden)
+static __always_inline void report_stall(struct sock_key *key, struct reader *r, __u32 kind, __u32 hidden)
 {
 	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
 	if (!ev) {
 		count(CNT_EVENTS_LOST);
-		return 0;
+		return;
 	}
 	ev->self = *key;
 	ev->cookie = r->cookie;
@@ -998,14 +1014,7 @@ static __always_inline struct guard_event *stall_event(struct sock_key *key, str
 	ev->kind = kind;
 	__builtin_memcpy(ev->comm, r->comm, sizeof(ev->comm));
 	ev->ino = r->ino;
-	return ev;
-}
-
-static __always_inline void report_stall(struct sock_key *key, struct reader *r, __u32 kind, __u32 hidden)
-{
-	struct guard_event *ev = stall_event(key, r, kind, hidden);
-	if (ev)
-		bpf_ringbuf_submit(ev, 0);
+	bpf_ringbuf_submit(ev, 0);
 }
 
 /* How often a rescued reader is looked at while it drains redirected bytes
@@ -1072,29 +1081,27 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
 	}
 	if (peer && !__sync_fetch_and_or(&peer->leaving, 1))
 		start_leave(peer, cfg.settle_ns);
-	/* The entry goes with the delete: the wake-up's event, first. A
+	/* The entry goes with the delete: what the wake-up needs, first. A
 	 * reader watched for hidden bytes may have been told 0 by FIONREAD
 	 * just before the leave; out of the sockhash it is told right, once
 	 * woken. With no room to tell the guard, stay until there is: gone,
 	 * nothing would look at this socket again. */
-	struct sock_key k = *key;
-	struct guard_event *wake = 0;
 	__u32 queued = tcp_queued((struct sock *)tp);
+	struct reader told = {};
 	if ((ref->reads & STATE_WATCHED) && queued) {
-		struct reader told = {};
-		reader_of(ref, &told);
-		wake = stall_event(&k, &told, EVENT_WAKE, queued);
-		if (!wake) {
+		if (!guard_has_room()) {
 			bpf_timer_start(&ref->leave, cfg.settle_ns, 0);
 			return 0;
 		}
+		reader_of(ref, &told);
 	}
 	/* Gone from peer_refs first: the peer's sends see no peer and take TCP. */
+	struct sock_key k = *key;
 	bpf_map_delete_elem(&peer_refs, &k);
 	bpf_map_delete_elem(&sock_hash, &k);
 	count(CNT_LEFT);
-	if (wake)
-		bpf_ringbuf_submit(wake, 0);
+	if (told.pid)
+		report_stall(&k, &told, EVENT_WAKE, queued);
 	return 0;
 }
 

@@ -120,13 +120,17 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 // with the event dropped and nothing looked at it again: the reader
 // waited for ever, with only a counter to show.
 func TestStallWithTheRingFullIsWokenLater(t *testing.T) {
+	// The bytes FIONREAD leaves out on this kernel: a connection's first,
+	// which come by TCP (6.18), or redirected ones (6.1).
+	f := host.Probe()
+	if f.FionreadCountsTCP && f.PsockCounts {
+		t.Skip("FIONREAD counts every queued byte on this kernel: no reader waits on bytes it is not told of")
+	}
 	in, cg := mustInstall(t)
 	bypasstest.FillGuardRing(t, in.Dir())
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
 	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
-	// The bytes FIONREAD leaves out on this kernel: a connection's first,
-	// which come by TCP (6.18), or redirected ones (6.1).
-	if host.Probe().FionreadCountsTCP {
+	if f.FionreadCountsTCP {
 		testenv.Warm(t, c, s)
 	}
 	data := make([]byte, 1<<20)
@@ -139,8 +143,15 @@ func TestStallWithTheRingFullIsWokenLater(t *testing.T) {
 	}()
 	// No guard until the watch found the reader waiting and had no room
 	// to say so.
+	read, started := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(started)
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			select {
+			case <-read:
+				return
+			default:
+			}
 			st, err := in.Stats()
 			if err != nil {
 				t.Errorf("stats: %v", err)
@@ -154,6 +165,8 @@ func TestStallWithTheRingFullIsWokenLater(t *testing.T) {
 	}()
 	start := time.Now()
 	got, err := fionreadRead(t, c, len(data), fionreadReader{}, 20*time.Second)
+	close(read)
+	<-started
 	st, serr := in.Stats()
 	if serr != nil {
 		t.Fatal(serr)

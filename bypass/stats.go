@@ -62,9 +62,10 @@ type Counters struct {
 	// middlebox that strips TCP options).
 	ClaimsUnbound uint64 `json:"claims_unbound" help:"Connections left on TCP: the ACK that established the server did not carry the claimant's nonce (a socket claimed a handshake it is not the client of, or a middlebox stripped the option)."`
 	// EventsLost counts events the guard's ring had no room for (no
-	// guard ran, or it fell behind). A caught connection's is reported
-	// again until it fits; a lost wake-up is not.
-	EventsLost uint64 `json:"guard_events_lost" help:"Events for the guard its ring had no room for (no guard running, or one behind): a caught connection's is reported again until it fits, a lost wake-up is not."`
+	// guard ran, or it fell behind), once per attempt: a caught
+	// connection's report and a leaving socket's wake-up are tried again
+	// until they fit.
+	EventsLost uint64 `json:"guard_events_lost" help:"Events for the guard its ring had no room for (no guard running, or one behind), per attempt: a caught connection's report and a leaving socket's wake-up are tried again until they fit."`
 }
 
 // Program is a BPF program of the install and where it is attached.

@@ -176,7 +176,7 @@ func printStatus(e *env, r statusReport) {
 				p.Port, p.PID, p.Command, time.Since(p.Seen).Round(time.Second), p.Netns, time.Until(p.Expires).Round(time.Second), p.Kept)
 		}
 		if c.EventsLost > 0 {
-			fmt.Fprintf(w, "guard events lost:\t%d had no room in the guard's ring (no guard ran, or it fell behind): caught connections are reported again, wake-ups are not\n", c.EventsLost)
+			fmt.Fprintf(w, "guard events lost:\t%d attempts found no room in the guard's ring (no guard ran, or it fell behind): reports of caught connections and wake-ups of leaving sockets are tried again until they fit\n", c.EventsLost)
 		}
 		if r.Guard.Running {
 			fmt.Fprintf(w, "guard:\trunning, log %s\n", r.Guard.Log)
