@@ -12,7 +12,7 @@ help:
 	@echo "make manifests render deploy/kubernetes/shunt.yaml from the Helm chart deploy/helm/shunt"
 	@echo "make test      go vet and every test (as root, on the real kernel)"
 	@echo "make lint      golangci-lint (pinned; .golangci.yml): errcheck, govet, staticcheck, unused, goimports"
-	@echo "make race      proxy, daemon, metrics, agent, kube, guard, splice and two internal packages under the race detector (as root, ~4 min; CI runs it)"
+	@echo "make race      proxy, daemon, metrics, agent, kube, guard, splice, fanout, cmd/shunt and two internal packages under the race detector (as root, ~8 min; CI runs it)"
 	@echo "make fuzz      search the parsers of untrusted input (ruleset, agent config, daemon requests and hand-over), FUZZTIME each (30s, or a count like 2000x; CI: 2000x)"
 	@echo "make try       build, then bypass one loopback connection and show it"
 	@echo "make compat    real programs (Redis, memcached, PostgreSQL, nginx, HAProxy, Python) through shunt (as root)"

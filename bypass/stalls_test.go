@@ -136,10 +136,10 @@ func TestStallWithTheRingFullIsWokenLater(t *testing.T) {
 	data := make([]byte, 1<<20)
 	rng := rand.NewChaCha8([32]byte{9})
 	_, _ = rng.Read(data)
+	wrote := make(chan error, 1)
 	go func() {
-		if _, err := s.Write(data); err != nil {
-			t.Errorf("write: %v", err)
-		}
+		_, err := s.Write(data)
+		wrote <- err
 	}()
 	// No guard until the watch found the reader waiting and had no room
 	// to say so.
@@ -173,7 +173,12 @@ func TestStallWithTheRingFullIsWokenLater(t *testing.T) {
 	}
 	t.Logf("%d bytes in %v; stalls rescued %d, guard events lost %d", len(got), time.Since(start).Round(time.Millisecond), st.Counters.StallsRescued, st.Counters.EventsLost)
 	if err != nil {
+		c.Close() // the writer, blocked on a reader that stopped, gets an error
+		<-wrote
 		t.Fatal(err)
+	}
+	if werr := <-wrote; werr != nil {
+		t.Fatalf("write: %v", werr)
 	}
 	if !bytes.Equal(got, data) {
 		t.Fatalf("got %d bytes that differ from the %d sent", len(got), len(data))

@@ -1,8 +1,8 @@
 // Package bypasstest holds the test helpers that need a bypass install: a
 // pin directory whose install is removed when the test ends, a guard
-// running beside a test, a guard ring with no room left. internal/testenv stays a leaf every package's
-// tests can use; this is where cleanup that knows bypass and the guard is
-// registered.
+// running beside a test, a guard ring with no room left. internal/testenv
+// stays a leaf every package's tests can use; this is where cleanup that
+// knows bypass and the guard is registered.
 package bypasstest
 
 import (
