@@ -919,9 +919,6 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 		count(CNT_EVENTS_LOST);
 		return;
 	}
-	struct splice_program prog = { .args = ref->splicer_args };
-	__builtin_memcpy(prog.comm, ref->splicer_comm, sizeof(prog.comm));
-	learn(&prog, 0, 0, 1);
 	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
 	if (!ev) {
 		__sync_fetch_and_and(&ref->reads, ~STATE_CAUGHT);
@@ -936,6 +933,13 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 	ev->kind = EVENT_SPLICE_CAUGHT;
 	__builtin_memcpy(ev->comm, ref->splicer_comm, sizeof(ev->comm));
 	bpf_ringbuf_submit(ev, 0);
+	/* Counted with the program once told: a catch whose event found no
+	 * room comes back, and counted before it would count twice. Not
+	 * while the reservation is held (6.1's verifier refuses learn()'s
+	 * map calls then). */
+	struct splice_program prog = { .args = ref->splicer_args };
+	__builtin_memcpy(prog.comm, ref->splicer_comm, sizeof(prog.comm));
+	learn(&prog, 0, 0, 1);
 }
 
 /* Bytes TCP holds for the reader (the socket read through a probe-safe
