@@ -1310,6 +1310,17 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
 	if (!ref)
 		return;
+	if (ref->reads & STATE_RESCUED) {
+		/* Rescued, with redirected bytes left that its FIONREAD may
+		 * not count (6.1): a reader that trusts FIONREAD (nginx) reads
+		 * one buffer a wake-up. The leave wakes it again when it sees
+		 * progress since its last wake: run it now. Recorded here as
+		 * the watch records reads, the progress would hide, and each
+		 * wake wait stall_ns: one buffer per 20 ms. */
+		if (!ingress_empty(sk))
+			bpf_timer_start(&ref->leave, 0, 0);
+		return;
+	}
 	if (!hidden_bytes(sk, ref))
 		return;
 	ref->watch_progress = read_progress(sk, ref);
