@@ -170,3 +170,84 @@ func echoOnce(t *testing.T, e *env, addr, head, body string) error {
 	}
 	return nil
 }
+
+// javaOrigin is an HTTP/1.1 server on the JDK's own com.sun.net.httpserver
+// (blocking streams over its worker threads) that serves the file
+// args[1] at /blob on 127.0.0.1:args[0].
+const javaOrigin = `import com.sun.net.httpserver.HttpServer;
+import java.io.OutputStream;
+import java.net.InetSocketAddress;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.concurrent.Executors;
+
+public class Origin {
+    public static void main(String[] args) throws Exception {
+        byte[] blob = Files.readAllBytes(Path.of(args[1]));
+        HttpServer s = HttpServer.create(new InetSocketAddress("127.0.0.1", Integer.parseInt(args[0])), 64);
+        s.createContext("/blob", ex -> {
+            ex.sendResponseHeaders(200, blob.length);
+            try (OutputStream o = ex.getResponseBody()) {
+                o.write(blob);
+            }
+        });
+        s.setExecutor(Executors.newFixedThreadPool(4));
+        s.start();
+    }
+}
+`
+
+// nodeProxy forwards every request on 127.0.0.1:argv[2] to the origin on
+// 127.0.0.1:argv[3] over kept-alive upstream connections, piping both
+// bodies (libuv's event loop: non-blocking reads until EAGAIN).
+const nodeProxy = `const http = require('http');
+const [port, upstream] = process.argv.slice(2).map(Number);
+const agent = new http.Agent({ keepAlive: true, maxSockets: 4 });
+http.createServer((req, res) => {
+  const up = http.request({ host: '127.0.0.1', port: upstream, path: req.url, method: req.method, headers: req.headers, agent }, (ur) => {
+    res.writeHead(ur.statusCode, ur.headers);
+    ur.pipe(res);
+  });
+  up.on('error', (e) => { res.writeHead(502); res.end(String(e)); });
+  req.pipe(up);
+}).listen(port, '127.0.0.1');
+`
+
+// Node's http module as a reverse proxy in front of a Java origin (the
+// JDK's HTTP server): two runtimes no other test names, an event loop that
+// reads until EAGAIN and a server that reads with blocking streams. 10
+// downloads of 4 MiB through the proxy on one kept-alive client connection,
+// then 10 straight from the origin: every one intact; the client's side of
+// the proxy bypassed, the origin's ports on TCP once Java was seen blocking.
+func TestNodeProxyInFrontOfJava(t *testing.T) {
+	testenv.NeedProgram(t, "node")
+	testenv.NeedProgram(t, "java")
+	testenv.NeedProgram(t, "curl")
+	body := newBlob(4<<20, 17)
+	dir := t.TempDir()
+	for name, text := range map[string]string{"Origin.java": javaOrigin, "proxy.js": nodeProxy} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blobFile := filepath.Join(dir, "blob")
+	if err := os.WriteFile(blobFile, body.data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bothWays(t, eitherPath, 0, func(t *testing.T, e *env) {
+		originPort, proxyPort := e.freePort(t), e.freePort(t)
+		// The JDK runs a single source file without javac.
+		e.start(t, "java", filepath.Join(dir, "Origin.java"), fmt.Sprint(originPort), blobFile)
+		e.start(t, "node", filepath.Join(dir, "proxy.js"), fmt.Sprint(proxyPort), fmt.Sprint(originPort))
+		for _, port := range []int{originPort, proxyPort} {
+			e.waitListening(t, fmt.Sprintf("127.0.0.1:%d", port))
+		}
+		for _, port := range []int{proxyPort, originPort} {
+			for i, got := range e.curlGet(t, fmt.Sprintf("http://127.0.0.1:%d/blob", port), 10) {
+				if got != body.sum {
+					t.Fatalf("download %d from port %d: digest differs", i, port)
+				}
+			}
+		}
+	})
+}
