@@ -910,17 +910,12 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 {
 	if (__sync_fetch_and_or(&ref->reads, STATE_CAUGHT) & STATE_CAUGHT)
 		return;
-	/* With the ring full (a guard that fell behind, or none yet) the
-	 * splicer, caught with nobody told, would wait for ever: unmark it,
-	 * and the leave timer, which comes back while the bytes wait, reports
-	 * it again. */
-	if (!guard_has_room()) {
-		__sync_fetch_and_and(&ref->reads, ~STATE_CAUGHT);
-		count(CNT_EVENTS_LOST);
-		return;
-	}
 	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
 	if (!ev) {
+		/* The ring is full (a guard that fell behind, or none yet):
+		 * caught with nobody told, the splicer would wait for ever.
+		 * Unmark it: the leave timer, which comes back while the bytes
+		 * wait, reports it again. */
 		__sync_fetch_and_and(&ref->reads, ~STATE_CAUGHT);
 		count(CNT_EVENTS_LOST);
 		return;
@@ -933,10 +928,9 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 	ev->kind = EVENT_SPLICE_CAUGHT;
 	__builtin_memcpy(ev->comm, ref->splicer_comm, sizeof(ev->comm));
 	bpf_ringbuf_submit(ev, 0);
-	/* Counted with the program once told: a catch whose event found no
-	 * room comes back, and counted before it would count twice. Not
-	 * while the reservation is held (6.1's verifier refuses learn()'s
-	 * map calls then). */
+	/* Counted with the program once told (a catch whose event found no
+	 * room comes back), and not while the reservation is held: 6.1's
+	 * verifier refuses learn()'s map calls then. */
 	struct splice_program prog = { .args = ref->splicer_args };
 	__builtin_memcpy(prog.comm, ref->splicer_comm, sizeof(prog.comm));
 	learn(&prog, 0, 0, 1);
@@ -1311,13 +1305,13 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 	if (!ref)
 		return;
 	if (ref->reads & STATE_RESCUED) {
-		/* Rescued, with redirected bytes left that its FIONREAD may
-		 * not count (6.1): a reader that trusts FIONREAD (nginx) reads
-		 * one buffer a wake-up. The leave wakes it again when it sees
+		/* Rescued, with redirected bytes left that FIONREAD does not
+		 * count (6.1): a reader that trusts FIONREAD (nginx) reads one
+		 * buffer a wake-up. The leave wakes it again when it sees
 		 * progress since its last wake: run it now. Recorded here as
 		 * the watch records reads, the progress would hide, and each
 		 * wake wait stall_ns: one buffer per 20 ms. */
-		if (!ingress_empty(sk))
+		if (!PSOCK_COUNTS && !ingress_empty(sk))
 			bpf_timer_start(&ref->leave, 0, 0);
 		return;
 	}
