@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,6 +43,7 @@ const (
 // (pod cgroups and namespaces, pod status).
 type cluster struct {
 	node   *testenv.NetNS
+	mnt    string // the node's mount namespace (a bind mount of it), if it has one
 	dir    string
 	config *rest.Config // the admin's
 	client *kubernetes.Clientset
@@ -54,7 +56,11 @@ func (c *cluster) start(t testing.TB, name string, argv ...string) *testenv.Proc
 	t.Helper()
 	// nsenter, not ip netns exec: that remounts /sys for the namespace,
 	// which hides bpffs and the cgroup hierarchy from the agent.
-	return testenv.Start(t, name, exec.Command("nsenter", append([]string{"--net=/run/netns/" + c.node.Name, "--"}, argv...)...))
+	enter := []string{"--net=/run/netns/" + c.node.Name}
+	if c.mnt != "" {
+		enter = append(enter, "--mount="+c.mnt)
+	}
+	return testenv.Start(t, name, exec.Command("nsenter", append(append(enter, "--"), argv...)...))
 }
 
 func tail(b []byte, n int) []byte {
@@ -65,8 +71,9 @@ func tail(b []byte, n int) []byte {
 }
 
 // startCluster brings the control plane up in node and waits until the API
-// server answers.
-func startCluster(t testing.TB, node *testenv.NetNS) *cluster {
+// server answers. The controller manager runs the service account and
+// endpoint slice controllers, and those named.
+func startCluster(t testing.TB, node *testenv.NetNS, controllers ...string) *cluster {
 	t.Helper()
 	c := &cluster{node: node, dir: t.TempDir()}
 	// The node routes between its pods' links, as a CNI plugin has it do.
@@ -103,7 +110,8 @@ func startCluster(t testing.TB, node *testenv.NetNS) *cluster {
 	c.waitReady(t)
 	c.start(t, "kube-controller-manager", bin("kube-controller-manager"),
 		"--kubeconfig", kubeconfig, "--leader-elect=false",
-		"--controllers", "serviceaccount,endpointslice",
+		"--controllers", strings.Join(append([]string{"serviceaccount", "endpointslice"}, controllers...), ","),
+		"--root-ca-file", filepath.Join(c.dir, "ca.crt"), // the kube-root-ca.crt ConfigMaps
 		"--bind-address", "127.0.0.1", "--secure-port", "10257",
 		"--cluster-cidr", clusterCIDR, "--service-cluster-ip-range", serviceCIDR)
 	return c

@@ -38,7 +38,7 @@ import (
 )
 
 var (
-	k8sBin   = flag.String("k8s.bin", "/var/cache/shunt-k8s/v1.34.3/bin", "directory of etcd, kube-apiserver, kube-controller-manager and kube-proxy (scripts/k8s.sh setup)")
+	k8sBin   = flag.String("k8s.bin", "/var/cache/shunt-k8s/v1.34.3/bin", "directory of the Kubernetes programs, containerd and the images' programs (scripts/k8s.sh setup)")
 	shuntBin = flag.String("shunt", "../bin/shunt", "the shunt binary the agent runs from (make build)")
 )
 
@@ -47,13 +47,19 @@ var (
 // docs/KUBERNETES.md says is bypassed is, and nothing else.
 func TestNode(t *testing.T) {
 	testenv.RequireRoot(t)
+	requireBuilt(t)
+	for _, mode := range []string{"nftables", "iptables"} {
+		t.Run(mode, func(t *testing.T) { testNode(t, mode) })
+	}
+}
+
+// requireBuilt fails the test if the programs it runs are not built.
+func requireBuilt(t testing.TB) {
+	t.Helper()
 	for _, p := range []string{*k8sBin, *shuntBin} {
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("%v (make build; scripts/k8s.sh setup builds the Kubernetes programs)", err)
 		}
-	}
-	for _, mode := range []string{"nftables", "iptables"} {
-		t.Run(mode, func(t *testing.T) { testNode(t, mode) })
 	}
 }
 
@@ -103,6 +109,23 @@ func testNode(t *testing.T, mode string) {
 		return err
 	})
 
+	checkTraffic(t, in, web, client, other, svc, body)
+
+	agent = agentRollout(t, c, pin, in, agent, client, "http://"+svc+"/blob", body)
+
+	// The agent's metrics, as Prometheus would scrape them on the node.
+	eventually(t, 30*time.Second, "the agent's metrics", func() error {
+		return c.checkMetrics("http://127.0.0.1:9464/metrics", 2)
+	})
+
+	uninstall(t, c, agent, pin, web, client)
+}
+
+// checkTraffic downloads web's body by each way pods reach each other
+// (web serves it at port 8080 behind the Service at svc, port 80): every
+// byte arrives, and the connections between annotated pods are
+// bypassed, through address translation where a Service is between them.
+func checkTraffic(t *testing.T, in *bypass.Install, web, client, other *pod, svc string, body []byte) {
 	for _, tc := range []struct {
 		name       string
 		from       *pod
@@ -134,19 +157,16 @@ func testNode(t *testing.T, mode string) {
 			}
 		})
 	}
+}
 
-	agent = agentRollout(t, c, pin, in, agent, client, "http://"+svc+"/blob", body)
-
-	// The agent's metrics, as Prometheus would scrape them on the node.
-	eventually(t, 30*time.Second, "the agent's metrics", func() error {
-		metrics, err := c.scrape("http://127.0.0.1:9464/metrics")
-		if err == nil && !strings.Contains(metrics, "shunt_agent_cgroups_enabled 2\n") {
-			err = fmt.Errorf("they do not say 2 cgroups enabled:\n%s", grep(metrics, "shunt_agent"))
-		}
-		return err
-	})
-
-	uninstall(t, c, agent, pin, web, client)
+// checkMetrics scrapes the agent's metrics at url and checks they say
+// enabled cgroups are.
+func (c *cluster) checkMetrics(url string, enabled int) error {
+	metrics, err := c.scrape(url)
+	if err == nil && !strings.Contains(metrics, fmt.Sprintf("shunt_agent_cgroups_enabled %d\n", enabled)) {
+		err = fmt.Errorf("they do not say %d cgroups enabled:\n%s", enabled, grep(metrics, "shunt_agent"))
+	}
+	return err
 }
 
 // agentRollout stops the agent while a download is under way and starts a
@@ -187,6 +207,13 @@ func uninstall(t testing.TB, c *cluster, agent *testenv.Process, pin string, pod
 	t.Helper()
 	c.helmUninstall(t)
 	agent.Stop()
+	checkRemoved(t, pin, pods...)
+}
+
+// checkRemoved checks that shunt is off the node: nothing pinned at pin,
+// no program attached to the pods' cgroups.
+func checkRemoved(t testing.TB, pin string, pods ...*pod) {
+	t.Helper()
 	if _, err := os.Stat(pin); !os.IsNotExist(err) {
 		t.Errorf("after helm uninstall and the agent's end, %s is still there (%v)", pin, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,10 +30,10 @@ const podNamespace = "shop"
 // QoS class's, its own network namespace with a veth to the node, routed
 // by the node, and its status (address, Running, Ready) written back.
 type pod struct {
-	name string
-	ip   string
-	ns   *testenv.NetNS
-	cg   host.Cgroup
+	name  string
+	ip    string
+	enter []string // the command that runs another in its network namespace
+	cg    host.Cgroup
 }
 
 // kubelet is what stands in for kubelet on this node: the cgroup tree it
@@ -103,9 +104,10 @@ func (k *kubelet) runPod(t testing.TB, c *cluster, name string, labels map[strin
 	t.Helper()
 	created := c.createPod(t, name, labels, annotated)
 	p := &pod{name: name, ip: fmt.Sprintf("10.%d.0.2", k.link), cg: k.podCgroup(t, created)}
-	p.ns = testenv.MustNetNS(t)
-	testenv.VethLink(t, c.node, fmt.Sprintf("p%d", k.link), p.ns, "eth0", k.link)
-	p.ns.IP(t, "route", "add", "default", "via", fmt.Sprintf("10.%d.0.1", k.link))
+	ns := testenv.MustNetNS(t)
+	p.enter = []string{"ip", "netns", "exec", ns.Name}
+	testenv.VethLink(t, c.node, fmt.Sprintf("p%d", k.link), ns, "eth0", k.link)
+	ns.IP(t, "route", "add", "default", "via", fmt.Sprintf("10.%d.0.1", k.link))
 	k.link++
 
 	now := metav1.Now()
@@ -135,7 +137,8 @@ func (p *pod) command(t testing.TB, argv ...string) (cmd *exec.Cmd, done func())
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd = exec.Command("ip", append([]string{"netns", "exec", p.ns.Name}, argv...)...)
+	argv = append(slices.Clone(p.enter), argv...)
+	cmd = exec.Command(argv[0], argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	return cmd, func() { cg.Close() }
 }

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # A one-node Kubernetes control plane for shunt's tests (make test-k8s).
 #
-#   scripts/k8s.sh setup   build etcd, kube-apiserver, kube-controller-manager
-#                          and kube-proxy from their Go modules (scripts/k8s/build),
-#                          once per version: ~5 min the first time
+#   scripts/k8s.sh setup   build etcd, kube-apiserver, kube-controller-manager,
+#                          kube-scheduler, kube-proxy and kubelet (scripts/k8s/build),
+#                          containerd (scripts/k8s/containerd) and the images' programs
+#                          (scripts/k8s/image) from their Go modules, once per
+#                          version: ~12 min the first time
 #   scripts/k8s.sh test    setup, make build, then go test -tags k8snode ./k8snode
 #   scripts/k8s.sh bench   setup, make build, then the agent's benchmark on that node
 #                          (enable latency over 50 pods, memory and scrape with 200)
@@ -24,10 +26,13 @@ die() { echo "k8s: $*" >&2; exit 1; }
 setup() {
   command -v go >/dev/null || die "go is not installed"
   # kube-proxy's modes run nft and iptables-nft (iptables: Debian's default).
-  command -v nft >/dev/null && command -v iptables >/dev/null && command -v curl >/dev/null && command -v nginx >/dev/null ||
-    die "nft, iptables, curl or nginx missing: run make deps"
+  # kubelet's containers run under Debian's runc (built with seccomp) on the
+  # CNI plugins' bridge.
+  for c in nft iptables curl nginx runc /usr/lib/cni/bridge; do
+    command -v "$c" >/dev/null || die "$c missing: run make deps"
+  done
   local stamp
-  stamp=$(sha256sum "$here/k8s/build/go.mod" "$here/k8s/build/go.sum" | sha256sum | cut -c1-16)
+  stamp=$(cat "$here"/k8s/*/go.mod "$here"/k8s/*/go.sum "$here"/k8s/image/*.go "$here"/k8s/image/*/*.go | sha256sum | cut -c1-16)
   if [ -f "$bins/.stamp" ] && [ "$(cat "$bins/.stamp")" = "$stamp" ]; then
     return
   fi
@@ -36,12 +41,20 @@ setup() {
   local v=k8s.io/component-base/version
   # Version skew checks read what the programs say they are.
   local ld="-s -w -X $v.gitVersion=$version -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean"
-  for c in kube-apiserver kube-controller-manager kube-proxy; do
+  for c in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet; do
     echo "k8s: building $c $version"
-    (cd "$here/k8s/build" && go build -trimpath -ldflags "$ld" -o "$bins.tmp/$c" "k8s.io/kubernetes/cmd/$c")
+    (cd "$here/k8s/build" && CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$bins.tmp/$c" "k8s.io/kubernetes/cmd/$c")
   done
   echo "k8s: building etcd"
   (cd "$here/k8s/build" && go build -trimpath -ldflags "-s -w" -o "$bins.tmp/etcd" go.etcd.io/etcd/server/v3)
+  # Debian's containerd (1.6) is older than any Kubernetes 1.34 supports.
+  for c in containerd containerd-shim-runc-v2 ctr; do
+    echo "k8s: building $c"
+    (cd "$here/k8s/containerd" && CGO_ENABLED=0 go build -trimpath -tags "no_btrfs no_devmapper no_zfs" -ldflags "-s -w" -o "$bins.tmp/$c" "github.com/containerd/containerd/v2/cmd/$c")
+  done
+  echo "k8s: building the images' programs"
+  (cd "$here/k8s/image" && CGO_ENABLED=0 go build -trimpath -o "$bins.tmp/mkimage" . &&
+    CGO_ENABLED=0 go build -trimpath -o "$bins.tmp/pause" ./pause && CGO_ENABLED=0 go build -trimpath -o "$bins.tmp/web" ./web)
   echo "$stamp" > "$bins.tmp/.stamp"
   rm -rf "$bins" && mv "$bins.tmp" "$bins"
 }
