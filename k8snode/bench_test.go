@@ -4,6 +4,7 @@ package k8snode_test
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/kube"
 )
 
 // BenchmarkAgent measures the agent on a node as TestNode makes it (no
@@ -38,9 +41,7 @@ func BenchmarkAgent(b *testing.B) {
 			}
 			for in == nil || !slices.Contains(cgroupIDs(b, in), cg.ID) {
 				if in == nil { // the first pod's enable installs bypass
-					if opened, err := bypass.Open(pin); err == nil {
-						in = opened
-						b.Cleanup(func() { opened.Close() })
+					if in = openInstall(b, pin); in != nil {
 						continue
 					}
 				}
@@ -57,25 +58,103 @@ func BenchmarkAgent(b *testing.B) {
 				b.Fatalf("%d of %d pods enabled after 60 s", len(cgroupIDs(b, in)), total)
 			}
 		}
-		var scrapes []time.Duration
-		for range 7 {
-			start := time.Now()
-			if _, err := c.scrape("http://127.0.0.1:9464/metrics"); err != nil {
-				b.Fatal(err)
-			}
-			scrapes = append(scrapes, time.Since(start))
-		}
-		slices.Sort(lat)
-		slices.Sort(after)
-		slices.Sort(scrapes)
-		rss := residentKiB(b, agent.Pid)
-		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1e3, "enable-p50-ms")
-		b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1e3, "enable-max-ms")
-		b.ReportMetric(float64(rss)/1024, "agent-rss-MiB")
-		b.ReportMetric(float64(scrapes[len(scrapes)/2].Microseconds())/1e3, "scrape-ms")
-		b.Logf("%d pods created one by one through the API: enabled after %v median, %v max (min %v); after their cgroup's mkdir %v median, %v max; %d pods: agent resident %.1f MiB, a scrape %v (median of 7)",
-			timed, lat[len(lat)/2], lat[len(lat)-1], lat[0], after[len(after)/2], after[len(after)-1], total, float64(rss)/1024, scrapes[len(scrapes)/2])
+		reportAgent(b, lat, after, total, residentKiB(b, agent.Pid), scrapeTimes(b, c, "http://127.0.0.1:9464/metrics"))
 	}
+}
+
+// BenchmarkAgentKubelet is BenchmarkAgent on TestKubelet's node: kubelet
+// runs each pod (sandbox, cgroup, network, container) and the agent runs
+// as its DaemonSet's pod. Each of the first 50 pods is timed from its API
+// call, and from the moment its cgroup appeared (looked for every 2 ms),
+// to enabled; then 150 more run:
+//
+//	go test -tags k8snode -run '^$' -bench BenchmarkAgentKubelet -benchtime 1x ./k8snode
+func BenchmarkAgentKubelet(b *testing.B) {
+	const timed, total = 50, 200
+	for range b.N {
+		c, k, pin, agent := startKubeletNode(b)
+		var in *bypass.Install // once the first pod's enable has installed bypass
+		var lat, after []time.Duration
+		for i := range total {
+			start := time.Now()
+			created := c.createContainerPod(b, fmt.Sprintf("bench-%d", i), map[string]string{"app": "bench"}, true, idlePod)
+			if i >= timed {
+				continue
+			}
+			path := kube.PodCgroup(k.root.Path, kube.Cgroupfs, created.Status.QOSClass, created.UID)
+			var made time.Time
+			for {
+				if made.IsZero() {
+					if _, err := os.Stat(path); err == nil {
+						made = time.Now()
+					}
+				}
+				if !made.IsZero() && in == nil {
+					in = openInstall(b, pin)
+				}
+				if in != nil && !made.IsZero() {
+					if cg, err := host.ResolveCgroup(path); err == nil && slices.Contains(cgroupIDs(b, in), cg.ID) {
+						break
+					}
+				}
+				if time.Since(start) > 60*time.Second {
+					b.Fatalf("pod %d not enabled 60 s after its creation", i)
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			lat = append(lat, time.Since(start))
+			after = append(after, time.Since(made))
+		}
+		// The agent's pod is one of the node's, not enabled.
+		for deadline := time.Now().Add(180 * time.Second); len(cgroupIDs(b, in)) < total; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				b.Fatalf("%d of %d pods enabled after 180 s", len(cgroupIDs(b, in)), total)
+			}
+		}
+		agentCg := kube.PodCgroup(k.root.Path, kube.Cgroupfs, agent.Status.QOSClass, agent.UID)
+		reportAgent(b, lat, after, total, residentKiB(b, pidIn(b, agentCg, "shunt")),
+			scrapeTimes(b, c, "http://"+net.JoinHostPort(agent.Status.PodIP, "9464")+"/metrics"))
+	}
+}
+
+// openInstall opens the install at pin if there is one yet, closed when
+// the benchmark ends.
+func openInstall(b *testing.B, pin string) *bypass.Install {
+	in, err := bypass.Open(pin)
+	if err != nil {
+		return nil
+	}
+	b.Cleanup(func() { in.Close() })
+	return in
+}
+
+// scrapeTimes times 7 scrapes of url.
+func scrapeTimes(b *testing.B, c *cluster, url string) []time.Duration {
+	var scrapes []time.Duration
+	for range 7 {
+		start := time.Now()
+		if _, err := c.scrape(url); err != nil {
+			b.Fatal(err)
+		}
+		scrapes = append(scrapes, time.Since(start))
+	}
+	return scrapes
+}
+
+// reportAgent reports the enable latencies (from the API call, and from
+// the moment the pod's cgroup existed), and the agent's memory and scrape
+// time with total pods.
+func reportAgent(b *testing.B, lat, after []time.Duration, total, rss int, scrapes []time.Duration) {
+	timed := len(lat)
+	slices.Sort(lat)
+	slices.Sort(after)
+	slices.Sort(scrapes)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1e3, "enable-p50-ms")
+	b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1e3, "enable-max-ms")
+	b.ReportMetric(float64(rss)/1024, "agent-rss-MiB")
+	b.ReportMetric(float64(scrapes[len(scrapes)/2].Microseconds())/1e3, "scrape-ms")
+	b.Logf("%d pods created one by one through the API: enabled after %v median, %v max (min %v); after their cgroup's mkdir %v median, %v max; %d pods: agent resident %.1f MiB, a scrape %v (median of 7)",
+		timed, lat[len(lat)/2], lat[len(lat)-1], lat[0], after[len(after)/2], after[len(after)-1], total, float64(rss)/1024, scrapes[len(scrapes)/2])
 }
 
 func cgroupIDs(t testing.TB, in *bypass.Install) []uint64 {

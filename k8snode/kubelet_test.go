@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -93,6 +94,7 @@ evictionHard: {memory.available: 1Mi, nodefs.available: 1%%, nodefs.inodesFree: 
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 localStorageCapacityIsolation: false
+maxPods: 250 # BenchmarkAgentKubelet runs 200 and the test's own
 `, name, rt.sock, filepath.Join(dir, "logs"))), 0o644))
 	c.start(t, "kubelet", bin("kubelet"), "--config", cfg,
 		"--kubeconfig", c.kubeconfig(t, "kubelet.kubeconfig", adminToken),
@@ -120,16 +122,18 @@ localStorageCapacityIsolation: false
 	return &realKubelet{root: root}
 }
 
-// deletePods deletes every pod through the API and waits until kubelet
-// has stopped them and confirmed it.
+// deletePods deletes every pod (and the DaemonSets) through the API and
+// waits until kubelet has stopped them and confirmed it.
 func (c *cluster) deletePods(t testing.TB) {
 	ctx := context.Background()
 	start := time.Now()
 	defer func() { t.Logf("pods deleted in %v", time.Since(start).Round(time.Millisecond)) }()
+	// The DaemonSet would make its pod again.
+	c.client.AppsV1().DaemonSets(releaseNS).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 	for _, ns := range []string{podNamespace, releaseNS} {
 		c.client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: new(int64(1))}, metav1.ListOptions{})
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(180 * time.Second) // BenchmarkAgentKubelet's 200 pods
 	for time.Now().Before(deadline) {
 		left := 0
 		for _, ns := range []string{podNamespace, releaseNS} {
@@ -143,7 +147,7 @@ func (c *cluster) deletePods(t testing.TB) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	t.Errorf("pods still there 60 s after their deletion")
+	t.Errorf("pods still there 180 s after their deletion")
 }
 
 // removeCgroupTree removes the cgroups below top, deepest first, and top
@@ -176,7 +180,21 @@ func removeCgroupTree(t testing.TB, top string, self bool) {
 // in it.
 func (k *realKubelet) runContainerPod(t testing.TB, c *cluster, name string, labels map[string]string, annotated bool, spec corev1.PodSpec) *pod {
 	t.Helper()
-	ctx := context.Background()
+	c.createContainerPod(t, name, labels, annotated, spec)
+	start := time.Now()
+	running := c.waitRunning(t, podNamespace, name)
+	t.Logf("pod %s running in %v", name, time.Since(start).Round(time.Millisecond))
+	p := &pod{name: name, ip: running.Status.PodIP,
+		cg: mustResolve(t, kube.PodCgroup(k.root.Path, kube.Cgroupfs, running.Status.QOSClass, running.UID))}
+	pid := pidIn(t, p.cg.Path, "")
+	p.enter = []string{"nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", pid), "--"}
+	return p
+}
+
+// createContainerPod creates a pod of spec's containers on this node
+// through the API, for kubelet to run.
+func (c *cluster) createContainerPod(t testing.TB, name string, labels map[string]string, annotated bool, spec corev1.PodSpec) *corev1.Pod {
+	t.Helper()
 	spec.NodeName = nodeName
 	spec.AutomountServiceAccountToken = new(bool)
 	spec.TerminationGracePeriodSeconds = new(int64(1))
@@ -184,19 +202,17 @@ func (k *realKubelet) runContainerPod(t testing.TB, c *cluster, name string, lab
 	if annotated {
 		obj.Annotations = map[string]string{"shunt.dev/bypass": "true"}
 	}
+	var created *corev1.Pod
 	eventually(t, 30*time.Second, "create pod "+name, func() error {
-		_, err := c.client.CoreV1().Pods(podNamespace).Create(ctx, obj, metav1.CreateOptions{})
+		var err error
+		created, err = c.client.CoreV1().Pods(podNamespace).Create(context.Background(), obj, metav1.CreateOptions{})
 		return err
 	})
-	start := time.Now()
-	running := c.waitRunning(t, podNamespace, name)
-	t.Logf("pod %s running in %v", name, time.Since(start).Round(time.Millisecond))
-	p := &pod{name: name, ip: running.Status.PodIP,
-		cg: mustResolve(t, kube.PodCgroup(k.root.Path, kube.Cgroupfs, running.Status.QOSClass, running.UID))}
-	pid := firstPID(t, p.cg.Path)
-	p.enter = []string{"nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", pid), "--"}
-	return p
+	return created
 }
+
+// idlePod is a pod of one container that does nothing.
+var idlePod = corev1.PodSpec{Containers: []corev1.Container{{Name: "idle", Image: pauseImage, ImagePullPolicy: corev1.PullNever}}}
 
 // waitRunning waits until the pod's containers all run and returns it.
 func (c *cluster) waitRunning(t testing.TB, ns, name string) *corev1.Pod {
@@ -265,23 +281,56 @@ func mustResolve(t testing.TB, path string) host.Cgroup {
 	return cg
 }
 
-// firstPID is a process in the cgroup tree at path (the pod's sandbox or
-// a container of it: they share the network namespace).
-func firstPID(t testing.TB, path string) int {
+// pidIn is a process in the cgroup tree at path called comm, or any if
+// comm is empty (for a pod: its sandbox or a container; they share the
+// network namespace).
+func pidIn(t testing.TB, path, comm string) int {
 	t.Helper()
 	pid := 0
 	filepath.WalkDir(path, func(p string, d os.DirEntry, err error) error {
-		if err != nil || pid != 0 || d.IsDir() || d.Name() != "cgroup.procs" {
+		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
 			return nil
 		}
-		b, _ := os.ReadFile(p)
-		fmt.Sscan(string(b), &pid)
+		procs, _ := os.ReadFile(p)
+		for _, f := range strings.Fields(string(procs)) {
+			name, _ := os.ReadFile("/proc/" + f + "/comm")
+			if comm == "" || strings.TrimSpace(string(name)) == comm {
+				pid, _ = strconv.Atoi(f)
+				return filepath.SkipAll
+			}
+		}
 		return nil
 	})
 	if pid == 0 {
-		t.Fatalf("no process in %s", path)
+		t.Fatalf("no process %q in %s", comm, path)
 	}
 	return pid
+}
+
+// startKubeletNode brings up the control plane with kube-scheduler,
+// kube-proxy (nftables), containerd and kubelet, installs the chart as
+// written with the image built here, and waits for the agent's pod.
+func startKubeletNode(t testing.TB) (c *cluster, k *realKubelet, pin string, agent *corev1.Pod) {
+	t.Helper()
+	// Its cleanup runs after kubelet's has stopped the agent.
+	pin = bypasstest.MustPinDir(t)
+	c = startCluster(t, testenv.MustNetNS(t), "daemonset", "garbagecollector", "root-ca-cert-publisher")
+	c.start(t, "kube-scheduler", bin("kube-scheduler"), "--kubeconfig", c.kubeconfig(t, "scheduler.kubeconfig", adminToken),
+		"--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "10259")
+	rt := startContainerd(t, c)
+	k = startKubelet(t, c, rt)
+	c.startProxy(t, "nftables")
+
+	c.helmInstall(t, map[string]any{
+		"image":   map[string]any{"repository": agentRepo, "tag": agentTag, "pullPolicy": "Never"},
+		"kubelet": map[string]any{"cgroupRoot": k.root.Path, "driver": "cgroupfs"},
+		"pinDir":  pin,
+	})
+	start := time.Now()
+	agent = c.agentPod(t, "")
+	t.Logf("the agent's pod %s running %v after helm install", agent.Name, time.Since(start).Round(time.Millisecond))
+	c.createNamespace(t, podNamespace)
+	return c, k, pin, agent
 }
 
 // TestKubelet runs the node with kubelet and containerd: the chart
@@ -291,22 +340,7 @@ func firstPID(t testing.TB, path string) int {
 func TestKubelet(t *testing.T) {
 	testenv.RequireRoot(t)
 	requireBuilt(t)
-	c := startCluster(t, testenv.MustNetNS(t), "daemonset", "garbagecollector", "root-ca-cert-publisher")
-	c.start(t, "kube-scheduler", bin("kube-scheduler"), "--kubeconfig", c.kubeconfig(t, "scheduler.kubeconfig", adminToken),
-		"--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "10259")
-	rt := startContainerd(t, c)
-	k := startKubelet(t, c, rt)
-	c.startProxy(t, "nftables")
-
-	pin := bypasstest.MustPinDir(t)
-	c.helmInstall(t, map[string]any{
-		"image":   map[string]any{"repository": agentRepo, "tag": agentTag, "pullPolicy": "Never"},
-		"kubelet": map[string]any{"cgroupRoot": k.root.Path, "driver": "cgroupfs"},
-		"pinDir":  pin,
-	})
-	start := time.Now()
-	agent := c.agentPod(t, "")
-	t.Logf("the agent's pod %s running %v after helm install", agent.Name, time.Since(start).Round(time.Millisecond))
+	c, k, pin, agent := startKubeletNode(t)
 	c.createNamespace(t, podNamespace)
 
 	body := make([]byte, 4<<20)
@@ -319,9 +353,8 @@ func TestKubelet(t *testing.T) {
 			Args: []string{"-dir", "/www", "-addr", ":8080"}, VolumeMounts: []corev1.VolumeMount{{Name: "www", MountPath: "/www"}}}},
 		Volumes: []corev1.Volume{{Name: "www", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: www}}}},
 	})
-	idle := corev1.PodSpec{Containers: []corev1.Container{{Name: "idle", Image: pauseImage, ImagePullPolicy: corev1.PullNever}}}
-	client := k.runContainerPod(t, c, "client", map[string]string{"app": "client"}, true, idle)
-	other := k.runContainerPod(t, c, "other", map[string]string{"app": "other"}, false, idle)
+	client := k.runContainerPod(t, c, "client", map[string]string{"app": "client"}, true, idlePod)
+	other := k.runContainerPod(t, c, "other", map[string]string{"app": "other"}, false, idlePod)
 	svc := c.service(t, "web", 80, 8080)
 	t.Cleanup(func() {
 		if t.Failed() {
