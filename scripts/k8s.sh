@@ -7,8 +7,9 @@
 #                          (scripts/k8s/image) from their Go modules, once per
 #                          version: ~12 min the first time
 #   scripts/k8s.sh test    setup, make build, then go test -tags k8snode ./k8snode
-#   scripts/k8s.sh bench   setup, make build, then the agent's benchmark on that node
-#                          (enable latency over 50 pods, memory and scrape with 200)
+#   scripts/k8s.sh bench   setup, make build, then the agent's benchmarks on that node,
+#                          without and with kubelet (enable latency over 50 pods,
+#                          memory and scrape with 200)
 #   scripts/k8s.sh clean   remove the built programs
 #
 # No release download or image registry is reachable from here, so the
