@@ -20,7 +20,7 @@ help:
 	@echo "make package   build out/package/shunt_VERSION_amd64.deb (nfpm): binary, shunt-agent unit, config, completions"
 	@echo "make test-package  build the .deb, install it here, check it, run its unit's command under its capabilities, purge it (as root)"
 	@echo "make test-kernels  the kernel-dependent tests on Debian's 6.1 and 6.12 kernels under qemu (as root, ~50 min without KVM; KERNELS=6.1 for one; CI runs 6.1)"
-	@echo "make test-k8s  a one-node Kubernetes cluster built from Go modules (etcd, API server, controller manager, scheduler, kube-proxy in nftables and iptables mode, kubelet and containerd): the chart, the agent as a DaemonSet pod and pods' traffic (as root; ~10 min to build once)"
+	@echo "make test-k8s  a one-node Kubernetes cluster built from Go modules (etcd, API server, controller manager, scheduler, kube-proxy in nftables and iptables mode, kubelet and containerd): the chart, the agent as a DaemonSet pod and pods' traffic (as root; ~13 min to build once)"
 	@echo "make dashboard-snapshot  draw the Grafana dashboard on real data into docs/img/dashboard.png (as root, ~3 min)"
 
 deps:

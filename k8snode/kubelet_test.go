@@ -3,7 +3,9 @@
 package k8snode_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -95,7 +97,20 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 localStorageCapacityIsolation: false
 maxPods: 250 # BenchmarkAgentKubelet runs 200 and the test's own
-`, name, rt.sock, filepath.Join(dir, "logs"))), 0o644))
+clusterDNS: [%s]
+clusterDomain: cluster.local
+`, name, rt.sock, filepath.Join(dir, "logs"), nodeIP)), 0o644))
+	// The cluster DNS, on the node's address: CoreDNS answering for
+	// Services and pods from the API.
+	corefile := filepath.Join(dir, "Corefile")
+	must(t, os.WriteFile(corefile, []byte(fmt.Sprintf(`cluster.local:53 {
+	errors
+	kubernetes cluster.local {
+		kubeconfig %s c
+	}
+}
+`, c.kubeconfig(t, "coredns.kubeconfig", adminToken))), 0o644))
+	c.start(t, "coredns", bin("coredns"), "-conf", corefile)
 	c.start(t, "kubelet", bin("kubelet"), "--config", cfg,
 		"--kubeconfig", c.kubeconfig(t, "kubelet.kubeconfig", adminToken),
 		"--root-dir", filepath.Join(dir, "root"), "--cert-dir", filepath.Join(dir, "pki"),
@@ -353,7 +368,11 @@ func TestKubelet(t *testing.T) {
 			Args: []string{"-dir", "/www", "-addr", ":8080"}, VolumeMounts: []corev1.VolumeMount{{Name: "www", MountPath: "/www"}}}},
 		Volumes: []corev1.Volume{{Name: "www", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: www}}}},
 	})
-	client := k.runContainerPod(t, c, "client", map[string]string{"app": "client"}, true, idlePod)
+	// The client runs web too, for `web get`: a Go program that resolves
+	// names with the pod's /etc/resolv.conf.
+	client := k.runContainerPod(t, c, "client", map[string]string{"app": "client"}, true, corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "web", Image: webImage, ImagePullPolicy: corev1.PullNever, Args: []string{"-dir", "/none"}}},
+	})
 	other := k.runContainerPod(t, c, "other", map[string]string{"app": "other"}, false, idlePod)
 	svc := c.service(t, "web", 80, 8080)
 	t.Cleanup(func() {
@@ -371,6 +390,48 @@ func TestKubelet(t *testing.T) {
 		return err
 	})
 	checkTraffic(t, in, web, client, other, svc, body)
+
+	// A headless Service by its name, as a pod in its namespace asks for
+	// it: the cluster DNS answers with web's address, no translation.
+	t.Run("pod to headless Service by name", func(t *testing.T) {
+		if _, err := c.client.CoreV1().Services(podNamespace).Create(context.Background(), &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "web-headless", Namespace: podNamespace},
+			Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Selector: map[string]string{"app": "web"},
+				Ports: []corev1.ServicePort{{Port: 8080, Protocol: corev1.ProtocolTCP}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// Its own file system (the web image, kubelet's resolv.conf), its
+		// network namespace and its cgroup.
+		pid := strconv.Itoa(pidIn(t, client.cg.Path, "web"))
+		inContainer := &pod{name: client.name, cg: client.cg, enter: []string{"nsenter", "--target", pid, "--net", "--mount", "--"}}
+		resolv, err := os.ReadFile("/proc/" + pid + "/root/etc/resolv.conf")
+		if err != nil || !strings.Contains(string(resolv), "nameserver "+nodeIP) || !strings.Contains(string(resolv), podNamespace+".svc.cluster.local") {
+			t.Fatalf("the client's resolv.conf does not name the cluster DNS and the namespace's domain (%v):\n%s", err, resolv)
+		}
+		get := func() error {
+			out, err := inContainer.run(t, "/web", "get", "http://web-headless:8080/blob")
+			if err == nil && !bytes.Equal([]byte(out), body) {
+				err = fmt.Errorf("%d bytes, sha256 %x, want %d bytes, %x", len(out), sha256.Sum256([]byte(out)), len(body), sha256.Sum256(body))
+			}
+			return err
+		}
+		// The name resolves once CoreDNS has seen the Service's endpoints.
+		eventually(t, 30*time.Second, "web-headless by name", get)
+		const n = 5
+		before := counters(t, in)
+		for i := range n {
+			if err := get(); err != nil {
+				t.Fatalf("download %d: %v", i, err)
+			}
+		}
+		after := counters(t, in)
+		paired, translated := after.Paired-before.Paired, after.Translated-before.Translated
+		t.Logf("%d downloads of %d bytes intact; %d connections paired, %d through translation", n, len(body), paired, translated)
+		if paired != n || translated != 0 {
+			t.Errorf("%d connections paired, %d through translation; want %d and 0", paired, translated, n)
+		}
+	})
 
 	// kubectl rollout restart: the DaemonSet replaces the agent's pod
 	// while a download is under way.

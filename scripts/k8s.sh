@@ -3,9 +3,10 @@
 #
 #   scripts/k8s.sh setup   build etcd, kube-apiserver, kube-controller-manager,
 #                          kube-scheduler, kube-proxy and kubelet (scripts/k8s/build),
-#                          containerd (scripts/k8s/containerd) and the images' programs
-#                          (scripts/k8s/image) from their Go modules, once per
-#                          version: ~12 min the first time
+#                          containerd (scripts/k8s/containerd), CoreDNS (scripts/k8s/dns)
+#                          and the images' programs (scripts/k8s/image) from their
+#                          Go modules, once per
+#                          version: ~13 min the first time
 #   scripts/k8s.sh test    setup, make build, then go test -tags k8snode ./k8snode
 #   scripts/k8s.sh bench   setup, make build, then the agent's benchmarks on that node,
 #                          without and with kubelet (enable latency over 50 pods,
@@ -33,7 +34,7 @@ setup() {
     command -v "$c" >/dev/null || die "$c missing: run make deps"
   done
   local stamp
-  stamp=$(cat "$here"/k8s/*/go.mod "$here"/k8s/*/go.sum "$here"/k8s/image/*.go "$here"/k8s/image/*/*.go | sha256sum | cut -c1-16)
+  stamp=$(cat "$here"/k8s/*/go.mod "$here"/k8s/*/go.sum "$here"/k8s/image/*.go "$here"/k8s/image/*/*.go "$here"/k8s/dns/*.go | sha256sum | cut -c1-16)
   if [ -f "$bins/.stamp" ] && [ "$(cat "$bins/.stamp")" = "$stamp" ]; then
     return
   fi
@@ -53,6 +54,8 @@ setup() {
     echo "k8s: building $c"
     (cd "$here/k8s/containerd" && CGO_ENABLED=0 go build -trimpath -tags "no_btrfs no_devmapper no_zfs" -ldflags "-s -w" -o "$bins.tmp/$c" "github.com/containerd/containerd/v2/cmd/$c")
   done
+  echo "k8s: building coredns (the kubernetes plugin alone)"
+  (cd "$here/k8s/dns" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bins.tmp/coredns" .)
   echo "k8s: building the images' programs"
   (cd "$here/k8s/image" && CGO_ENABLED=0 go build -trimpath -o "$bins.tmp/mkimage" . &&
     CGO_ENABLED=0 go build -trimpath -o "$bins.tmp/pause" ./pause && CGO_ENABLED=0 go build -trimpath -o "$bins.tmp/web" ./web)
