@@ -251,3 +251,61 @@ func TestNodeProxyInFrontOfJava(t *testing.T) {
 		}
 	})
 }
+
+// TestTinyproxyInFrontOfLighttpd: tinyproxy, a forward proxy that reads
+// with blocking calls, in front of lighttpd, an event-loop server; curl
+// asks through it for plain HTTP and for a CONNECT tunnel, then lighttpd
+// straight. tinyproxy's directions go back to TCP and its port is
+// learned; every byte arrives.
+func TestTinyproxyInFrontOfLighttpd(t *testing.T) {
+	testenv.NeedProgram(t, "tinyproxy")
+	testenv.NeedProgram(t, "lighttpd")
+	testenv.NeedProgram(t, "curl")
+	body := newBlob(4<<20, 19)
+	// curl straight to lighttpd is bypassed (both read until EAGAIN).
+	bothWays(t, eitherPath, 0, func(t *testing.T, e *env) {
+		dir := t.TempDir()
+		www := filepath.Join(dir, "www")
+		writeFile(t, filepath.Join(www, "blob"), body.data)
+		originPort, proxyPort := e.freePort(t), e.freePort(t)
+		lighttpd := filepath.Join(dir, "lighttpd.conf")
+		writeFile(t, lighttpd, []byte(fmt.Sprintf(`server.document-root = %q
+server.bind = "127.0.0.1"
+server.port = %d
+server.errorlog = %q
+`, www, originPort, filepath.Join(dir, "lighttpd.err"))))
+		tinyproxy := filepath.Join(dir, "tinyproxy.conf")
+		writeFile(t, tinyproxy, []byte(fmt.Sprintf(`Listen 127.0.0.1
+Port %d
+Allow 127.0.0.1
+ConnectPort %d
+Timeout 60
+MaxClients 20
+LogFile %q
+`, proxyPort, originPort, filepath.Join(dir, "tinyproxy.log"))))
+		e.start(t, "lighttpd", "-D", "-f", lighttpd)
+		e.start(t, "tinyproxy", "-d", "-c", tinyproxy)
+		for _, port := range []int{originPort, proxyPort} {
+			e.waitListening(t, fmt.Sprintf("127.0.0.1:%d", port))
+		}
+		url, proxy := fmt.Sprintf("http://127.0.0.1:%d/blob", originPort), fmt.Sprintf("http://127.0.0.1:%d", proxyPort)
+		for _, how := range [][]string{{"-x", proxy}, {"-x", proxy, "--proxytunnel"}, nil} {
+			for i, got := range e.curlGet(t, url, 5, how...) {
+				if got != body.sum {
+					t.Fatalf("download %d %v: digest differs", i, how)
+				}
+			}
+		}
+	})
+}
+
+// writeFile writes b to path, making its directory.
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -249,11 +249,11 @@ func TestMemcached(t *testing.T) {
 
 // curlGet downloads url n times with one curl, which keeps one connection
 // open across them when the server allows (HTTP/1.1 keep-alive), and
-// returns each download's digest.
-func (e *env) curlGet(t *testing.T, url string, n int) [][32]byte {
+// returns each download's digest; curlArgs go before the downloads.
+func (e *env) curlGet(t *testing.T, url string, n int, curlArgs ...string) [][32]byte {
 	t.Helper()
 	dir := t.TempDir()
-	args := []string{"curl", "-sS", "--fail", "--max-time", "60"}
+	args := append([]string{"curl", "-sS", "--fail", "--max-time", "60"}, curlArgs...)
 	for i := 0; i < n; i++ {
 		args = append(args, "-o", filepath.Join(dir, strconv.Itoa(i)), url)
 	}
