@@ -105,6 +105,24 @@ func showArgs(b []byte) string {
 	return strings.TrimSpace(strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " "))
 }
 
+// SpliceProgramCount is how many programs shunt has seen splicing:
+// SplicePrograms' length without its walk of every process (a metrics
+// scrape needs no more, and on a node of a few hundred pods the walk is
+// much of a scrape).
+func (in *Install) SpliceProgramCount() (int, error) {
+	n := 0
+	var k bypassSpliceProgram
+	var v bypassSpliceSeen
+	it := in.maps[learnedMap].Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("read %s: %w", learnedMap, err)
+	}
+	return n, nil
+}
+
 // SplicePrograms lists the programs shunt has seen splicing, by command,
 // with the running processes each keeps on TCP.
 func (in *Install) SplicePrograms() ([]SpliceProgram, error) {
@@ -125,6 +143,9 @@ func (in *Install) SplicePrograms() ([]SpliceProgram, error) {
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read %s: %w", learnedMap, err)
+	}
+	if len(keys) == 0 {
+		return out, nil // no need to read every process's command line
 	}
 	for _, p := range runningPrograms() {
 		for i, k := range keys {

@@ -187,7 +187,7 @@ func (c *Collector) collectBypass(ch chan<- prometheus.Metric) error {
 	if err != nil {
 		return err
 	}
-	learned, err := in.SplicePrograms()
+	learned, err := in.SpliceProgramCount()
 	if err != nil {
 		return err
 	}
@@ -195,7 +195,7 @@ func (c *Collector) collectBypass(ch chan<- prometheus.Metric) error {
 	gauge(c.bypassCgroups, float64(len(cgroups)))
 	gauge(c.bypassDraining, boolValue(in.Draining()))
 	gauge(c.guardRunning, boolValue(guard.Running(c.src.PinDir)))
-	gauge(c.learned, float64(len(learned)))
+	gauge(c.learned, float64(learned))
 	for _, m := range maps {
 		gauge(c.mapEntries, float64(m.Entries), m.Name)
 		if m.Max > 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -355,10 +356,20 @@ func TestGuardResetsCaughtSplicer(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "splicer "+name) || !strings.Contains(out, "running, log") {
 		t.Fatalf("status = %q", out)
 	}
+	// The metrics count the program without walking the processes.
+	learnedGauge := func(want int) {
+		t.Helper()
+		out, _, code := runShunt(t, nil, "metrics", "--once", "--pin-dir", pin)
+		if metric := fmt.Sprintf("shunt_bypass_splice_programs_learned %d\n", want); code != 0 || !strings.Contains(out, metric) {
+			t.Fatalf("metrics --once: exit %d, no %q in:\n%s", code, metric, out)
+		}
+	}
+	learnedGauge(1)
 	out, _, code = runShunt(t, nil, "bypass", "forget", name, "--pin-dir", pin)
 	if code != 0 || !strings.Contains(out, "forgot 1") {
 		t.Fatalf("forget %s: exit %d, %q", name, code, out)
 	}
+	learnedGauge(0)
 	_, stderr, code := runShunt(t, nil, "bypass", "forget", name, "--pin-dir", pin)
 	if code != 2 {
 		t.Errorf("forget of an unknown program: exit %d, want 2", code)
