@@ -52,6 +52,12 @@ func startKubelet(t testing.TB, c *cluster, rt *containerd) *realKubelet {
 	// kubelet checks its root in every hierarchy; cpuset's children take
 	// their parent's CPUs and memory nodes only if the parent has them.
 	var roots []string
+	t.Cleanup(func() {
+		// Deepest first, the v2 root itself last (testenv removes it).
+		for _, r := range append(roots, root.Path) {
+			removeCgroupTree(t, r, r != root.Path)
+		}
+	})
 	for _, h := range v1Hierarchies() {
 		p := filepath.Join(h, name)
 		must(t, os.Mkdir(p, 0o755))
@@ -64,12 +70,6 @@ func startKubelet(t testing.TB, c *cluster, rt *containerd) *realKubelet {
 			}
 		}
 	}
-	t.Cleanup(func() {
-		// Deepest first, the v2 root itself last (testenv removes it).
-		for _, r := range append(roots, root.Path) {
-			removeCgroupTree(t, r, r != root.Path)
-		}
-	})
 
 	// Once kubelet has stopped (it would start them again), and before
 	// their cgroups go.
