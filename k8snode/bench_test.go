@@ -72,7 +72,7 @@ func BenchmarkAgent(b *testing.B) {
 func BenchmarkAgentKubelet(b *testing.B) {
 	const timed, total = 50, 200
 	for range b.N {
-		c, k, pin, agent := startKubeletNode(b)
+		c, k, pin, agent := startKubeletNode(b, kube.Cgroupfs)
 		var in *bypass.Install // once the first pod's enable has installed bypass
 		var lat, after []time.Duration
 		for i := range total {
@@ -81,7 +81,7 @@ func BenchmarkAgentKubelet(b *testing.B) {
 			if i >= timed {
 				continue
 			}
-			path := kube.PodCgroup(k.root.Path, kube.Cgroupfs, created.Status.QOSClass, created.UID)
+			path := kube.PodCgroup(k.root.Path, k.driver, created.Status.QOSClass, created.UID)
 			var made time.Time
 			for {
 				if made.IsZero() {
@@ -111,7 +111,7 @@ func BenchmarkAgentKubelet(b *testing.B) {
 				b.Fatalf("%d of %d pods enabled after 180 s", len(cgroupIDs(b, in)), total)
 			}
 		}
-		agentCg := kube.PodCgroup(k.root.Path, kube.Cgroupfs, agent.Status.QOSClass, agent.UID)
+		agentCg := kube.PodCgroup(k.root.Path, k.driver, agent.Status.QOSClass, agent.UID)
 		reportAgent(b, lat, after, total, residentKiB(b, pidIn(b, agentCg, "shunt")),
 			scrapeTimes(b, c, "http://"+net.JoinHostPort(agent.Status.PodIP, "9464")+"/metrics"))
 	}

@@ -43,7 +43,8 @@ const (
 // (pod cgroups and namespaces, pod status).
 type cluster struct {
 	node   *testenv.NetNS
-	mnt    string // the node's mount namespace (a bind mount of it), if it has one
+	mnt    string    // the node's mount namespace (a bind mount of it), if it has one
+	init   *nodeInit // the node's systemd, if it has one
 	dir    string
 	config *rest.Config // the admin's
 	client *kubernetes.Clientset
@@ -59,6 +60,9 @@ func (c *cluster) start(t testing.TB, name string, argv ...string) *testenv.Proc
 	enter := []string{"--net=/run/netns/" + c.node.Name}
 	if c.mnt != "" {
 		enter = append(enter, "--mount="+c.mnt)
+	}
+	if c.init != nil {
+		return c.init.start(t, name, enter, argv)
 	}
 	return testenv.Start(t, name, exec.Command("nsenter", append(append(enter, "--"), argv...)...))
 }

@@ -37,15 +37,15 @@ func v1Hierarchies() []string {
 
 // realKubelet is kubelet itself, running the node's pods in containerd.
 type realKubelet struct {
-	root host.Cgroup // its cgroup root in the v2 tree (--cgroup-root)
+	root   host.Cgroup // its cgroup root in the v2 tree (--cgroup-root, or systemd's root)
+	driver kube.Driver
 }
 
-// startKubelet runs kubelet in the node's namespace with the cgroupfs
-// driver, its cgroup root a cgroup of the test's, every directory it
-// writes the test's own, and waits until it has registered the node Ready.
-// When the test ends the pods go first (through the API, as kubelet
-// stops them), then kubelet, then what it made in the cgroup trees.
-func startKubelet(t testing.TB, c *cluster, rt *containerd) *realKubelet {
+// nodeCgroupRoot makes the node's cgroup root: a cgroup of the test's in
+// the v2 tree and one of the same name in every v1 hierarchy, where
+// kubelet (or the node's systemd) makes the pods' cgroups; they go when
+// the test ends, what was made below them first.
+func nodeCgroupRoot(t testing.TB) host.Cgroup {
 	t.Helper()
 	root := testenv.MustCgroup(t)
 	name := filepath.Base(root.Path)
@@ -70,19 +70,34 @@ func startKubelet(t testing.TB, c *cluster, rt *containerd) *realKubelet {
 			}
 		}
 	}
+	return root
+}
 
+// startKubelet runs kubelet in the node's namespaces with driver, its
+// cgroup root root (the cgroupfs driver's --cgroup-root; with systemd,
+// the root of the node's systemd), every directory it writes the test's
+// own, and waits until it has registered the node Ready. When the test
+// ends the pods go first (through the API, as kubelet stops them), then
+// kubelet, then what it ran.
+func startKubelet(t testing.TB, c *cluster, rt *containerd, root host.Cgroup, driver kube.Driver) *realKubelet {
+	t.Helper()
 	// Once kubelet has stopped (it would start them again), and before
 	// their cgroups go.
 	t.Cleanup(func() { rt.stopContainers(t) })
 
+	// systemd's slices are under its own root already.
+	cgroupRoot := "/"
+	if driver == kube.Cgroupfs {
+		cgroupRoot += filepath.Base(root.Path)
+	}
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "kubelet.yaml")
 	// Thresholds out of the way: a test machine's disk and memory are
 	// not the test's to judge.
 	must(t, os.WriteFile(cfg, []byte(fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-cgroupDriver: cgroupfs
-cgroupRoot: /%s
+cgroupDriver: %s
+cgroupRoot: %s
 failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: unix://%s
@@ -99,7 +114,7 @@ localStorageCapacityIsolation: false
 maxPods: 250 # BenchmarkAgentKubelet runs 200 and the test's own
 clusterDNS: [%s]
 clusterDomain: cluster.local
-`, name, rt.sock, filepath.Join(dir, "logs"), nodeIP)), 0o644))
+`, driver, cgroupRoot, rt.sock, filepath.Join(dir, "logs"), nodeIP)), 0o644))
 	// The cluster DNS, on the node's address: CoreDNS answering for
 	// Services and pods from the API.
 	corefile := filepath.Join(dir, "Corefile")
@@ -134,7 +149,7 @@ clusterDomain: cluster.local
 		}
 		return fmt.Errorf("no Ready condition yet")
 	})
-	return &realKubelet{root: root}
+	return &realKubelet{root: root, driver: driver}
 }
 
 // deletePods deletes every pod (and the DaemonSets) through the API and
@@ -200,7 +215,7 @@ func (k *realKubelet) runContainerPod(t testing.TB, c *cluster, name string, lab
 	running := c.waitRunning(t, podNamespace, name)
 	t.Logf("pod %s running in %v", name, time.Since(start).Round(time.Millisecond))
 	p := &pod{name: name, ip: running.Status.PodIP,
-		cg: mustResolve(t, kube.PodCgroup(k.root.Path, kube.Cgroupfs, running.Status.QOSClass, running.UID))}
+		cg: mustResolve(t, kube.PodCgroup(k.root.Path, k.driver, running.Status.QOSClass, running.UID))}
 	pid := pidIn(t, p.cg.Path, "")
 	p.enter = []string{"nsenter", fmt.Sprintf("--net=/proc/%d/ns/net", pid), "--"}
 	return p
@@ -323,22 +338,33 @@ func pidIn(t testing.TB, path, comm string) int {
 }
 
 // startKubeletNode brings up the control plane with kube-scheduler,
-// kube-proxy (nftables), containerd and kubelet, installs the chart as
+// kube-proxy (nftables), containerd and kubelet with driver (and systemd
+// as the node's init for the systemd driver), installs the chart as
 // written with the image built here, and waits for the agent's pod.
-func startKubeletNode(t testing.TB) (c *cluster, k *realKubelet, pin string, agent *corev1.Pod) {
+func startKubeletNode(t testing.TB, driver kube.Driver) (c *cluster, k *realKubelet, pin string, agent *corev1.Pod) {
 	t.Helper()
 	// Its cleanup runs after kubelet's has stopped the agent.
 	pin = bypasstest.MustPinDir(t)
 	c = startCluster(t, testenv.MustNetNS(t), "daemonset", "garbagecollector", "root-ca-cert-publisher")
 	c.start(t, "kube-scheduler", bin("kube-scheduler"), "--kubeconfig", c.kubeconfig(t, "scheduler.kubeconfig", adminToken),
 		"--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "10259")
-	rt := startContainerd(t, c)
-	k = startKubelet(t, c, rt)
+	root := nodeCgroupRoot(t)
+	if driver == kube.Systemd {
+		startSystemd(t, c, root)
+	}
+	rt := startContainerd(t, c, driver)
+	k = startKubelet(t, c, rt, root, driver)
 	c.startProxy(t, "nftables")
 
+	// The agent's pod sees the cgroup trees as kubelet does: with
+	// systemd, the root's hierarchy from the node's cgroup namespace.
+	agentRoot := k.root.Path
+	if driver == kube.Systemd {
+		agentRoot = filepath.Dir(agentRoot)
+	}
 	c.helmInstall(t, map[string]any{
 		"image":   map[string]any{"repository": agentRepo, "tag": agentTag, "pullPolicy": "Never"},
-		"kubelet": map[string]any{"cgroupRoot": k.root.Path, "driver": "cgroupfs"},
+		"kubelet": map[string]any{"cgroupRoot": agentRoot, "driver": string(driver)},
 		"pinDir":  pin,
 	})
 	start := time.Now()
@@ -348,14 +374,20 @@ func startKubeletNode(t testing.TB) (c *cluster, k *realKubelet, pin string, age
 	return c, k, pin, agent
 }
 
-// TestKubelet runs the node with kubelet and containerd: the chart
-// installed as written, the agent running as its DaemonSet's pod from an
-// image built here, the workloads as containers; then a rollout of the
-// agent and `helm uninstall`, as an operator would.
+// TestKubelet runs the node with kubelet and containerd, under each
+// cgroup driver: the chart installed as written, the agent running as its
+// DaemonSet's pod from an image built here, the workloads as containers;
+// then a rollout of the agent and `helm uninstall`, as an operator would.
 func TestKubelet(t *testing.T) {
 	testenv.RequireRoot(t)
 	requireBuilt(t)
-	c, k, pin, agent := startKubeletNode(t)
+	for _, driver := range []kube.Driver{kube.Cgroupfs, kube.Systemd} {
+		t.Run(string(driver), func(t *testing.T) { testKubelet(t, driver) })
+	}
+}
+
+func testKubelet(t *testing.T, driver kube.Driver) {
+	c, k, pin, agent := startKubeletNode(t, driver)
 	c.createNamespace(t, podNamespace)
 
 	body := make([]byte, 4<<20)
@@ -374,6 +406,7 @@ func TestKubelet(t *testing.T) {
 		Containers: []corev1.Container{{Name: "web", Image: webImage, ImagePullPolicy: corev1.PullNever, Args: []string{"-dir", "/none"}}},
 	})
 	other := k.runContainerPod(t, c, "other", map[string]string{"app": "other"}, false, idlePod)
+	t.Logf("the %s driver's pod cgroups, as the agent finds them: %s", driver, strings.TrimPrefix(web.cg.Path, k.root.Path))
 	svc := c.service(t, "web", 80, 8080)
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/shunt-project/shunt/internal/testenv"
+	"github.com/shunt-project/shunt/kube"
 )
 
 // Images imported into containerd (no registry is reachable from here):
@@ -29,8 +30,8 @@ const (
 )
 
 // containerd is the node's container runtime, with every directory of its
-// own (a short one under /run for its sockets: a unix socket's path has
-// 108 bytes).
+// own (a short one under /tmp for its sockets: a unix socket's path has
+// 108 bytes; not /run, which a node whose init is systemd has its own of).
 type containerd struct {
 	sock string
 	run  string // sockets, state, runc's root, the pods' network namespaces
@@ -38,22 +39,26 @@ type containerd struct {
 }
 
 // startContainerd runs containerd in the node's namespace with the CNI
-// plugins' bridge, Debian's runc, and the images imported; everything it
-// ran is gone when the test ends.
-func startContainerd(t testing.TB, c *cluster) *containerd {
+// plugins' bridge, Debian's runc (its cgroups made by the driver's way),
+// and the images imported; everything it ran is gone when the test ends.
+func startContainerd(t testing.TB, c *cluster, driver kube.Driver) *containerd {
 	t.Helper()
-	run, err := os.MkdirTemp("/run", testenv.Name()+"-")
+	run, err := os.MkdirTemp("/tmp", testenv.Name()+"-")
 	must(t, err)
 	rt := &containerd{sock: filepath.Join(run, "containerd.sock"), run: run, root: t.TempDir()}
 	t.Cleanup(func() { rt.sweep(t) })
-	// The node's programs get a mount namespace of their own where every
-	// mount is shared, as on a systemd host: the agent's bpffs mount is
-	// Bidirectional, which kubelet allows only on a shared mount, and this
-	// host's are private; what they mount goes with the namespace.
-	c.mnt = filepath.Join(run, "mnt")
-	must(t, os.WriteFile(c.mnt, nil, 0o600))
-	if out, err := exec.Command("unshare", "--mount="+c.mnt, "--propagation", "private", "mount", "--make-rshared", "/").CombinedOutput(); err != nil {
-		t.Fatalf("the node's mount namespace: %v: %s", err, out)
+	if c.mnt == "" {
+		// The node's programs get a mount namespace of their own where
+		// every mount is shared, as on a systemd host: the agent's bpffs
+		// mount is Bidirectional, which kubelet allows only on a shared
+		// mount, and this host's are private; what they mount goes with
+		// the namespace. (systemd, where it is the node's init, makes its
+		// namespace's mounts shared itself.)
+		c.mnt = filepath.Join(run, "mnt")
+		must(t, os.WriteFile(c.mnt, nil, 0o600))
+		if out, err := exec.Command("unshare", "--mount="+c.mnt, "--propagation", "private", "mount", "--make-rshared", "/").CombinedOutput(); err != nil {
+			t.Fatalf("the node's mount namespace: %v: %s", err, out)
+		}
 	}
 
 	cni := filepath.Join(rt.root, "cni")
@@ -90,11 +95,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
       BinaryName = "/usr/sbin/runc"
       Root = "%[2]s/runc"
-      SystemdCgroup = false
+      SystemdCgroup = %[6]t
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = %[5]q
-`, rt.root, filepath.Join(run, "state"), rt.sock, pauseImage, cni)), 0o644))
+`, rt.root, filepath.Join(run, "state"), rt.sock, pauseImage, cni, driver == kube.Systemd)), 0o644))
 	// containerd finds its shim on PATH.
 	c.start(t, "containerd", "env", "PATH="+*k8sBin+":"+os.Getenv("PATH"), bin("containerd"), "--config", cfg, "--log-level", "warn")
 	eventually(t, 30*time.Second, "containerd answers", func() error {
