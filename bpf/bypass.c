@@ -905,7 +905,12 @@ static __always_inline int guard_has_room(void)
 
 /* A splice reader with redirected bytes queued that splice(2) cannot read:
  * without help it waits for them for ever. Reported once, to the guard,
- * which resets the connection so the application sees an error. */
+ * which resets the connection so the application sees an error. Unless
+ * the peer's end of stream (FIN, which comes by TCP) is queued already:
+ * then the splice returns end of stream at once, before the redirected
+ * bytes, and the application sees a short stream that ended cleanly. No
+ * hook runs before the splice reads on these kernels, so that cannot be
+ * prevented, only told (EVENT_SPLICE_TRUNCATED, CNT_SPLICE_TRUNCATED). */
 static __always_inline void report_caught(struct peer_ref *ref, struct sock_key *key, struct sock *sk)
 {
 	if (__sync_fetch_and_or(&ref->reads, STATE_CAUGHT) & STATE_CAUGHT)
@@ -921,11 +926,15 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 		return;
 	}
 	count(CNT_SPLICE_CAUGHT);
+	__u8 state = BPF_CORE_READ(sk, __sk_common.skc_state);
+	int ended = state == TCP_CLOSE_WAIT || state == TCP_LAST_ACK || state == TCP_CLOSING;
+	if (ended)
+		count(CNT_SPLICE_TRUNCATED);
 	ev->self = *key;
 	ev->cookie = ref->cookie;
 	ev->unread = unread_redirected(sk, ref);
 	ev->pid = ref->splicer_pid;
-	ev->kind = EVENT_SPLICE_CAUGHT;
+	ev->kind = ended ? EVENT_SPLICE_TRUNCATED : EVENT_SPLICE_CAUGHT;
 	__builtin_memcpy(ev->comm, ref->splicer_comm, sizeof(ev->comm));
 	bpf_ringbuf_submit(ev, 0);
 	/* Counted with the program once told (a catch whose event found no

@@ -71,16 +71,18 @@ const (
 	bypassCounterCNT_PRESUMED_QUEUED   bypassCounter = 24
 	bypassCounterCNT_CLAIM_UNBOUND     bypassCounter = 25
 	bypassCounterCNT_EVENTS_LOST       bypassCounter = 26
-	bypassCounterCNT_MAX               bypassCounter = 27
+	bypassCounterCNT_SPLICE_TRUNCATED  bypassCounter = 27
+	bypassCounterCNT_MAX               bypassCounter = 28
 )
 
 type bypassEventKind uint32
 
 const (
-	bypassEventKindEVENT_SPLICE_CAUGHT   bypassEventKind = 1
-	bypassEventKindEVENT_BLOCKING_EAGAIN bypassEventKind = 2
-	bypassEventKindEVENT_STALL_RESCUED   bypassEventKind = 3
-	bypassEventKindEVENT_WAKE            bypassEventKind = 4
+	bypassEventKindEVENT_SPLICE_CAUGHT    bypassEventKind = 1
+	bypassEventKindEVENT_BLOCKING_EAGAIN  bypassEventKind = 2
+	bypassEventKindEVENT_STALL_RESCUED    bypassEventKind = 3
+	bypassEventKindEVENT_WAKE             bypassEventKind = 4
+	bypassEventKindEVENT_SPLICE_TRUNCATED bypassEventKind = 5
 )
 
 type bypassFlowRecord struct {

@@ -270,6 +270,12 @@ const (
 	// Wake: a socket whose reader may have been told by FIONREAD that
 	// queued bytes were not there left the sockhash; the guard wakes it.
 	Wake = EventKind(bypassEventKindEVENT_WAKE)
+	// SpliceTruncated: a splice reader caught after its peer's end of
+	// stream had come (by TCP): the splice returned end of stream at once,
+	// before the redirected bytes, so the application saw a short stream
+	// end cleanly. No hook before the splice runs on these kernels to
+	// prevent it; the guard resets the connection and says so.
+	SpliceTruncated = EventKind(bypassEventKindEVENT_SPLICE_TRUNCATED)
 )
 
 // Event is what the BPF programs tell the guard about one socket.
@@ -278,7 +284,7 @@ type Event struct {
 	Local, Remote netip.AddrPort // the reading socket's own address, and its peer's
 	Netns         uint64
 	Cookie        uint64
-	Unread        uint64 // SpliceCaught: redirected bytes queued when caught; StallRescued, Wake: bytes queued
+	Unread        uint64 // SpliceCaught, SpliceTruncated: redirected bytes queued when caught; StallRescued, Wake: bytes queued
 	PID           int    // the process that read
 	Command       string
 	Inode         uint64 // StallRescued, Wake: the socket's inode ("socket:[N]" in /proc/PID/fd)

@@ -66,6 +66,10 @@ type Counters struct {
 	// connection's report and a leaving socket's wake-up are tried again
 	// until they fit.
 	EventsLost uint64 `json:"guard_events_lost" help:"Events for the guard its ring had no room for (no guard running, or one behind), per attempt: a caught connection's report and a leaving socket's wake-up are tried again until they fit."`
+	// SpliceTruncated counts, of SpliceCaught, the readers caught after
+	// their peer's end of stream: the splice returned end of stream before
+	// the redirected bytes (the application saw a short stream end).
+	SpliceTruncated uint64 `json:"splice_readers_truncated" help:"Of the caught splice readers, those caught after their peer's end of stream had come: the splice returned end of stream before the redirected bytes, so the application saw a short stream (alert on any)."`
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -207,6 +211,7 @@ func (in *Install) Counters() (Counters, error) {
 		PresumedQueued:   sum(bypassCounterCNT_PRESUMED_QUEUED),
 		ClaimsUnbound:    sum(bypassCounterCNT_CLAIM_UNBOUND),
 		EventsLost:       sum(bypassCounterCNT_EVENTS_LOST),
+		SpliceTruncated:  sum(bypassCounterCNT_SPLICE_TRUNCATED),
 	}, nil
 }
 

@@ -80,7 +80,7 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 			return fmt.Errorf("read events: %w", err)
 		}
 		switch ev.Kind {
-		case bypass.SpliceCaught:
+		case bypass.SpliceCaught, bypass.SpliceTruncated:
 			report(Reset(ev))
 		case bypass.BlockingEAGAIN:
 			report(fmt.Sprintf("pid %d (%s) got EAGAIN from a blocking read on %s (peer %s): a signal, stop or ptrace ended its wait in the connection's first read, which TCP would have restarted; the connection is on TCP from now on",
@@ -117,6 +117,9 @@ func wake(ev bypass.Event, report func(string)) {
 // Reset aborts a caught connection's splicing socket and says what it did.
 func Reset(c bypass.Event) string {
 	what := fmt.Sprintf("pid %d (%s) spliced from %s (peer %s) with %d redirected bytes it cannot read", c.PID, c.Command, c.Local, c.Remote, c.Unread)
+	if c.Kind == bypass.SpliceTruncated {
+		what += ", after its peer's end of stream: the splice returned end of stream before them (the stream it read was cut short)"
+	}
 	err := reap.DestroyTCP(reap.TCPSocket{Netns: c.Netns, PID: c.PID, Local: c.Local, Remote: c.Remote, Cookie: c.Cookie})
 	if errors.Is(err, os.ErrNotExist) {
 		return what + ": closed already"

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -145,6 +147,82 @@ func TestSpliceAfterRecvIsCaughtThenLearned(t *testing.T) {
 	}
 	if st, err = in.Stats(); err != nil || st.Counters.LearnedReaders == 0 || st.Counters.SpliceCaught != 1 {
 		t.Fatalf("after a learned connection: %+v %v", st.Counters, err)
+	}
+}
+
+// A splice reader caught after its peer's end of stream came (by TCP, as
+// FIN always does) gets that end of stream from the splice at once, before
+// the redirected bytes it cannot read: a short stream that ends cleanly.
+// No hook before the splice runs on these kernels to prevent it (with
+// --refuse-splice, where BPF LSM runs, the splice is refused before it
+// reads); it must not be silent: counted, and reported as cut short.
+func TestCaughtAfterThePeersEndIsToldCutShort(t *testing.T) {
+	in, side, reports := guarded(t)
+	body := strings.Repeat("spliced body ", 5000)
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	for _, conn := range []*net.TCPConn{c, s} {
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+	}
+	testenv.Warm(t, c, s)
+	// A server that closes once it has sent (HTTP/1.0's), before its peer
+	// first splices.
+	if _, err := c.Write([]byte("HEAD" + body)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, 4)
+	if _, err := io.ReadFull(s, head); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, s, 8 /* TCP_CLOSE_WAIT: the FIN is queued */)
+	n, err := io.Copy(s, s) // splice(2), as testenv.HeaderThenSplice
+	st, serr := in.Stats()
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	cn := st.Counters
+	t.Logf("the splice copied %d of %d bytes (%v); caught %d, cut short %d", n, len(body), err, cn.SpliceCaught, cn.SpliceTruncated)
+	if err != nil || n == int64(len(body)) {
+		// Loud (an error), or whole: nothing cut short to tell.
+		if cn.SpliceTruncated != 0 {
+			t.Errorf("counted %d cut short, but the splice got %d bytes, %v", cn.SpliceTruncated, n, err)
+		}
+		return
+	}
+	if cn.SpliceCaught != 1 || cn.SpliceTruncated != 1 {
+		t.Fatalf("the splice ended cleanly after %d of %d bytes; caught %d, cut short %d, want 1 and 1", n, len(body), cn.SpliceCaught, cn.SpliceTruncated)
+	}
+	select {
+	case msg := <-reports:
+		if !strings.Contains(msg, "end of stream") || !strings.Contains(msg, "cut short") {
+			t.Errorf("guard report %q does not say the stream was cut short", msg)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the guard reported nothing")
+	}
+}
+
+// waitState waits until the socket's TCP state is state.
+func waitState(t *testing.T, c *net.TCPConn, state uint8) {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		var info *unix.TCPInfo
+		var ierr error
+		if err := raw.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil || ierr != nil {
+			t.Fatal(err, ierr)
+		}
+		if info.State == state {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the socket stayed in TCP state %d, want %d", info.State, state)
+		}
 	}
 }
 

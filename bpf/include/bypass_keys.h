@@ -150,6 +150,7 @@ enum counter {
 	CNT_PRESUMED_QUEUED,   /* ... of which held redirected bytes: caught if their reader splices before it reads them */
 	CNT_CLAIM_UNBOUND,     /* claims the server declined: the ACK that established it did not carry the claimant's nonce */
 	CNT_EVENTS_LOST,       /* guard events the ring had no room for (a caught connection's is tried again) */
+	CNT_SPLICE_TRUNCATED,  /* of CNT_SPLICE_CAUGHT: caught after the peer's end of stream, which the splice returns before the redirected bytes */
 	CNT_MAX,
 };
 
@@ -201,6 +202,7 @@ enum event_kind {
 	EVENT_BLOCKING_EAGAIN = 2,  /* a blocking read failed with EAGAIN where TCP restarts it */
 	EVENT_STALL_RESCUED = 3,    /* a reader stopped with bytes queued: wake it (the connection is on its way to TCP) */
 	EVENT_WAKE = 4,             /* a socket left with bytes queued that its reader may have been told are not there: wake it */
+	EVENT_SPLICE_TRUNCATED = 5, /* a splice reader caught after its peer's end of stream: the splice returned end of stream before the redirected bytes */
 };
 
 /* What the guard (user space) hears of: a splice reader caught with
