@@ -54,9 +54,12 @@ it spliced. shunt sees the splice, sends the connection back to TCP, and
 learns the program, whose later readers stay on TCP from their first recv
 ('shunt status' lists them; 'shunt bypass forget' unlearns). A connection
 caught with such bytes already queued is reset by the guard, so the
-application sees an error instead of waiting for ever; enable starts the
-guard in the background (--no-guard: run 'shunt bypass guard' yourself).
---splicer NAME teaches a program before it is seen.
+application sees an error instead of waiting for ever; if its peer had
+already ended the stream, the splice returns that end first and the
+application reads a short stream (counted as splice_readers_truncated and
+logged by the guard). enable starts the guard in the background
+(--no-guard: run 'shunt bypass guard' yourself). --splicer NAME teaches a
+program before it is seen, which avoids both.
 
 --exclude-ports keeps new connections to those server ports on TCP, for
 applications that switch to MSG_WAITALL mid-stream (see
