@@ -487,6 +487,30 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 		count(CNT_PAIRED_TRANSLATED);
 }
 
+/* A caught splice reader's connection is cut short, not reset, if the
+ * peer's end of stream (FIN, which comes by TCP) comes before the guard's
+ * reset: the splice returns it at once, before the redirected bytes it
+ * cannot read, whether it had come at the catch (report_caught) or comes
+ * after it while the splice waits (here, at CLOSE_WAIT). Counted once. */
+static __always_inline void count_cut_short(struct peer_ref *ref)
+{
+	if (!(__sync_fetch_and_or(&ref->reads, STATE_CUT_SHORT) & STATE_CUT_SHORT))
+		count(CNT_SPLICE_TRUNCATED);
+}
+
+static __always_inline void peer_ended(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (!st)
+		return;
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	if (ref && (ref->reads & STATE_CAUGHT))
+		count_cut_short(ref);
+}
+
 SEC("sockops")
 int shunt_sockops(struct bpf_sock_ops *skops)
 {
@@ -517,6 +541,8 @@ int shunt_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_STATE_CB:
 		if (skops->args[1] == BPF_TCP_CLOSE)
 			withdraw(skops);
+		else if (skops->args[1] == BPF_TCP_CLOSE_WAIT)
+			peer_ended(skops);
 		break;
 	}
 	return 1;
@@ -906,10 +932,8 @@ static __always_inline int guard_has_room(void)
 /* A splice reader with redirected bytes queued that splice(2) cannot read:
  * without help it waits for them for ever. Reported once, to the guard,
  * which resets the connection so the application sees an error. Unless
- * the peer's end of stream (FIN, which comes by TCP) is queued already:
- * then the splice returns end of stream at once, before the redirected
- * bytes, and the application sees a short stream that ended cleanly. No
- * hook runs before the splice reads on these kernels, so that cannot be
+ * the peer's end of stream is queued already (count_cut_short): no hook
+ * runs before the splice reads on these kernels, so that cannot be
  * prevented, only told (EVENT_SPLICE_TRUNCATED, CNT_SPLICE_TRUNCATED). */
 static __always_inline void report_caught(struct peer_ref *ref, struct sock_key *key, struct sock *sk)
 {
@@ -929,7 +953,7 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 	__u8 state = BPF_CORE_READ(sk, __sk_common.skc_state);
 	int ended = state == TCP_CLOSE_WAIT || state == TCP_LAST_ACK || state == TCP_CLOSING;
 	if (ended)
-		count(CNT_SPLICE_TRUNCATED);
+		count_cut_short(ref);
 	ev->self = *key;
 	ev->cookie = ref->cookie;
 	ev->unread = unread_redirected(sk, ref);

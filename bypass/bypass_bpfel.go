@@ -181,6 +181,7 @@ const (
 	bypassStateFlagsSTATE_RESCUED    bypassStateFlags = 128
 	bypassStateFlagsSTATE_WOKEN      bypassStateFlags = 256
 	bypassStateFlagsSTATE_MAY_SPLICE bypassStateFlags = 512
+	bypassStateFlagsSTATE_CUT_SHORT  bypassStateFlags = 1024
 )
 
 type bypassTuple struct {

@@ -66,10 +66,11 @@ type Counters struct {
 	// connection's report and a leaving socket's wake-up are tried again
 	// until they fit.
 	EventsLost uint64 `json:"guard_events_lost" help:"Events for the guard its ring had no room for (no guard running, or one behind), per attempt: a caught connection's report and a leaving socket's wake-up are tried again until they fit."`
-	// SpliceTruncated counts, of SpliceCaught, the readers caught after
-	// their peer's end of stream: the splice returned end of stream before
-	// the redirected bytes (the application saw a short stream end).
-	SpliceTruncated uint64 `json:"splice_readers_truncated" help:"Of the caught splice readers, those caught after their peer's end of stream had come: the splice returned end of stream before the redirected bytes, so the application saw a short stream (alert on any)."`
+	// SpliceTruncated counts, of SpliceCaught, the readers whose peer's
+	// end of stream came before the guard's reset (at the catch, or while
+	// the splice waited): the splice returned end of stream before the
+	// redirected bytes (the application saw a short stream end).
+	SpliceTruncated uint64 `json:"splice_readers_truncated" help:"Of the caught splice readers, those whose peer's end of stream came before the guard's reset (at the catch, or while the splice waited): the splice returned end of stream before the redirected bytes, so the application saw a short stream (alert on any)."`
 }
 
 // Program is a BPF program of the install and where it is attached.

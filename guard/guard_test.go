@@ -204,6 +204,42 @@ func TestCaughtAfterThePeersEndIsToldCutShort(t *testing.T) {
 	}
 }
 
+// The peer's end of stream may also come after the catch, while the
+// splice waits for the guard's reset: the splice returns it, and the
+// stream is cut short all the same. No guard runs here, so the end comes
+// before any reset.
+func TestPeersEndAfterTheCatchIsCountedCutShort(t *testing.T) {
+	in, side := installed(t)
+	c, served := spliceCaught(t, side)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st, err := in.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Counters.SpliceCaught == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the splice reader was not caught")
+		}
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	r := <-served
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the splice copied %d bytes (%v); caught %d, cut short %d", r.n, r.err, st.Counters.SpliceCaught, st.Counters.SpliceTruncated)
+	if r.err != nil || r.n != 0 {
+		t.Fatalf("the splice got %d bytes, %v; want the peer's end of stream at once (nothing redirected can be spliced)", r.n, r.err)
+	}
+	if st.Counters.SpliceTruncated != 1 {
+		t.Errorf("cut short %d, want 1", st.Counters.SpliceTruncated)
+	}
+}
+
 // waitState waits until the socket's TCP state is state.
 func waitState(t *testing.T, c *net.TCPConn, state uint8) {
 	t.Helper()

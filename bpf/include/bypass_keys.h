@@ -104,6 +104,7 @@ enum state_flags {
 	STATE_RESCUED = 128,  /* its reader stopped with such bytes queued: sent back to TCP and woken (peer_refs only) */
 	STATE_WOKEN = 256,    /* the stall watch woke its reader, which had only redirected bytes hidden (peer_refs only) */
 	STATE_MAY_SPLICE = 512, /* its reader's program was just learned splicing: redirects only behind bytes still queued (peer_refs only) */
+	STATE_CUT_SHORT = 1024, /* caught, and its peer's end of stream came before the guard's reset: the splice returned it first (peer_refs only) */
 };
 
 /* Record written by the flows iterator. */
@@ -150,7 +151,7 @@ enum counter {
 	CNT_PRESUMED_QUEUED,   /* ... of which held redirected bytes: caught if their reader splices before it reads them */
 	CNT_CLAIM_UNBOUND,     /* claims the server declined: the ACK that established it did not carry the claimant's nonce */
 	CNT_EVENTS_LOST,       /* guard events the ring had no room for (a caught connection's is tried again) */
-	CNT_SPLICE_TRUNCATED,  /* of CNT_SPLICE_CAUGHT: caught after the peer's end of stream, which the splice returns before the redirected bytes */
+	CNT_SPLICE_TRUNCATED,  /* of CNT_SPLICE_CAUGHT: the peer's end of stream came before the guard's reset, and the splice returned it before the redirected bytes */
 	CNT_MAX,
 };
 
