@@ -620,6 +620,13 @@ func (a *Agent) leaveIfUninstalled() {
 		a.logf("DaemonSet %s is gone; removing shunt from this node: %v", a.kubeCfg.DaemonSet, err)
 		return
 	}
+	// Its guard has stopped, and the install lock is ours.
+	if err := runlock.RemoveIfFree("guard", a.opts.PinDir); err != nil {
+		a.logf("remove the guard's lock file: %v", err)
+	}
+	if err := runlock.Remove("install", a.opts.PinDir); err != nil {
+		a.logf("remove the install's lock file: %v", err)
+	}
 	a.logf("DaemonSet %s is gone (uninstalled): shunt removed from this node, nothing pinned at %s", a.kubeCfg.DaemonSet, a.opts.PinDir)
 }
 

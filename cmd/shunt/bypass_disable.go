@@ -15,6 +15,7 @@ import (
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/runlock"
 )
 
 func newBypassDisableCmd(e *env, g *globals) *cobra.Command {
@@ -80,7 +81,11 @@ func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, a
 	in, err := bypass.Open(g.pinDir)
 	if errors.Is(err, bypass.ErrNotInstalled) {
 		fmt.Fprintln(e.stdout, "bypass is not enabled; nothing to do")
-		return nil
+		// Lock files an older shunt (or this command) left behind.
+		if err := runlock.RemoveIfFree("guard", g.pinDir); err != nil {
+			return err
+		}
+		return runlock.Remove("install", g.pinDir)
 	}
 	if err != nil {
 		return err
@@ -114,7 +119,8 @@ func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, a
 		return fmt.Errorf("remove shunt: %w", err)
 	}
 	fmt.Fprintf(e.stdout, "shunt removed: nothing is pinned at %s or attached\n", g.pinDir)
-	return nil
+	// The guard removes its own lock file once it sees the install gone.
+	return runlock.Remove("install", g.pinDir)
 }
 
 // describeRemoval says what removing the install takes away: the cgroups

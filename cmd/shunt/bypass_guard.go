@@ -53,6 +53,10 @@ in the foreground. It ends when the install is removed, or on Ctrl-C.`,
 			if c.Context().Err() != nil {
 				return nil
 			}
+			if err == nil {
+				// The install was removed: so is the guard's lock file.
+				return runlock.Remove("guard", g.pinDir)
+			}
 			return err
 		},
 	}

@@ -110,6 +110,12 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 			t.Fatal("the guard still runs 5 s after disable --all")
 		}
 	}
+	// Nothing of shunt's left in /run either (the guard's log is a log).
+	for _, purpose := range []string{"install", "guard"} {
+		if _, err := os.Stat(runlock.Path(purpose, pin)); !os.IsNotExist(err) {
+			t.Errorf("%s lock file after disable --all: %v", purpose, err)
+		}
+	}
 	// The connection keeps working on the TCP path.
 	if _, err := s.Write([]byte("still here")); err != nil {
 		t.Fatal(err)
@@ -121,6 +127,9 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	out, _, code = runShunt(t, nil, "bypass", "disable", "--all", "--pin-dir", pin)
 	if code != 0 || !strings.Contains(out, "not enabled") {
 		t.Fatalf("disable when not enabled: exit %d, %q", code, out)
+	}
+	if _, err := os.Stat(runlock.Path("install", pin)); !os.IsNotExist(err) {
+		t.Errorf("install lock file after a disable that found nothing: %v", err)
 	}
 }
 

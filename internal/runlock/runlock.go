@@ -58,10 +58,54 @@ func EnsureDir() error {
 // Lock takes the lock, waiting up to wait for it (0: not at all; then
 // ErrHeld). waiting, if not nil, is called once if it has to wait.
 func Lock(purpose, pinDir string, wait time.Duration, waiting func()) (release func(), err error) {
+	deadline := time.Now().Add(wait)
+	told := false
+	for {
+		f, err := open(Path(purpose, pinDir))
+		if err != nil {
+			return nil, err
+		}
+		for {
+			err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, unix.EWOULDBLOCK) {
+				f.Close()
+				return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+			}
+			if time.Now().After(deadline) {
+				f.Close()
+				return nil, ErrHeld
+			}
+			if !told && waiting != nil {
+				waiting()
+				told = true
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if current(f) {
+			return func() { f.Close() }, nil
+		}
+		// Its holder removed the file (Remove) while we waited on it: the
+		// lock is the file now at the path, made anew.
+		f.Close()
+	}
+}
+
+// open opens (making it if need be) the lock file at path, 0600 in Dir.
+func open(path string) (*os.File, error) {
 	if err := EnsureDir(); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(Path(purpose, pinDir), os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+	if errors.Is(err, os.ErrNotExist) {
+		// Dir removed by Remove between the two calls.
+		if err := EnsureDir(); err != nil {
+			return nil, err
+		}
+		f, err = os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -71,26 +115,44 @@ func Lock(purpose, pinDir string, wait time.Duration, waiting func()) (release f
 			return nil, err
 		}
 	}
-	deadline := time.Now().Add(wait)
-	for told := false; ; {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
-		}
-		if time.Now().After(deadline) {
-			f.Close()
-			return nil, ErrHeld
-		}
-		if !told && waiting != nil {
-			waiting()
-			told = true
-		}
-		time.Sleep(20 * time.Millisecond)
+	return f, nil
+}
+
+// current says whether f is still the file at its path.
+func current(f *os.File) bool {
+	var held, now unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &held) != nil || unix.Lstat(f.Name(), &now) != nil {
+		return false
 	}
+	return held.Dev == now.Dev && held.Ino == now.Ino
+}
+
+// Remove deletes the lock file, and Dir if nothing else is left in it, so
+// that removing shunt leaves nothing behind. Only the lock's holder may
+// call it, before it releases: a process waiting on the removed file finds
+// it gone once it gets the lock and takes a new one, so two never hold it.
+func Remove(purpose, pinDir string) error {
+	if err := os.Remove(Path(purpose, pinDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	_ = os.Remove(Dir) // fails while other files are in it
+	return nil
+}
+
+// RemoveIfFree removes the lock file if no process holds the lock.
+func RemoveIfFree(purpose, pinDir string) error {
+	if _, err := os.Lstat(Path(purpose, pinDir)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	release, err := Lock(purpose, pinDir, 0, nil)
+	if errors.Is(err, ErrHeld) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer release()
+	return Remove(purpose, pinDir)
 }
 
 // Held says whether some process holds the lock.

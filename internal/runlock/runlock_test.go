@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -113,5 +114,81 @@ func TestHolderNamed(t *testing.T) {
 	}
 	if filepath.Dir(runlock.Path("test", pin)) != runlock.Dir {
 		t.Errorf("lock file outside %s", runlock.Dir)
+	}
+}
+
+// Removing the lock file under a waiter: the waiter, once the holder
+// releases, takes the new file at the path, not the removed one; a third
+// process locking meanwhile must not hold it at the same time.
+func TestRemoveUnderAWaiter(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := pinDir(t)
+	release, err := runlock.Lock("test", pin, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan func(), 1)
+	go func() {
+		r, err := runlock.Lock("test", pin, 10*time.Second, nil)
+		if err != nil {
+			t.Error(err)
+			r = func() {}
+		}
+		got <- r
+	}()
+	time.Sleep(100 * time.Millisecond) // the waiter has opened the old file
+	if err := runlock.Remove("test", pin); err != nil {
+		t.Fatal(err)
+	}
+	// A newcomer makes the new file and holds it: the waiter must wait on.
+	newcomer, err := runlock.Lock("test", pin, 0, nil)
+	if err != nil {
+		t.Fatalf("a newcomer after the removal: %v", err)
+	}
+	release()
+	select {
+	case r := <-got:
+		r()
+		t.Fatal("the waiter took the removed file's lock while a newcomer held the new one")
+	case <-time.After(300 * time.Millisecond):
+	}
+	newcomer()
+	select {
+	case r := <-got:
+		defer r()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter never took the lock")
+	}
+	if runlock.Holders("test", pin) == nil {
+		t.Error("the waiter holds no lock on the file at the path")
+	}
+	if err := runlock.Remove("test", pin); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(runlock.Path("test", pin)); !os.IsNotExist(err) {
+		t.Errorf("lock file after Remove: %v", err)
+	}
+}
+
+// RemoveIfFree leaves a held lock's file alone and removes a free one's.
+func TestRemoveIfFree(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := pinDir(t)
+	release, err := runlock.Lock("test", pin, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := runlock.RemoveIfFree("test", pin); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(runlock.Path("test", pin)); err != nil {
+		t.Fatalf("a held lock's file was removed: %v", err)
+	}
+	release()
+	if err := runlock.RemoveIfFree("test", pin); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(runlock.Path("test", pin)); !os.IsNotExist(err) {
+		t.Errorf("a free lock's file is still there: %v", err)
 	}
 }
