@@ -9,21 +9,29 @@
 #     request/response, 16 KiB and 2 MiB bulk.
 #   newconn: short connections (bench latency --new-conn: connect, one 14 B
 #     exchange, close), same and cross CPU: what pairing costs.
+#   streams: one-way throughput, 1K to 256K writes, same and cross CPU, plain
+#     TCP and shunt in each run: each binary's shunt/tcp ratio per run too.
 #
-#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn]
+#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams]
 #
 # Build a commit's binary with:
 #   git worktree add /tmp/old COMMIT && (cd /tmp/old && go build -o /tmp/shunt-old ./cmd/shunt)
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams]" >&2; exit 2; }
 a=$1 b=$2 rounds=${3:-7} what=${4:-bypass}
-case $what in bypass|join|newconn) ;; *) echo "$0: what to compare: bypass, join or newconn, not $what" >&2; exit 2 ;; esac
+case $what in bypass|join|newconn|streams) ;; *) echo "$0: what to compare: bypass, join, newconn or streams, not $what" >&2; exit 2 ;; esac
 out=$(mktemp -d /tmp/shunt-bench-ab-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 
 run() { # binary tag round
   if [ "$what" = join ]; then
     "$1" bench proxy --modes shunt-kernel --rounds 1 --json > "$out/$2-join-$3.json"
+    return
+  fi
+  if [ "$what" = streams ]; then
+    echo '[]' > "$out/$2-lat-$3.json"
+    "$1" bench throughput --write-sizes 1K,16K,64K,256K --modes tcp,shunt --placement same-cpu,cross-cpu \
+      --rounds 1 --duration 1s --json > "$out/$2-tput-$3.json"
     return
   fi
   if [ "$what" = newconn ]; then
@@ -66,6 +74,12 @@ for tag in "AB":
             rows.setdefault((key, "CPU us/round trip"), {}).setdefault(tag, []).append(e["machine_cpu_per_round_trip_ns"] / 1000)
         for e in json.load(open(f"{out}/{tag}-tput-{r}.json")):
             key = f"throughput {e['write_size']} B writes {e['placement']}"
+            if e.get("mode", "shunt") != "shunt":
+                if e["mode"] == "tcp":
+                    rows.setdefault((key, "Gbit/s plain TCP"), {}).setdefault(tag, []).append(e["median_gbit_per_s"])
+                continue
+            if "ratio_to_tcp" in e and what == "streams":
+                rows.setdefault((key, "shunt / tcp"), {}).setdefault(tag, []).append(e["ratio_to_tcp"])
             rows.setdefault((key, "Gbit/s"), {}).setdefault(tag, []).append(e["median_gbit_per_s"])
             rows.setdefault((key, "CPU s/GB"), {}).setdefault(tag, []).append(e["machine_cpu_s_per_gb"])
 print("| what | metric | A (median) | B (median) | B / A |")
