@@ -147,6 +147,18 @@ var benchPrograms = []struct {
 		v, _ := number(b, out, `TPS: ([0-9]+)`, "memcaslap's TPS")
 		return v
 	}, nil},
+	// memcslap (libmemcached's) takes a socket path where memcaslap takes
+	// only host:port: the same gets over TCP and over the unix socket.
+	{"memcslap-get", "memcslap", "gets/s", func(b *testing.B, e *env) float64 {
+		return memcslapGets(b, e, false)
+	}, func(b *testing.B, e *env) float64 {
+		return memcslapGets(b, e, true)
+	}},
+	{"mariadb-sysbench-read-only", "sysbench", "tps", func(b *testing.B, e *env) float64 {
+		return sysbenchReadOnly(b, e, false)
+	}, func(b *testing.B, e *env) float64 {
+		return sysbenchReadOnly(b, e, true)
+	}},
 	// nginx as a proxy (http, kept-alive upstream connections) in front of
 	// an nginx origin, both on serverCPU.
 	{"nginx-proxy-wrk-1KB", "nginx", "req/s", func(b *testing.B, e *env) float64 {
@@ -206,6 +218,88 @@ func number(b *testing.B, out, re, what string) (float64, []string) {
 		b.Fatalf("%s %q is not a number", what, m[1])
 	}
 	return v, m
+}
+
+// memcslapGets runs memcached (one thread, serverCPU) and memcslap's get
+// test (8 threads on non-blocking connections, each loading then getting
+// 20,000 keys) over TCP or, overUnix, memcached's unix socket, and returns
+// gets per second.
+func memcslapGets(b *testing.B, e *env, overUnix bool) float64 {
+	argv := []string{"memcached", "-u", "root", "-m", "64", "-t", "1"}
+	server := ""
+	if overUnix {
+		server = filepath.Join(b.TempDir(), "memcached.sock")
+		argv = append(argv, "-s", server)
+		e.start(b, pinned(serverCPU, argv...)...)
+		waitSocketFile(b, server)
+	} else {
+		port := strconv.Itoa(e.freePort(b))
+		server = "127.0.0.1:" + port
+		e.start(b, pinned(serverCPU, append(argv, "-l", "127.0.0.1", "-p", port, "-U", "0")...)...)
+		e.waitListening(b, server)
+	}
+	out := e.run(b, pinned(clientCPU, "memcslap", "-s", server, "-n", "-N", "-c", "8", "-e", "20000", "-t", "get")...)
+	// "Time to get           78157 keys by    8 threads:     1.126 seconds."
+	_, m := number(b, out, `Time to get\s+([0-9]+) keys by\s+[0-9]+ threads:\s+([0-9.]+) seconds`, "memcslap's get time")
+	keys, _ := strconv.ParseFloat(m[1], 64)
+	secs, err := strconv.ParseFloat(m[2], 64)
+	if err != nil || secs <= 0 {
+		b.Fatalf("memcslap's get time %q is not a time", m[2])
+	}
+	return keys / secs
+}
+
+// sysbenchReadOnly runs MariaDB (serverCPU) with a fresh data directory and
+// sysbench's oltp_read_only (8 threads, 5 s, one table of 10,000 rows) over
+// TCP or, overUnix, its unix socket, and returns transactions per second.
+func sysbenchReadOnly(b *testing.B, e *env, overUnix bool) float64 {
+	port, sock := startMariaDB(b, e)
+	conn := []string{"--mysql-host=127.0.0.1", "--mysql-port=" + port}
+	if overUnix {
+		conn = []string{"--mysql-socket=" + sock}
+	}
+	common := append([]string{"--db-driver=mysql", "--mysql-user=root", "--mysql-db=sbtest", "--tables=1", "--table-size=10000"}, conn...)
+	e.run(b, append([]string{"sysbench", "oltp_read_only"}, append(common, "prepare")...)...)
+	out := e.run(b, pinned(clientCPU, append([]string{"sysbench", "oltp_read_only"}, append(common, "--threads=8", "--time=5", "run")...)...)...)
+	// "    transactions:                        12345  (2468.80 per sec.)"
+	v, _ := number(b, out, `transactions:\s+[0-9]+\s+\(([0-9.]+) per sec\.\)`, "sysbench's transactions per second")
+	return v
+}
+
+// startMariaDB runs MariaDB on serverCPU with a fresh data directory, no
+// grant tables (root without a password) and a database sbtest, and
+// returns its TCP port and unix socket.
+func startMariaDB(t testing.TB, e *env) (port, sock string) {
+	dir, err := os.MkdirTemp("", "shunt-test-mariadb-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	data := filepath.Join(dir, "data")
+	install := exec.Command("mariadb-install-db", "--no-defaults", "--datadir="+data, "--user=root", "--skip-test-db", "--auth-root-authentication-method=normal")
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("mariadb-install-db: %v: %s", err, out)
+	}
+	port = strconv.Itoa(e.freePort(t))
+	sock = filepath.Join(dir, "mariadb.sock")
+	e.start(t, pinned(serverCPU, "mariadbd", "--no-defaults", "--user=root", "--datadir="+data, "--socket="+sock,
+		"--port="+port, "--bind-address=127.0.0.1", "--skip-grant-tables", "--skip-log-bin", "--innodb-buffer-pool-size=128M",
+		"--pid-file="+filepath.Join(dir, "mariadb.pid"), "--log-error="+filepath.Join(dir, "error.log"))...)
+	e.waitListening(t, "127.0.0.1:"+port)
+	e.run(t, "mariadb", "--no-defaults", "--socket="+sock, "-u", "root", "-e", "CREATE DATABASE sbtest")
+	return port, sock
+}
+
+// waitSocketFile waits up to 10 s for a server to make its unix socket.
+func waitSocketFile(t testing.TB, path string) {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no unix socket at %s after 10 s", path)
+		}
+	}
 }
 
 // pgbenchSelect runs pgbench's select-only load (8 clients, 5 s) against
