@@ -392,7 +392,7 @@ func (a *Agent) reconcileBypass(ctx context.Context) error {
 func (a *Agent) startGuard(ctx context.Context) {
 	if a.guardStop != nil {
 		select {
-		case <-a.guardDone: // the install was removed; start again
+		case <-a.guardDone: // the install was removed or replaced; start again
 			a.guardStop()
 			a.guardStop = nil
 		default:

@@ -37,7 +37,8 @@ const poll = 500 * time.Millisecond
 // Run resets every caught connection of the install, wakes every reader the
 // programs or the stall scan found waiting with bytes queued, and reports
 // each blocking read that got EAGAIN, until ctx ends or the install is
-// removed. report is told of each, in one line.
+// removed or replaced by another (it returns nil then). report is told of
+// each, in one line.
 func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 	rd, err := in.WatchEvents()
 	if err != nil {
@@ -53,6 +54,16 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 	default:
 		defer scan.Close()
 	}
+	// Removed, or removed and installed again (disable --all, then enable):
+	// either way this install's maps are not the ones in use.
+	fi0, err := os.Stat(in.Dir())
+	if err != nil {
+		return nil
+	}
+	ours := func() bool {
+		fi, err := os.Stat(in.Dir())
+		return err == nil && os.SameFile(fi0, fi)
+	}
 	next := time.Now()
 	for ctx.Err() == nil {
 		deadline := time.Now().Add(poll)
@@ -60,7 +71,7 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 			if !time.Now().Before(next) {
 				// Its finds come back as events once they have left.
 				if _, err := scan.Run(); err != nil {
-					if _, serr := os.Stat(in.Dir()); serr != nil {
+					if !ours() {
 						return nil
 					}
 					return err
@@ -71,8 +82,8 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 		}
 		ev, err := rd.Read(deadline)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			if _, err := os.Stat(in.Dir()); err != nil {
-				return nil // removed: nothing left to guard
+			if !ours() {
+				return nil // removed or replaced: nothing left to guard here
 			}
 			continue
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -30,7 +31,9 @@ the program's later connections to TCP by then.
 
 'shunt bypass enable' starts a guard in the background unless one runs
 (--no-guard to leave it to you, e.g. under systemd); this command runs one
-in the foreground. It ends when the install is removed, or on Ctrl-C.`,
+in the foreground. An install put in place of the one it guards (disable
+--all, then enable) is guarded in turn; it ends when the install is
+removed, or on Ctrl-C.`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if err := host.CheckPrivileges(); err != nil {
@@ -40,25 +43,52 @@ in the foreground. It ends when the install is removed, or on Ctrl-C.`,
 			if err != nil {
 				return err
 			}
-			defer in.Close()
 			release, err := guard.Lock(g.pinDir)
 			if err != nil {
+				in.Close()
 				return err
 			}
 			defer release()
-			fmt.Fprintf(e.stdout, "%s guarding %s\n", time.Now().Format(time.RFC3339), g.pinDir)
-			err = guard.Run(c.Context(), in, func(line string) {
-				fmt.Fprintf(e.stdout, "%s %s\n", time.Now().Format(time.RFC3339), line)
-			})
-			if c.Context().Err() != nil {
-				return nil
-			}
-			if err == nil {
-				// The install was removed: so is the guard's lock file.
-				return runlock.Remove("guard", g.pinDir)
-			}
-			return err
+			return guardInstalls(c.Context(), e, g.pinDir, in)
 		},
+	}
+}
+
+// guardInstalls guards in, and each install that replaces it at pinDir,
+// until none is left or ctx ends; the caller holds the guard's lock.
+func guardInstalls(ctx context.Context, e *env, pinDir string, in *bypass.Install) error {
+	say := func(line string) { fmt.Fprintf(e.stdout, "%s %s\n", time.Now().Format(time.RFC3339), line) }
+	say("guarding " + pinDir)
+	for {
+		err := guard.Run(ctx, in, say)
+		in.Close()
+		if ctx.Err() != nil || err != nil {
+			return err
+		}
+		// Removed, or replaced (disable --all, then enable). Decided under
+		// the install lock: an enable that runs now finds this guard still
+		// holding its lock and starts none, so this guard must see the
+		// install that enable makes.
+		releaseInstall, err := runlock.Lock("install", pinDir, installLockWait, nil)
+		if err != nil {
+			return fmt.Errorf("the install at %s changed; lock it to look: %w", pinDir, err)
+		}
+		in, err = bypass.Open(pinDir)
+		if err == nil {
+			releaseInstall()
+			say("the install at " + pinDir + " was replaced: guarding the new one")
+			continue
+		}
+		// Held until the guard's lock file is gone: an enable that waits
+		// for it then finds no guard running and starts one.
+		defer releaseInstall()
+		if errors.Is(err, bypass.ErrNotInstalled) {
+			say("the install at " + pinDir + " was removed: nothing left to guard")
+			// Both lock files: taking the install lock to look made its
+			// file again.
+			return errors.Join(runlock.Remove("guard", pinDir), runlock.Remove("install", pinDir))
+		}
+		return err
 	}
 }
 

@@ -1,16 +1,21 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/guard"
+	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -61,5 +66,118 @@ func TestStartGuardThatHangsIsStopped(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.Signal(0)); !errors.Is(err, os.ErrProcessDone) {
 		cmd.Process.Kill()
 		t.Fatalf("the guard that never started still runs (signal 0: %v)", err)
+	}
+}
+
+// lines collects what a guard prints, for a test to wait on.
+type lines struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *lines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// `disable --all` then `enable` at once: enable finds the guard of the old
+// install still running and starts none, so that guard must guard the new
+// install. Before, it kept reading the removed install's events, and a
+// splice reader caught on the new one waited for ever.
+func TestGuardFollowsAReplacedInstall(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := bypasstest.MustPinDir(t)
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: testenv.MustCgroup(t)}
+	install := func() *bypass.Install {
+		in, err := bypass.Create(pin, bypass.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := in.Attach(side.CG); err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+	// Each change under the install lock, as the commands make it: the
+	// guard sees the removal and the new install as one change.
+	replace := func(in *bypass.Install, again bool) *bypass.Install {
+		release, err := runlock.Lock("install", pin, 10*time.Second, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer release()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := in.Remove(ctx); err != nil {
+			t.Fatal(err)
+		}
+		in.Close()
+		if again {
+			return install()
+		}
+		return nil
+	}
+
+	release, err := guard.Lock(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &lines{}
+	e := &env{stdout: out, stderr: out}
+	first := install()
+	watched, err := bypass.Open(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- guardInstalls(ctx, e, pin, watched) }()
+
+	second := replace(first, true)
+	defer second.Close()
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	for _, conn := range []*net.TCPConn{c, s} {
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+	}
+	testenv.Warm(t, c, s)
+	caught := make(chan error, 1)
+	go func() {
+		_, err := testenv.HeaderThenSplice(s)
+		caught <- err
+	}()
+	if _, err := c.Write([]byte("HEAD" + strings.Repeat("spliced body ", 5000))); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-caught; !errors.Is(err, syscall.ECONNABORTED) {
+		t.Fatalf("a splice reader caught on the new install got %v, want ECONNABORTED from the guard's reset; the guard said:\n%s", err, out)
+	}
+	if !strings.Contains(out.String(), "replaced: guarding the new one") {
+		t.Errorf("the guard did not say it guards the new install:\n%s", out)
+	}
+
+	c.Close()
+	s.Close()
+	replace(second, false)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("guard after the removal: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the guard still runs 10 s after its install was removed")
+	}
+	for _, purpose := range []string{"guard", "install"} {
+		if _, err := os.Stat(runlock.Path(purpose, pin)); !os.IsNotExist(err) {
+			t.Errorf("the %s lock file after the install was removed: %v", purpose, err)
+		}
 	}
 }
