@@ -424,11 +424,28 @@ func (a *Agent) startGuard(ctx context.Context) {
 	}
 	a.guardDone = done
 	go func() {
-		defer close(done)
+		ended := false
+		defer func() {
+			close(done)
+			if ended {
+				// Its install was removed or replaced by someone else:
+				// reconcile now, not at the next resync, so the
+				// declared install and its guard are back at once.
+				select {
+				case a.kick <- struct{}{}:
+				default:
+				}
+			}
+		}()
 		defer release()
 		defer in.Close()
-		if err := guard.Run(gctx, in, func(line string) { a.logf("guard: %s", line) }); err != nil {
+		err := guard.Run(gctx, in, func(line string) { a.logf("guard: %s", line) })
+		if err != nil {
 			a.logf("guard: %v", err)
+		}
+		ended = gctx.Err() == nil
+		if ended && err == nil {
+			a.logf("guard: the install at %s was removed or replaced; reconciling", a.opts.PinDir)
 		}
 	}()
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/guard"
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -328,4 +329,49 @@ func paired(t *testing.T, pin string) uint64 {
 		t.Fatal(err)
 	}
 	return st.Counters.Paired
+}
+
+// Someone removes the agent's install (`shunt bypass disable --all` on
+// the node): the agent puts it back and guards it at once, not at its
+// next resync (30 s), since its guard sees the removal. Before, the guard
+// ended and nothing ran until the resync: no install, and no guard for
+// one that another command put back meanwhile.
+func TestAgentRestoresARemovedInstall(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := bypasstest.MustPinDir(t)
+	app := mkCgroup(t, testenv.MustCgroup(t).Path, "app-1")
+	config := filepath.Join(t.TempDir(), "config.yaml")
+	writeConfig(t, config, fmt.Sprintf("bypass:\n  cgroups: [%q]\n", app))
+	log := runAgent(t, config, pin)
+	waitEnabled(t, pin, app)
+	for deadline := time.Now().Add(5 * time.Second); !guard.Running(pin); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no guard runs for the install the agent made")
+		}
+	}
+
+	func() {
+		release, err := runlock.Lock("install", pin, 10*time.Second, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer release()
+		in, err := bypass.Open(pin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := in.Remove(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	start := time.Now()
+	for strings.Join(enabled(t, pin), " ") != app || !guard.Running(pin) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("5 s after its install was removed: enabled %v, guard running %v; want it back at once:\n%s", enabled(t, pin), guard.Running(pin), log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("install and guard back %v after the removal", time.Since(start))
 }
