@@ -16,7 +16,7 @@ help:
 	@echo "make fuzz      search the parsers of untrusted input (ruleset, agent config, daemon requests and hand-over), FUZZTIME each (30s, or a count like 2000x; CI: 2000x)"
 	@echo "make try       build, then bypass one loopback connection and show it"
 	@echo "make compat    real programs (Redis, memcached, PostgreSQL, nginx, HAProxy, Python) through shunt (as root)"
-	@echo "make compat-bench  their own benchmark clients, plain TCP against shunt, interleaved (as root, ~5 min)"
+	@echo "make compat-bench  their own benchmark clients, plain TCP against shunt (and unix sockets), interleaved (as root, ~10 min)"
 	@echo "make package   build out/package/shunt_VERSION_amd64.deb (nfpm): binary, shunt-agent unit, config, completions"
 	@echo "make test-package  build the .deb, install it here, check it, run its unit's command under its capabilities, purge it (as root)"
 	@echo "make test-kernels  the kernel-dependent tests on Debian's 6.1 and 6.12 kernels under qemu (as root, ~50 min without KVM; KERNELS=6.1 for one; CI runs 6.1)"
