@@ -31,8 +31,10 @@ type bypassConfig struct {
 	StallNs           uint64
 	ScanStallNs       uint64
 	FionreadMissesTcp uint32
+	FionreadCorrected uint32
 	ReaderPortTtlS    uint32
 	WaitNrs           [8]uint32
+	_                 [4]byte
 }
 
 type bypassControlWord struct {
@@ -44,35 +46,36 @@ type bypassControlWord struct {
 type bypassCounter uint32
 
 const (
-	bypassCounterCNT_REGISTERED        bypassCounter = 0
-	bypassCounterCNT_AMBIGUOUS         bypassCounter = 1
-	bypassCounterCNT_REGISTRY_FULL     bypassCounter = 2
-	bypassCounterCNT_PAIRED            bypassCounter = 3
-	bypassCounterCNT_UNPAIRED          bypassCounter = 4
-	bypassCounterCNT_INSERT_FAILED     bypassCounter = 5
-	bypassCounterCNT_FALLBACK          bypassCounter = 6
-	bypassCounterCNT_THROTTLED         bypassCounter = 7
-	bypassCounterCNT_ZEROCOPY          bypassCounter = 8
-	bypassCounterCNT_EXCLUDED          bypassCounter = 9
-	bypassCounterCNT_TCP_READER        bypassCounter = 10
-	bypassCounterCNT_LEFT              bypassCounter = 11
-	bypassCounterCNT_EAGAIN            bypassCounter = 12
-	bypassCounterCNT_SPLICE_READER     bypassCounter = 13
-	bypassCounterCNT_SPLICE_CAUGHT     bypassCounter = 14
-	bypassCounterCNT_LEARNED_READER    bypassCounter = 15
-	bypassCounterCNT_REFUSED_SENDS     bypassCounter = 16
-	bypassCounterCNT_SPLICE_REFUSED    bypassCounter = 17
-	bypassCounterCNT_ZEROCOPY_REFUSED  bypassCounter = 18
-	bypassCounterCNT_CGROUPS_FULL      bypassCounter = 19
-	bypassCounterCNT_STALL_RESCUED     bypassCounter = 20
-	bypassCounterCNT_PAIRED_TRANSLATED bypassCounter = 21
-	bypassCounterCNT_READER_PORT       bypassCounter = 22
-	bypassCounterCNT_PRESUMED_SPLICER  bypassCounter = 23
-	bypassCounterCNT_PRESUMED_QUEUED   bypassCounter = 24
-	bypassCounterCNT_CLAIM_UNBOUND     bypassCounter = 25
-	bypassCounterCNT_EVENTS_LOST       bypassCounter = 26
-	bypassCounterCNT_SPLICE_TRUNCATED  bypassCounter = 27
-	bypassCounterCNT_MAX               bypassCounter = 28
+	bypassCounterCNT_REGISTERED         bypassCounter = 0
+	bypassCounterCNT_AMBIGUOUS          bypassCounter = 1
+	bypassCounterCNT_REGISTRY_FULL      bypassCounter = 2
+	bypassCounterCNT_PAIRED             bypassCounter = 3
+	bypassCounterCNT_UNPAIRED           bypassCounter = 4
+	bypassCounterCNT_INSERT_FAILED      bypassCounter = 5
+	bypassCounterCNT_FALLBACK           bypassCounter = 6
+	bypassCounterCNT_THROTTLED          bypassCounter = 7
+	bypassCounterCNT_ZEROCOPY           bypassCounter = 8
+	bypassCounterCNT_EXCLUDED           bypassCounter = 9
+	bypassCounterCNT_TCP_READER         bypassCounter = 10
+	bypassCounterCNT_LEFT               bypassCounter = 11
+	bypassCounterCNT_EAGAIN             bypassCounter = 12
+	bypassCounterCNT_SPLICE_READER      bypassCounter = 13
+	bypassCounterCNT_SPLICE_CAUGHT      bypassCounter = 14
+	bypassCounterCNT_LEARNED_READER     bypassCounter = 15
+	bypassCounterCNT_REFUSED_SENDS      bypassCounter = 16
+	bypassCounterCNT_SPLICE_REFUSED     bypassCounter = 17
+	bypassCounterCNT_ZEROCOPY_REFUSED   bypassCounter = 18
+	bypassCounterCNT_CGROUPS_FULL       bypassCounter = 19
+	bypassCounterCNT_STALL_RESCUED      bypassCounter = 20
+	bypassCounterCNT_PAIRED_TRANSLATED  bypassCounter = 21
+	bypassCounterCNT_READER_PORT        bypassCounter = 22
+	bypassCounterCNT_PRESUMED_SPLICER   bypassCounter = 23
+	bypassCounterCNT_PRESUMED_QUEUED    bypassCounter = 24
+	bypassCounterCNT_CLAIM_UNBOUND      bypassCounter = 25
+	bypassCounterCNT_EVENTS_LOST        bypassCounter = 26
+	bypassCounterCNT_SPLICE_TRUNCATED   bypassCounter = 27
+	bypassCounterCNT_FIONREAD_CORRECTED bypassCounter = 28
+	bypassCounterCNT_MAX                bypassCounter = 29
 )
 
 type bypassEventKind uint32
@@ -208,6 +211,7 @@ const (
 	bypassMapSockHash            = "sock_hash"
 	bypassMapSockStates          = "sock_states"
 	bypassMapSplicePrograms      = "splice_programs"
+	bypassProgShuntFionread      = "shunt_fionread"
 	bypassProgShuntIterDrain     = "shunt_iter_drain"
 	bypassProgShuntIterFlows     = "shunt_iter_flows"
 	bypassProgShuntIterStalls    = "shunt_iter_stalls"
@@ -271,6 +275,7 @@ type bypassSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassProgramSpecs struct {
+	ShuntFionread     *ebpf.ProgramSpec `ebpf:"shunt_fionread"`
 	ShuntIterDrain    *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows    *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
 	ShuntIterStalls   *ebpf.ProgramSpec `ebpf:"shunt_iter_stalls"`
@@ -386,6 +391,7 @@ type bypassVariables struct {
 //
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassPrograms struct {
+	ShuntFionread     *ebpf.Program `ebpf:"shunt_fionread"`
 	ShuntIterDrain    *ebpf.Program `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows    *ebpf.Program `ebpf:"shunt_iter_flows"`
 	ShuntIterStalls   *ebpf.Program `ebpf:"shunt_iter_stalls"`
@@ -400,6 +406,7 @@ type bypassPrograms struct {
 
 func (p *bypassPrograms) Close() error {
 	return _BypassClose(
+		p.ShuntFionread,
 		p.ShuntIterDrain,
 		p.ShuntIterFlows,
 		p.ShuntIterStalls,

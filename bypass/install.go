@@ -59,6 +59,7 @@ const (
 	refuseLink     = "refuse_splice"
 	readsLinkName  = "reads"
 	splicesLink    = "splices"
+	fionreadLink   = "fionread"
 )
 
 var pinnedMaps = []string{"sock_hash", "sock_states", "control", "counters", "peer_refs", "excluded_ports", "guard_events"}
@@ -234,7 +235,8 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if opts.MaxBacklog == 0 {
 		opts.MaxBacklog = DefaultMaxBacklog
 	}
-	if err := spec.Variables["cfg"].Set(newConfig(opts)); err != nil {
+	cfg := newConfig(opts)
+	if err := spec.Variables["cfg"].Set(cfg); err != nil {
 		return fmt.Errorf("configure BPF: %w", err)
 	}
 	var objs struct {
@@ -300,6 +302,11 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if err := attachSkMsg(dir, objs.SockHash, objs.SkMsg, opts.Mechanisms.AttachOnMap); err != nil {
 		return err
 	}
+	if cfg.FionreadCorrected != 0 {
+		if err := attachFionreadFix(dir, spec, &objs.bypassMaps); err != nil {
+			return err
+		}
+	}
 	if !opts.RefuseSplice {
 		return nil // the splice watch and the guard act
 	}
@@ -337,6 +344,9 @@ func newConfig(opts Options) bypassConfig {
 	// many costs nothing.
 	if !host.FionreadCountsTCP() {
 		cfg.FionreadMissesTcp = 1
+	}
+	if !opts.Mechanisms.KernelFIONREAD && fionreadCorrectable() {
+		cfg.FionreadCorrected = 1
 	}
 	return cfg
 }
@@ -384,6 +394,46 @@ func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps
 	defer l.Close()
 	if err := l.Pin(filepath.Join(dir, linksDir, refuseLink)); err != nil {
 		return fmt.Errorf("pin the splice refusal link: %w", err)
+	}
+	return nil
+}
+
+// FionreadCorrected says whether the install corrects FIONREAD: this
+// kernel's leaves bytes out of a socket in a sockhash, and shunt_fionread
+// adds them.
+func (in *Install) FionreadCorrected() bool {
+	_, err := os.Stat(filepath.Join(in.dir, linksDir, fionreadLink))
+	return err == nil
+}
+
+// fionreadCorrectable says whether this kernel's FIONREAD leaves bytes out
+// of a socket in a sockhash and shunt may correct it (no lockdown).
+func fionreadCorrectable() bool {
+	misses := !host.FionreadCountsTCP() || !host.PsockCountsQueue()
+	return misses && host.CanWriteUser()
+}
+
+// attachFionreadFix attaches the FIONREAD correction to the ioctl system
+// call's exit tracepoint (tracefs names it: mounted if it is not).
+func attachFionreadFix(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps) error {
+	var objs struct {
+		Fionread *ebpf.Program `ebpf:"shunt_fionread"`
+	}
+	replace := map[string]*ebpf.Map{"counters": maps.Counters}
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace}); err != nil {
+		return fmt.Errorf("load the FIONREAD correction (tracepoint syscalls/sys_exit_ioctl): %w", err)
+	}
+	defer objs.Fionread.Close()
+	if err := host.EnsureTracefs(); err != nil {
+		return fmt.Errorf("attach the FIONREAD correction: %w", err)
+	}
+	l, err := link.Tracepoint("syscalls", "sys_exit_ioctl", objs.Fionread, nil)
+	if err != nil {
+		return fmt.Errorf("attach the FIONREAD correction (tracepoint syscalls/sys_exit_ioctl): %w", err)
+	}
+	defer l.Close()
+	if err := l.Pin(filepath.Join(dir, linksDir, fionreadLink)); err != nil {
+		return fmt.Errorf("pin the FIONREAD correction link: %w", err)
 	}
 	return nil
 }

@@ -71,6 +71,9 @@ type Counters struct {
 	// the splice waited): the splice returned end of stream before the
 	// redirected bytes (the application saw a short stream end).
 	SpliceTruncated uint64 `json:"splice_readers_truncated" help:"Of the caught splice readers, those whose peer's end of stream came before the guard's reset (at the catch, or while the splice waited): the splice returned end of stream before the redirected bytes, so the application saw a short stream (alert on any)."`
+	// FionreadCorrected counts FIONREAD answers that left queued bytes out
+	// (this kernel's, for a socket in a sockhash) and were corrected.
+	FionreadCorrected uint64 `json:"fionread_corrected" help:"FIONREAD answers that left out bytes queued for the reader (this kernel's answer for a socket in a sockhash) and were corrected."`
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -88,6 +91,9 @@ type Stats struct {
 	Maps     []MapFill `json:"maps"`
 	Counters Counters  `json:"counters"`
 	Draining bool      `json:"draining"`
+	// FionreadCorrected: FIONREAD's answers are corrected where this
+	// kernel's leave queued bytes out (Counters.FionreadCorrected).
+	FionreadCorrected bool `json:"corrects_fionread"`
 	// SplicePrograms were seen splicing from TCP sockets: their readers
 	// stay on TCP.
 	SplicePrograms []SpliceProgram `json:"splice_programs"`
@@ -104,7 +110,7 @@ type Stats struct {
 // Stats reads map fill and counters as the kernel left them: reading
 // changes nothing (the verbs sweep; see sweep).
 func (in *Install) Stats() (Stats, error) {
-	s := Stats{Draining: in.Draining()}
+	s := Stats{Draining: in.Draining(), FionreadCorrected: in.FionreadCorrected()}
 	var err error
 	if s.Options, err = in.Options(); err != nil {
 		return s, err
@@ -185,34 +191,35 @@ func (in *Install) Counters() (Counters, error) {
 		return t
 	}
 	return Counters{
-		Registered:       sum(bypassCounterCNT_REGISTERED),
-		Ambiguous:        sum(bypassCounterCNT_AMBIGUOUS),
-		RegistryFull:     sum(bypassCounterCNT_REGISTRY_FULL),
-		Paired:           sum(bypassCounterCNT_PAIRED),
-		Unpaired:         sum(bypassCounterCNT_UNPAIRED),
-		InsertFailed:     sum(bypassCounterCNT_INSERT_FAILED),
-		FallenBack:       sum(bypassCounterCNT_FALLBACK),
-		Throttled:        sum(bypassCounterCNT_THROTTLED),
-		Zerocopy:         sum(bypassCounterCNT_ZEROCOPY),
-		Excluded:         sum(bypassCounterCNT_EXCLUDED),
-		TCPReaders:       sum(bypassCounterCNT_TCP_READER),
-		Left:             sum(bypassCounterCNT_LEFT),
-		EAGAIN:           sum(bypassCounterCNT_EAGAIN),
-		SpliceReaders:    sum(bypassCounterCNT_SPLICE_READER),
-		SpliceCaught:     sum(bypassCounterCNT_SPLICE_CAUGHT),
-		LearnedReaders:   sum(bypassCounterCNT_LEARNED_READER),
-		RefusedSends:     sum(bypassCounterCNT_REFUSED_SENDS),
-		SplicesRefused:   sum(bypassCounterCNT_SPLICE_REFUSED),
-		ZerocopyRefused:  sum(bypassCounterCNT_ZEROCOPY_REFUSED),
-		CgroupsFull:      sum(bypassCounterCNT_CGROUPS_FULL),
-		StallsRescued:    sum(bypassCounterCNT_STALL_RESCUED),
-		Translated:       sum(bypassCounterCNT_PAIRED_TRANSLATED),
-		ReaderPort:       sum(bypassCounterCNT_READER_PORT),
-		PresumedSplicers: sum(bypassCounterCNT_PRESUMED_SPLICER),
-		PresumedQueued:   sum(bypassCounterCNT_PRESUMED_QUEUED),
-		ClaimsUnbound:    sum(bypassCounterCNT_CLAIM_UNBOUND),
-		EventsLost:       sum(bypassCounterCNT_EVENTS_LOST),
-		SpliceTruncated:  sum(bypassCounterCNT_SPLICE_TRUNCATED),
+		Registered:        sum(bypassCounterCNT_REGISTERED),
+		Ambiguous:         sum(bypassCounterCNT_AMBIGUOUS),
+		RegistryFull:      sum(bypassCounterCNT_REGISTRY_FULL),
+		Paired:            sum(bypassCounterCNT_PAIRED),
+		Unpaired:          sum(bypassCounterCNT_UNPAIRED),
+		InsertFailed:      sum(bypassCounterCNT_INSERT_FAILED),
+		FallenBack:        sum(bypassCounterCNT_FALLBACK),
+		Throttled:         sum(bypassCounterCNT_THROTTLED),
+		Zerocopy:          sum(bypassCounterCNT_ZEROCOPY),
+		Excluded:          sum(bypassCounterCNT_EXCLUDED),
+		TCPReaders:        sum(bypassCounterCNT_TCP_READER),
+		Left:              sum(bypassCounterCNT_LEFT),
+		EAGAIN:            sum(bypassCounterCNT_EAGAIN),
+		SpliceReaders:     sum(bypassCounterCNT_SPLICE_READER),
+		SpliceCaught:      sum(bypassCounterCNT_SPLICE_CAUGHT),
+		LearnedReaders:    sum(bypassCounterCNT_LEARNED_READER),
+		RefusedSends:      sum(bypassCounterCNT_REFUSED_SENDS),
+		SplicesRefused:    sum(bypassCounterCNT_SPLICE_REFUSED),
+		ZerocopyRefused:   sum(bypassCounterCNT_ZEROCOPY_REFUSED),
+		CgroupsFull:       sum(bypassCounterCNT_CGROUPS_FULL),
+		StallsRescued:     sum(bypassCounterCNT_STALL_RESCUED),
+		Translated:        sum(bypassCounterCNT_PAIRED_TRANSLATED),
+		ReaderPort:        sum(bypassCounterCNT_READER_PORT),
+		PresumedSplicers:  sum(bypassCounterCNT_PRESUMED_SPLICER),
+		PresumedQueued:    sum(bypassCounterCNT_PRESUMED_QUEUED),
+		ClaimsUnbound:     sum(bypassCounterCNT_CLAIM_UNBOUND),
+		EventsLost:        sum(bypassCounterCNT_EVENTS_LOST),
+		SpliceTruncated:   sum(bypassCounterCNT_SPLICE_TRUNCATED),
+		FionreadCorrected: sum(bypassCounterCNT_FIONREAD_CORRECTED),
 	}, nil
 }
 
@@ -324,6 +331,15 @@ func (in *Install) programs() ([]Program, error) {
 		return nil, fmt.Errorf("splice watch link info: %w", err)
 	}
 	out = append(out, Program{Name: "splices", ID: pid, Links: []uint32{lid}, Attached: "tracepoint tcp_rcv_space_adjust"})
+
+	lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, fionreadLink))
+	switch {
+	case errors.Is(err, os.ErrNotExist): // FIONREAD right, or not correctable here
+	case err != nil:
+		return nil, fmt.Errorf("FIONREAD correction link info: %w", err)
+	default:
+		out = append(out, Program{Name: "fionread", ID: pid, Links: []uint32{lid}, Attached: "tracepoint syscalls/sys_exit_ioctl"})
+	}
 
 	lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, refuseLink))
 	switch {

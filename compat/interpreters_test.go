@@ -252,6 +252,103 @@ func TestNodeProxyInFrontOfJava(t *testing.T) {
 	})
 }
 
+// javaPoller is a Java program that answers itself over loopback and
+// reads each answer the way old Java code does: InputStream.available()
+// in a loop, sleeping a millisecond while told 0, reading exactly what it
+// was told. Its sockets have a read timeout, so the JDK reads without
+// blocking (the connection can be bypassed). args[0] answers of args[1]
+// bytes; exit 1 when an answer does not come within 10 s or differs.
+const javaPoller = `import java.io.*;
+import java.net.*;
+
+public class Poller {
+    public static void main(String[] args) throws Exception {
+        int rounds = Integer.parseInt(args[0]), size = Integer.parseInt(args[1]);
+        ServerSocket ss = new ServerSocket(0, 50, InetAddress.getLoopbackAddress());
+        Thread server = new Thread(() -> {
+            try (Socket s = ss.accept()) {
+                s.setSoTimeout(30000);
+                OutputStream out = s.getOutputStream();
+                InputStream in = s.getInputStream();
+                byte[] answer = new byte[size];
+                for (int r = 0; r < rounds; r++) {
+                    for (int k = 0; k < size; k++) answer[k] = (byte) (k * 7 + r);
+                    out.write(answer);
+                    out.flush();
+                    in.read(); // the client's next request
+                }
+            } catch (IOException e) {
+                e.printStackTrace();
+            }
+        });
+        server.setDaemon(true);
+        server.start();
+        Socket c = new Socket(InetAddress.getLoopbackAddress(), ss.getLocalPort());
+        c.setSoTimeout(30000);
+        InputStream in = c.getInputStream();
+        OutputStream out = c.getOutputStream();
+        byte[] buf = new byte[size];
+        for (int r = 0; r < rounds; r++) {
+            long start = System.nanoTime();
+            int got = 0;
+            while (got < size) {
+                int n = in.available();
+                if (n == 0) {
+                    if (System.nanoTime() - start > 10_000_000_000L) {
+                        System.out.println("stalled in answer " + r + " after " + got + " bytes");
+                        System.exit(1);
+                    }
+                    Thread.sleep(1);
+                    continue;
+                }
+                int k = in.read(buf, got, Math.min(n, size - got));
+                for (int i = got; i < got + k; i++) {
+                    if (buf[i] != (byte) (i * 7 + r)) {
+                        System.out.println("answer " + r + " differs at byte " + i);
+                        System.exit(1);
+                    }
+                }
+                got += k;
+            }
+            System.out.println("answer " + r + ": " + got + " bytes in " + (System.nanoTime() - start) / 1_000_000 + " ms");
+            out.write(1);
+            out.flush();
+        }
+    }
+}
+`
+
+// A Java program that reads only what InputStream.available() (FIONREAD)
+// announces and sleeps while told 0: no readiness wait, so no edge can wake
+// it. On 6.1 it waited for ever for its second answer (redirected bytes,
+// which the kernel's FIONREAD leaves out) until shunt corrected FIONREAD;
+// under lockdown on 6.18 each connection's first answer (by TCP, which
+// 6.18.44 leaves out) waits for the stall scan, then the connection is on
+// TCP. Every answer must come whole within 3 s.
+func TestJavaAvailablePoller(t *testing.T) {
+	testenv.NeedProgram(t, "java")
+	src := filepath.Join(t.TempDir(), "Poller.java")
+	if err := os.WriteFile(src, []byte(javaPoller), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bothWays(t, eitherPath, 0, func(t *testing.T, e *env) {
+		cmd, done := e.command(t, "java", src, "4", "300000")
+		out, err := cmd.CombinedOutput()
+		done()
+		t.Logf("%s", out)
+		if err != nil {
+			logState(t, e)
+			t.Fatalf("the poller failed: %v", err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			var r, n, ms int
+			if _, err := fmt.Sscanf(line, "answer %d: %d bytes in %d ms", &r, &n, &ms); err == nil && ms > 3000 {
+				t.Errorf("answer %d took %d ms: the reader waited on a stall", r, ms)
+			}
+		}
+	})
+}
+
 // TestTinyproxyInFrontOfLighttpd: tinyproxy, a forward proxy that reads
 // with blocking calls, in front of lighttpd, an event-loop server; curl
 // asks through it for plain HTTP and for a CONNECT tunnel, then lighttpd

@@ -78,6 +78,17 @@ type Features struct {
 	// PsockCounts: the psock counts redirected bytes (msg_tot_len), so
 	// FIONREAD includes them.
 	PsockCounts bool `json:"psock_counts"`
+	// WriteUser: tracepoint programs may call bpf_probe_write_user (not
+	// under lockdown). With it shunt corrects FIONREAD where the kernel's
+	// leaves bytes out (FionreadCountsTCP or PsockCounts false).
+	WriteUser bool `json:"bpf_probe_write_user"`
+}
+
+// FionreadMisses says whether FIONREAD of a socket in a sockhash leaves
+// queued bytes out on this kernel: TCP's (6.18 without the fix) or the
+// redirected ones (6.1).
+func (f Features) FionreadMisses() bool {
+	return !f.FionreadCountsTCP || !f.PsockCounts
 }
 
 // Missing lists the features bypass needs and the kernel lacks.
@@ -132,6 +143,7 @@ func Probe() Features {
 	f.LSM = f.BTF && CanRefuseSplice()
 	f.PsockCounts = f.BTF && PsockCountsQueue()
 	f.FionreadCountsTCP = f.SockHash && f.SkMsg && fionreadCountsTCP(f.SkMsgLink)
+	f.WriteUser = CanWriteUser()
 	return f
 }
 
@@ -169,6 +181,13 @@ func (f Features) Mechanisms() []Mechanism {
 	if !f.PsockCounts {
 		redirected = "not counted (no msg_tot_len in the psock: kernels before 6.8ish; shunt counts them itself for flow control; docs/TRANSPARENCY.md)"
 	}
+	correct := "not needed: the kernel counts every byte"
+	if f.FionreadMisses() {
+		correct = "not possible: bpf_probe_write_user refused (lockdown); the stall watch and scan wake readers told 0 instead (docs/TRANSPARENCY.md)"
+		if f.WriteUser {
+			correct = "tracepoint syscalls/sys_exit_ioctl adds the bytes the kernel leaves out (bpf_probe_write_user)"
+		}
+	}
 	attach := "on the sockhash itself (no link: kernels before 6.10)"
 	if f.SkMsgLink {
 		attach = "a pinned BPF link"
@@ -196,6 +215,7 @@ func (f Features) Mechanisms() []Mechanism {
 		{"bypass: splice(2) after recv", splice},
 		{"bypass: FIONREAD of bytes that came by TCP", pick(f.SockHash && f.SkMsg, fionread)},
 		{"bypass: FIONREAD of redirected bytes", pick(f.SockHash && f.SkMsg, redirected)},
+		{"bypass: FIONREAD corrected", correct},
 		{"join and fan-out: sk_skb verdict on the sockmap", verdict},
 		{"join and fan-out: reading the skb", pick(f.BTF, skb)},
 		{"reap without the index", pick(f.BTF, destroy)},
@@ -229,6 +249,9 @@ type Mechanisms struct {
 	// DiagDestroy: sockets found by an iterator are destroyed through
 	// sock_diag, as before bpf_sock_destroy (6.5).
 	DiagDestroy bool
+	// KernelFIONREAD: FIONREAD is left as the kernel answers it, as under
+	// lockdown (no bpf_probe_write_user), where it leaves bytes out.
+	KernelFIONREAD bool
 }
 
 // KernelReadsByProbe says whether programs loaded with m read kernel

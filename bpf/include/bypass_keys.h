@@ -152,6 +152,7 @@ enum counter {
 	CNT_CLAIM_UNBOUND,     /* claims the server declined: the ACK that established it did not carry the claimant's nonce */
 	CNT_EVENTS_LOST,       /* guard events the ring had no room for (a caught connection's is tried again) */
 	CNT_SPLICE_TRUNCATED,  /* of CNT_SPLICE_CAUGHT: the peer's end of stream came before the guard's reset, and the splice returned it before the redirected bytes */
+	CNT_FIONREAD_CORRECTED, /* FIONREAD answers that left out queued bytes (this kernel's, for a socket in a sockhash), corrected */
 	CNT_MAX,
 };
 

@@ -65,8 +65,12 @@ struct sock_common {
 	unsigned long skc_flags; /* sk_flags */
 };
 
+struct inode;
+
 struct file {
 	unsigned int f_flags;
+	struct inode *f_inode;
+	void *private_data; /* a socket file's struct socket */
 };
 
 struct sock;
@@ -78,6 +82,7 @@ struct socket {
 
 struct inode {
 	unsigned long i_ino;
+	unsigned short i_mode;
 };
 
 /* A socket and its inode are allocated together (include/net/sock.h):
@@ -121,6 +126,17 @@ struct bpf_sock_ops_kern {
 	struct sock *sk;
 };
 
+/* One redirected message in a psock's ingress_msg; sg.size is what its
+ * reader has not taken of it yet. */
+struct sk_msg_sg {
+	__u32 size;
+};
+
+struct sk_msg {
+	struct sk_msg_sg sg;
+	struct list_head list;
+};
+
 /* The psock hangs off sk_user_data; only its receive queues matter to us. */
 struct sk_psock {
 	struct list_head ingress_msg;
@@ -149,8 +165,18 @@ struct mm_struct {
 	unsigned long arg_end;
 };
 
+struct fdtable {
+	unsigned int max_fds;
+	struct file **fd;
+};
+
+struct files_struct {
+	struct fdtable *fdt;
+};
+
 struct task_struct {
 	struct mm_struct *mm;
+	struct files_struct *files;
 	unsigned int __state;
 	int pid;
 	int tgid;
@@ -158,9 +184,13 @@ struct task_struct {
 	char comm[16];
 };
 
-/* x86-64: the number of the system call a task is in. */
+/* x86-64: the number of the system call a task is in, and its first
+ * three arguments. */
 struct pt_regs {
 	unsigned long orig_ax;
+	unsigned long di;
+	unsigned long si;
+	unsigned long dx;
 };
 
 /* Every open file of every task: how shunt reaches the sockets it holds
@@ -215,8 +245,16 @@ enum {
 #define IPPROTO_UDP 17
 #define SOCK_DGRAM 2
 
-/* Low bits of sk_user_data are flags (include/net/sock.h). */
+/* Low bits of sk_user_data are flags (include/net/sock.h); a psock's
+ * carries SK_USER_DATA_PSOCK (6.0). */
 #define SK_USER_DATA_PTRMASK (~7UL)
+#define SK_USER_DATA_PSOCK 4UL
+
+/* ioctl(FIONREAD), also SIOCINQ (include/uapi/asm-generic/ioctls.h), and
+ * a socket inode's mode (include/uapi/linux/stat.h). */
+#define FIONREAD 0x541B
+#define S_IFMT 00170000
+#define S_IFSOCK 0140000
 
 /* A file's O_NONBLOCK (include/uapi/asm-generic/fcntl.h), and the receive
  * timeout of a socket without SO_RCVTIMEO (MAX_SCHEDULE_TIMEOUT). */

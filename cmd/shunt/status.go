@@ -161,6 +161,9 @@ func printStatus(e *env, r statusReport) {
 		fmt.Fprintf(w, "fallbacks:\t%d directions moved to the TCP path, %d throttled by flow control\n", c.FallenBack, c.Throttled)
 		fmt.Fprintf(w, "kept on TCP:\t%d connections with an SO_ZEROCOPY end, %d to excluded ports, %d directions whose reader blocks or uses MSG_WAITALL (%d sockets back on plain TCP), %d connections not paired to ports whose reader needed TCP\n", c.Zerocopy, c.Excluded, c.TCPReaders, c.Left, c.ReaderPort)
 		fmt.Fprintf(w, "stalls:\t%d readers found waiting with bytes queued that FIONREAD does not count, or with the peer's end unread: sent back to TCP and woken by the guard\n", c.StallsRescued)
+		if r.Stats.FionreadCorrected {
+			fmt.Fprintf(w, "FIONREAD:\t%d answers corrected (the kernel's left queued bytes out)\n", c.FionreadCorrected)
+		}
 		fmt.Fprintf(w, "differences:\t%d blocking reads failed with EAGAIN where TCP would have restarted them (a signal), %d setsockopt(SO_ZEROCOPY) refused with EOPNOTSUPP (docs/TRANSPARENCY.md)\n", c.EAGAIN, c.ZerocopyRefused)
 		fmt.Fprintf(w, "splice readers:\t%d splices refused with EINVAL (the application read instead), %d sockets sent back to TCP when their reader spliced, %d caught with redirected bytes queued (reset by the guard; %d of them cut short: their peer's end of stream came first and the splice returned it), %d readers kept on TCP because their program splices, %d sockets sent back to TCP when their program was learned (%d of them with redirected bytes queued)\n", c.SplicesRefused, c.SpliceReaders, c.SpliceCaught, c.SpliceTruncated, c.LearnedReaders, c.PresumedSplicers, c.PresumedQueued)
 		for _, p := range r.Stats.SplicePrograms {
