@@ -3,15 +3,18 @@ package bypass_test
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
@@ -164,6 +167,7 @@ func TestFIONREADPollerReadsEverything(t *testing.T) {
 				if n.FionreadCorrected == 0 || n.StallsRescued != 0 {
 					t.Errorf("FIONREAD corrected %d times, %d stalls rescued: want corrected answers and no stall", n.FionreadCorrected, n.StallsRescued)
 				}
+				correctionGoesWithTheInstall(t, in, st.Programs, c, s)
 			case host.Probe().FionreadMisses():
 				if n.StallsRescued == 0 {
 					t.Error("FIONREAD misses bytes here and is not corrected, yet no stall was rescued")
@@ -174,6 +178,35 @@ func TestFIONREADPollerReadsEverything(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// correctionGoesWithTheInstall removes the install (its connection closed
+// first) and checks its FIONREAD correction went with it: no program left
+// on the ioctl tracepoint of the host.
+func correctionGoesWithTheInstall(t *testing.T, in *bypass.Install, progs []bypass.Program, c, s *net.TCPConn) {
+	t.Helper()
+	i := slices.IndexFunc(progs, func(p bypass.Program) bool { return p.Name == "fionread" })
+	if i < 0 {
+		t.Fatalf("the install corrects FIONREAD but lists no fionread program: %+v", progs)
+	}
+	c.Close()
+	s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := in.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The link's release puts the program; give a deferred put a moment.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		p, err := ebpf.NewProgramFromID(ebpf.ProgramID(progs[i].ID))
+		if err != nil {
+			return
+		}
+		p.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("the FIONREAD correction (program %d) is still loaded 2 s after the install was removed", progs[i].ID)
+		}
 	}
 }
 
