@@ -1,14 +1,12 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,24 +18,6 @@ import (
 	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
-
-// syncBuffer is the agent's log, read while it writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // mkCgroup makes a child cgroup of parent, removed in cleanup (before
 // parent: cleanups run last first).
@@ -66,9 +46,11 @@ func writeConfig(t *testing.T, path, text string) {
 }
 
 // runAgent starts an agent until the test ends.
-func runAgent(t *testing.T, config, pin string) *syncBuffer { return runAgentFor(t, config, pin) }
+func runAgent(t *testing.T, config, pin string) *testenv.SyncBuffer {
+	return runAgentFor(t, config, pin)
+}
 
-func runAgentFor(t testing.TB, config, pin string) *syncBuffer {
+func runAgentFor(t testing.TB, config, pin string) *testenv.SyncBuffer {
 	t.Helper()
 	return runAgentWith(t, agent.Options{ConfigPath: config, PinDir: pin, IndexDir: filepath.Join(pin, "no-index"),
 		Version: "test", Features: host.Probe()})
@@ -76,9 +58,9 @@ func runAgentFor(t testing.TB, config, pin string) *syncBuffer {
 
 // runAgentWith starts an agent with opts until the test ends; it returns
 // the agent's log, shown when the test ends.
-func runAgentWith(t testing.TB, opts agent.Options) *syncBuffer {
+func runAgentWith(t testing.TB, opts agent.Options) *testenv.SyncBuffer {
 	t.Helper()
-	log := &syncBuffer{}
+	log := &testenv.SyncBuffer{}
 	opts.Log = log
 	a, err := agent.New(opts)
 	if err != nil {
@@ -249,7 +231,7 @@ func TestAgentStopLeavesBypass(t *testing.T) {
 	config := filepath.Join(t.TempDir(), "config.yaml")
 	writeConfig(t, config, fmt.Sprintf("bypass:\n  cgroups: [%q]\n  guard: false\n", app))
 
-	log := &syncBuffer{}
+	log := &testenv.SyncBuffer{}
 	a, err := agent.New(agent.Options{ConfigPath: config, PinDir: pin, Features: host.Probe(), Log: log})
 	if err != nil {
 		t.Fatal(err)

@@ -133,7 +133,7 @@ func TestAgentLeavesWhenItsDaemonSetIsGone(t *testing.T) {
 			config := filepath.Join(t.TempDir(), "config.yaml")
 			writeConfig(t, config, fmt.Sprintf("kubernetes:\n  node_name: node-a\n  cgroup_root: %q\n  daemonset: shunt-system/shunt-agent\nbypass:\n  guard: false\n", root))
 			asked := 0
-			log := &syncBuffer{}
+			log := &testenv.SyncBuffer{}
 			a, err := agent.New(agent.Options{ConfigPath: config, PinDir: pin, Features: host.Probe(), Log: log,
 				KubePods:  fake.NewClientset(web).CoreV1().Pods(""),
 				OwnerGone: func(context.Context) (bool, error) { asked++; return tc.gone, tc.err },

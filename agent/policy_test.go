@@ -40,7 +40,7 @@ func rulesInForce(t *testing.T, dir string) map[string][]string {
 	return out
 }
 
-func waitFor(t *testing.T, what string, log *syncBuffer, ok func() bool) {
+func waitFor(t *testing.T, what string, log *testenv.SyncBuffer, ok func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {

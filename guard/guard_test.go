@@ -50,34 +50,6 @@ func runGuard(t *testing.T, in *bypass.Install) <-chan string {
 	return reports
 }
 
-// spliceCaught makes a connection whose server reads a header by recv,
-// then splices with redirected bytes queued that splice cannot read: it is
-// caught. Its server's result comes on the channel.
-func spliceCaught(t *testing.T, side testenv.Side) (client *net.TCPConn, served <-chan spliceResult) {
-	t.Helper()
-	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
-	for _, conn := range []*net.TCPConn{c, s} {
-		conn.SetDeadline(time.Now().Add(20 * time.Second))
-	}
-	testenv.Warm(t, c, s) // both readers seen in recv: sends are redirected
-	done := make(chan spliceResult, 1)
-	start := time.Now()
-	go func() {
-		n, err := testenv.HeaderThenSplice(s)
-		done <- spliceResult{n, err, time.Since(start)}
-	}()
-	if _, err := c.Write([]byte("HEAD" + strings.Repeat("spliced body ", 5000))); err != nil {
-		t.Fatal(err)
-	}
-	return c, done
-}
-
-type spliceResult struct {
-	n   int64
-	err error
-	at  time.Duration
-}
-
 // A reader that splices after recv, with redirected bytes queued that
 // splice cannot read, must not wait for them for ever: the connection ends
 // with an error on both sides, it is counted and reported, and the
@@ -86,12 +58,12 @@ func TestSpliceAfterRecvIsCaughtThenLearned(t *testing.T) {
 	in, side, reports := guarded(t)
 	body := strings.Repeat("spliced body ", 5000)
 
-	c, caught := spliceCaught(t, side)
+	c, _, caught := testenv.CaughtSplice(t, side)
 	r := <-caught
-	if !errors.Is(r.err, syscall.ECONNABORTED) {
-		t.Fatalf("the splicing server got %d bytes, err %v after %v; want ECONNABORTED", r.n, r.err, r.at)
+	if !errors.Is(r.Err, syscall.ECONNABORTED) {
+		t.Fatalf("the splicing server got %d bytes, err %v after %v; want ECONNABORTED", r.N, r.Err, r.At)
 	}
-	t.Logf("caught connection ended after %v", r.at)
+	t.Logf("caught connection ended after %v", r.At)
 	// A bound on liveness, not a speed claim: under qemu without KVM
 	// (the kernel matrix, -short) everything runs 5 to 20 times slower;
 	// there it took 3.2 s once, beside a loaded host.
@@ -99,8 +71,8 @@ func TestSpliceAfterRecvIsCaughtThenLearned(t *testing.T) {
 	if testing.Short() {
 		bound = 10 * time.Second
 	}
-	if r.at > bound {
-		t.Errorf("the caught connection took %v to end, want about a second at most (%v here)", r.at, bound)
+	if r.At > bound {
+		t.Errorf("the caught connection took %v to end, want about a second at most (%v here)", r.At, bound)
 	}
 	if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
 		t.Errorf("the client read %v, want ECONNRESET", err)
@@ -132,18 +104,18 @@ func TestSpliceAfterRecvIsCaughtThenLearned(t *testing.T) {
 		conn.SetDeadline(time.Now().Add(20 * time.Second))
 	}
 	testenv.Warm(t, c, s)
-	served := make(chan spliceResult, 1)
+	served := make(chan testenv.SpliceResult, 1)
 	go func() {
 		n, err := testenv.HeaderThenSplice(s)
-		served <- spliceResult{n, err, 0}
+		served <- testenv.SpliceResult{N: n, Err: err}
 	}()
 	if _, err := c.Write([]byte("HEAD" + body)); err != nil {
 		t.Fatal(err)
 	}
 	c.CloseWrite()
 	got, err := io.ReadAll(c)
-	if r := <-served; r.err != nil || string(got) != body || err != nil {
-		t.Fatalf("learned program: server copied %d (%v), client read %d bytes intact=%v (%v)", r.n, r.err, len(got), string(got) == body, err)
+	if r := <-served; r.Err != nil || string(got) != body || err != nil {
+		t.Fatalf("learned program: server copied %d (%v), client read %d bytes intact=%v (%v)", r.N, r.Err, len(got), string(got) == body, err)
 	}
 	if st, err = in.Stats(); err != nil || st.Counters.LearnedReaders == 0 || st.Counters.SpliceCaught != 1 {
 		t.Fatalf("after a learned connection: %+v %v", st.Counters, err)
@@ -210,7 +182,7 @@ func TestCaughtAfterThePeersEndIsToldCutShort(t *testing.T) {
 // before any reset.
 func TestPeersEndAfterTheCatchIsCountedCutShort(t *testing.T) {
 	in, side := installed(t)
-	c, served := spliceCaught(t, side)
+	c, _, served := testenv.CaughtSplice(t, side)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		st, err := in.Stats()
 		if err != nil {
@@ -231,9 +203,9 @@ func TestPeersEndAfterTheCatchIsCountedCutShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("the splice copied %d bytes (%v); caught %d, cut short %d", r.n, r.err, st.Counters.SpliceCaught, st.Counters.SpliceTruncated)
-	if r.err != nil || r.n != 0 {
-		t.Fatalf("the splice got %d bytes, %v; want the peer's end of stream at once (nothing redirected can be spliced)", r.n, r.err)
+	t.Logf("the splice copied %d bytes (%v); caught %d, cut short %d", r.N, r.Err, st.Counters.SpliceCaught, st.Counters.SpliceTruncated)
+	if r.Err != nil || r.N != 0 {
+		t.Fatalf("the splice got %d bytes, %v; want the peer's end of stream at once (nothing redirected can be spliced)", r.N, r.Err)
 	}
 	if st.Counters.SpliceTruncated != 1 {
 		t.Errorf("cut short %d, want 1", st.Counters.SpliceTruncated)
@@ -269,7 +241,7 @@ func waitState(t *testing.T, c *net.TCPConn, state uint8) {
 func TestCaughtWithTheRingFullIsReportedLater(t *testing.T) {
 	in, side := installed(t)
 	bypasstest.FillGuardRing(t, in.Dir())
-	_, caught := spliceCaught(t, side)
+	_, _, caught := testenv.CaughtSplice(t, side)
 	var lost uint64
 	for deadline := time.Now().Add(5 * time.Second); lost == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		st, err := in.Stats()
@@ -283,8 +255,8 @@ func TestCaughtWithTheRingFullIsReportedLater(t *testing.T) {
 	}
 	reports := runGuard(t, in)
 	r := <-caught
-	if !errors.Is(r.err, syscall.ECONNABORTED) {
-		t.Fatalf("the splicing server got %d bytes, err %v after %v; want ECONNABORTED once the guard ran", r.n, r.err, r.at)
+	if !errors.Is(r.Err, syscall.ECONNABORTED) {
+		t.Fatalf("the splicing server got %d bytes, err %v after %v; want ECONNABORTED once the guard ran", r.N, r.Err, r.At)
 	}
 	select {
 	case msg := <-reports:
@@ -301,5 +273,5 @@ func TestCaughtWithTheRingFullIsReportedLater(t *testing.T) {
 	if st.Counters.SpliceCaught != 1 {
 		t.Errorf("caught %d, want 1 (counted once, when reported)", st.Counters.SpliceCaught)
 	}
-	t.Logf("%d guard events lost while the ring was full; caught connection ended after %v", st.Counters.EventsLost, r.at)
+	t.Logf("%d guard events lost while the ring was full; caught connection ended after %v", st.Counters.EventsLost, r.At)
 }

@@ -14,7 +14,7 @@ import (
 
 // startProxy runs a proxy in ns with cfg as given (its Dial included) and
 // returns it with its log and what stops Run; the caller closes it.
-func startProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config) (*proxy.Proxy, *lockedBuffer, func() error) {
+func startProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config) (*proxy.Proxy, *testenv.SyncBuffer, func() error) {
 	t.Helper()
 	p, logs := newProxy(t, ns, cfg)
 	ctx, cancel := context.WithCancel(context.Background())

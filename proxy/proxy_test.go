@@ -43,15 +43,15 @@ func mustProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config) *proxy.Proxy {
 
 // newProxy makes a proxy in ns (listening on loopback unless cfg says) and
 // the buffer its log goes to.
-func newProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config) (*proxy.Proxy, *lockedBuffer) {
+func newProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config) (*proxy.Proxy, *testenv.SyncBuffer) {
 	t.Helper()
 	if !cfg.Listen.IsValid() {
 		cfg.Listen = netip.MustParseAddrPort("127.0.0.1:0")
 	}
 	var p *proxy.Proxy
 	var err error
-	logs := &lockedBuffer{}
-	ns.Do(t, func() { p, err = proxy.New(cfg, logs.logf) })
+	logs := &testenv.SyncBuffer{}
+	ns.Do(t, func() { p, err = proxy.New(cfg, logs.Logf) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func newProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config) (*proxy.Proxy, 
 
 // runUntilCleanup runs a proxy until the test ends, then closes it and, if
 // the test failed, shows its log.
-func runUntilCleanup(t *testing.T, run func(context.Context) error, close func() error, logs *lockedBuffer) {
+func runUntilCleanup(t *testing.T, run func(context.Context) error, close func() error, logs *testenv.SyncBuffer) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx) }()
@@ -76,23 +76,6 @@ func runUntilCleanup(t *testing.T, run func(context.Context) error, close func()
 			t.Logf("proxy log:\n%s", logs.String())
 		}
 	})
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) logf(format string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	fmt.Fprintf(&l.b, format+"\n", args...)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // mustUpstream serves each connection with handle in ns; it returns the

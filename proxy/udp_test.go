@@ -21,14 +21,14 @@ func mustUDPProxy(t *testing.T, ns *testenv.NetNS, cfg proxy.Config, idle time.D
 	if !cfg.Listen.IsValid() {
 		cfg.Listen = netip.MustParseAddrPort("127.0.0.1:0")
 	}
-	logs := &lockedBuffer{}
+	logs := &testenv.SyncBuffer{}
 	cfg.Dial = func(ctx context.Context, network, addr string) (c net.Conn, err error) {
 		ns.Do(t, func() { c, err = (&net.Dialer{}).DialContext(ctx, network, addr) })
 		return c, err
 	}
 	var p *proxy.UDPProxy
 	var err error
-	ns.Do(t, func() { p, err = proxy.NewUDP(cfg, idle, logs.logf) })
+	ns.Do(t, func() { p, err = proxy.NewUDP(cfg, idle, logs.Logf) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -69,24 +67,6 @@ func TestStartGuardThatHangsIsStopped(t *testing.T) {
 	}
 }
 
-// lines collects what a guard prints, for a test to wait on.
-type lines struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (l *lines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // `disable --all` then `enable` at once: enable finds the guard of the old
 // install still running and starts none, so that guard must guard the new
 // install. Before, it kept reading the removed install's events, and a
@@ -132,7 +112,7 @@ func TestGuardFollowsAReplacedInstall(t *testing.T) {
 	defer release()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := &lines{}
+	out := &testenv.SyncBuffer{}
 	e := &env{stdout: out, stderr: out}
 	first := install()
 	watched, err := bypass.Open(pin)
@@ -144,21 +124,9 @@ func TestGuardFollowsAReplacedInstall(t *testing.T) {
 
 	second := replace(first, true)
 	defer second.Close()
-	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
-	for _, conn := range []*net.TCPConn{c, s} {
-		conn.SetDeadline(time.Now().Add(20 * time.Second))
-	}
-	testenv.Warm(t, c, s)
-	caught := make(chan error, 1)
-	go func() {
-		_, err := testenv.HeaderThenSplice(s)
-		caught <- err
-	}()
-	if _, err := c.Write([]byte("HEAD" + strings.Repeat("spliced body ", 5000))); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-caught; !errors.Is(err, syscall.ECONNABORTED) {
-		t.Fatalf("a splice reader caught on the new install got %v, want ECONNABORTED from the guard's reset; the guard said:\n%s", err, out)
+	c, s, caught := testenv.CaughtSplice(t, side)
+	if r := <-caught; !errors.Is(r.Err, syscall.ECONNABORTED) {
+		t.Fatalf("a splice reader caught on the new install got %v, want ECONNABORTED from the guard's reset; the guard said:\n%s", r.Err, out)
 	}
 	if !strings.Contains(out.String(), "replaced: guarding the new one") {
 		t.Errorf("the guard did not say it guards the new install:\n%s", out)

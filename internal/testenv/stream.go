@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"strings"
+	"testing"
 	"time"
 )
 
@@ -170,6 +172,38 @@ func HeaderThenSplice(s *net.TCPConn) (copied int64, err error) {
 	copied, err = io.Copy(s, s)
 	_ = s.CloseWrite()
 	return copied, err
+}
+
+// SpliceResult is what a server that read a header and then spliced got:
+// the bytes it copied, its error, and when it ended (from the client's
+// write).
+type SpliceResult struct {
+	N   int64
+	Err error
+	At  time.Duration
+}
+
+// CaughtSplice makes a connection in side whose server reads a 4-byte
+// header by recv and then splices (HeaderThenSplice) while the client's
+// redirected bytes are queued, which splice cannot read: shunt catches it.
+// Both ends have a 20 s deadline; the server's result comes on the channel.
+func CaughtSplice(t testing.TB, side Side) (client, server *net.TCPConn, served <-chan SpliceResult) {
+	t.Helper()
+	c, s := ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	for _, conn := range []*net.TCPConn{c, s} {
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+	}
+	Warm(t, c, s) // both readers seen in recv: sends are redirected
+	done := make(chan SpliceResult, 1)
+	start := time.Now()
+	go func() {
+		n, err := HeaderThenSplice(s)
+		done <- SpliceResult{n, err, time.Since(start)}
+	}()
+	if _, err := c.Write([]byte("HEAD" + strings.Repeat("spliced body ", 5000))); err != nil {
+		t.Fatal(err)
+	}
+	return c, s, done
 }
 
 // Conn is one end of a stream: it reads, writes and sends FIN.
