@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/splice"
 )
 
@@ -88,17 +89,17 @@ func newServer(path string, s *splice.Splicer, u *splice.UDPSplicer, logf func(f
 
 // listen binds the control socket, replacing a stale file.
 func (srv *Server) listen() error {
-	if err := os.MkdirAll(filepath.Dir(srv.path), 0o755); err != nil {
-		return fmt.Errorf("control socket directory: %w", err)
-	}
-	os.Remove(srv.path) // left by a daemon that died, or one that handed over
-	old := unix.Umask(0o177)
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: srv.path, Net: "unixpacket"})
-	unix.Umask(old)
+	err := runlock.InDir(filepath.Dir(srv.path), 0o755, func() error {
+		os.Remove(srv.path) // left by a daemon that died, or one that handed over
+		old := unix.Umask(0o177)
+		defer unix.Umask(old)
+		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: srv.path, Net: "unixpacket"})
+		srv.ln = ln
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", srv.path, err)
 	}
-	srv.ln = ln
 	return nil
 }
 

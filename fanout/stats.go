@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/internal/runlock"
 )
 
 // SubscriberStats is one subscriber as `shunt fanout stats` shows it.
@@ -60,21 +62,20 @@ func (f *Forwarder) Stats() Stats {
 
 // listenControl opens the stats socket, readable by root only.
 func listenControl(path string) (int, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return -1, fmt.Errorf("control socket %s: %w", path, err)
-	}
 	if c, err := net.Dial("unix", path); err == nil {
 		c.Close()
 		return -1, fmt.Errorf("control socket %s: another forwarder is running there (give --control another path)", path)
 	}
-	os.Remove(path) // left by a forwarder that died
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
 	}
-	old := unix.Umask(0o077)
-	err = unix.Bind(fd, &unix.SockaddrUnix{Name: path})
-	unix.Umask(old)
+	err = runlock.InDir(filepath.Dir(path), 0o700, func() error {
+		os.Remove(path) // left by a forwarder that died
+		old := unix.Umask(0o077)
+		defer unix.Umask(old)
+		return unix.Bind(fd, &unix.SockaddrUnix{Name: path})
+	})
 	if err == nil {
 		err = unix.Listen(fd, 16)
 	}

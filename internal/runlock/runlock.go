@@ -212,3 +212,19 @@ func describe(pid int) string {
 	}
 	return fmt.Sprintf("pid %d (%s, uid %d)", pid, strings.TrimSpace(string(comm)), st.Uid)
 }
+
+// InDir makes dir and then runs create, which makes a file in it (binds a
+// socket there); again if dir went away in between: removing shunt removes
+// an empty Dir (Remove), which a daemon starting at that moment would
+// otherwise meet as ENOENT.
+func InDir(dir string, perm os.FileMode, create func() error) error {
+	for try := 1; ; try++ {
+		if err := os.MkdirAll(dir, perm); err != nil {
+			return err
+		}
+		err := create()
+		if err == nil || !errors.Is(err, unix.ENOENT) || try == 3 {
+			return err
+		}
+	}
+}

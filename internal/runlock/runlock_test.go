@@ -1,6 +1,7 @@
 package runlock_test
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -190,5 +191,30 @@ func TestRemoveIfFree(t *testing.T) {
 	}
 	if _, err := os.Stat(runlock.Path("test", pin)); !os.IsNotExist(err) {
 		t.Errorf("a free lock's file is still there: %v", err)
+	}
+}
+
+// A directory removed between its making and a bind in it (removing shunt
+// removes an empty Dir while a daemon starts) is made again and the bind
+// retried.
+func TestInDirMakesTheDirectoryAgain(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	tries := 0
+	err := runlock.InDir(dir, 0o700, func() error {
+		tries++
+		if tries == 1 {
+			if err := os.Remove(dir); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return syscall.Mkfifo(filepath.Join(dir, "sock"), 0o600)
+	})
+	if err != nil || tries != 2 {
+		t.Fatalf("InDir: %v after %d tries, want success on the second", err, tries)
+	}
+	tries = 0
+	err = runlock.InDir(dir, 0o700, func() error { tries++; return syscall.EACCES })
+	if !errors.Is(err, syscall.EACCES) || tries != 1 {
+		t.Fatalf("InDir with another error: %v after %d tries, want it at once", err, tries)
 	}
 }
