@@ -1,0 +1,93 @@
+package bypass_test
+
+import (
+	"net"
+	"runtime"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// What attaching a program to the ioctl system call's exit tracepoint costs,
+// as the FIONREAD correction does: every system call of the host then takes
+// the kernel's slow path (getppid, the cheapest), and each ioctl runs the
+// program (FIONREAD of a TCP socket). A stand-in that returns at once is
+// attached, so this runs where bpf_probe_write_user is refused too: the
+// slow path is the same whatever the program. Run the modes interleaved:
+//
+//	go test -run '^$' -bench 'SyscallTracepoint' -count 7 ./bypass
+func BenchmarkSyscallTracepoint(b *testing.B) {
+	testenv.RequireRoot(b)
+	if !tracefsMounted() {
+		if err := host.EnsureTracefs(); err != nil {
+			b.Skipf("no tracefs: %v", err)
+		}
+		b.Cleanup(func() { _ = unix.Unmount(host.TracefsRoot, 0) })
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.TracePoint, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer prog.Close()
+	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.DialTCP("tcp4", nil, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	f, err := c.File()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	calls := map[string]func(){
+		"getppid":  func() { unix.Getppid() },
+		"fionread": func() { _, _ = unix.IoctlGetInt(fd, unix.SIOCINQ) },
+	}
+	for _, call := range []string{"getppid", "fionread"} {
+		for _, attached := range []bool{false, true} {
+			name := call + "/detached"
+			if attached {
+				name = call + "/attached"
+			}
+			b.Run(name, func(b *testing.B) {
+				if attached {
+					l, err := link.Tracepoint("syscalls", "sys_exit_ioctl", prog, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer l.Close()
+				}
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				fn := calls[call]
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					fn()
+				}
+			})
+		}
+	}
+}
+
+func tracefsMounted() bool {
+	for _, dir := range []string{host.TracefsRoot, "/sys/kernel/debug/tracing"} {
+		var fs unix.Statfs_t
+		if unix.Statfs(dir, &fs) == nil && fs.Type == unix.TRACEFS_MAGIC {
+			return true
+		}
+	}
+	return false
+}
