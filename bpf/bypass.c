@@ -1495,11 +1495,17 @@ static __always_inline __u32 psock_queued(struct sk_psock *psock)
 
 /* What this kernel's FIONREAD leaves out of a socket with a psock: bytes
  * TCP holds (6.18 without 04af4efde58a; as tcp_inq counts them, the FIN
- * not), or redirected ones (6.1). */
+ * not), or redirected ones (6.1). Only where no sk_skb verdict takes the
+ * socket's TCP bytes (bypass's sockets, sk_msg only): with one, every byte
+ * passes through the psock's queue and the kernel's own count, which this
+ * would count twice. */
 static __always_inline __u32 fionread_missing(struct sock *sk)
 {
 	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
 	if (!(ud & SK_USER_DATA_PSOCK))
+		return 0;
+	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
+	if (BPF_CORE_READ(psock, progs.stream_verdict) || BPF_CORE_READ(psock, progs.skb_verdict))
 		return 0;
 	if (cfg.fionread_misses_tcp) {
 		__u32 n = tcp_queued(sk);
@@ -1510,7 +1516,7 @@ static __always_inline __u32 fionread_missing(struct sock *sk)
 	}
 	if (PSOCK_COUNTS)
 		return 0;
-	return psock_queued((struct sk_psock *)(ud & SK_USER_DATA_PTRMASK));
+	return psock_queued(psock);
 }
 
 /* FIONREAD made to count every queued byte, on kernels whose answer leaves

@@ -340,6 +340,9 @@ func TestJavaAvailablePoller(t *testing.T) {
 			logState(t, e)
 			t.Fatalf("the poller failed: %v", err)
 		}
+		if e.in == nil {
+			return // plain TCP: the baseline (a cold JVM under qemu is slow)
+		}
 		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 			var r, n, ms int
 			if _, err := fmt.Sscanf(line, "answer %d: %d bytes in %d ms", &r, &n, &ms); err == nil && ms > 3000 {

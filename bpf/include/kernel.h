@@ -137,8 +137,17 @@ struct sk_msg {
 	struct list_head list;
 };
 
-/* The psock hangs off sk_user_data; only its receive queues matter to us. */
+struct bpf_prog;
+
+struct sk_psock_progs {
+	struct bpf_prog *stream_verdict;
+	struct bpf_prog *skb_verdict;
+};
+
+/* The psock hangs off sk_user_data: its receive queues, and whether an
+ * sk_skb verdict takes the socket's TCP bytes (a join's, not bypass's). */
 struct sk_psock {
+	struct sk_psock_progs progs;
 	struct list_head ingress_msg;
 	struct sk_buff_head ingress_skb;
 	__u32 msg_tot_len; /* bytes queued on ingress_msg */
