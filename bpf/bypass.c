@@ -1526,9 +1526,9 @@ static __always_inline __u32 fionread_missing(struct sock *sk)
  * there. Runs as the ioctl returns, adds the missing bytes to the answer
  * the kernel wrote to the caller's memory (bpf_probe_write_user: refused
  * under lockdown, where the stall watch and scan remain the net). Any
- * socket with a psock is corrected, shunt's or not: the answer only
- * becomes true. Attached only where FIONREAD misses bytes; every ioctl of
- * the host passes here (the first test ends the others). */
+ * socket with a psock and no sk_skb verdict is corrected, shunt's or not:
+ * the answer only becomes true. Attached only where FIONREAD misses bytes;
+ * every ioctl of the host passes here (the first tests end the others). */
 SEC("tracepoint/syscalls/sys_exit_ioctl")
 int shunt_fionread(struct sys_exit_record *ctx)
 {

@@ -1,12 +1,8 @@
 package bypass_test
 
 import (
-	"context"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/cilium/ebpf"
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
@@ -53,21 +49,6 @@ func TestSkMsgAttachedToTheMap(t *testing.T) {
 	}
 	c.Close()
 	s.Close()
-
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := in.Remove(ctx); err != nil {
-		t.Fatal(err)
-	}
 	// The map goes once nothing holds it; the program with it.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		p, err := ebpf.NewProgramFromID(ebpf.ProgramID(progID))
-		if err != nil {
-			break
-		}
-		p.Close()
-		if time.Now().After(deadline) {
-			t.Fatalf("sk_msg program %d still exists 5 s after the install was removed", progID)
-		}
-	}
+	removeLeavesNoProgram(t, in, progID, "sk_msg")
 }

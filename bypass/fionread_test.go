@@ -24,7 +24,7 @@ import (
 //	go test -run '^$' -bench 'SyscallTracepoint' -count 7 ./bypass
 func BenchmarkSyscallTracepoint(b *testing.B) {
 	testenv.RequireRoot(b)
-	if !tracefsMounted() {
+	if !host.TracefsMounted() {
 		if err := host.EnsureTracefs(); err != nil {
 			b.Skipf("no tracefs: %v", err)
 		}
@@ -80,14 +80,4 @@ func BenchmarkSyscallTracepoint(b *testing.B) {
 			})
 		}
 	}
-}
-
-func tracefsMounted() bool {
-	for _, dir := range []string{host.TracefsRoot, "/sys/kernel/debug/tracing"} {
-		var fs unix.Statfs_t
-		if unix.Statfs(dir, &fs) == nil && fs.Type == unix.TRACEFS_MAGIC {
-			return true
-		}
-	}
-	return false
 }

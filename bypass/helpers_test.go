@@ -1,11 +1,13 @@
 package bypass_test
 
 import (
+	"context"
 	"io"
 	"net"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
@@ -138,4 +140,26 @@ func mustPipe(t *testing.T) [2]int {
 		unix.Close(p[1])
 	})
 	return p
+}
+
+// removeLeavesNoProgram removes the install and waits up to 5 s for its
+// program id (what names it) to be gone from the kernel: a link's release
+// or a map's last reference puts the program a moment later.
+func removeLeavesNoProgram(t *testing.T, in *bypass.Install, id uint32, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := in.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		p, err := ebpf.NewProgramFromID(ebpf.ProgramID(id))
+		if err != nil {
+			return
+		}
+		p.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("%s (program %d) still exists 5 s after the install was removed", what, id)
+		}
+	}
 }

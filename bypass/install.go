@@ -342,10 +342,15 @@ func newConfig(opts Options) bypassConfig {
 	}
 	// Where it cannot be measured, watch TCP's bytes too: a wake-up too
 	// many costs nothing.
-	if !host.FionreadCountsTCP() {
+	missesTCP := !host.FionreadCountsTCP()
+	if missesTCP {
 		cfg.FionreadMissesTcp = 1
 	}
-	if !opts.Mechanisms.KernelFIONREAD && fionreadCorrectable() {
+	// Corrected where this kernel's FIONREAD leaves bytes out of a socket
+	// in a sockhash and the helper that writes the answer loads (no
+	// lockdown).
+	misses := missesTCP || !host.PsockCountsQueue()
+	if !opts.Mechanisms.KernelFIONREAD && misses && host.CanWriteUser() {
 		cfg.FionreadCorrected = 1
 	}
 	return cfg
@@ -404,13 +409,6 @@ func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps
 func (in *Install) FionreadCorrected() bool {
 	_, err := os.Stat(filepath.Join(in.dir, linksDir, fionreadLink))
 	return err == nil
-}
-
-// fionreadCorrectable says whether this kernel's FIONREAD leaves bytes out
-// of a socket in a sockhash and shunt may correct it (no lockdown).
-func fionreadCorrectable() bool {
-	misses := !host.FionreadCountsTCP() || !host.PsockCountsQueue()
-	return misses && host.CanWriteUser()
 }
 
 // attachFionreadFix attaches the FIONREAD correction to the ioctl system

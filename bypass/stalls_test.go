@@ -3,7 +3,6 @@ package bypass_test
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -14,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
@@ -192,22 +190,7 @@ func correctionGoesWithTheInstall(t *testing.T, in *bypass.Install, progs []bypa
 	}
 	c.Close()
 	s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := in.Remove(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// The link's release puts the program; give a deferred put a moment.
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		p, err := ebpf.NewProgramFromID(ebpf.ProgramID(progs[i].ID))
-		if err != nil {
-			return
-		}
-		p.Close()
-		if time.Now().After(deadline) {
-			t.Fatalf("the FIONREAD correction (program %d) is still loaded 2 s after the install was removed", progs[i].ID)
-		}
-	}
+	removeLeavesNoProgram(t, in, progs[i].ID, "the FIONREAD correction")
 }
 
 // guardedPair installs shunt with opts, runs a guard on the install and

@@ -80,7 +80,8 @@ type Features struct {
 	PsockCounts bool `json:"psock_counts"`
 	// WriteUser: tracepoint programs may call bpf_probe_write_user (not
 	// under lockdown). With it shunt corrects FIONREAD where the kernel's
-	// leaves bytes out (FionreadCountsTCP or PsockCounts false).
+	// leaves bytes out (FionreadCountsTCP or PsockCounts false); probed
+	// only there.
 	WriteUser bool `json:"bpf_probe_write_user"`
 }
 
@@ -143,7 +144,11 @@ func Probe() Features {
 	f.LSM = f.BTF && CanRefuseSplice()
 	f.PsockCounts = f.BTF && PsockCountsQueue()
 	f.FionreadCountsTCP = f.SockHash && f.SkMsg && fionreadCountsTCP(f.SkMsgLink)
-	f.WriteUser = CanWriteUser()
+	// Asked only where it matters: loading the helper makes the kernel
+	// log a warning.
+	if f.FionreadMisses() {
+		f.WriteUser = CanWriteUser()
+	}
 	return f
 }
 

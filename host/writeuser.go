@@ -42,12 +42,18 @@ func isTracefs(path string) bool {
 	return unix.Statfs(path, &fs) == nil && fs.Type == unix.TRACEFS_MAGIC
 }
 
+// TracefsMounted says whether tracefs is mounted where tracepoints are
+// looked up (/sys/kernel/tracing, or the older /sys/kernel/debug/tracing).
+func TracefsMounted() bool {
+	return isTracefs(TracefsRoot) || isTracefs("/sys/kernel/debug/tracing")
+}
+
 // EnsureTracefs makes sure tracefs is mounted (tracepoints are found by
 // name there), mounting it at /sys/kernel/tracing when neither that nor
 // the older /sys/kernel/debug/tracing has it (systemd mounts it at boot;
 // a bare init may not).
 func EnsureTracefs() error {
-	if isTracefs(TracefsRoot) || isTracefs("/sys/kernel/debug/tracing") {
+	if TracefsMounted() {
 		return nil
 	}
 	if _, err := os.Stat(TracefsRoot); err != nil {
