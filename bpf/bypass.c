@@ -588,9 +588,33 @@ static __always_inline __u32 peer_copied_seq(void *sk)
 	return tp->copied_seq;
 }
 
+/* Whether a kernel join (shunt proxy, splice, daemon) holds the socket of
+ * this psock as well: its sk_skb verdict reads the socket's TCP queue and
+ * never sees a redirected message, and its sends are the join's, which counts
+ * them as TCP sends. Such a socket stays on TCP both ways. */
+static __always_inline int psock_joined(unsigned long psock)
+{
+	if (cfg.probe_reads) {
+		struct sk_psock *p = (struct sk_psock *)psock;
+		return BPF_CORE_READ(p, progs.stream_verdict) || BPF_CORE_READ(p, progs.skb_verdict);
+	}
+	struct sk_psock *p = bpf_rdonly_cast((void *)psock, bpf_core_type_id_kernel(struct sk_psock));
+	return p->progs.stream_verdict || p->progs.skb_verdict;
+}
+
+/* The psock of a socket in a sockmap or sockhash, 0 if none. */
+static __always_inline unsigned long sock_psock(void *sk)
+{
+	if (cfg.probe_reads)
+		return (unsigned long)BPF_CORE_READ((struct sock *)sk, sk_user_data) & SK_USER_DATA_PTRMASK;
+	struct sock *s = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+	return (unsigned long)s->sk_user_data & SK_USER_DATA_PTRMASK;
+}
+
 /* What the peer's receive side holds for flow control. */
 struct peer_buffer {
 	unsigned long psock; /* 0: not in the sockhash (any more) */
+	int joined;          /* psock_joined */
 	__u32 unread;        /* redirected bytes its reader has not read */
 	__u32 rcvbuf;
 	int rcvbuf_locked;   /* the reader set SO_RCVBUF: its bound, not ours */
@@ -601,10 +625,11 @@ static __always_inline void peer_buffer(struct peer_ref *ref, struct peer_buffer
 	void *sk = ref->sk;
 	if (cfg.probe_reads) {
 		struct sock *peer = sk;
-		unsigned long ud = (unsigned long)BPF_CORE_READ(peer, sk_user_data) & SK_USER_DATA_PTRMASK;
+		unsigned long ud = sock_psock(sk);
 		b->psock = ud;
 		if (!ud)
 			return;
+		b->joined = psock_joined(ud);
 		/* Through a local: an access through b would be relocated
 		 * against a kernel type named peer_buffer. */
 		struct sk_psock *psock = (struct sk_psock *)ud;
@@ -618,9 +643,10 @@ static __always_inline void peer_buffer(struct peer_ref *ref, struct peer_buffer
 		return;
 	}
 	struct sock *peer = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
-	b->psock = (unsigned long)peer->sk_user_data & SK_USER_DATA_PTRMASK;
+	b->psock = sock_psock(sk);
 	if (!b->psock)
 		return;
+	b->joined = psock_joined(b->psock);
 	struct sk_psock *psock = bpf_rdonly_cast((void *)b->psock, bpf_core_type_id_kernel(struct sk_psock));
 	b->unread = psock->msg_tot_len;
 	b->rcvbuf_locked = peer->sk_userlocks & SOCK_RCVBUF_LOCK;
@@ -653,6 +679,8 @@ static __always_inline int check_peer(struct peer_ref *ref, struct tcp_sock *sel
 	peer_buffer(ref, &buf);
 	if (!buf.psock)
 		return REDIRECT_NO_PEER;
+	if (buf.joined)
+		return REDIRECT_READER;
 	__u32 limit = cfg.max_backlog;
 	if (buf.rcvbuf_locked)
 		limit = buf.rcvbuf;
@@ -735,6 +763,9 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (!tp)
 		return fall_back(st, size);
+	unsigned long own = sock_psock(tp);
+	if (own && psock_joined(own))
+		return pass(st, size);
 
 	/* The peer's entry: published by sockops, gone when it left. */
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->peer);
