@@ -194,9 +194,10 @@ static __always_inline struct sock_state *new_state(struct bpf_sock *sk, struct 
 static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref);
 
 /* Make this socket visible to its peer's flow control, and ask for the
- * state change that will withdraw it when the socket closes. */
+ * state change that will withdraw it when the socket closes. rcv_isn and
+ * snd_isn: the handshake's initial sequence numbers each way. */
 static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock *sk, struct sock_key *self,
-				    struct sock_key *peer)
+				    struct sock_key *peer, __u32 rcv_isn, __u32 snd_isn)
 {
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (!tp)
@@ -213,6 +214,8 @@ static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock 
 	bpf_timer_init(&ref->leave, &peer_refs, CLOCK_MONOTONIC);
 	bpf_timer_set_callback(&ref->leave, leave_cb);
 	ref->tcp_copied = tp->copied_seq;
+	ref->rcv_origin = rcv_isn + 1;
+	ref->snd_origin = snd_isn + 1;
 	ref->sk = tp;
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 }
@@ -369,7 +372,7 @@ static __always_inline void join_as_client(struct bpf_sock_ops *skops, struct bp
 		count(CNT_INSERT_FAILED);
 		return;
 	}
-	publish(skops, sk, self, peer);
+	publish(skops, sk, self, peer, k->server_isn, k->client_isn);
 	bind_claim(skops, x, k, st);
 }
 
@@ -482,7 +485,7 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 		count(CNT_INSERT_FAILED);
 		return;
 	}
-	publish(skops, sk, &self, &peer);
+	publish(skops, sk, &self, &peer, k.client_isn, k.server_isn);
 	count(CNT_PAIRED);
 	if (translated)
 		count(CNT_PAIRED_TRANSLATED);
@@ -561,6 +564,7 @@ enum redirect_check {
 	REDIRECT_BACKLOG,    /* flow control: the reader is too far behind */
 	REDIRECT_READER,     /* the peer's reader is unproven, or needs TCP */
 	REDIRECT_REFUSE,     /* the peer splices with redirected bytes unread: neither path is in order */
+	REDIRECT_JOINED,     /* a kernel join holds the peer: only through_join may pass it by */
 };
 
 /* The psock counts the bytes queued on it (msg_tot_len) on newer kernels;
@@ -586,6 +590,22 @@ static __always_inline __u32 peer_copied_seq(void *sk)
 		return BPF_CORE_READ((struct tcp_sock *)sk, copied_seq);
 	struct tcp_sock *tp = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock));
 	return tp->copied_seq;
+}
+
+static __always_inline __u64 sock_cookie(void *sk)
+{
+	if (cfg.probe_reads)
+		return BPF_CORE_READ((struct sock *)sk, __sk_common.skc_cookie.counter);
+	struct sock *s = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+	return s->__sk_common.skc_cookie.counter;
+}
+
+static __always_inline __u32 peer_write_seq(void *sk)
+{
+	if (cfg.probe_reads)
+		return BPF_CORE_READ((struct tcp_sock *)sk, write_seq);
+	struct tcp_sock *tp = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock));
+	return tp->write_seq;
 }
 
 /* Whether a kernel join (shunt proxy, splice, daemon) holds the socket of
@@ -653,7 +673,9 @@ static __always_inline void peer_buffer(struct peer_ref *ref, struct peer_buffer
 	b->rcvbuf = peer->sk_rcvbuf;
 }
 
-static __always_inline int check_peer(struct peer_ref *ref, struct tcp_sock *self)
+/* sent: the end of what the peer's TCP sender (the sending socket, or the
+ * far socket of a join) has queued for TCP. */
+static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 {
 	if (!ref)
 		return REDIRECT_NO_PEER;
@@ -669,7 +691,7 @@ static __always_inline int check_peer(struct peer_ref *ref, struct tcp_sock *sel
 			return REDIRECT_READER;
 	}
 	void *peer = ref->sk;
-	if (!splicer && peer_copied_seq(peer) != self->write_seq)
+	if (!splicer && peer_copied_seq(peer) != sent)
 		return REDIRECT_TCP_UNREAD;
 
 	/* Redirected bytes are bounded only by tcp_mem, not the receiver's
@@ -680,7 +702,7 @@ static __always_inline int check_peer(struct peer_ref *ref, struct tcp_sock *sel
 	if (!buf.psock)
 		return REDIRECT_NO_PEER;
 	if (buf.joined)
-		return REDIRECT_READER;
+		return REDIRECT_JOINED;
 	__u32 limit = cfg.max_backlog;
 	if (buf.rcvbuf_locked)
 		limit = buf.rcvbuf;
@@ -704,6 +726,49 @@ static __always_inline int check_peer(struct peer_ref *ref, struct tcp_sock *sel
 	if (unread > limit)
 		return REDIRECT_BACKLOG;
 	return REDIRECT_OK;
+}
+
+/* A send to F, a socket of a kernel join whose other socket B is paired
+ * with U (a proxy's two legs, both bypassed): it may go straight to U if
+ * nothing this socket sent F is still on its way there. That is: the join
+ * has sent out through B all this socket sent (plus what the proxy added, a
+ * PROXY header), and U read all B sent by TCP. B sends only what the join
+ * took from F, so the first says F's queue and the join hold none of it.
+ * Each side counts what took TCP by sequence numbers (from the handshake's)
+ * and what went by redirect in bypass's counts (this socket's tx_bytes, less
+ * what passed the join by; B's, fixed once joined, in sc->added). Read in
+ * that order, each stays true once seen true (this socket's sends wait on
+ * its lock, held here; nothing else feeds the join), so both hold together.
+ * x86-64 keeps loads in order; the barrier keeps clang from reordering them
+ * (an arm64 build would need a fetching atomic instead). Then U's reader and
+ * buffer decide as for a direct peer. Sets *far, *far_key and *via where
+ * that check ran; else REDIRECT_JOINED: the send takes TCP, through the
+ * join. */
+static __always_inline int through_join(__u32 sent, __u64 redirected, struct peer_ref *front,
+					struct peer_ref **far, struct sock_key **far_key, struct shortcut **via)
+{
+	__u64 cookie = sock_cookie(front->sk);
+	struct shortcut *sc = bpf_map_lookup_elem(&shortcuts, &cookie);
+	if (!sc)
+		return REDIRECT_JOINED;
+	struct peer_ref *back = bpf_map_lookup_elem(&peer_refs, &sc->partner);
+	if (!back || !back->sk || sock_cookie(back->sk) != sc->partner_cookie)
+		return REDIRECT_JOINED;
+	struct peer_ref *u = bpf_map_lookup_elem(&peer_refs, &back->peer);
+	if (!u || !u->sk)
+		return REDIRECT_JOINED;
+	__u32 out = peer_write_seq(back->sk);
+	__u32 to_front = (__u32)(redirected - sc->bytes);
+	if (out - back->snd_origin - (sent - front->rcv_origin) - to_front != sc->added)
+		return REDIRECT_JOINED;
+	asm volatile("" ::: "memory");
+	int r = check_peer(u, out);
+	if (r == REDIRECT_JOINED)
+		return r;
+	*far = u;
+	*far_key = &back->peer;
+	*via = sc;
+	return r;
 }
 
 /* Counts a send of a held socket for its cgroup. */
@@ -768,8 +833,17 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 		return pass(st, size);
 
 	/* The peer's entry: published by sockops, gone when it left. */
-	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->peer);
-	switch (check_peer(ref, tp)) {
+	struct sock_key *to = &st->peer;
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, to);
+	struct shortcut *via = 0;
+	int check = check_peer(ref, tp->write_seq);
+	if (check == REDIRECT_JOINED && ref) {
+		struct peer_ref *far = 0;
+		check = through_join(tp->write_seq, st->tx_bytes, ref, &far, &to, &via);
+		if (far)
+			ref = far;
+	}
+	switch (check) {
 	case REDIRECT_OK:
 		break;
 	case REDIRECT_REFUSE:
@@ -786,12 +860,16 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 
 	/* A missing peer (closed a moment ago) leaves the send on the TCP
 	 * path, where a closed peer answers as TCP would. */
-	if (bpf_msg_redirect_hash(msg, &sock_hash, &st->peer, BPF_F_INGRESS) != SK_PASS)
+	if (bpf_msg_redirect_hash(msg, &sock_hash, to, BPF_F_INGRESS) != SK_PASS)
 		return pass(st, size);
 	if (st->flags & STATE_THROTTLED)
 		__sync_fetch_and_and(&st->flags, ~STATE_THROTTLED);
 	if (!PSOCK_COUNTS && ref) /* REDIRECT_OK: ref is set */
 		__sync_fetch_and_add(&ref->redirected_in, size);
+	if (via) {
+		__sync_fetch_and_add(&via->bytes, size);
+		__sync_fetch_and_add(&via->sends, 1);
+	}
 	st->tx_bytes += size;
 	st->tx_msgs++;
 	count_send(st, size, 1);

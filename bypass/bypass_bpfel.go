@@ -131,6 +131,16 @@ const (
 	bypassRoleROLE_SERVER bypassRole = 2
 )
 
+type bypassShortcut struct {
+	_             structs.HostLayout
+	Partner       bypassSockKey
+	PartnerCookie uint64
+	Added         uint32
+	Pad           uint32
+	Bytes         uint64
+	Sends         uint64
+}
+
 type bypassSockKey struct {
 	_     structs.HostLayout
 	Netns uint64
@@ -208,6 +218,7 @@ const (
 	bypassMapIsnHandshakes       = "isn_handshakes"
 	bypassMapPeerRefs            = "peer_refs"
 	bypassMapReaderPorts         = "reader_ports"
+	bypassMapShortcuts           = "shortcuts"
 	bypassMapSockHash            = "sock_hash"
 	bypassMapSockStates          = "sock_states"
 	bypassMapSplicePrograms      = "splice_programs"
@@ -301,6 +312,7 @@ type bypassMapSpecs struct {
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
+	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
 	SplicePrograms *ebpf.MapSpec `ebpf:"splice_programs"`
@@ -350,6 +362,7 @@ type bypassMaps struct {
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
+	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
 	SplicePrograms *ebpf.Map `ebpf:"splice_programs"`
@@ -366,6 +379,7 @@ func (m *bypassMaps) Close() error {
 		m.IsnHandshakes,
 		m.PeerRefs,
 		m.ReaderPorts,
+		m.Shortcuts,
 		m.SockHash,
 		m.SockStates,
 		m.SplicePrograms,

@@ -76,6 +76,10 @@ const isnHandshakesMap = "isn_handshakes"
 // in pinnedMaps: older installs have none).
 const readerPortsMap = "reader_ports"
 
+// shortcutsMap holds the joins whose legs bypass may pass by (shortcut.go;
+// not in pinnedMaps: older installs have none).
+const shortcutsMap = "shortcuts"
+
 // ReaderPortTTL is how long a server port whose reader needed TCP (a
 // blocking recv, MSG_WAITALL, a splice) keeps its new connections unpaired:
 // paired, each would be taken out again at its first read. After it, one
@@ -492,6 +496,7 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		cgroupSendsMap:   m.CgroupSends,
 		isnHandshakesMap: m.IsnHandshakes,
 		readerPortsMap:   m.ReaderPorts,
+		shortcutsMap:     m.Shortcuts,
 	}
 }
 
@@ -515,7 +520,7 @@ func Open(dir string) (*Install, error) {
 	}
 	// Installs made before per-cgroup counts or pairing by sequence
 	// numbers lack those maps; they still open (and can be removed).
-	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap} {
+	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap, shortcutsMap} {
 		if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil); err == nil {
 			in.maps[name] = m
 		}

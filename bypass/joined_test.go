@@ -1,13 +1,102 @@
 package bypass_test
 
 import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
 	"testing"
 	"time"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 	"github.com/shunt-project/shunt/splice"
 )
+
+// proxied is a proxy's shape in one enabled cgroup: client -> front (the
+// proxy's accepted socket), back (its socket to the upstream) -> upstream,
+// each leg paired by bypass, front and back joined in the kernel.
+type proxied struct {
+	client, front, back, upstream *net.TCPConn
+	cookies                       [4]uint64 // in that order, taken before the join closes its own
+}
+
+var proxiedNames = [4]string{"client", "proxy's front", "proxy's back", "upstream"}
+
+// mustProxied builds it over the family's loopback. header is what the
+// proxy writes to the upstream before the join (a PROXY protocol header);
+// the upstream checks it, then echoes. Both legs' readers are seen in recv
+// first: each leg alone would be redirected from there on.
+func mustProxied(t *testing.T, cg host.Cgroup, sp *splice.Splicer, network, addr string, header []byte) proxied {
+	t.Helper()
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	var p proxied
+	p.client, p.front = testenv.ConnPair(t, network, side, addr, side, addr)
+	p.back, p.upstream = testenv.ConnPair(t, network, side, addr, side, addr)
+	testenv.Warm(t, p.client, p.front)
+	testenv.Warm(t, p.back, p.upstream)
+	for i, c := range []*net.TCPConn{p.client, p.front, p.back, p.upstream} {
+		p.cookies[i] = testenv.Cookie(t, c)
+	}
+	if _, err := p.back.Write(header); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sp.Join(p.front, p.back); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		got := make([]byte, len(header))
+		if _, err := io.ReadFull(p.upstream, got); err != nil || !bytes.Equal(got, header) {
+			t.Errorf("upstream read header %q, %v; want %q", got, err, header)
+			p.upstream.Close()
+			return
+		}
+		echo(p.upstream)
+	}()
+	if err := p.client.SetDeadline(time.Now().Add(20 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustSplicerHere(t *testing.T) *splice.Splicer {
+	t.Helper()
+	sp, err := splice.New(splice.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sp.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return sp
+}
+
+// redirected is what each of the four sockets sent by redirect, as bypass
+// counts it (the client and upstream must still be held; the join closes
+// its own).
+func (p proxied) redirected(t *testing.T, in *bypass.Install) (tx [4]uint64) {
+	t.Helper()
+	for i, cookie := range p.cookies {
+		f := flowOf(t, in, cookie)
+		if f == nil {
+			if i == 0 || i == 3 {
+				t.Fatalf("%s's socket is not held: its leg was not paired", proxiedNames[i])
+			}
+			continue
+		}
+		for _, e := range []*bypass.Endpoint{f.Client, f.Server} {
+			if e != nil && e.Cookie == cookie {
+				tx[i] = e.TxBytes
+			}
+		}
+	}
+	return tx
+}
+
+var loopbacks = []struct{ network, addr string }{{"tcp4", "127.0.0.1:0"}, {"tcp6", "[::1]:0"}}
 
 // A kernel join (shunt proxy --mode kernel, splice, daemon) may hold sockets
 // of connections bypass paired: a proxy running in an enabled cgroup between
@@ -18,58 +107,104 @@ import (
 // in the proxy socket's psock where the verdict never looks.
 func TestKernelJoinInsideAnEnabledCgroup(t *testing.T) {
 	in, cg := mustInstall(t)
-	sp, err := splice.New(splice.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := sp.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	for i, fam := range []struct{ network, addr string }{{"tcp4", "127.0.0.1:0"}, {"tcp6", "[::1]:0"}} {
+	sp := mustSplicerHere(t)
+	for i, fam := range loopbacks {
 		t.Run(fam.network, func(t *testing.T) {
-			side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
-			client, front := testenv.ConnPair(t, fam.network, side, fam.addr, side, fam.addr)
-			back, upstream := testenv.ConnPair(t, fam.network, side, fam.addr, side, fam.addr)
-			// Both legs' readers seen in recv: each leg alone would be
-			// redirected from here on.
-			testenv.Warm(t, client, front)
-			testenv.Warm(t, back, upstream)
-			type held struct {
-				name   string
-				cookie uint64
-				open   bool // still open when checked (the join closes its own)
-			}
-			socks := []held{
-				{"client", testenv.Cookie(t, client), true}, {"proxy's front", testenv.Cookie(t, front), false},
-				{"proxy's back", testenv.Cookie(t, back), false}, {"upstream", testenv.Cookie(t, upstream), true},
-			}
-			if _, err := sp.Join(front, back); err != nil {
-				t.Fatal(err)
-			}
-			go echo(upstream)
-			if err := client.SetDeadline(time.Now().Add(20 * time.Second)); err != nil {
-				t.Fatal(err)
-			}
+			p := mustProxied(t, cg, sp, fam.network, fam.addr, nil)
 			s := testenv.Stream{Seed: uint64(i + 1), Size: 8 << 20, MaxChunk: 200 << 10}
-			if err := s.Through(client, client); err != nil {
+			if err := s.Through(p.client, p.client); err != nil {
 				t.Fatalf("through the join: %v", err)
 			}
-			for _, c := range socks {
-				f := flowOf(t, in, c.cookie)
-				if f == nil {
-					if c.open {
-						t.Fatalf("%s's socket is not held: its leg was not paired", c.name)
-					}
-					continue
-				}
-				for _, e := range []*bypass.Endpoint{f.Client, f.Server} {
-					if e != nil && e.Cookie == c.cookie && e.TxBytes != 0 {
-						t.Errorf("%s redirected %d bytes; a joined socket's leg must stay on TCP", c.name, e.TxBytes)
-					}
+			for i, n := range p.redirected(t, in) {
+				if n != 0 {
+					t.Errorf("%s redirected %d bytes with no shortcut: a joined socket's leg must stay on TCP", proxiedNames[i], n)
 				}
 			}
 		})
+	}
+}
+
+// With a shortcut the join is passed by: the client's sends go straight to
+// the upstream's socket and back, as if there were no proxy, while nothing
+// sent by TCP is still on its way through the join; a PROXY header the
+// proxy wrote first stays first. Every byte arrives once and in order.
+func TestShortcutPassesTheJoinBy(t *testing.T) {
+	in, cg := mustInstall(t)
+	sp := mustSplicerHere(t)
+	headers := map[string][]byte{"no-header": nil, "proxy-header": []byte("PROXY TCP4 10.0.0.1 10.0.0.2 1111 2222\r\n")}
+	for i, fam := range loopbacks {
+		for name, header := range headers {
+			t.Run(fam.network+"/"+name, func(t *testing.T) {
+				p := mustProxied(t, cg, sp, fam.network, fam.addr, header)
+				sc, err := in.NewShortcut(p.front, p.back, uint32(len(header)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := testenv.Stream{Seed: uint64(10 + i), Size: 8 << 20, MaxChunk: 200 << 10}
+				if err := s.Through(p.client, p.client); err != nil {
+					t.Fatalf("through the shortcut: %v", err)
+				}
+				tx := p.redirected(t, in)
+				if err := sc.Close(); err != nil {
+					t.Fatal(err)
+				}
+				ab, ba, sends := sc.Bytes()
+				t.Logf("passed the join by: %d bytes up, %d down, %d sends; redirected by client %d, upstream %d",
+					ab, ba, sends, tx[0], tx[3])
+				if ab == 0 || ba == 0 {
+					t.Errorf("nothing passed the join by one way (up %d, down %d bytes)", ab, ba)
+				}
+				if tx[0] < ab || tx[3] < ba {
+					t.Errorf("the peers' own counts (%d, %d) are below the shortcut's (%d, %d)", tx[0], tx[3], ab, ba)
+				}
+			})
+		}
+	}
+}
+
+// A small backlog bound makes the client's sends switch between the
+// shortcut and TCP through the join over and over (flow control sends by TCP
+// while the upstream holds 64 KiB unread): each switch back to the shortcut
+// must wait until the upstream has read everything that took the join.
+func TestShortcutKeepsOrderAcrossPaths(t *testing.T) {
+	in, cg := mustInstallWith(t, bypass.Options{MaxBacklog: 64 << 10})
+	sp := mustSplicerHere(t)
+	for i, fam := range loopbacks {
+		t.Run(fam.network, func(t *testing.T) {
+			p := mustProxied(t, cg, sp, fam.network, fam.addr, nil)
+			sc, err := in.NewShortcut(p.front, p.back, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sc.Close()
+			s := testenv.Stream{Seed: uint64(20 + i), Size: 16 << 20, MaxChunk: 100 << 10}
+			if err := s.Through(p.client, p.client); err != nil {
+				t.Fatalf("through the shortcut and the join: %v", err)
+			}
+			ab, ba, sends := sc.Bytes()
+			f := flowOf(t, in, p.cookies[0])
+			var tcpSends uint64
+			if f != nil && f.Client != nil {
+				tcpSends = f.Client.TCPMsgs
+			}
+			t.Logf("passed the join by: %d bytes up, %d down, %d sends; client's sends by TCP: %d", ab, ba, sends, tcpSends)
+			if ab == 0 || tcpSends == 0 {
+				t.Errorf("want both paths used up: %d bytes by the shortcut, %d sends by TCP", ab, tcpSends)
+			}
+		})
+	}
+}
+
+// Sockets bypass did not pair (the upstream outside the enabled cgroups)
+// get no shortcut, and the caller is told why.
+func TestShortcutNeedsPairedLegs(t *testing.T) {
+	in, cg := mustInstall(t)
+	other := testenv.MustCgroup(t)
+	ns := testenv.MustNetNS(t)
+	client, front := testenv.ConnPair(t, "tcp4", testenv.Side{NS: ns, CG: cg}, "127.0.0.1:0", testenv.Side{NS: ns, CG: cg}, "127.0.0.1:0")
+	back, _ := testenv.ConnPair(t, "tcp4", testenv.Side{NS: ns, CG: other}, "127.0.0.1:0", testenv.Side{NS: ns, CG: cg}, "127.0.0.1:0")
+	_ = client
+	if _, err := in.NewShortcut(front, back, 0); !errors.Is(err, bypass.ErrNotHeld) {
+		t.Fatalf("NewShortcut with an unpaired leg: %v, want ErrNotHeld", err)
 	}
 }

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"github.com/shunt-project/shunt/bypass"
+
 	"context"
 	"errors"
 	"fmt"
@@ -133,6 +135,12 @@ type Config struct {
 	// Dial connects to an upstream (nil: net.Dialer with DialTimeout). A
 	// caller whose upstreams live in another network namespace dials there.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Shortcuts (Kernel mode; nil: none): where this bypass install
+	// paired both legs of a connection (client, proxy and upstream in
+	// enabled cgroups), the client's sends go straight into the upstream's
+	// socket and back whenever nothing that took TCP is on its way
+	// through the join, which keeps the rest, the end and the reset.
+	Shortcuts *bypass.Install
 }
 
 // maxHead bounds the request head read for routing.

@@ -16,6 +16,8 @@ func Collector(stats func() Stats) prometheus.Collector {
 		promsnap.Counter("bytes_up_total", "Bytes from clients to upstreams, of ended connections.", func(s Stats) float64 { return float64(s.Up) }),
 		promsnap.Counter("bytes_down_total", "Bytes from upstreams to clients, of ended connections.", func(s Stats) float64 { return float64(s.Down) }),
 		promsnap.Counter("bytes_kernel_total", "Of those bytes, the ones the kernel moved (mode kernel).", func(s Stats) float64 { return float64(s.Kernel) }),
+		promsnap.Counter("bytes_passed_by_total", "Of the kernel's bytes, the ones sent straight between client and upstream, passing the proxy's sockets by (mode kernel, legs paired by bypass).", func(s Stats) float64 { return float64(s.PassedBy) }),
+		promsnap.Counter("connections_shortcut_total", "Connections whose two legs bypass paired, so that client and upstream could reach each other directly (mode kernel).", func(s Stats) float64 { return float64(s.ShortcutConns) }),
 		promsnap.Gauge("directions_in_kernel", "Directions of open connections the kernel forwards now (mode kernel; the rest are paced through user space).", func(s Stats) float64 { return float64(s.InKernel) }),
 		promsnap.Counter("directions_throttled_total", "Times flow control gave a direction to user space, of ended connections (mode kernel).", func(s Stats) float64 { return float64(s.Throttled) }),
 	})

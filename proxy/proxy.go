@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/splice"
 )
 
@@ -23,11 +24,15 @@ import (
 type Stats struct {
 	Accepted uint64 `json:"accepted"`
 	Active   int64  `json:"active"`
-	Refused  uint64 `json:"refused"`      // no upstream would take the connection
-	Failed   uint64 `json:"failed"`       // ended by a reset or an error
-	Up       uint64 `json:"bytes_up"`     // client to upstream, ended connections
-	Down     uint64 `json:"bytes_down"`   // upstream to client, ended connections
-	Kernel   uint64 `json:"bytes_kernel"` // of those, moved by the kernel
+	Refused  uint64 `json:"refused"`         // no upstream would take the connection
+	Failed   uint64 `json:"failed"`          // ended by a reset or an error
+	Up       uint64 `json:"bytes_up"`        // client to upstream, ended connections
+	Down     uint64 `json:"bytes_down"`      // upstream to client, ended connections
+	Kernel   uint64 `json:"bytes_kernel"`    // of those, moved by the kernel
+	PassedBy uint64 `json:"bytes_passed_by"` // of those, sent straight between client and upstream (Config.Shortcuts)
+	// Kernel mode with Shortcuts: connections whose legs bypass paired,
+	// so that their peers could pass the join by.
+	ShortcutConns uint64 `json:"connections_shortcut"`
 	// Kernel mode: directions of open connections the kernel forwards
 	// now, and times flow control gave a direction to user space (ended
 	// connections).
@@ -50,17 +55,19 @@ type Proxy struct {
 	life    context.Context
 	endLife context.CancelFunc
 
-	mu       sync.Mutex
-	closing  bool                      // Close began: a handler holds no new connection
-	conns    map[*net.TCPConn]struct{} // what handlers hold (in Kernel mode until the join), for Close
-	accepted atomic.Uint64
-	active   atomic.Int64
-	refused  atomic.Uint64
-	failed   atomic.Uint64
-	up       atomic.Uint64
-	down     atomic.Uint64
-	kernel   atomic.Uint64
-	throttle atomic.Uint64
+	mu        sync.Mutex
+	closing   bool                      // Close began: a handler holds no new connection
+	conns     map[*net.TCPConn]struct{} // what handlers hold (in Kernel mode until the join), for Close
+	accepted  atomic.Uint64
+	active    atomic.Int64
+	refused   atomic.Uint64
+	failed    atomic.Uint64
+	up        atomic.Uint64
+	down      atomic.Uint64
+	kernel    atomic.Uint64
+	throttle  atomic.Uint64
+	passedBy  atomic.Uint64
+	shortcuts atomic.Uint64
 }
 
 // New checks cfg, loads the kernel programs (Kernel mode) and listens.
@@ -115,6 +122,7 @@ func (p *Proxy) Stats() Stats {
 	st := Stats{
 		Accepted: p.accepted.Load(), Active: p.active.Load(), Refused: p.refused.Load(),
 		Failed: p.failed.Load(), Up: p.up.Load(), Down: p.down.Load(), Kernel: p.kernel.Load(),
+		PassedBy: p.passedBy.Load(), ShortcutConns: p.shortcuts.Load(),
 		Throttled: p.throttle.Load(),
 	}
 	if p.splicer != nil {
@@ -238,13 +246,14 @@ func (p *Proxy) handle(client *net.TCPConn) {
 
 	var r result
 	if p.cfg.Mode == Kernel {
-		r = p.joinInKernel(client, upstream)
+		r = p.joinInKernel(client, upstream, uint32(len(first)-len(head)))
 	} else {
 		r = relay(client, upstream, p.cfg.Mode == Pipe)
 	}
 	p.up.Add(r.up)
 	p.down.Add(r.down)
 	p.kernel.Add(r.kernel)
+	p.passedBy.Add(r.passedBy)
 	p.throttle.Add(r.throttled)
 	if r.err != nil {
 		p.failed.Add(1)
@@ -252,19 +261,50 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	}
 }
 
-func (p *Proxy) joinInKernel(client, upstream *net.TCPConn) result {
+// joinInKernel joins the two connections; added is what the proxy wrote to
+// the upstream that the client did not send (a PROXY header).
+func (p *Proxy) joinInKernel(client, upstream *net.TCPConn, added uint32) result {
 	pair, err := p.splicer.Join(client, upstream)
 	if err != nil {
 		abort(client, upstream)
 		return result{err: err}
 	}
+	sc := p.shortcut(client, upstream, added)
 	// The splicer has them now: Close ends the pair by closing it.
 	p.release(client)
 	p.release(upstream)
 	<-pair.Done()
 	up, down := pair.Stats()
-	return result{up: up.Bytes, down: down.Bytes, kernel: up.Kernel + down.Kernel,
+	r := result{up: up.Bytes, down: down.Bytes, kernel: up.Kernel + down.Kernel,
 		throttled: uint64(up.ToUser) + uint64(down.ToUser), err: pair.Err()}
+	if sc != nil {
+		if err := sc.Close(); err != nil {
+			p.log("proxy: %v", err)
+		}
+		ab, ba, _ := sc.Bytes()
+		r.up += ab
+		r.down += ba
+		r.kernel += ab + ba
+		r.passedBy = ab + ba
+	}
+	return r
+}
+
+// shortcut lets the peers of a joined pair pass it by where bypass paired
+// both legs; nil where it did not (or Shortcuts is off).
+func (p *Proxy) shortcut(client, upstream *net.TCPConn, added uint32) *bypass.Shortcut {
+	if p.cfg.Shortcuts == nil {
+		return nil
+	}
+	sc, err := p.cfg.Shortcuts.NewShortcut(client, upstream, added)
+	if err != nil {
+		if !errors.Is(err, bypass.ErrNotHeld) && !errors.Is(err, net.ErrClosed) {
+			p.log("proxy: %s: no shortcut: %v", client.RemoteAddr(), err)
+		}
+		return nil
+	}
+	p.shortcuts.Add(1)
+	return sc
 }
 
 // hold registers a connection a handler works on, so Close can reset it;

@@ -11,6 +11,7 @@ import (
 type result struct {
 	up, down, kernel uint64
 	throttled        uint64 // kernel mode: times flow control gave a direction to user space
+	passedBy         uint64 // kernel mode: of kernel, sent straight between the peers (a shortcut)
 	err              error
 }
 

@@ -106,6 +106,11 @@ struct peer_ref {
 	 * (STATE_READS), with reader_comm: learning that program sends the
 	 * socket back to TCP (presume_splicer). */
 	__u64 reader_args;
+	/* The sequence number of this socket's first byte received and sent:
+	 * copied_seq - rcv_origin bytes have been read, write_seq - snd_origin
+	 * written (through_join). */
+	__u32 rcv_origin;
+	__u32 snd_origin;
 };
 
 struct {
@@ -114,6 +119,31 @@ struct {
 	__type(key, struct sock_key);
 	__type(value, struct peer_ref);
 } peer_refs SEC(".maps");
+
+/* A kernel join's two sockets (shunt proxy --mode kernel) whose connections
+ * bypass paired: a peer's sends to one go straight to the far peer of the
+ * other (through_join). Set by the proxy, one entry per socket, keyed by its
+ * cookie (never reused, unlike a key: an entry a crashed proxy left behind
+ * matches no later socket, and the LRU drops it in time); the proxy reads the
+ * counts and deletes both entries when the join ends. */
+struct shortcut {
+	struct sock_key partner; /* the join's other socket */
+	__u64 partner_cookie;
+	/* What partner sent the far peer and this socket's peer did not send
+	 * it, less what partner sent by redirect before it was joined (a
+	 * PROXY header the proxy wrote, by TCP or redirect). */
+	__u32 added;
+	__u32 _pad;
+	__u64 bytes;             /* redirected end to end */
+	__u64 sends;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_SOCKETS);
+	__type(key, __u64);
+	__type(value, struct shortcut);
+} shortcuts SEC(".maps");
 
 /* Server ports whose connections stay on TCP, set by the user for
  * applications that read in ways a redirected flow cannot serve (splice(2),

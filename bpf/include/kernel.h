@@ -52,6 +52,10 @@ struct in6_addr {
 	} in6_u;
 };
 
+typedef struct {
+	__s64 counter;
+} atomic64_t;
+
 struct sock_common {
 	__u32 skc_daddr;
 	__u32 skc_rcv_saddr;
@@ -63,6 +67,7 @@ struct sock_common {
 	struct in6_addr skc_v6_daddr;
 	struct in6_addr skc_v6_rcv_saddr;
 	unsigned long skc_flags; /* sk_flags */
+	atomic64_t skc_cookie;   /* SO_COOKIE, once asked for */
 };
 
 struct inode;

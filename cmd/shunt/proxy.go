@@ -10,11 +10,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/proxy"
 )
 
-func newProxyCmd(e *env) *cobra.Command {
+func newProxyCmd(e *env, g *globals) *cobra.Command {
 	var fl proxyFlags
 	c := &cobra.Command{
 		Use:   "proxy --listen ADDR:PORT --upstream ADDR:PORT[,ADDR:PORT...]",
@@ -28,6 +29,13 @@ connection's bytes:
                   takes over while the far reader is slow (flow control)
   --mode copy     through a user-space buffer (read, then write)
   --mode pipe     through a pipe with splice(2), as HAProxy does
+
+Where bypass is enabled (--pin-dir) for the client, the proxy and the
+upstream alike, so that it pairs both legs of a connection, kernel mode goes
+further: the client's sends go straight into the upstream's socket and back,
+as if there were no proxy, whenever nothing that took TCP is still on its
+way through the join (which keeps forwarding the rest, and the connection's
+end and reset). --shortcuts=false keeps every byte in the join.
 
 With --route HOST=ADDR:PORT[,...] the proxy reads the first request head
 (HTTP/1) and sends requests for that Host to those upstreams; others, and
@@ -66,6 +74,17 @@ Prometheus (docs/METRICS.md).`,
 			if fl.udp {
 				return runUDPProxy(c.Context(), e, cfg, fl.idle, fl.metricsAddr)
 			}
+			if cfg.Mode == proxy.Kernel && fl.shortcuts {
+				in, err := openShortcuts(g.pinDir)
+				if err != nil {
+					return err
+				}
+				if in != nil {
+					defer in.Close()
+					cfg.Shortcuts = in
+					fmt.Fprintf(e.stderr, "proxy: bypass is installed at %s: a connection whose two legs it pairs passes the join by (--shortcuts=false keeps every byte in the join)\n", g.pinDir)
+				}
+			}
 			return runTCPProxy(c.Context(), e, cfg, fl.metricsAddr)
 		},
 	}
@@ -77,6 +96,7 @@ Prometheus (docs/METRICS.md).`,
 	f.StringArrayVar(&fl.routes, "route", nil, "HOST=ADDR:PORT[,ADDR:PORT]: HTTP requests for HOST go there (repeatable)")
 	f.StringVar(&fl.maxInflight, "max-inflight", "4M", "kernel mode: bytes one direction may have unacknowledged in the outgoing socket before user space paces it")
 	f.IntVar(&fl.maxConns, "max-conns", 10000, "connections (UDP: flows) at once; more are refused")
+	f.BoolVar(&fl.shortcuts, "shortcuts", true, "kernel mode: where bypass (installed at --pin-dir) paired both legs of a connection, the client's bytes go straight to the upstream's socket and back, passing the join by")
 	f.BoolVar(&fl.udp, "udp", false, "proxy UDP datagrams instead of TCP connections (modes kernel and copy)")
 	f.DurationVar(&fl.idle, "idle", proxy.DefaultUDPIdle, "--udp: close a flow that carried nothing for this long")
 	metricsAddrFlag(c, &fl.metricsAddr)
@@ -89,7 +109,7 @@ type proxyFlags struct {
 	metricsAddr                                      string
 	routes                                           []string
 	maxConns                                         int
-	udp                                              bool
+	udp, shortcuts                                   bool
 	idle                                             time.Duration
 }
 
@@ -138,6 +158,19 @@ func (fl proxyFlags) config() (proxy.Config, error) {
 	return cfg, nil
 }
 
+// openShortcuts opens the bypass install at dir for the kernel mode's
+// shortcuts; nil, nil if there is none.
+func openShortcuts(dir string) (*bypass.Install, error) {
+	in, err := bypass.Open(dir)
+	if errors.Is(err, bypass.ErrNotInstalled) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--shortcuts: %w (or --shortcuts=false)", err)
+	}
+	return in, nil
+}
+
 // runTCPProxy runs a TCP proxy until ctx ends, and says what it did.
 func runTCPProxy(ctx context.Context, e *env, cfg proxy.Config, metricsAddr string) error {
 	p, err := proxy.New(cfg, func(format string, args ...any) {
@@ -156,8 +189,12 @@ func runTCPProxy(ctx context.Context, e *env, cfg proxy.Config, metricsAddr stri
 	runErr := p.Run(ctx)
 	closeErr := errors.Join(p.Close(), stopMetrics())
 	st := p.Stats() // after Close: connections count when they end
-	fmt.Fprintf(e.stderr, "proxy: stopped after %d connections (%d refused, %d failed); %d bytes up, %d down, %d of them moved by the kernel\n",
+	fmt.Fprintf(e.stderr, "proxy: stopped after %d connections (%d refused, %d failed); %d bytes up, %d down, %d of them moved by the kernel",
 		st.Accepted, st.Refused, st.Failed, st.Up, st.Down, st.Kernel)
+	if cfg.Shortcuts != nil {
+		fmt.Fprintf(e.stderr, " (%d straight between client and upstream, on %d connections with both legs paired)", st.PassedBy, st.ShortcutConns)
+	}
+	fmt.Fprintln(e.stderr)
 	if runErr != nil {
 		return runErr
 	}

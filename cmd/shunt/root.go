@@ -120,7 +120,7 @@ func newRoot(e *env) *cobra.Command {
 		}
 		return nil
 	}
-	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newMetricsCmd(e, g), newAgentCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newPolicyCmd(e, g), newReapCmd(e, g), newFanoutCmd(e), newProxyCmd(e), newSpliceCmd(e), newDaemonCmd(e), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
+	root.AddCommand(newBypassCmd(e, g), newStatusCmd(e, g), newMetricsCmd(e, g), newAgentCmd(e, g), newFlowsCmd(e, g), newIndexCmd(e, g), newPolicyCmd(e, g), newReapCmd(e, g), newFanoutCmd(e), newProxyCmd(e, g), newSpliceCmd(e), newDaemonCmd(e), newDemoCmd(e), newBenchCmd(e), newVersionCmd(e))
 	refuseUnknownShells(root)
 	return root
 }

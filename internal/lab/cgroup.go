@@ -47,11 +47,13 @@ func NewCgroup(name string) (host.Cgroup, func() error, error) {
 // once would put each other's sockets in the wrong cgroup.
 var cgroupMu sync.Mutex
 
-// InCgroup runs fn with this process moved into cg, then moves it back. A
-// socket belongs to the cgroup its creator was in when it was made (accepted
-// sockets to their listener's), so sockets fn makes stay in cg. fn must not
-// wait for another InCgroup caller. A zero cg runs fn in place.
-func InCgroup(cg host.Cgroup, fn func() error) error {
+// InCgroup runs fn with this process moved into cg, then moves it back, also
+// when fn exits its goroutine (a test's t.Fatal): a process left there would
+// keep the cgroup from being removed. A socket belongs to the cgroup its
+// creator was in when it was made (accepted sockets to their listener's), so
+// sockets fn makes stay in cg. fn must not wait for another InCgroup caller.
+// A zero cg runs fn in place.
+func InCgroup(cg host.Cgroup, fn func() error) (err error) {
 	if cg.Path == "" {
 		return fn()
 	}
@@ -64,11 +66,12 @@ func InCgroup(cg host.Cgroup, fn func() error) error {
 	if err := moveTo(cg.Path); err != nil {
 		return err
 	}
-	ferr := fn()
-	if err := moveTo(orig); err != nil {
-		return err
-	}
-	return ferr
+	defer func() {
+		if merr := moveTo(orig); merr != nil {
+			err = merr
+		}
+	}()
+	return fn()
 }
 
 func ownCgroup() (string, error) {
