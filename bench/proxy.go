@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,12 +20,17 @@ import (
 
 // Proxies `shunt bench proxy` compares: shunt's three modes and the real ones.
 const (
-	ProxyKernel  = "shunt-kernel"
-	ProxyCopy    = "shunt-copy"
-	ProxyPipe    = "shunt-pipe"
-	ProxyHAProxy = "haproxy" // splice on (option splice-auto)
-	ProxyNginx   = "nginx"   // stream module
-	ProxySocat   = "socat"
+	ProxyKernel = "shunt-kernel"
+	// ProxyShortcut is shunt-kernel with client, proxy and upstream in a
+	// cgroup bypass is enabled for: both legs paired, and their peers
+	// reach each other straight, passing the join by (shunt proxy
+	// --shortcuts).
+	ProxyShortcut = "shunt-shortcut"
+	ProxyCopy     = "shunt-copy"
+	ProxyPipe     = "shunt-pipe"
+	ProxyHAProxy  = "haproxy" // splice on (option splice-auto)
+	ProxyNginx    = "nginx"   // stream module
+	ProxySocat    = "socat"
 	// ProxyDirect is no proxy: the client connects to the upstream itself,
 	// the floor a proxy that joins sockets in the kernel can approach.
 	ProxyDirect = "direct"
@@ -34,7 +40,7 @@ const (
 const nginxStream = "/usr/lib/nginx/modules/ngx_stream_module.so"
 
 // ProxyModes lists every proxy the benchmark knows.
-var ProxyModes = []string{ProxyKernel, ProxyCopy, ProxyPipe, ProxyHAProxy, ProxyNginx, ProxySocat, ProxyDirect}
+var ProxyModes = []string{ProxyKernel, ProxyShortcut, ProxyCopy, ProxyPipe, ProxyHAProxy, ProxyNginx, ProxySocat, ProxyDirect}
 
 // CPU placement: the proxy on one CPU, client and upstream on the other,
 // the same for every proxy. Kernel work runs where the kernel puts it
@@ -56,6 +62,8 @@ type ProxyConfig struct {
 	MaxTime  time.Duration // a request/response run stops after this long
 	// Shunt is the shunt binary for the shunt modes.
 	Shunt string
+
+	shortcutPin string // the bypass install shunt-shortcut's proxy uses
 }
 
 // ProxyResult is one proxy in one test over all rounds.
@@ -84,7 +92,7 @@ type ProxyResult struct {
 func (cfg ProxyConfig) validate() error {
 	for _, m := range cfg.Modes {
 		switch m {
-		case ProxyKernel, ProxyCopy, ProxyPipe:
+		case ProxyKernel, ProxyShortcut, ProxyCopy, ProxyPipe:
 			if cfg.Shunt == "" {
 				return errors.New("the shunt modes need the shunt binary")
 			}
@@ -122,6 +130,28 @@ func RunProxy(ctx context.Context, cfg ProxyConfig, progress io.Writer) ([]Proxy
 		return nil, err
 	}
 	defer up.close()
+	var sc *shortcutSetup
+	if slices.Contains(cfg.Modes, ProxyShortcut) {
+		if sc, err = newShortcutSetup(ns); err != nil {
+			return nil, fmt.Errorf("%s: %w", ProxyShortcut, err)
+		}
+		defer sc.close()
+		cfg.shortcutPin = sc.pin
+	}
+	// through runs fn through proxy m in front of the upstream port that
+	// port picks, with the upstream m uses.
+	through := func(m string, port func(*upstream) int, fn func(u *upstream, addr string) (int64, error)) (proxyRun, error) {
+		if m != ProxyShortcut {
+			return withProxy(ctx, ns, cfg, m, port(up), func(addr string) (int64, error) { return fn(up, addr) })
+		}
+		var run proxyRun
+		err := sc.run(func() error {
+			var err error
+			run, err = withProxy(ctx, ns, cfg, m, port(sc.up), func(addr string) (int64, error) { return fn(sc.up, addr) })
+			return err
+		})
+		return run, err
+	}
 
 	type key struct {
 		mode, test string
@@ -148,7 +178,7 @@ func RunProxy(ctx context.Context, cfg ProxyConfig, progress io.Writer) ([]Proxy
 				k := key{m, "rr", size}
 				get(k)
 				var s []time.Duration
-				run, err := withProxy(ctx, ns, cfg, m, up.echoPort, func(addr string) (int64, error) {
+				run, err := through(m, func(u *upstream) int { return u.echoPort }, func(_ *upstream, addr string) (int64, error) {
 					var err error
 					s, err = requestResponse(ns, addr, size, cfg.Requests, cfg.MaxTime)
 					return int64(len(s)) * 2 * int64(size), err
@@ -169,9 +199,9 @@ func RunProxy(ctx context.Context, cfg ProxyConfig, progress io.Writer) ([]Proxy
 				k := key{m, "bulk", block}
 				r := get(k)
 				var b bulkResult
-				run, err := withProxy(ctx, ns, cfg, m, up.sinkPort, func(addr string) (int64, error) {
+				run, err := through(m, func(u *upstream) int { return u.sinkPort }, func(u *upstream, addr string) (int64, error) {
 					var err error
-					b, err = bulk(ns, up, addr, block, cfg.BulkTime)
+					b, err = bulk(ns, u, addr, block, cfg.BulkTime)
 					return b.bytes, err
 				})
 				if err != nil {
@@ -268,7 +298,7 @@ func withProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, up
 	stopped = true
 	r.kernelShare = -1
 	var up, down, kernel int64
-	if m != ProxyKernel {
+	if m != ProxyKernel && m != ProxyShortcut {
 		return r, nil
 	}
 	if _, err := fmt.Sscanf(p.summary(), "%d bytes up, %d down, %d of them moved by the kernel", &up, &down, &kernel); err != nil || up+down == 0 {
@@ -356,6 +386,8 @@ func startProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, p
 	switch m {
 	case ProxyKernel, ProxyCopy, ProxyPipe:
 		argv = []string{cfg.Shunt, "proxy", "--listen", listen, "--upstream", up, "--mode", strings.TrimPrefix(m, "shunt-")}
+	case ProxyShortcut:
+		argv = []string{cfg.Shunt, "proxy", "--listen", listen, "--upstream", up, "--mode", "kernel", "--pin-dir", cfg.shortcutPin}
 	case ProxyHAProxy:
 		conf := filepath.Join(dir, "haproxy.cfg")
 		text := fmt.Sprintf(`global
@@ -400,8 +432,10 @@ stream {
 		// without it a 16 KiB reply waits for a delayed ACK (44 ms).
 		argv = []string{"socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,fork,reuseaddr,nodelay", port), "TCP:" + up + ",nodelay"}
 	}
-	full := append([]string{"netns", "exec", ns.Name, "taskset", "-c", strconv.Itoa(proxyCPU)}, argv...)
-	cmd := exec.CommandContext(ctx, "ip", full...)
+	// nsenter rather than ip netns exec, which remounts /sys and with it
+	// hides bpffs, where shunt-shortcut's proxy finds its install.
+	full := append([]string{"--net=/run/netns/" + ns.Name, "taskset", "-c", strconv.Itoa(proxyCPU)}, argv...)
+	cmd := exec.CommandContext(ctx, "nsenter", full...)
 	out := &lockedWriter{b: &strings.Builder{}}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

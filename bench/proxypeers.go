@@ -92,13 +92,14 @@ func (u *upstream) serve(ln net.Listener, fn func(fd int)) {
 	}()
 }
 
+// The peers' reads go through readSome: a blocking read of a socket bypass
+// holds can still end in EAGAIN (shunt-shortcut's install trusts readers, and
+// a reader woken by bytes that came by TCP while it waited for redirected
+// ones gets EAGAIN on 6.18), which an event loop takes as "wait for more".
 func echoConn(fd int) {
 	buf := make([]byte, 256<<10)
 	for {
-		n, err := unix.Read(fd, buf)
-		if err == unix.EINTR {
-			continue
-		}
+		n, err := readSome(fd, buf)
 		if err != nil || n == 0 || writeFull(fd, buf[:n]) != nil {
 			return
 		}
@@ -110,10 +111,7 @@ func sinkConn(fd int) bulkResult {
 	var r bulkResult
 	var first, last time.Time
 	for {
-		n, err := unix.Read(fd, buf)
-		if err == unix.EINTR {
-			continue
-		}
+		n, err := readSome(fd, buf)
 		if err != nil || n == 0 {
 			break
 		}

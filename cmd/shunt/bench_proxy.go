@@ -33,6 +33,10 @@ forwarding runs in softirq and kworkers) and the proxy processes' own.
 
 HAProxy runs with option splice-auto, nginx with its stream module, socat
 with fork; each is left out with a clear message if it is not installed.
+shunt-shortcut is shunt-kernel with the client, the proxy and the upstream
+in a cgroup a private bypass install is enabled for (trusting readers: the
+benchmark's peers read with blocking calls), so that the client's bytes go
+straight to the upstream's socket and back, passing the join by.
 "direct" is no proxy at all: the client connects to the upstream, the floor
 a proxy that joins sockets in the kernel can approach.`,
 		Example: `  shunt bench proxy --out /tmp/proxy
