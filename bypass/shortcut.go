@@ -31,6 +31,10 @@ type Shortcut struct {
 	closed           bool
 }
 
+// HasShortcuts says whether the install can take shortcuts (one made by an
+// older shunt cannot: ErrNoShortcuts).
+func (in *Install) HasShortcuts() bool { return in.maps[shortcutsMap] != nil }
+
 // NewShortcut registers a and b, two sockets a kernel join holds (package
 // splice), so that a's peer's sends may go straight to b's peer and back.
 // added is how many bytes the caller sent through b ahead of what it read

@@ -75,14 +75,16 @@ Prometheus (docs/METRICS.md).`,
 				return runUDPProxy(c.Context(), e, cfg, fl.idle, fl.metricsAddr)
 			}
 			if cfg.Mode == proxy.Kernel && fl.shortcuts {
-				in, err := openShortcuts(g.pinDir)
+				in, note, err := openShortcuts(g.pinDir)
 				if err != nil {
 					return err
+				}
+				if note != "" {
+					fmt.Fprintf(e.stderr, "proxy: %s\n", note)
 				}
 				if in != nil {
 					defer in.Close()
 					cfg.Shortcuts = in
-					fmt.Fprintf(e.stderr, "proxy: bypass is installed at %s: a connection whose two legs it pairs passes the join by (--shortcuts=false keeps every byte in the join)\n", g.pinDir)
 				}
 			}
 			return runTCPProxy(c.Context(), e, cfg, fl.metricsAddr)
@@ -159,16 +161,21 @@ func (fl proxyFlags) config() (proxy.Config, error) {
 }
 
 // openShortcuts opens the bypass install at dir for the kernel mode's
-// shortcuts; nil, nil if there is none.
-func openShortcuts(dir string) (*bypass.Install, error) {
+// shortcuts, and says what the user should know about them; nil if there is
+// no install, or one that cannot take them.
+func openShortcuts(dir string) (*bypass.Install, string, error) {
 	in, err := bypass.Open(dir)
 	if errors.Is(err, bypass.ErrNotInstalled) {
-		return nil, nil
+		return nil, "", nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("--shortcuts: %w (or --shortcuts=false)", err)
+		return nil, "", fmt.Errorf("--shortcuts: %w (or --shortcuts=false)", err)
 	}
-	return in, nil
+	if !in.HasShortcuts() {
+		in.Close()
+		return nil, fmt.Sprintf("bypass at %s was installed by an older shunt and cannot pass the join by (disable --all and enable again to get shortcuts)", dir), nil
+	}
+	return in, fmt.Sprintf("bypass is installed at %s: a connection whose two legs it pairs passes the join by (--shortcuts=false keeps every byte in the join)", dir), nil
 }
 
 // runTCPProxy runs a TCP proxy until ctx ends, and says what it did.
