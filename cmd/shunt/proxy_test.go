@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -165,4 +167,99 @@ func openFDs(t *testing.T, pid int) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// With bypass installed at --pin-dir and the client, the proxy and the
+// upstream in the cgroup it is enabled for, `shunt proxy` says it passes the
+// join by, the stream comes back whole, and its summary counts the bytes
+// that went straight between client and upstream.
+func TestProxyCommandPassesTheJoinBy(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := bypasstest.MustPinDir(t)
+	in, err := bypass.Create(pin, bypass.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	cg := testenv.MustCgroup(t)
+	if _, err := in.Attach(cg); err != nil {
+		t.Fatal(err)
+	}
+	ns := testenv.MustNetNS(t)
+	side := testenv.Side{NS: ns, CG: cg}
+	ln := testenv.Listen(t, side, "tcp", "127.0.0.1:0")
+	go func() {
+		for {
+			c, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			// read and write, not io.Copy: between two TCP connections
+			// it splices, which bypass keeps on TCP.
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						if _, err := c.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						c.CloseWrite()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	var run *running
+	testenv.InCgroup(t, cg, func() {
+		run = startShunt(t, ns, "bypass is installed at "+pin, "proxy", "--pin-dir", pin,
+			"--listen", "127.0.0.1:17001", "--upstream", ln.Addr().String())
+	})
+	if !run.lines.Scan() || !strings.Contains(run.lines.Text(), "listening on 127.0.0.1:17001") {
+		t.Fatalf("then %q", run.lines.Text())
+	}
+	idle := openFDs(t, run.cmd.Process.Pid)
+	c := testenv.Dial(t, side, "tcp", "127.0.0.1:17001", nil)
+	// A round trip first, and a pause: the join starts in user space and
+	// hands each direction to the kernel once it has run dry, and both
+	// readers are seen in recv (bypass redirects to no other).
+	for range 3 {
+		if _, err := c.Write([]byte{'w'}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stream := testenv.Stream{Seed: 22, Size: 8 << 20, MaxChunk: 50000}
+	if err := stream.Through(c, c); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); openFDs(t, run.cmd.Process.Pid) > idle; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy still holds the connection's sockets 10 s after it ended")
+		}
+	}
+	run.cmd.Process.Signal(syscall.SIGINT)
+	rest, err := run.wait()
+	if err != nil {
+		t.Fatalf("exit: %v (%q)", err, rest)
+	}
+	last := ""
+	if len(rest) > 0 {
+		last = rest[len(rest)-1]
+	}
+	var kernel, passed int64
+	i := strings.Index(last, "down, ")
+	if i < 0 || !strings.Contains(last, "8388611 bytes up, 8388611 down") || !strings.Contains(last, "on 1 connections with both legs paired") {
+		t.Fatalf("summary %q", rest)
+	}
+	if _, err := fmt.Sscanf(last[i:], "down, %d of them moved by the kernel (%d straight", &kernel, &passed); err != nil || passed <= 0 {
+		t.Fatalf("summary %q: no byte passed the join by (%v)", last, err)
+	}
 }
