@@ -597,7 +597,7 @@ func TestConformanceConcurrent(t *testing.T) {
 				return
 			}
 			wg.Add(1)
-			go func() { defer wg.Done(); defer s.Close(); echo(s) }()
+			go func() { defer wg.Done(); defer s.Close(); testenv.Pump(s, s) }()
 		}
 	}()
 	conns := make([]*net.TCPConn, n)
@@ -636,24 +636,5 @@ func TestConformanceConcurrent(t *testing.T) {
 	wg.Wait()
 	if st, _ := in.Stats(); st.Counters.Paired < n {
 		t.Errorf("only %d of %d connections were bypassed", st.Counters.Paired, n)
-	}
-}
-
-// echo sends back what it reads with plain read and write: io.Copy between
-// two TCP connections would use splice(2), which cannot see redirected bytes
-// (docs/TRANSPARENCY.md).
-func echo(c *net.TCPConn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := c.Read(buf)
-		if n > 0 {
-			if _, werr := c.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			c.CloseWrite()
-			return
-		}
 	}
 }

@@ -26,19 +26,7 @@ func mustInstall(t *testing.T) (*bypass.Install, host.Cgroup) {
 // mustInstallWith is mustInstall with install options.
 func mustInstallWith(t *testing.T, opts bypass.Options) (*bypass.Install, host.Cgroup) {
 	t.Helper()
-	testenv.RequireRoot(t)
-	testenv.WatchKernelLog(t)
-	pin := bypasstest.MustPinDir(t)
-	cg := testenv.MustCgroup(t)
-	in, err := bypass.Create(pin, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { in.Close() })
-	if _, err := in.Attach(cg); err != nil {
-		t.Fatal(err)
-	}
-	return in, cg
+	return bypasstest.MustEnabled(t, opts)
 }
 
 // flowOf finds the flow whose client or server socket has the cookie.

@@ -52,7 +52,7 @@ func mustProxied(t *testing.T, cg host.Cgroup, sp *splice.Splicer, network, addr
 			p.upstream.Close()
 			return
 		}
-		echo(p.upstream)
+		testenv.Pump(p.upstream, p.upstream)
 	}()
 	if err := p.client.SetDeadline(time.Now().Add(20 * time.Second)); err != nil {
 		t.Fatal(err)

@@ -171,29 +171,20 @@ func newBlob(size int, seed uint64) blob {
 // httpOrigin serves every request on the listener with the blob as an
 // HTTP/1.0 response (then closes), reading the request with plain recv.
 func httpOrigin(t *testing.T, ln *net.TCPListener, body blob) {
-	go func() {
-		for {
-			c, err := ln.AcceptTCP()
+	testenv.Serve(ln, func(c *net.TCPConn) {
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		buf := make([]byte, 4096)
+		var req []byte
+		for !strings.Contains(string(req), "\r\n\r\n") {
+			n, err := c.Read(buf)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				buf := make([]byte, 4096)
-				var req []byte
-				for !strings.Contains(string(req), "\r\n\r\n") {
-					n, err := c.Read(buf)
-					if err != nil {
-						return
-					}
-					req = append(req, buf[:n]...)
-				}
-				fmt.Fprintf(c, "HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", len(body.data))
-				c.Write(body.data)
-			}()
+			req = append(req, buf[:n]...)
 		}
-	}()
+		fmt.Fprintf(c, "HTTP/1.0 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", len(body.data))
+		c.Write(body.data)
+	})
 }
 
 // outcome of one download.

@@ -83,27 +83,9 @@ func (e *env) sidecar(t *testing.T, port int) <-chan string {
 				down.Close()
 				continue
 			}
-			go pump(up, down)
-			go pump(down, up)
+			go testenv.Pump(up, down)
+			go testenv.Pump(down, up)
 		}
 	}()
 	return dsts
-}
-
-// pump copies with read and write: io.Copy between two TCP connections
-// splices, which would teach shunt that this test binary splices.
-func pump(dst, src net.Conn) {
-	defer dst.(*net.TCPConn).CloseWrite()
-	b := make([]byte, 64<<10)
-	for {
-		n, err := src.Read(b)
-		if n > 0 {
-			if _, werr := dst.Write(b[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
 }

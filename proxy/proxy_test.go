@@ -83,18 +83,7 @@ func runUntilCleanup(t *testing.T, run func(context.Context) error, close func()
 func mustUpstream(t *testing.T, ns *testenv.NetNS, addr string, handle func(c *net.TCPConn)) netip.AddrPort {
 	t.Helper()
 	ln := testenv.Listen(t, testenv.Side{NS: ns}, "tcp", net.JoinHostPort(addr, "0"))
-	go func() {
-		for {
-			c, err := ln.AcceptTCP()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				handle(c)
-			}()
-		}
-	}()
+	testenv.Serve(ln, handle)
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
@@ -163,12 +152,7 @@ func TestStreamsBothWays(t *testing.T) {
 				if err := <-upstreamErr; err != nil {
 					t.Fatal(err)
 				}
-				waitIdle(t, p)
-				st := p.Stats()
-				t.Logf("%+v", st)
-				if st.Up != uint64(len(head))+uint64(size) || st.Down != uint64(size) || st.Failed != 0 {
-					t.Fatalf("stats %+v, want %d bytes up and %d down, no failure", st, int64(len(head))+size, size)
-				}
+				st := checkTotals(t, p, uint64(len(head))+uint64(size), uint64(size))
 				if mode == proxy.Kernel && st.Kernel == 0 {
 					t.Fatal("kernel mode moved no byte in the kernel, although it forwarded both directions when the streams began")
 				}
@@ -221,6 +205,19 @@ func waitInKernel(t *testing.T, p *proxy.Proxy, n int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// checkTotals waits until the proxy holds no connection and checks that it
+// counted up and down bytes and no failure.
+func checkTotals(t *testing.T, p *proxy.Proxy, up, down uint64) proxy.Stats {
+	t.Helper()
+	waitIdle(t, p)
+	st := p.Stats()
+	t.Logf("%+v", st)
+	if st.Up != up || st.Down != down || st.Failed != 0 {
+		t.Fatalf("stats %+v, want %d bytes up and %d down, no failure", st, up, down)
+	}
+	return st
 }
 
 // waitIdle waits until the proxy holds no connection.

@@ -19,17 +19,7 @@ import (
 // the proxy read to route stay first, both streams arrive whole and in
 // order, and the proxy counts every byte, those that passed it by too.
 func TestShortcutsPassTheProxyBy(t *testing.T) {
-	testenv.RequireRoot(t)
-	testenv.WatchKernelLog(t)
-	in, err := bypass.Create(bypasstest.MustPinDir(t), bypass.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { in.Close() })
-	cg := testenv.MustCgroup(t)
-	if _, err := in.Attach(cg); err != nil {
-		t.Fatal(err)
-	}
+	in, cg := bypasstest.MustEnabled(t, bypass.Options{})
 	for _, f := range families {
 		t.Run(f.name, func(t *testing.T) {
 			testenv.InCgroup(t, cg, func() { streamThroughShortcuts(t, in, f.loopback) })
@@ -79,12 +69,7 @@ func streamThroughShortcuts(t *testing.T, in *bypass.Install, loopback string) {
 	if err := <-upstreamErr; err != nil {
 		t.Fatal(err)
 	}
-	waitIdle(t, p)
-	st := p.Stats()
-	t.Logf("%+v", st)
-	if st.Up != uint64(len(head))+uint64(size) || st.Down != uint64(size) || st.Failed != 0 {
-		t.Fatalf("stats %+v, want %d bytes up and %d down, no failure", st, int64(len(head))+size, size)
-	}
+	st := checkTotals(t, p, uint64(len(head))+uint64(size), uint64(size))
 	if st.ShortcutConns == 0 || st.PassedBy == 0 {
 		t.Fatalf("stats %+v: no byte passed the proxy by, though bypass paired both legs", st)
 	}

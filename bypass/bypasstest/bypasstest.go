@@ -17,6 +17,7 @@ import (
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/guard"
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -106,4 +107,23 @@ func FillGuardRing(t testing.TB, pinDir string) {
 			t.Fatalf("run the ring filler: %v", err)
 		}
 	}
+}
+
+// MustEnabled makes an install with opts in a pin directory of its own
+// (MustPinDir) and enables a new cgroup for it; the test needs root. The
+// kernel log is watched for the whole test.
+func MustEnabled(t testing.TB, opts bypass.Options) (*bypass.Install, host.Cgroup) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	testenv.WatchKernelLog(t)
+	in, err := bypass.Create(MustPinDir(t), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	cg := testenv.MustCgroup(t)
+	if _, err := in.Attach(cg); err != nil {
+		t.Fatal(err)
+	}
+	return in, cg
 }

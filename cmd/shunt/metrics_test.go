@@ -263,7 +263,7 @@ func TestProcessMetrics(t *testing.T) {
 
 	t.Run("proxy", func(t *testing.T) {
 		ns := testenv.MustNetNS(t)
-		startShunt(t, ns, serving, "proxy", "--listen", "127.0.0.1:17000", "--upstream", echoUpstream(t, ns), "--metrics-addr", addr)
+		startShunt(t, ns, serving, "proxy", "--listen", "127.0.0.1:17000", "--upstream", echoUpstream(t, testenv.Side{NS: ns}), "--metrics-addr", addr)
 		c := testenv.Dial(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:17000", nil)
 		// Once the kernel forwards both directions, small round trips are
 		// the kernel's alone.

@@ -22,14 +22,24 @@ func TestProxyCommand(t *testing.T) {
 	testenv.RequireRoot(t)
 	ns := testenv.MustNetNS(t)
 	run := startShunt(t, ns, "listening on 127.0.0.1:17000, mode kernel", "proxy",
-		"--listen", "127.0.0.1:17000", "--upstream", echoUpstream(t, ns))
+		"--listen", "127.0.0.1:17000", "--upstream", echoUpstream(t, testenv.Side{NS: ns}))
 	idle := openFDs(t, run.cmd.Process.Pid)
 	c := testenv.Dial(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:17000", nil)
 	stream := testenv.Stream{Seed: 21, Size: 8 << 20, MaxChunk: 50000}
 	if err := stream.Through(c, c); err != nil {
 		t.Fatal(err)
 	}
-	// The proxy counts a connection when it ends and closes its sockets.
+	rest := stopProxy(t, run, idle)
+	if len(rest) == 0 || !strings.Contains(rest[len(rest)-1], "stopped after 1 connections (0 refused, 0 failed); 8388608 bytes up, 8388608 down") {
+		t.Fatalf("summary %q", rest)
+	}
+}
+
+// stopProxy waits until the proxy has closed a connection's sockets (it
+// counts a connection when it ends), interrupts it and returns the lines it
+// printed after the ones read so far; it must exit 0.
+func stopProxy(t *testing.T, run *running, idle int) []string {
+	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); openFDs(t, run.cmd.Process.Pid) > idle; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the proxy still holds the connection's sockets 10 s after it ended")
@@ -40,24 +50,14 @@ func TestProxyCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("exit: %v (%q)", err, rest)
 	}
-	if len(rest) == 0 || !strings.Contains(rest[len(rest)-1], "stopped after 1 connections (0 refused, 0 failed); 8388608 bytes up, 8388608 down") {
-		t.Fatalf("summary %q", rest)
-	}
+	return rest
 }
 
-// echoUpstream serves an echo on a port of ns; it returns the address.
-func echoUpstream(t *testing.T, ns *testenv.NetNS) string {
-	upstream := testenv.Listen(t, testenv.Side{NS: ns}, "tcp", "127.0.0.1:0")
-	go func() {
-		for {
-			c, err := upstream.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
-	return upstream.Addr().String()
+// echoUpstream serves an echo on a port made by side; it returns the address.
+func echoUpstream(t *testing.T, side testenv.Side) string {
+	ln := testenv.Listen(t, side, "tcp", "127.0.0.1:0")
+	testenv.EchoServer(ln)
+	return ln.Addr().String()
 }
 
 func TestProxyErrors(t *testing.T) {
@@ -175,49 +175,15 @@ func openFDs(t *testing.T, pid int) int {
 // that went straight between client and upstream.
 func TestProxyCommandPassesTheJoinBy(t *testing.T) {
 	testenv.RequireRoot(t)
-	pin := bypasstest.MustPinDir(t)
-	in, err := bypass.Create(pin, bypass.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { in.Close() })
-	cg := testenv.MustCgroup(t)
-	if _, err := in.Attach(cg); err != nil {
-		t.Fatal(err)
-	}
+	in, cg := bypasstest.MustEnabled(t, bypass.Options{})
+	pin := in.Dir()
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
-	ln := testenv.Listen(t, side, "tcp", "127.0.0.1:0")
-	go func() {
-		for {
-			c, err := ln.AcceptTCP()
-			if err != nil {
-				return
-			}
-			// read and write, not io.Copy: between two TCP connections
-			// it splices, which bypass keeps on TCP.
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if _, err := c.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						c.CloseWrite()
-						return
-					}
-				}
-			}()
-		}
-	}()
+	upstream := echoUpstream(t, side)
 	var run *running
 	testenv.InCgroup(t, cg, func() {
 		run = startShunt(t, ns, "bypass is installed at "+pin, "proxy", "--pin-dir", pin,
-			"--listen", "127.0.0.1:17001", "--upstream", ln.Addr().String())
+			"--listen", "127.0.0.1:17001", "--upstream", upstream)
 	})
 	if !run.lines.Scan() || !strings.Contains(run.lines.Text(), "listening on 127.0.0.1:17001") {
 		t.Fatalf("then %q", run.lines.Text())
@@ -240,16 +206,7 @@ func TestProxyCommandPassesTheJoinBy(t *testing.T) {
 	if err := stream.Through(c, c); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); openFDs(t, run.cmd.Process.Pid) > idle; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the proxy still holds the connection's sockets 10 s after it ended")
-		}
-	}
-	run.cmd.Process.Signal(syscall.SIGINT)
-	rest, err := run.wait()
-	if err != nil {
-		t.Fatalf("exit: %v (%q)", err, rest)
-	}
+	rest := stopProxy(t, run, idle)
 	last := ""
 	if len(rest) > 0 {
 		last = rest[len(rest)-1]
