@@ -120,7 +120,7 @@ func (in *Install) Stats() (Stats, error) {
 		return s, err
 	}
 	s.Programs = progs
-	if s.Maps, err = in.MapFills("sock_hash", "sock_states", isnHandshakesMap, "peer_refs"); err != nil {
+	if s.Maps, err = in.MapFills("sock_hash", "sock_states", isnHandshakesMap, "peer_refs", shortcutsMap); err != nil {
 		return s, err
 	}
 	if s.ExcludedPorts, err = in.ExcludedPorts(); err != nil {

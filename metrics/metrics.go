@@ -83,7 +83,7 @@ func New(src Source) *Collector {
 		bypassCgroups:  d("bypass", "cgroups", "Cgroups bypass is enabled for."),
 		bypassDraining: d("bypass", "draining", "1 while bypass is being removed (no new connections are bypassed)."),
 		guardRunning:   d("bypass", "guard_running", "1 while a guard watches the install."),
-		mapEntries:     d("bypass", "map_entries", "Entries in bypass's maps: sock_hash (sockets bypassed now), isn_handshakes (connection requests registered, not yet paired; LRU: those of handshakes that never completed stay until evicted), peer_refs (sockets published to their peers).", "map"),
+		mapEntries:     d("bypass", "map_entries", "Entries in bypass's maps: sock_hash (sockets bypassed now), isn_handshakes (connection requests registered, not yet paired; LRU: those of handshakes that never completed stay until evicted), peer_refs (sockets published to their peers), shortcuts (sockets of kernel-mode proxies whose two legs bypass paired: two per connection).", "map"),
 		mapCapacity:    d("bypass", "map_capacity_entries", "Entries each fixed-size map of bypass can hold.", "map"),
 		learned:        d("bypass", "splice_programs_learned", "Programs learned as splice readers (their readers stay on TCP)."),
 		bypassCounters: countersOf("bypass", bypass.Counters{}),
@@ -175,7 +175,7 @@ func (c *Collector) collectBypass(ch chan<- prometheus.Metric) error {
 	defer in.Close()
 	// Not sock_states: counting it walks every open file of the machine,
 	// which with 10,000 connections took most of a 111 ms scrape.
-	maps, err := in.MapFills("sock_hash", "isn_handshakes", "peer_refs")
+	maps, err := in.MapFills("sock_hash", "isn_handshakes", "peer_refs", "shortcuts")
 	if err != nil {
 		return err
 	}
