@@ -633,23 +633,16 @@ static __always_inline unsigned long sock_psock(void *sk)
 
 /* What the peer's receive side holds for flow control. */
 struct peer_buffer {
-	unsigned long psock; /* 0: not in the sockhash (any more) */
-	int joined;          /* psock_joined */
 	__u32 unread;        /* redirected bytes its reader has not read */
 	__u32 rcvbuf;
 	int rcvbuf_locked;   /* the reader set SO_RCVBUF: its bound, not ours */
 };
 
-static __always_inline void peer_buffer(struct peer_ref *ref, struct peer_buffer *b)
+static __always_inline void peer_buffer(struct peer_ref *ref, unsigned long ud, struct peer_buffer *b)
 {
 	void *sk = ref->sk;
 	if (cfg.probe_reads) {
 		struct sock *peer = sk;
-		unsigned long ud = sock_psock(sk);
-		b->psock = ud;
-		if (!ud)
-			return;
-		b->joined = psock_joined(ud);
 		/* Through a local: an access through b would be relocated
 		 * against a kernel type named peer_buffer. */
 		struct sk_psock *psock = (struct sk_psock *)ud;
@@ -663,11 +656,7 @@ static __always_inline void peer_buffer(struct peer_ref *ref, struct peer_buffer
 		return;
 	}
 	struct sock *peer = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
-	b->psock = sock_psock(sk);
-	if (!b->psock)
-		return;
-	b->joined = psock_joined(b->psock);
-	struct sk_psock *psock = bpf_rdonly_cast((void *)b->psock, bpf_core_type_id_kernel(struct sk_psock));
+	struct sk_psock *psock = bpf_rdonly_cast((void *)ud, bpf_core_type_id_kernel(struct sk_psock));
 	b->unread = psock->msg_tot_len;
 	b->rcvbuf_locked = peer->sk_userlocks & SOCK_RCVBUF_LOCK;
 	b->rcvbuf = peer->sk_rcvbuf;
@@ -681,6 +670,14 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 		return REDIRECT_NO_PEER;
 	if (!ref->sk)
 		return REDIRECT_NO_PEER;
+	void *peer = ref->sk;
+	/* Gone from the sockhash (psock 0), or held by a join too: whatever
+	 * its reader, the join reads it. */
+	unsigned long psock = sock_psock(peer);
+	if (!psock)
+		return REDIRECT_NO_PEER;
+	if (psock_joined(psock))
+		return REDIRECT_JOINED;
 	__u32 reads = ref->reads;
 	int splicer = reads & STATE_SPLICE;
 	int may_splice = reads & STATE_MAY_SPLICE;
@@ -690,7 +687,6 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 		if (!(reads & STATE_READS) && !cfg.trust_readers)
 			return REDIRECT_READER;
 	}
-	void *peer = ref->sk;
 	if (!splicer && peer_copied_seq(peer) != sent)
 		return REDIRECT_TCP_UNREAD;
 
@@ -698,11 +694,7 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 	 * buffer: without this a slow reader lets a fast writer fill memory.
 	 * Over TCP the writer blocks or gets EAGAIN as TCP decides. */
 	struct peer_buffer buf = {};
-	peer_buffer(ref, &buf);
-	if (!buf.psock)
-		return REDIRECT_NO_PEER;
-	if (buf.joined)
-		return REDIRECT_JOINED;
+	peer_buffer(ref, psock, &buf);
 	__u32 limit = cfg.max_backlog;
 	if (buf.rcvbuf_locked)
 		limit = buf.rcvbuf;

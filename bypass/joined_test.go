@@ -20,6 +20,9 @@ import (
 type proxied struct {
 	client, front, back, upstream *net.TCPConn
 	cookies                       [4]uint64 // in that order, taken before the join closes its own
+	// added: what the proxy (the test) wrote to the upstream before the
+	// join less what it read from the client, for NewShortcut.
+	added uint32
 }
 
 var proxiedNames = [4]string{"client", "proxy's front", "proxy's back", "upstream"}
@@ -27,15 +30,31 @@ var proxiedNames = [4]string{"client", "proxy's front", "proxy's back", "upstrea
 // mustProxied builds it over the family's loopback. header is what the
 // proxy writes to the upstream before the join (a PROXY protocol header);
 // the upstream checks it, then echoes. Both legs' readers are seen in recv
-// first: each leg alone would be redirected from there on.
-func mustProxied(t *testing.T, cg host.Cgroup, sp *splice.Splicer, network, addr string, header []byte) proxied {
+// first (each leg alone would be redirected from there on), the proxy's
+// front socket's only if readFront: a proxy that never reads it itself
+// leaves that to the join, whose reads 6.1's reader watch does not see.
+func mustProxied(t *testing.T, cg host.Cgroup, sp *splice.Splicer, network, addr string, header []byte, readFront bool) proxied {
 	t.Helper()
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
 	var p proxied
 	p.client, p.front = testenv.ConnPair(t, network, side, addr, side, addr)
 	p.back, p.upstream = testenv.ConnPair(t, network, side, addr, side, addr)
-	testenv.Warm(t, p.client, p.front)
+	if readFront {
+		testenv.Warm(t, p.client, p.front)
+	} else {
+		// The client's reader only.
+		if _, err := p.front.Write([]byte{'w'}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(p.client, make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	testenv.Warm(t, p.back, p.upstream)
+	p.added = 1 + uint32(len(header)) // the warm-up's byte, and the header
+	if readFront {
+		p.added-- // the client's warm-up byte, read here
+	}
 	for i, c := range []*net.TCPConn{p.client, p.front, p.back, p.upstream} {
 		p.cookies[i] = testenv.Cookie(t, c)
 	}
@@ -110,7 +129,7 @@ func TestKernelJoinInsideAnEnabledCgroup(t *testing.T) {
 	sp := mustSplicerHere(t)
 	for i, fam := range loopbacks {
 		t.Run(fam.network, func(t *testing.T) {
-			p := mustProxied(t, cg, sp, fam.network, fam.addr, nil)
+			p := mustProxied(t, cg, sp, fam.network, fam.addr, nil, true)
 			s := testenv.Stream{Seed: uint64(i + 1), Size: 8 << 20, MaxChunk: 200 << 10}
 			if err := s.Through(p.client, p.client); err != nil {
 				t.Fatalf("through the join: %v", err)
@@ -131,12 +150,21 @@ func TestKernelJoinInsideAnEnabledCgroup(t *testing.T) {
 func TestShortcutPassesTheJoinBy(t *testing.T) {
 	in, cg := mustInstall(t)
 	sp := mustSplicerHere(t)
-	headers := map[string][]byte{"no-header": nil, "proxy-header": []byte("PROXY TCP4 10.0.0.1 10.0.0.2 1111 2222\r\n")}
+	cases := []struct {
+		name      string
+		header    []byte
+		readFront bool
+	}{
+		{"no-header", nil, true},
+		{"proxy-header", []byte("PROXY TCP4 10.0.0.1 10.0.0.2 1111 2222\r\n"), true},
+		{"front-read-by-the-join-only", nil, false},
+	}
 	for i, fam := range loopbacks {
-		for name, header := range headers {
-			t.Run(fam.network+"/"+name, func(t *testing.T) {
-				p := mustProxied(t, cg, sp, fam.network, fam.addr, header)
-				sc, err := in.NewShortcut(p.front, p.back, uint32(len(header)))
+		for _, c := range cases {
+			header := c.header
+			t.Run(fam.network+"/"+c.name, func(t *testing.T) {
+				p := mustProxied(t, cg, sp, fam.network, fam.addr, header, c.readFront)
+				sc, err := in.NewShortcut(p.front, p.back, p.added)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -171,8 +199,8 @@ func TestShortcutKeepsOrderAcrossPaths(t *testing.T) {
 	sp := mustSplicerHere(t)
 	for i, fam := range loopbacks {
 		t.Run(fam.network, func(t *testing.T) {
-			p := mustProxied(t, cg, sp, fam.network, fam.addr, nil)
-			sc, err := in.NewShortcut(p.front, p.back, 0)
+			p := mustProxied(t, cg, sp, fam.network, fam.addr, nil, true)
+			sc, err := in.NewShortcut(p.front, p.back, p.added)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -37,8 +37,11 @@ func (in *Install) HasShortcuts() bool { return in.maps[shortcutsMap] != nil }
 
 // NewShortcut registers a and b, two sockets a kernel join holds (package
 // splice), so that a's peer's sends may go straight to b's peer and back.
-// added is how many bytes the caller sent through b ahead of what it read
-// from a (a PROXY protocol header); the caller adds none later.
+// added is what the caller wrote to b before the join less what it read from
+// a (a proxy that read a request head to route and wrote it on after a PROXY
+// header: the header's length); it writes nothing of its own later. It must
+// be exact: the shortcut compares byte counts, and an offset that is off by
+// k would let a send pass k bytes still in the join.
 func (in *Install) NewShortcut(a, b *net.TCPConn, added uint32) (*Shortcut, error) {
 	m := in.maps[shortcutsMap]
 	if m == nil {
