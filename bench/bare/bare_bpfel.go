@@ -25,6 +25,7 @@ const (
 	bareMapIsnHandshakes   = "isn_handshakes"
 	bareMapPeerRefs        = "peer_refs"
 	bareMapReaderPorts     = "reader_ports"
+	bareMapShortcuts       = "shortcuts"
 	bareMapSockHash        = "sock_hash"
 	bareMapSockStates      = "sock_states"
 	bareMapSplicePrograms  = "splice_programs"
@@ -89,6 +90,7 @@ type bareMapSpecs struct {
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
+	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
 	SplicePrograms *ebpf.MapSpec `ebpf:"splice_programs"`
@@ -129,6 +131,7 @@ type bareMaps struct {
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
+	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
 	SplicePrograms *ebpf.Map `ebpf:"splice_programs"`
@@ -145,6 +148,7 @@ func (m *bareMaps) Close() error {
 		m.IsnHandshakes,
 		m.PeerRefs,
 		m.ReaderPorts,
+		m.Shortcuts,
 		m.SockHash,
 		m.SockStates,
 		m.SplicePrograms,
