@@ -280,7 +280,7 @@ func withProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, up
 	}
 	p0, err := procTreeCPU(p.cmd.Process.Pid)
 	if err != nil {
-		return r, err
+		return r, fmt.Errorf("%w (before the run; proxy said: %s)", err, p.log())
 	}
 	r.bytes, err = fn(addr)
 	if err != nil {
@@ -291,7 +291,7 @@ func withProxy(ctx context.Context, ns *lab.NetNS, cfg ProxyConfig, m string, up
 	}
 	p1, err := procTreeCPU(p.cmd.Process.Pid)
 	if err != nil {
-		return r, err
+		return r, fmt.Errorf("%w (after the run; proxy said: %s)", err, p.log())
 	}
 	r.proxy = p1 - p0
 	p.stop()
@@ -432,10 +432,13 @@ stream {
 		// without it a 16 KiB reply waits for a delayed ACK (44 ms).
 		argv = []string{"socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,fork,reuseaddr,nodelay", port), "TCP:" + up + ",nodelay"}
 	}
-	// nsenter rather than ip netns exec, which remounts /sys and with it
-	// hides bpffs, where shunt-shortcut's proxy finds its install.
-	full := append([]string{"--net=/run/netns/" + ns.Name, "taskset", "-c", strconv.Itoa(proxyCPU)}, argv...)
-	cmd := exec.CommandContext(ctx, "nsenter", full...)
+	pinned := append([]string{"taskset", "-c", strconv.Itoa(proxyCPU)}, argv...)
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns.Name}, pinned...)...)
+	if m == ProxyShortcut {
+		// ip netns exec remounts /sys, and with it hides bpffs, where
+		// this proxy finds its install.
+		cmd = exec.CommandContext(ctx, "nsenter", append([]string{"--net=/run/netns/" + ns.Name}, pinned...)...)
+	}
 	out := &lockedWriter{b: &strings.Builder{}}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
