@@ -89,3 +89,7 @@ func (in *Install) ForgeISNClaims() (int, error) {
 	}
 	return n, nil
 }
+
+// EvictBack removes the shortcut's entry for its b socket, as the map's LRU
+// does when more shortcuts are open than it holds.
+func (s *Shortcut) EvictBack() error { return s.m.Delete(s.bCookie) }

@@ -65,8 +65,7 @@ func (in *Install) NewShortcut(a, b *net.TCPConn, added uint32) (*Shortcut, erro
 		return nil, fmt.Errorf("bypass: add a shortcut: %w", err)
 	}
 	if err := m.Put(bCookie, ba); err != nil {
-		_ = m.Delete(aCookie)
-		return nil, fmt.Errorf("bypass: add a shortcut: %w", err)
+		return nil, errors.Join(fmt.Errorf("bypass: add a shortcut: %w", err), deleteIfPresent(m, aCookie))
 	}
 	return s, nil
 }
@@ -99,27 +98,46 @@ func (in *Install) heldState(c *net.TCPConn) (bypassSockState, uint64, error) {
 }
 
 // Bytes says how many bytes went straight from a's peer to b's peer (ab)
-// and back (ba), in how many sends.
-func (s *Shortcut) Bytes() (ab, ba, sends uint64) {
+// and back (ba), in how many sends. Before Close it reads the kernel's counts
+// as they are; after, what Close found. An error names a count that could
+// not be read (it counts 0).
+func (s *Shortcut) Bytes() (ab, ba, sends uint64, err error) {
 	a, b := s.aFinal, s.bFinal
 	if !s.closed {
-		_ = s.m.Lookup(s.aCookie, &a)
-		_ = s.m.Lookup(s.bCookie, &b)
+		a, b, err = s.counts()
 	}
-	return a.Bytes, b.Bytes, a.Sends + b.Sends
+	return a.Bytes, b.Bytes, a.Sends + b.Sends, err
+}
+
+// counts reads both entries; one that could not be read counts 0. One gone
+// means the map's LRU evicted it (more shortcuts at once than the map
+// holds): its bytes cannot be told.
+func (s *Shortcut) counts() (a, b bypassShortcut, err error) {
+	var errs []error
+	for _, e := range []struct {
+		cookie uint64
+		to     *bypassShortcut
+	}{{s.aCookie, &a}, {s.bCookie, &b}} {
+		if err := s.m.Lookup(e.cookie, e.to); err != nil {
+			*e.to = bypassShortcut{}
+			errs = append(errs, fmt.Errorf("bypass: read a shortcut's counts: %w", err))
+		}
+	}
+	return a, b, errors.Join(errs...)
 }
 
 // Close removes the shortcut, keeping its counts for Bytes. At any time: the
 // peers' later sends take the join again, behind what passed it by (a
-// reader takes redirected bytes before TCP's).
+// reader takes redirected bytes before TCP's). An error says the counts
+// could not be read or an entry not removed; the shortcut is gone either way
+// (an entry left behind matches no later socket: cookies are not reused).
 func (s *Shortcut) Close() error {
 	if s.closed {
 		return nil
 	}
-	_ = s.m.Lookup(s.aCookie, &s.aFinal)
-	_ = s.m.Lookup(s.bCookie, &s.bFinal)
-	s.closed = true
-	return errors.Join(deleteIfPresent(s.m, s.aCookie), deleteIfPresent(s.m, s.bCookie))
+	a, b, countErr := s.counts()
+	s.aFinal, s.bFinal, s.closed = a, b, true
+	return errors.Join(countErr, deleteIfPresent(s.m, s.aCookie), deleteIfPresent(s.m, s.bCookie))
 }
 
 func deleteIfPresent(m *ebpf.Map, key uint64) error {

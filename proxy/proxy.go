@@ -279,9 +279,9 @@ func (p *Proxy) joinInKernel(client, upstream *net.TCPConn, added uint32) result
 		throttled: uint64(up.ToUser) + uint64(down.ToUser), err: pair.Err()}
 	if sc != nil {
 		if err := sc.Close(); err != nil {
-			p.log("proxy: %v", err)
+			p.log("proxy: %s: %v", client.RemoteAddr(), err)
 		}
-		ab, ba, _ := sc.Bytes()
+		ab, ba, _, _ := sc.Bytes() // Close said what it could not read
 		r.up += ab
 		r.down += ba
 		r.kernel += ab + ba

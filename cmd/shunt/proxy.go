@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -166,6 +167,11 @@ func (fl proxyFlags) config() (proxy.Config, error) {
 func openShortcuts(dir string) (*bypass.Install, string, error) {
 	in, err := bypass.Open(dir)
 	if errors.Is(err, bypass.ErrNotInstalled) {
+		if parent := filepath.Dir(filepath.Clean(dir)); !host.IsBPFFS(parent) {
+			// Silent otherwise: a proxy started by 'ip netns exec' (which
+			// mounts a sysfs of its own) would lose its shortcuts unsaid.
+			return nil, fmt.Sprintf("no bpffs at %s in this mount namespace, so no bypass install is seen: every byte takes the join ('ip netns exec' hides the host's bpffs; 'nsenter --net=/run/netns/NAME' does not)", parent), nil
+		}
 		return nil, "", nil
 	}
 	if err != nil {

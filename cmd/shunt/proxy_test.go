@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/bypass/bypasstest"
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
@@ -172,7 +174,8 @@ func openFDs(t *testing.T, pid int) int {
 // With bypass installed at --pin-dir and the client, the proxy and the
 // upstream in the cgroup it is enabled for, `shunt proxy` says it passes the
 // join by, the stream comes back whole, and its summary counts the bytes
-// that went straight between client and upstream.
+// that went straight between client and upstream. With --shortcuts=false
+// the join carries (and counts) every byte.
 func TestProxyCommandPassesTheJoinBy(t *testing.T) {
 	testenv.RequireRoot(t)
 	in, cg := bypasstest.MustEnabled(t, bypass.Options{})
@@ -180,43 +183,90 @@ func TestProxyCommandPassesTheJoinBy(t *testing.T) {
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
 	upstream := echoUpstream(t, side)
-	var run *running
-	testenv.InCgroup(t, cg, func() {
-		run = startShunt(t, ns, "bypass is installed at "+pin, "proxy", "--pin-dir", pin,
-			"--listen", "127.0.0.1:17001", "--upstream", upstream)
-	})
-	if !run.lines.Scan() || !strings.Contains(run.lines.Text(), "listening on 127.0.0.1:17001") {
-		t.Fatalf("then %q", run.lines.Text())
+	for i, shortcuts := range []bool{true, false} {
+		t.Run(fmt.Sprintf("shortcuts=%v", shortcuts), func(t *testing.T) {
+			listen := fmt.Sprintf("127.0.0.1:%d", 17001+i)
+			first, next := "bypass is installed at "+pin, "listening on "+listen
+			if !shortcuts {
+				first, next = next, ""
+			}
+			var run *running
+			testenv.InCgroup(t, cg, func() {
+				run = startShunt(t, ns, first, "proxy", "--pin-dir", pin,
+					"--listen", listen, "--upstream", upstream, fmt.Sprintf("--shortcuts=%v", shortcuts))
+			})
+			if next != "" && (!run.lines.Scan() || !strings.Contains(run.lines.Text(), next)) {
+				t.Fatalf("then %q", run.lines.Text())
+			}
+			idle := openFDs(t, run.cmd.Process.Pid)
+			c := testenv.Dial(t, side, "tcp", listen, nil)
+			// A round trip first, and a pause: the join starts in user space and
+			// hands each direction to the kernel once it has run dry, and both
+			// readers are seen in recv (bypass redirects to no other).
+			for range 3 {
+				if _, err := c.Write([]byte{'w'}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			stream := testenv.Stream{Seed: 22, Size: 8 << 20, MaxChunk: 50000}
+			if err := stream.Through(c, c); err != nil {
+				t.Fatal(err)
+			}
+			rest := stopProxy(t, run, idle)
+			last := ""
+			if len(rest) > 0 {
+				last = rest[len(rest)-1]
+			}
+			// The join's own counts are the totals less what passed it by:
+			// whole here means no byte went round it uncounted.
+			i := strings.Index(last, "down, ")
+			if i < 0 || !strings.Contains(last, "8388611 bytes up, 8388611 down") {
+				t.Fatalf("summary %q", rest)
+			}
+			if !shortcuts {
+				if strings.Contains(last, "straight") {
+					t.Fatalf("summary %q: shortcuts counted with --shortcuts=false", last)
+				}
+				return
+			}
+			var kernel, passed int64
+			if !strings.Contains(last, "on 1 connections with both legs paired") {
+				t.Fatalf("summary %q", rest)
+			}
+			if _, err := fmt.Sscanf(last[i:], "down, %d of them moved by the kernel (%d straight", &kernel, &passed); err != nil || passed <= 0 {
+				t.Fatalf("summary %q: no byte passed the join by (%v)", last, err)
+			}
+		})
 	}
-	idle := openFDs(t, run.cmd.Process.Pid)
-	c := testenv.Dial(t, side, "tcp", "127.0.0.1:17001", nil)
-	// A round trip first, and a pause: the join starts in user space and
-	// hands each direction to the kernel once it has run dry, and both
-	// readers are seen in recv (bypass redirects to no other).
-	for range 3 {
-		if _, err := c.Write([]byte{'w'}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	stream := testenv.Stream{Seed: 22, Size: 8 << 20, MaxChunk: 50000}
-	if err := stream.Through(c, c); err != nil {
+}
+
+// An install made before shortcuts (no shortcuts map) still runs the proxy,
+// and `shunt proxy` says once what to do to get them; so it does where it
+// cannot see bpffs at all.
+func TestProxyShortcutsNeedANewerInstall(t *testing.T) {
+	testenv.RequireRoot(t)
+	in, _ := bypasstest.MustEnabled(t, bypass.Options{})
+	if err := os.Remove(filepath.Join(in.Dir(), "maps", "shortcuts")); err != nil {
 		t.Fatal(err)
 	}
-	rest := stopProxy(t, run, idle)
-	last := ""
-	if len(rest) > 0 {
-		last = rest[len(rest)-1]
+	got, note, err := openShortcuts(in.Dir())
+	if err != nil || got != nil {
+		t.Fatalf("openShortcuts of an old install: %v, %v", got, err)
 	}
-	var kernel, passed int64
-	i := strings.Index(last, "down, ")
-	if i < 0 || !strings.Contains(last, "8388611 bytes up, 8388611 down") || !strings.Contains(last, "on 1 connections with both legs paired") {
-		t.Fatalf("summary %q", rest)
+	if !strings.Contains(note, "installed by an older shunt") || !strings.Contains(note, "disable --all and enable again") {
+		t.Errorf("note %q", note)
 	}
-	if _, err := fmt.Sscanf(last[i:], "down, %d of them moved by the kernel (%d straight", &kernel, &passed); err != nil || passed <= 0 {
-		t.Fatalf("summary %q: no byte passed the join by (%v)", last, err)
+	got, note, err = openShortcuts(filepath.Join(host.BPFFSRoot, "shunt-test-none"))
+	if err != nil || got != nil || note != "" {
+		t.Errorf("openShortcuts without an install: %v, %q, %v; want nothing and no note", got, note, err)
+	}
+	// What a proxy started by 'ip netns exec' sees.
+	got, note, err = openShortcuts(filepath.Join(t.TempDir(), "shunt"))
+	if err != nil || got != nil || !strings.Contains(note, "no bpffs at") {
+		t.Errorf("openShortcuts off bpffs: %v, %q, %v; want nothing and a note", got, note, err)
 	}
 }
