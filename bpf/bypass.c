@@ -1110,6 +1110,35 @@ static __always_inline int end_unread(struct sock *sk)
 	return tcp_queued(sk) != 0;
 }
 
+/* Someone waits on the socket: an epoll registration, or a poll, select or
+ * blocking call asleep on it. With no one, any later wait sees what is
+ * queued at once (poll, and epoll_ctl's add, test the socket's state). */
+static __always_inline int has_waiter(struct sock *sk)
+{
+	struct socket *sock = BPF_CORE_READ(sk, sk_socket);
+	if (!sock)
+		return 0;
+	struct list_head *head = __builtin_preserve_access_index(&sock->wq.wait.head);
+	return BPF_CORE_READ(sock, wq.wait.head.next) != head;
+}
+
+/* What the reader may be waiting for without being told: bytes FIONREAD
+ * does not count (the FIN's sequence number not among them), or the peer's
+ * end, but only while someone waits on the socket. An end alone is told by
+ * the edge of its arrival, which only a registration that already took that
+ * edge (nginx's, edge-triggered) can have missed; a connection nobody
+ * watches (a pool's idle one whose peer closed: Apache's to its origin) is
+ * no stall, and over TCP would sit the same. Sets *bytes to those bytes. */
+static __always_inline int may_stall(struct sock *sk, struct peer_ref *ref, __u32 *bytes)
+{
+	__u32 n = hidden_bytes(sk, ref);
+	int end = end_unread(sk);
+	if (end && cfg.fionread_misses_tcp)
+		n--; /* the FIN's sequence number, counted by tcp_queued */
+	*bytes = n;
+	return n || (end && has_waiter(sk));
+}
+
 /* How far the reader has read: TCP's copied_seq plus the redirected bytes
  * shunt counted it reading (6.1; 0 where the psock counts). Only grows. */
 static __always_inline __u32 read_progress(struct sock *sk, struct peer_ref *ref)
@@ -1297,11 +1326,12 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 	if (!(ref->reads & STATE_WATCHED))
 		return 0;
 	struct sock *sk = (struct sock *)tp;
-	if (!hidden_bytes(sk, ref)) {
+	__u32 hidden;
+	if (!may_stall(sk, ref, &hidden)) {
 		__sync_fetch_and_and(&ref->reads, ~(STATE_WATCHED | STATE_WOKEN));
 		/* A read may have left some between the test and the clear
 		 * and found the watch on. */
-		if (!hidden_bytes(sk, ref) || (__sync_fetch_and_or(&ref->reads, STATE_WATCHED) & STATE_WATCHED))
+		if (!may_stall(sk, ref, &hidden) || (__sync_fetch_and_or(&ref->reads, STATE_WATCHED) & STATE_WATCHED))
 			return 0;
 	}
 	__u64 now = bpf_ktime_get_ns();
@@ -1321,7 +1351,6 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
 		return 0;
 	}
-	__u32 hidden = hidden_bytes(sk, ref);
 	if ((!cfg.fionread_misses_tcp || !tcp_queued(sk)) &&
 	    (!(ref->reads & STATE_WOKEN) || progress - ref->woke_progress > ONE_BUFFER)) {
 		/* Only redirected bytes hidden (6.1): a stream's reader always
@@ -1452,7 +1481,8 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 			bpf_timer_start(&ref->leave, 0, 0);
 		return;
 	}
-	if (!hidden_bytes(sk, ref))
+	__u32 unseen;
+	if (!may_stall(sk, ref, &unseen))
 		return;
 	ref->watch_progress = read_progress(sk, ref);
 	ref->watch_at = bpf_ktime_get_ns();
@@ -1902,12 +1932,12 @@ int shunt_iter_drain(struct bpf_iter__task_file *ctx)
  * reader is woken, whatever the reader waits for and however it got there
  * (a read the stall watch saw, or none: FIONREAD asked before the first
  * read). A reader that only pauses loses the bypass of that connection,
- * nothing else. The peer's end unread counts as such bytes: an end its
- * reader missed leaves a connection open for ever (nginx's stream proxy on
- * 6.1 never closed its client); a reader that keeps a half-closed
- * connection open and reads no more loses its bypass and gets one more
- * EPOLLIN, which reads 0 as before. Writes the key of each socket it
- * rescues. */
+ * nothing else. The peer's end unread counts as such bytes while someone
+ * waits on the socket (may_stall): an end its reader missed leaves a
+ * connection open for ever (nginx's stream proxy on 6.1 never closed its
+ * client); a reader that keeps a half-closed connection registered and
+ * reads no more loses its bypass and gets one more EPOLLIN, which reads 0
+ * as before. Writes the key of each socket it rescues. */
 SEC("iter/task_file")
 int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 {
@@ -1920,11 +1950,8 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &k);
 	if (!ref || ref->leaving || (ref->reads & STATE_TCP_READER))
 		return 0;
-	__u32 hidden = hidden_bytes(sk, ref);
-	int end = end_unread(sk);
-	if (end && cfg.fionread_misses_tcp)
-		hidden--; /* the FIN's sequence number, counted by tcp_queued */
-	if (!hidden && !end) {
+	__u32 hidden;
+	if (!may_stall(sk, ref, &hidden)) {
 		ref->scan_at = 0;
 		return 0;
 	}

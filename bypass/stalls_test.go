@@ -527,3 +527,119 @@ func TestHalfClosedServerAnswersAfterTheScan(t *testing.T) {
 		})
 	}
 }
+
+// A connection its program keeps but no one waits on (a pool's idle
+// connection: Apache's to its origin, a client library's), whose peer
+// closed, is not a stall: any later poll, epoll registration or read sees
+// the end at once, as over TCP. The scan leaves it held and uncounted,
+// and the end is still there to read.
+func TestIdleEndIsNotAStall(t *testing.T) {
+	for _, network := range []string{"tcp4", "tcp6"} {
+		t.Run(network, func(t *testing.T) {
+			in, cg := mustInstallWith(t, bypass.Options{})
+			bypasstest.RunGuard(t, in, func(s string) { t.Logf("guard: %s", s) })
+			side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+			addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
+			ln := testenv.Listen(t, side, network, addr)
+			fd := rawDial(t, side, ln.Addr().(*net.TCPAddr))
+			s := testenv.Accept(t, ln)
+			// Round trips, so that its reader is seen and the server's
+			// bytes come by redirect.
+			for range 3 {
+				if _, err := unix.Write(fd, []byte{'q'}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.ReadFull(s, make([]byte, 1)); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.Write([]byte{'a'}); err != nil {
+					t.Fatal(err)
+				}
+				rawReadN(t, fd, 1)
+			}
+			answer := bytes.Repeat([]byte{'x'}, 64<<10)
+			if _, err := s.Write(answer); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			if got := rawReadN(t, fd, len(answer)); !bytes.Equal(got, answer) {
+				t.Fatal("the answer differs")
+			}
+			// Idle, the end unread, no one polling: three scans' time.
+			time.Sleep(3*bypass.StallScanInterval + 100*time.Millisecond)
+			st, err := in.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Counters.StallsRescued != 0 || st.Counters.Left != 0 {
+				t.Errorf("an idle connection with its end unread was counted as %d stall(s); %d sockets left the bypass", st.Counters.StallsRescued, st.Counters.Left)
+			}
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+			if n, err := unix.Poll(pfd, 0); n != 1 || err != nil || pfd[0].Revents&unix.POLLRDHUP == 0 {
+				t.Fatalf("poll of the idle connection: %d, %v, revents %#x; want the end", n, err, pfd[0].Revents)
+			}
+			if n, _, err := unix.Recvfrom(fd, make([]byte, 16), unix.MSG_DONTWAIT); n != 0 || err != nil {
+				t.Errorf("read of the end: %d, %v; want 0", n, err)
+			}
+		})
+	}
+}
+
+// rawDial connects a socket no Go poller watches (no epoll registration:
+// nothing waits on it between the test's own polls) from side to addr.
+func rawDial(t *testing.T, side testenv.Side, addr *net.TCPAddr) int {
+	t.Helper()
+	var fd int
+	var err error
+	side.Make(t, func() {
+		var sa unix.Sockaddr
+		family := unix.AF_INET6
+		if ip4 := addr.IP.To4(); ip4 != nil {
+			family = unix.AF_INET
+			sa = &unix.SockaddrInet4{Port: addr.Port, Addr: [4]byte(ip4)}
+		} else {
+			sa = &unix.SockaddrInet6{Port: addr.Port, Addr: [16]byte(addr.IP.To16())}
+		}
+		if fd, err = unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return
+		}
+		if err = unix.Connect(fd, sa); err != nil {
+			unix.Close(fd)
+		}
+	})
+	if err != nil {
+		t.Fatalf("raw dial %v: %v", addr, err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+// rawReadN reads n bytes from fd as an event loop does: poll, then recv
+// with MSG_DONTWAIT, never past n (so an end behind them stays unread).
+func rawReadN(t *testing.T, fd, n int) []byte {
+	t.Helper()
+	got := make([]byte, 0, n)
+	buf := make([]byte, n)
+	for deadline := time.Now().Add(10 * time.Second); len(got) < n; {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(pfd, 100); err != nil && err != unix.EINTR {
+			t.Fatal(err)
+		}
+		m, _, err := unix.Recvfrom(fd, buf[:n-len(got)], unix.MSG_DONTWAIT)
+		switch {
+		case err == unix.EAGAIN || err == unix.EINTR:
+		case err != nil:
+			t.Fatal(err)
+		case m == 0:
+			t.Fatalf("end of stream after %d of %d bytes", len(got), n)
+		default:
+			got = append(got, buf[:m]...)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d bytes in 10 s", len(got), n)
+		}
+	}
+	return got
+}

@@ -80,9 +80,20 @@ struct file {
 
 struct sock;
 
+/* Who waits on a socket (include/linux/wait.h): epoll registrations, and
+ * poll, select and blocking calls while they sleep. */
+struct wait_queue_head {
+	struct list_head head;
+};
+
+struct socket_wq {
+	struct wait_queue_head wait;
+};
+
 struct socket {
 	struct file *file;
 	struct sock *sk;
+	struct socket_wq wq;
 };
 
 struct inode {
