@@ -122,6 +122,17 @@ var benchPrograms = []struct {
 	}, func(b *testing.B, e *env) float64 {
 		return pgbenchSelect(b, e, true)
 	}},
+	// The same select-only load through PgBouncer (transaction pooling, 2
+	// server connections for the 8 clients), both on serverCPU.
+	{"pgbouncer-pgbench-select", "pgbouncer", "tps", func(b *testing.B, e *env) float64 {
+		pgPort, _ := startPostgres(b, e)
+		bin := "/usr/lib/postgresql/15/bin"
+		e.run(b, bin+"/pgbench", "-i", "-q", "-s", "1", "-h", "127.0.0.1", "-p", pgPort, "-U", "postgres", "postgres")
+		port := strconv.Itoa(startPgBouncer(b, e, pgPort))
+		out := e.run(b, pinned(clientCPU, bin+"/pgbench", "-n", "-S", "-M", "simple", "-c", "8", "-j", "1", "-T", "5", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "postgres")...)
+		v, _ := number(b, out, `tps = ([0-9.]+)`, "pgbench's tps")
+		return v
+	}, nil},
 	{"nginx-wrk-1KB", "wrk", "req/s", func(b *testing.B, e *env) float64 {
 		addr := nginxOriginPinned(b, e, newBlob(1<<10, 1))
 		return wrkRate(b, e, "http://"+addr+"/blob", 20)

@@ -400,7 +400,7 @@ LogFile %q
 }
 
 // writeFile writes b to path, making its directory.
-func writeFile(t *testing.T, path string, b []byte) {
+func writeFile(t testing.TB, path string, b []byte) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)

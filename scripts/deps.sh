@@ -35,6 +35,7 @@ command -v javac >/dev/null || need+=(default-jdk-headless)     # compat: a Java
 command -v tinyproxy >/dev/null || need+=(tinyproxy)              # compat: a forward proxy that reads with blocking calls
 command -v lighttpd >/dev/null || need+=(lighttpd)                # compat: an event-loop origin behind it
 command -v apache2 >/dev/null || need+=(apache2)                  # compat: a reverse proxy whose origin connections wait in a pool
+command -v pgbouncer >/dev/null || need+=(pgbouncer)              # compat: a connection pooler in front of PostgreSQL
 command -v runc >/dev/null || need+=(runc)                         # make test-k8s: kubelet's containers (Debian's has seccomp)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins) # make test-k8s: the pods' bridge network
 [ -x /lib/systemd/systemd ] || need+=(systemd)                  # make test-k8s: the node's init for kubelet's systemd driver
