@@ -329,16 +329,15 @@ func pgbenchSelect(b *testing.B, e *env, overUnix bool) float64 {
 	return v
 }
 
-// startPostgres runs PostgreSQL 15 (as the postgres user, on serverCPU) in
-// the env with a fresh cluster and returns its port and the directory of
-// its unix socket.
-func startPostgres(t testing.TB, e *env) (port, sockDir string) {
-	bin := "/usr/lib/postgresql/15/bin"
+// postgresDir makes a directory the postgres user owns, under /tmp (the
+// test's temporary ones are closed to other users), removed when the test
+// ends.
+func postgresDir(t testing.TB, prefix string) (string, *user.User) {
 	pg, err := user.Lookup("postgres")
 	if err != nil {
 		t.Fatalf("no postgres user: %v (the postgresql package makes it)", err)
 	}
-	dir, err := os.MkdirTemp("", "shunt-test-pg-")
+	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,6 +347,17 @@ func startPostgres(t testing.TB, e *env) (port, sockDir string) {
 	if err := os.Chown(dir, uid, gid); err != nil {
 		t.Fatal(err)
 	}
+	return dir, pg
+}
+
+// startPostgres runs PostgreSQL 15 (as the postgres user, on serverCPU) in
+// the env with a fresh cluster and returns its port and the directory of
+// its unix socket.
+func startPostgres(t testing.TB, e *env) (port, sockDir string) {
+	bin := "/usr/lib/postgresql/15/bin"
+	dir, pg := postgresDir(t, "shunt-test-pg-")
+	uid, _ := strconv.Atoi(pg.Uid)
+	gid, _ := strconv.Atoi(pg.Gid)
 	initdb := exec.Command(bin+"/initdb", "-D", filepath.Join(dir, "data"), "-A", "trust", "-U", "postgres")
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
 	if out, err := initdb.CombinedOutput(); err != nil {

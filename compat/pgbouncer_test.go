@@ -2,8 +2,6 @@ package compat_test
 
 import (
 	"fmt"
-	"os"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -42,22 +40,7 @@ func TestPgBouncerInFrontOfPostgreSQL(t *testing.T) {
 // env in transaction pooling, 2 server connections to the PostgreSQL at
 // pgPort, and returns its port.
 func startPgBouncer(t testing.TB, e *env, pgPort string) int {
-	pg, err := user.Lookup("postgres")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Its own directory under /tmp: the test's temporary ones are closed
-	// to other users.
-	dir, err := os.MkdirTemp("", "shunt-test-pgbouncer-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	uid, _ := strconv.Atoi(pg.Uid)
-	gid, _ := strconv.Atoi(pg.Gid)
-	if err := os.Chown(dir, uid, gid); err != nil {
-		t.Fatal(err)
-	}
+	dir, pg := postgresDir(t, "shunt-test-pgbouncer-")
 	port := e.freePort(t)
 	writeFile(t, filepath.Join(dir, "users.txt"), []byte(`"postgres" ""`+"\n"))
 	conf := filepath.Join(dir, "pgbouncer.ini")
