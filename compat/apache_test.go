@@ -25,17 +25,8 @@ func TestApacheProxyPool(t *testing.T) {
 	small, large := newBlob(1<<10, 31), newBlob(1500000, 32)
 	bothWays(t, eitherPath, 0, func(t *testing.T, e *env) {
 		dir := t.TempDir()
-		www := filepath.Join(dir, "www")
-		writeFile(t, filepath.Join(www, "small"), small.data)
-		writeFile(t, filepath.Join(www, "large"), large.data)
-		originPort, proxyPort := e.freePort(t), e.freePort(t)
-		lighttpd := filepath.Join(dir, "lighttpd.conf")
-		writeFile(t, lighttpd, []byte(fmt.Sprintf(`server.document-root = %q
-server.bind = "127.0.0.1"
-server.port = %d
-server.errorlog = %q
-server.max-keep-alive-idle = 1
-`, www, originPort, filepath.Join(dir, "lighttpd.err"))))
+		originPort := startLighttpd(t, e, map[string][]byte{"small": small.data, "large": large.data}, "server.max-keep-alive-idle = 1\n")
+		proxyPort := e.freePort(t)
 		apache := filepath.Join(dir, "apache2.conf")
 		writeFile(t, apache, []byte(fmt.Sprintf(`ServerRoot %[1]q
 ServerName localhost
@@ -51,11 +42,8 @@ User nobody
 Group nogroup
 ProxyPass "/" "http://127.0.0.1:%[3]d/"
 `, dir, proxyPort, originPort)))
-		e.start(t, "lighttpd", "-D", "-f", lighttpd)
 		e.start(t, "apache2", "-DFOREGROUND", "-f", apache)
-		for _, port := range []int{originPort, proxyPort} {
-			e.waitListening(t, fmt.Sprintf("127.0.0.1:%d", port))
-		}
+		e.waitListening(t, fmt.Sprintf("127.0.0.1:%d", proxyPort))
 		base := fmt.Sprintf("http://127.0.0.1:%d/", proxyPort)
 		fetch := func(when string) {
 			for _, b := range []struct {

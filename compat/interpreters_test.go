@@ -365,15 +365,8 @@ func TestTinyproxyInFrontOfLighttpd(t *testing.T) {
 	// curl straight to lighttpd is bypassed (both read until EAGAIN).
 	bothWays(t, eitherPath, 0, func(t *testing.T, e *env) {
 		dir := t.TempDir()
-		www := filepath.Join(dir, "www")
-		writeFile(t, filepath.Join(www, "blob"), body.data)
-		originPort, proxyPort := e.freePort(t), e.freePort(t)
-		lighttpd := filepath.Join(dir, "lighttpd.conf")
-		writeFile(t, lighttpd, []byte(fmt.Sprintf(`server.document-root = %q
-server.bind = "127.0.0.1"
-server.port = %d
-server.errorlog = %q
-`, www, originPort, filepath.Join(dir, "lighttpd.err"))))
+		originPort := startLighttpd(t, e, map[string][]byte{"blob": body.data}, "")
+		proxyPort := e.freePort(t)
 		tinyproxy := filepath.Join(dir, "tinyproxy.conf")
 		writeFile(t, tinyproxy, []byte(fmt.Sprintf(`Listen 127.0.0.1
 Port %d
@@ -383,11 +376,8 @@ Timeout 60
 MaxClients 20
 LogFile %q
 `, proxyPort, originPort, filepath.Join(dir, "tinyproxy.log"))))
-		e.start(t, "lighttpd", "-D", "-f", lighttpd)
 		e.start(t, "tinyproxy", "-d", "-c", tinyproxy)
-		for _, port := range []int{originPort, proxyPort} {
-			e.waitListening(t, fmt.Sprintf("127.0.0.1:%d", port))
-		}
+		e.waitListening(t, fmt.Sprintf("127.0.0.1:%d", proxyPort))
 		url, proxy := fmt.Sprintf("http://127.0.0.1:%d/blob", originPort), fmt.Sprintf("http://127.0.0.1:%d", proxyPort)
 		for _, how := range [][]string{{"-x", proxy}, {"-x", proxy, "--proxytunnel"}, nil} {
 			for i, got := range e.curlGet(t, url, 5, how...) {
@@ -397,6 +387,27 @@ LogFile %q
 			}
 		}
 	})
+}
+
+// startLighttpd serves files (name: content) with lighttpd 1.4 in the env
+// on a free port, with extra configuration lines, and returns the port.
+func startLighttpd(t *testing.T, e *env, files map[string][]byte, extra string) int {
+	t.Helper()
+	dir := t.TempDir()
+	www := filepath.Join(dir, "www")
+	for name, b := range files {
+		writeFile(t, filepath.Join(www, name), b)
+	}
+	port := e.freePort(t)
+	conf := filepath.Join(dir, "lighttpd.conf")
+	writeFile(t, conf, []byte(fmt.Sprintf(`server.document-root = %q
+server.bind = "127.0.0.1"
+server.port = %d
+server.errorlog = %q
+%s`, www, port, filepath.Join(dir, "lighttpd.err"), extra)))
+	e.start(t, "lighttpd", "-D", "-f", conf)
+	e.waitListening(t, fmt.Sprintf("127.0.0.1:%d", port))
+	return port
 }
 
 // writeFile writes b to path, making its directory.
