@@ -77,6 +77,9 @@ volatile const struct config {
 	__u32 fionread_corrected;  /* shunt_fionread adds what FIONREAD leaves out: no byte is hidden from it */
 	__u32 reader_port_ttl_s;   /* how long a server port whose reader needed TCP stays unpaired (0: never) */
 	__u32 wait_nrs[WAIT_NRS]; /* system calls that wait for readiness (epoll_wait, poll, ...); ~0: unused */
+	__u32 sendto_nr;      /* send(2) and sendto(2): flags are the fourth argument */
+	__u32 sendmsg_nr;     /* sendmsg(2): flags are the third */
+	__u32 sendmmsg_nr;    /* sendmmsg(2): flags are the fourth */
 } cfg = {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,
@@ -801,6 +804,66 @@ static __always_inline struct sock_state *state_of(struct bpf_sock *sk)
 	return bpf_sk_storage_get(&sock_states, sk, 0, 0);
 }
 
+/* Starts the socket's leave no earlier than after delay: a redirect decided
+ * before the switch that calls this lands until then. */
+static __always_inline void start_leave(struct peer_ref *ref, __u64 delay)
+{
+	ref->leave_after = bpf_ktime_get_ns() + delay;
+	bpf_timer_start(&ref->leave, delay, 0);
+}
+
+#define MSG_OOB 0x1
+
+/* The send in progress asked for urgent data (MSG_OOB), which only TCP
+ * carries: it marks the send's last byte urgent, out of the stream unless
+ * the reader set SO_OOBINLINE. Redirected, that byte would arrive in band
+ * (a Java program's sendUrgentData heartbeat in the middle of its peer's
+ * stream). sk_msg is not told the send's flags: they are read from the
+ * system call's registers, found from the task's kernel stack where the
+ * reader watch saw them (control.regs_at). Kernel threads send no urgent
+ * data; an io_uring send's flags are not in the registers (not seen). */
+static __always_inline int urgent_send(struct control_word *ctl)
+{
+	__u32 at = ctl->regs_at;
+	if (!at)
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	if (!task->mm)
+		return 0;
+	void *regs = task->stack + at;
+	unsigned long nr, flags;
+	if (cfg.probe_reads) {
+		nr = BPF_CORE_READ((struct pt_regs *)regs, orig_ax);
+		if (nr == cfg.sendmsg_nr)
+			flags = BPF_CORE_READ((struct pt_regs *)regs, dx);
+		else if (nr == cfg.sendto_nr || nr == cfg.sendmmsg_nr)
+			flags = BPF_CORE_READ((struct pt_regs *)regs, r10);
+		else
+			return 0;
+		return flags & MSG_OOB;
+	}
+	struct pt_regs *r = bpf_rdonly_cast(regs, bpf_core_type_id_kernel(struct pt_regs));
+	nr = r->orig_ax;
+	if (nr == cfg.sendmsg_nr)
+		flags = r->dx;
+	else if (nr == cfg.sendto_nr || nr == cfg.sendmmsg_nr)
+		flags = r->r10;
+	else
+		return 0;
+	return flags & MSG_OOB;
+}
+
+/* The reader of ref's socket was sent urgent data or reads it: its
+ * connection goes back to TCP, where recv(MSG_OOB), SIOCATMARK and SIGURG
+ * work (a psock serves a MSG_OOB read from its queue, in band). */
+static __always_inline void leave_for_urgent(struct peer_ref *ref)
+{
+	if (__sync_fetch_and_or(&ref->reads, STATE_TCP_READER) & STATE_TCP_READER)
+		return;
+	count(CNT_URGENT);
+	start_leave(ref, cfg.settle_ns);
+}
+
 SEC("sk_msg")
 int shunt_sk_msg(struct sk_msg_md *msg)
 {
@@ -850,6 +913,13 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 		return pass(st, size);
 	}
 
+	if (urgent_send(ctl)) {
+		/* Through a join the urgent byte takes the join, behind
+		 * what it holds; the far peer stays as it is. */
+		if (!via && ref)
+			leave_for_urgent(ref);
+		return pass(st, size);
+	}
 	/* A missing peer (closed a moment ago) leaves the send on the TCP
 	 * path, where a closed peer answers as TCP would. */
 	if (bpf_msg_redirect_hash(msg, &sock_hash, to, BPF_F_INGRESS) != SK_PASS)
@@ -1189,14 +1259,6 @@ static __always_inline void report_stall(struct sock_key *key, struct reader *r,
  * (nginx's is 16 KiB). One that reads on by itself takes what is queued. */
 #define ONE_BUFFER (64 << 10)
 
-/* Starts the socket's leave no earlier than after delay: a redirect decided
- * before the switch that calls this lands until then. */
-static __always_inline void start_leave(struct peer_ref *ref, __u64 delay)
-{
-	ref->leave_after = bpf_ktime_get_ns() + delay;
-	bpf_timer_start(&ref->leave, delay, 0);
-}
-
 /* Takes a socket whose reader needs TCP out of the sockhash, so it runs as
  * plain TCP again (the kernel restores its own receive path: FIONREAD,
  * MSG_WAITALL, splice and signals as TCP has them), then its peer likewise.
@@ -1420,11 +1482,12 @@ static __always_inline void report_blocking_eagain(struct sock *sk, struct sock_
 }
 
 /* How a read asks to be served: STATE_TCP_READER if only TCP serves it as
- * TCP would (MSG_WAITALL; a read that may sleep, whose sleep a signal ends
+ * TCP would (MSG_WAITALL, MSG_OOB; a read that may sleep, whose sleep a signal ends
  * with EAGAIN on a sockhash socket), else STATE_READS. */
 static __always_inline __u32 reader_mark(int flags, int waits)
 {
-	if (flags & MSG_WAITALL)
+	/* A psock serves MSG_OOB from its queue, in band. */
+	if (flags & (MSG_WAITALL | MSG_OOB))
 		return STATE_TCP_READER;
 	if (!cfg.trust_readers && waits)
 		return STATE_TCP_READER;
@@ -1522,6 +1585,23 @@ static __always_inline void learn_reader_port(struct sock_state *st)
 	bpf_map_update_elem(&reader_ports, &k, &fresh, BPF_NOEXIST);
 }
 
+/* Notes where a task's system call registers sit from the base of its
+ * kernel stack (x86-64: at its top, which THREAD_SIZE places), once per
+ * install and after each attach (which rewrites the control word), for
+ * sk_msg's urgent_send. Every redirect follows a read seen here (its
+ * reader's), except with --trust-readers. */
+static __always_inline void note_regs_at(void)
+{
+	__u32 zero = 0;
+	struct control_word *ctl = bpf_map_lookup_elem(&control, &zero);
+	if (!ctl || ctl->regs_at)
+		return;
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 at = (__u64)bpf_task_pt_regs(task) - (__u64)task->stack;
+	if (at && at < (1 << 20))
+		ctl->regs_at = at;
+}
+
 static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 {
 	if (flags & MSG_ERRQUEUE)
@@ -1529,6 +1609,7 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
 	if (!st)
 		return 0;
+	note_regs_at();
 	if (!PSOCK_COUNTS && ret > 0 && !(flags & MSG_PEEK))
 		count_read(st, sk, ret);
 	if (st->flags & STATE_TCP_READER)

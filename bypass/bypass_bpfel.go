@@ -34,13 +34,15 @@ type bypassConfig struct {
 	FionreadCorrected uint32
 	ReaderPortTtlS    uint32
 	WaitNrs           [8]uint32
-	_                 [4]byte
+	SendtoNr          uint32
+	SendmsgNr         uint32
+	SendmmsgNr        uint32
 }
 
 type bypassControlWord struct {
 	_        structs.HostLayout
 	Draining uint32
-	Pad      uint32
+	RegsAt   uint32
 }
 
 type bypassCounter uint32
@@ -75,7 +77,8 @@ const (
 	bypassCounterCNT_EVENTS_LOST        bypassCounter = 26
 	bypassCounterCNT_SPLICE_TRUNCATED   bypassCounter = 27
 	bypassCounterCNT_FIONREAD_CORRECTED bypassCounter = 28
-	bypassCounterCNT_MAX                bypassCounter = 29
+	bypassCounterCNT_URGENT             bypassCounter = 29
+	bypassCounterCNT_MAX                bypassCounter = 30
 )
 
 type bypassEventKind uint32

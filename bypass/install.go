@@ -326,6 +326,9 @@ func newConfig(opts Options) bypassConfig {
 		SettleNs:       uint64(redirectSettle),
 		MaxBacklog:     opts.MaxBacklog,
 		SpliceNr:       unix.SYS_SPLICE,
+		SendtoNr:       unix.SYS_SENDTO,
+		SendmsgNr:      unix.SYS_SENDMSG,
+		SendmmsgNr:     unix.SYS_SENDMMSG,
 		StallNs:        uint64(stallAfter),
 		ScanStallNs:    uint64(scanStallAfter),
 		ReaderPortTtlS: uint32(ReaderPortTTL / time.Second),
@@ -715,7 +718,13 @@ func (in *Install) CgroupIDs() ([]uint64, error) {
 }
 
 func (in *Install) setDraining(on bool) error {
-	v := bypassControlWord{}
+	// Keep what the programs noted there (regs_at: they only ever set it
+	// from 0 to the one value this kernel has).
+	var v bypassControlWord
+	if err := in.maps["control"].Lookup(uint32(0), &v); err != nil {
+		return fmt.Errorf("read control word: %w", err)
+	}
+	v.Draining = 0
 	if on {
 		v.Draining = 1
 	}

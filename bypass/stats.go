@@ -74,6 +74,9 @@ type Counters struct {
 	// FionreadCorrected counts FIONREAD answers that left queued bytes out
 	// (this kernel's, for a socket in a sockhash) and were corrected.
 	FionreadCorrected uint64 `json:"fionread_corrected" help:"FIONREAD answers that left out bytes queued for the reader (this kernel's answer for a socket in a sockhash) and were corrected."`
+	// Urgent counts connections sent back to TCP because urgent data
+	// (MSG_OOB) was sent on them: only TCP keeps that byte out of band.
+	Urgent uint64 `json:"connections_urgent" help:"Connections sent back to TCP because urgent data (send with MSG_OOB) was sent on them: only TCP keeps that byte out of the stream."`
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -220,6 +223,7 @@ func (in *Install) Counters() (Counters, error) {
 		EventsLost:        sum(bypassCounterCNT_EVENTS_LOST),
 		SpliceTruncated:   sum(bypassCounterCNT_SPLICE_TRUNCATED),
 		FionreadCorrected: sum(bypassCounterCNT_FIONREAD_CORRECTED),
+		Urgent:            sum(bypassCounterCNT_URGENT),
 	}, nil
 }
 

@@ -1,6 +1,7 @@
 package compat_test
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -332,10 +333,23 @@ func TestJavaAvailablePoller(t *testing.T) {
 		t.Fatal(err)
 	}
 	bothWays(t, eitherPath, 0, func(t *testing.T, e *env) {
-		cmd, done := e.command(t, "java", src, "4", "300000")
-		out, err := cmd.CombinedOutput()
-		done()
-		t.Logf("%s", out)
+		var out []byte
+		var err error
+		for attempt := 1; ; attempt++ {
+			cmd, done := e.command(t, "java", src, "4", "300000")
+			out, err = cmd.CombinedOutput()
+			done()
+			t.Logf("%s", out)
+			// The JVM's JIT crashes now and then under qemu without KVM
+			// (SIGSEGV in compiled code while it reads its own modules,
+			// before any socket: seen in 1 of 10 runs on 6.1, and in the
+			// plain run too). That is not the program's behaviour through
+			// shunt: run it again.
+			if err == nil || !bytes.Contains(out, []byte("A fatal error has been detected by the Java Runtime Environment")) || attempt == 3 {
+				break
+			}
+			t.Logf("the JVM crashed (attempt %d): running it again", attempt)
+		}
 		if err != nil {
 			logState(t, e)
 			t.Fatalf("the poller failed: %v", err)

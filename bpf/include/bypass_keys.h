@@ -119,7 +119,10 @@ struct flow_record {
 /* Mutable control word, one entry. */
 struct control_word {
 	__u32 draining; /* 1: pass every send to TCP, so receive queues drain */
-	__u32 _pad;
+	/* Where a task's system call registers sit from the base of its
+	 * kernel stack (0: not known yet), noted by the reader watch for
+	 * sk_msg, which has no bpf_task_pt_regs (urgent_send). */
+	__u32 regs_at;
 };
 
 /* Counters for events the user may want to see in `shunt status`. */
@@ -153,6 +156,7 @@ enum counter {
 	CNT_EVENTS_LOST,       /* guard events the ring had no room for (a caught connection's is tried again) */
 	CNT_SPLICE_TRUNCATED,  /* of CNT_SPLICE_CAUGHT: the peer's end of stream came before the guard's reset, and the splice returned it before the redirected bytes */
 	CNT_FIONREAD_CORRECTED, /* FIONREAD answers that left out queued bytes (this kernel's, for a socket in a sockhash), corrected */
+	CNT_URGENT,            /* connections sent back to TCP: urgent data (MSG_OOB) was sent */
 	CNT_MAX,
 };
 

@@ -200,6 +200,7 @@ struct files_struct {
 };
 
 struct task_struct {
+	void *stack;
 	struct mm_struct *mm;
 	struct files_struct *files;
 	unsigned int __state;
@@ -210,12 +211,13 @@ struct task_struct {
 };
 
 /* x86-64: the number of the system call a task is in, and its first
- * three arguments. */
+ * four arguments. */
 struct pt_regs {
 	unsigned long orig_ax;
 	unsigned long di;
 	unsigned long si;
 	unsigned long dx;
+	unsigned long r10;
 };
 
 /* Every open file of every task: how shunt reaches the sockets it holds
