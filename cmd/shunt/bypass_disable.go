@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/user"
 	"strconv"
 	"strings"
@@ -119,6 +120,9 @@ func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, a
 		return fmt.Errorf("remove shunt: %w", err)
 	}
 	fmt.Fprintf(e.stdout, "shunt removed: nothing is pinned at %s or attached\n", g.pinDir)
+	if _, err := os.Stat(bypass.LearnedDir(g.pinDir)); err == nil {
+		fmt.Fprintf(e.stdout, "what shunt learned about splice readers stays at %s for the next install ('shunt bypass forget --all' removes it)\n", bypass.LearnedDir(g.pinDir))
+	}
 	// The guard removes its own lock file once it sees the install gone.
 	return runlock.Remove("install", g.pinDir)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 
@@ -19,7 +20,8 @@ func newBypassForgetCmd(e *env, g *globals) *cobra.Command {
 on a TCP socket on TCP from their first recv ('shunt status' lists them,
 and what was learned outlives 'bypass disable --all'). forget drops one
 program, by the command name status shows, or all of them, with or without
-an install.`,
+an install. With --all and no install at --pin-dir, the pinned map of what
+was learned is removed too: nothing of shunt is left pinned.`,
 		Example: `  shunt bypass forget haproxy
   shunt bypass forget --all`,
 		RunE: func(c *cobra.Command, args []string) error {
@@ -46,6 +48,23 @@ an install.`,
 				return err
 			}
 			fmt.Fprintf(e.stdout, "forgot %d program(s): their new connections may be bypassed again\n", n)
+			if !all {
+				return nil
+			}
+			// With no install left to use it, the learned map goes too.
+			if _, err := os.Stat(bypass.LearnedDir(g.pinDir)); err != nil {
+				return nil
+			}
+			if in, err := bypass.Open(g.pinDir); !errors.Is(err, bypass.ErrNotInstalled) {
+				if err == nil {
+					in.Close()
+				}
+				return nil // an install uses it: emptied, it stays
+			}
+			if err := bypass.RemoveLearned(g.pinDir, false); err != nil {
+				return fmt.Errorf("remove %s: %w", bypass.LearnedDir(g.pinDir), err)
+			}
+			fmt.Fprintf(e.stdout, "removed %s: no install uses it\n", bypass.LearnedDir(g.pinDir))
 			return nil
 		},
 	}

@@ -108,6 +108,9 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	if _, err := os.Stat(pin); !os.IsNotExist(err) {
 		t.Fatalf("pin dir still there after disable --all")
 	}
+	if !strings.Contains(out, "stays at "+bypass.LearnedDir(pin)) {
+		t.Errorf("disable --all does not say what it left pinned: %q", out)
+	}
 	// The guard enable started ends once the install is gone.
 	for deadline := time.Now().Add(5 * time.Second); guard.Running(pin); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -134,6 +137,14 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	}
 	if _, err := os.Stat(runlock.Path("install", pin)); !os.IsNotExist(err) {
 		t.Errorf("install lock file after a disable that found nothing: %v", err)
+	}
+	// Giving up on shunt: forget --all leaves nothing pinned.
+	out, _, code = runShunt(t, nil, "bypass", "forget", "--all", "--pin-dir", pin)
+	if code != 0 || !strings.Contains(out, "removed "+bypass.LearnedDir(pin)) {
+		t.Fatalf("forget --all without an install: exit %d, %q", code, out)
+	}
+	if _, err := os.Stat(bypass.LearnedDir(pin)); !os.IsNotExist(err) {
+		t.Errorf("%s still there after forget --all: %v", bypass.LearnedDir(pin), err)
 	}
 }
 
