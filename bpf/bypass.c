@@ -1597,7 +1597,13 @@ static __always_inline void note_regs_at(void)
 	if (!ctl || ctl->regs_at)
 		return;
 	struct task_struct *task = bpf_get_current_task_btf();
-	__u64 at = (__u64)bpf_task_pt_regs(task) - (__u64)task->stack;
+	/* The verifier forbids math on the pointer (before 6.18): take its
+	 * value through a fault-safe read of the stack slot holding it. */
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	__u64 addr = 0;
+	if (bpf_probe_read_kernel(&addr, sizeof(addr), &regs))
+		return;
+	__u64 at = addr - (__u64)task->stack;
 	if (at && at < (1 << 20))
 		ctl->regs_at = at;
 }

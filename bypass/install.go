@@ -379,10 +379,11 @@ func loadReaderWatch(spec *ebpf.CollectionSpec, maps map[string]*ebpf.Map) (*ebp
 	var fexit struct {
 		Reads *ebpf.Program `ebpf:"shunt_reads_fexit"`
 	}
-	if spec.LoadAndAssign(&fexit, opts) == nil {
+	fexitErr := spec.LoadAndAssign(&fexit, opts)
+	if fexitErr == nil {
 		return fexit.Reads, nil
 	}
-	return nil, host.Explain(fmt.Errorf("load the reader watch (tp_btf/sock_recv_length, or fexit/tcp_bpf_recvmsg): %w", err), "shunt bypass", host.MinKernel)
+	return nil, host.Explain(fmt.Errorf("load the reader watch (tp_btf/sock_recv_length, or fexit/tcp_bpf_recvmsg: %v): %w", fexitErr, err), "shunt bypass", host.MinKernel)
 }
 
 // attachSpliceRefusal loads and attaches the LSM program that refuses a
