@@ -245,6 +245,23 @@ static __always_inline int uses_zerocopy(struct bpf_sock *sk)
 	return (flags >> bpf_core_enum_value(enum sock_flags, SOCK_ZEROCOPY)) & 1;
 }
 
+/* The socket's reader set a receive option only TCP's own receive path
+ * honours: SO_RCVLOWAT above 1 (a psock makes its socket readable for any
+ * byte queued), TCP_INQ (a psock's data comes without the bytes-left
+ * message; gRPC's core reads by it), SO_PEEK_OFF (a psock peeks from the
+ * start each time). Set on a listener, an accepted socket has it from its
+ * first moment. */
+static __always_inline int receive_options(struct bpf_sock *sk)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return 0;
+	struct sock *s = (struct sock *)tp;
+	if (BPF_CORE_READ(s, sk_rcvlowat) > 1 || BPF_CORE_READ(s, sk_peek_off) >= 0)
+		return 1;
+	return BPF_CORE_READ_BITFIELD_PROBED(tp, recvmsg_inq);
+}
+
 /* seq and ack_seq of the TCP segment in skops' skb (a SYN-ACK being sent or
  * received). -1 when the context has none. */
 static __always_inline int skb_seqs(struct bpf_sock_ops *skops, __u32 *seq, __u32 *ack)
@@ -410,6 +427,10 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 		count(CNT_ZEROCOPY);
 		return;
 	}
+	if (receive_options(sk)) {
+		count(CNT_RECEIVE_OPTION);
+		return;
+	}
 	peer.netns = x->p.server_netns;
 	peer.tuple = x->server;
 	x->client = t;
@@ -475,6 +496,11 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 	if (uses_zerocopy(sk)) {
 		release_client(&peer);
 		count(CNT_ZEROCOPY);
+		return;
+	}
+	if (receive_options(sk)) {
+		release_client(&peer);
+		count(CNT_RECEIVE_OPTION);
 		return;
 	}
 	if (!new_state(sk, &self, &peer)) {
@@ -1914,6 +1940,30 @@ static __always_inline struct sock_state *held_socket(struct file *f, struct soc
 
 #define SOL_SOCKET 1
 #define SO_ZEROCOPY 60
+#define SO_RCVLOWAT 18
+#define SO_PEEK_OFF 42
+#define SOL_TCP 6
+#define TCP_INQ 36
+
+/* setsockopt of a receive option only TCP honours (receive_options) on a
+ * socket in the sockhash: the call goes through, and the socket's reader
+ * is sent back to TCP (its peer's sends take TCP from now on, and it leaves
+ * the sockhash once what was redirected to it is read). Values that ask for
+ * nothing (SO_RCVLOWAT 1 or 0, TCP_INQ 0, SO_PEEK_OFF -1) change nothing:
+ * the guard's wake-up sets SO_RCVLOWAT to what it is. */
+static __always_inline int sets_receive_option(struct bpf_sockopt *ctx)
+{
+	int *v = ctx->optval;
+	if ((void *)(v + 1) > ctx->optval_end)
+		return 0;
+	if (ctx->level == SOL_SOCKET && ctx->optname == SO_RCVLOWAT)
+		return *v > 1;
+	if (ctx->level == SOL_SOCKET && ctx->optname == SO_PEEK_OFF)
+		return *v >= 0;
+	if (ctx->level == SOL_TCP && ctx->optname == TCP_INQ)
+		return *v != 0;
+	return 0;
+}
 #define EOPNOTSUPP 95
 
 /* setsockopt(SO_ZEROCOPY) on a socket in the sockhash fails with EOPNOTSUPP,
@@ -1933,15 +1983,25 @@ int shunt_setsockopt(struct bpf_sockopt *ctx)
 	 * TestLargeSetsockoptAsWithoutShunt passes there either way). */
 	if (ctx->optlen > 4096)
 		ctx->optlen = 0;
-	if (ctx->level != SOL_SOCKET || ctx->optname != SO_ZEROCOPY)
+	int receive = sets_receive_option(ctx);
+	if (!receive && (ctx->level != SOL_SOCKET || ctx->optname != SO_ZEROCOPY))
 		return 1;
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk)
 		return 1;
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
 	/* In the sockhash while it has a peer_ref (leave_cb drops both). */
-	if (!st || !bpf_map_lookup_elem(&peer_refs, &st->self))
+	struct peer_ref *ref = st ? bpf_map_lookup_elem(&peer_refs, &st->self) : 0;
+	if (!st || !ref)
 		return 1;
+	if (receive) {
+		__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
+		if (!(__sync_fetch_and_or(&ref->reads, STATE_TCP_READER) & STATE_TCP_READER)) {
+			count(CNT_RECEIVE_OPTION);
+			start_leave(ref, cfg.settle_ns);
+		}
+		return 1;
+	}
 	int *on = ctx->optval;
 	if ((void *)(on + 1) > ctx->optval_end || !*on)
 		return 1; /* turning it off changes nothing */

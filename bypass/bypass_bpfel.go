@@ -78,7 +78,8 @@ const (
 	bypassCounterCNT_SPLICE_TRUNCATED   bypassCounter = 27
 	bypassCounterCNT_FIONREAD_CORRECTED bypassCounter = 28
 	bypassCounterCNT_URGENT             bypassCounter = 29
-	bypassCounterCNT_MAX                bypassCounter = 30
+	bypassCounterCNT_RECEIVE_OPTION     bypassCounter = 30
+	bypassCounterCNT_MAX                bypassCounter = 31
 )
 
 type bypassEventKind uint32

@@ -124,7 +124,7 @@ func errName(err error) string {
 	return err.Error()
 }
 
-func rawFD(t *testing.T, c *net.TCPConn, fn func(fd int)) {
+func rawFD(t *testing.T, c syscall.Conn, fn func(fd int)) {
 	t.Helper()
 	raw, err := c.SyscallConn()
 	if err != nil {

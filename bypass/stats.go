@@ -77,6 +77,9 @@ type Counters struct {
 	// Urgent counts connections sent back to TCP because urgent data
 	// (MSG_OOB) was sent on them: only TCP keeps that byte out of band.
 	Urgent uint64 `json:"connections_urgent" help:"Connections sent back to TCP because urgent data (send with MSG_OOB) was sent on them: only TCP keeps that byte out of the stream."`
+	// ReceiveOptions counts sockets kept on TCP (or sent back) because
+	// their reader set a receive option only TCP honours.
+	ReceiveOptions uint64 `json:"receive_options" help:"Connections kept on TCP, or sent back to it, because an end set a receive option only TCP's receive path honours (SO_RCVLOWAT above 1, TCP_INQ, SO_PEEK_OFF)."`
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -224,6 +227,7 @@ func (in *Install) Counters() (Counters, error) {
 		SpliceTruncated:   sum(bypassCounterCNT_SPLICE_TRUNCATED),
 		FionreadCorrected: sum(bypassCounterCNT_FIONREAD_CORRECTED),
 		Urgent:            sum(bypassCounterCNT_URGENT),
+		ReceiveOptions:    sum(bypassCounterCNT_RECEIVE_OPTION),
 	}, nil
 }
 

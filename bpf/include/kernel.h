@@ -119,6 +119,8 @@ struct sock {
 	int sk_sndbuf;
 	int sk_wmem_queued;
 	long sk_rcvtimeo;
+	int sk_rcvlowat;
+	int sk_peek_off;
 };
 
 struct tcp_sock {
@@ -128,6 +130,7 @@ struct tcp_sock {
 	__u32 snd_una;    /* first byte the far end has not acknowledged */
 	__u64 bytes_received; /* rcv_nxt's advance since the handshake */
 	__u64 bytes_acked;    /* snd_una's advance since the SYN was sent */
+	__u8 recvmsg_inq:1;   /* TCP_INQ: recvmsg tells the bytes left */
 };
 
 /* A connection request (a listener's request socket): the handshake's two
