@@ -249,8 +249,9 @@ static __always_inline int uses_zerocopy(struct bpf_sock *sk)
  * honours: SO_RCVLOWAT above 1 (a psock makes its socket readable for any
  * byte queued), TCP_INQ (a psock's data comes without the bytes-left
  * message; gRPC's core reads by it), SO_PEEK_OFF (a psock peeks from the
- * start each time). Set on a listener, an accepted socket has it from its
- * first moment. */
+ * start each time), receive timestamps (SO_TIMESTAMP, SO_TIMESTAMPNS: a
+ * psock's data comes without them). Set on a listener, an accepted socket
+ * has it from its first moment. */
 static __always_inline int receive_options(struct bpf_sock *sk)
 {
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
@@ -258,6 +259,9 @@ static __always_inline int receive_options(struct bpf_sock *sk)
 		return 0;
 	struct sock *s = (struct sock *)tp;
 	if (BPF_CORE_READ(s, sk_rcvlowat) > 1 || BPF_CORE_READ(s, sk_peek_off) >= 0)
+		return 1;
+	unsigned long flags = BPF_CORE_READ(s, __sk_common.skc_flags);
+	if ((flags >> bpf_core_enum_value(enum sock_flags, SOCK_RCVTSTAMP)) & 1)
 		return 1;
 	return BPF_CORE_READ_BITFIELD_PROBED(tp, recvmsg_inq);
 }
@@ -1942,6 +1946,14 @@ static __always_inline struct sock_state *held_socket(struct file *f, struct soc
 #define SO_ZEROCOPY 60
 #define SO_RCVLOWAT 18
 #define SO_PEEK_OFF 42
+#define SO_TIMESTAMP_OLD 29
+#define SO_TIMESTAMPNS_OLD 35
+#define SO_TIMESTAMPING_OLD 37
+#define SO_TIMESTAMP_NEW 63
+#define SO_TIMESTAMPNS_NEW 64
+#define SO_TIMESTAMPING_NEW 65
+#define SOF_TIMESTAMPING_RX_HARDWARE (1 << 2)
+#define SOF_TIMESTAMPING_RX_SOFTWARE (1 << 3)
 #define SOL_TCP 6
 #define TCP_INQ 36
 
@@ -1962,6 +1974,18 @@ static __always_inline int sets_receive_option(struct bpf_sockopt *ctx)
 		return *v >= 0;
 	if (ctx->level == SOL_TCP && ctx->optname == TCP_INQ)
 		return *v != 0;
+	if (ctx->level != SOL_SOCKET)
+		return 0;
+	switch (ctx->optname) {
+	case SO_TIMESTAMP_OLD:
+	case SO_TIMESTAMPNS_OLD:
+	case SO_TIMESTAMP_NEW:
+	case SO_TIMESTAMPNS_NEW:
+		return *v != 0;
+	case SO_TIMESTAMPING_OLD:
+	case SO_TIMESTAMPING_NEW:
+		return (*v & (SOF_TIMESTAMPING_RX_HARDWARE | SOF_TIMESTAMPING_RX_SOFTWARE)) != 0;
+	}
 	return 0;
 }
 #define EOPNOTSUPP 95

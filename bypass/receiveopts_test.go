@@ -14,7 +14,8 @@ import (
 
 // Receive options only TCP's own receive path honours: SO_RCVLOWAT (no
 // readiness below the mark), TCP_INQ (each recvmsg tells the bytes left),
-// SO_PEEK_OFF (a peek goes on where the last one ended). A psock serves
+// SO_PEEK_OFF (a peek goes on where the last one ended), receive
+// timestamps (SO_TIMESTAMPNS: each recvmsg carries one). A psock serves
 // none of them, so a bypassed socket whose reader sets one goes back to
 // TCP, and the option works as over TCP. (Set on a listener, the accepted
 // socket has it from the start and is never paired: checked by hand with
@@ -30,6 +31,7 @@ func TestReceiveOptionsKeepTCPSemantics(t *testing.T) {
 		{"SO_RCVLOWAT", func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 100) }, checkRcvlowat},
 		{"TCP_INQ", func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_TCP, unix.TCP_INQ, 1) }, checkInq},
 		{"SO_PEEK_OFF", func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PEEK_OFF, 0) }, checkPeekOff},
+		{"SO_TIMESTAMPNS", func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1) }, checkTimestamps},
 	}
 	for _, o := range options {
 		t.Run(o.name, func(t *testing.T) {
@@ -128,6 +130,36 @@ func checkPeekOff(t *testing.T, c, s *net.TCPConn) {
 	}
 	s.SetReadDeadline(time.Now().Add(5 * time.Second))
 	readExactly(t, s, "abcdef")
+}
+
+// checkTimestamps: data comes with its receive time (SCM_TIMESTAMPNS).
+func checkTimestamps(t *testing.T, c, s *net.TCPConn) {
+	write(t, c, "stamped")
+	if !readable(t, s, 2*time.Second) {
+		t.Fatal("the bytes never arrived")
+	}
+	time.Sleep(20 * time.Millisecond)
+	var n int
+	var err error
+	stamped := false
+	rawFD(t, s, func(fd int) {
+		oob := make([]byte, 256)
+		var oobn int
+		n, oobn, _, _, err = unix.Recvmsg(fd, make([]byte, 100), oob, 0)
+		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+		if perr != nil {
+			return
+		}
+		for _, m := range msgs {
+			stamped = stamped || (m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SO_TIMESTAMPNS)
+		}
+	})
+	if err != nil || n != 7 {
+		t.Fatalf("recvmsg: %d bytes (%v), want 7", n, err)
+	}
+	if !stamped {
+		t.Error("no SCM_TIMESTAMPNS with the data")
+	}
 }
 
 // readable polls c for input for up to d.

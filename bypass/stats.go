@@ -79,7 +79,7 @@ type Counters struct {
 	Urgent uint64 `json:"connections_urgent" help:"Connections sent back to TCP because urgent data (send with MSG_OOB) was sent on them: only TCP keeps that byte out of the stream."`
 	// ReceiveOptions counts sockets kept on TCP (or sent back) because
 	// their reader set a receive option only TCP honours.
-	ReceiveOptions uint64 `json:"receive_options" help:"Connections kept on TCP, or sent back to it, because an end set a receive option only TCP's receive path honours (SO_RCVLOWAT above 1, TCP_INQ, SO_PEEK_OFF)."`
+	ReceiveOptions uint64 `json:"receive_options" help:"Connections kept on TCP, or sent back to it, because an end set a receive option only TCP's receive path honours (SO_RCVLOWAT above 1, TCP_INQ, SO_PEEK_OFF, receive timestamps)."`
 }
 
 // Program is a BPF program of the install and where it is attached.

@@ -157,7 +157,7 @@ enum counter {
 	CNT_SPLICE_TRUNCATED,  /* of CNT_SPLICE_CAUGHT: the peer's end of stream came before the guard's reset, and the splice returned it before the redirected bytes */
 	CNT_FIONREAD_CORRECTED, /* FIONREAD answers that left out queued bytes (this kernel's, for a socket in a sockhash), corrected */
 	CNT_URGENT,            /* connections sent back to TCP: urgent data (MSG_OOB) was sent */
-	CNT_RECEIVE_OPTION,    /* connections kept on or sent back to TCP: an end set SO_RCVLOWAT, TCP_INQ or SO_PEEK_OFF */
+	CNT_RECEIVE_OPTION,    /* connections kept on or sent back to TCP: an end set SO_RCVLOWAT, TCP_INQ, SO_PEEK_OFF or receive timestamps */
 	CNT_MAX,
 };
 

@@ -253,6 +253,7 @@ struct bpf_iter__udp {
 /* include/net/sock.h; the value is relocated against the running kernel. */
 enum sock_flags {
 	SOCK_DONE = 1,
+	SOCK_RCVTSTAMP = 11,
 	SOCK_ZEROCOPY = 18,
 };
 
