@@ -2,8 +2,8 @@ package bypass_test
 
 import (
 	"bytes"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -95,25 +95,12 @@ func checkInq(t *testing.T, c, s *net.TCPConn) {
 		t.Fatal("1000 bytes never arrived")
 	}
 	time.Sleep(20 * time.Millisecond) // all of them
-	var n, left int
-	var err error
-	got := false
-	rawFD(t, s, func(fd int) {
-		oob := make([]byte, unix.CmsgSpace(4))
-		var oobn int
-		n, oobn, _, _, err = unix.Recvmsg(fd, make([]byte, 100), oob, 0)
-		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
-		if perr != nil {
-			return
+	msgs := recvmsgN(t, s, 100)
+	left, got := 0, false
+	for _, m := range msgs {
+		if m.Header.Level == unix.SOL_TCP && m.Header.Type == unix.TCP_CM_INQ && len(m.Data) >= 4 {
+			left, got = int(binary.NativeEndian.Uint32(m.Data)), true
 		}
-		for _, m := range msgs {
-			if m.Header.Level == unix.SOL_TCP && m.Header.Type == unix.TCP_CM_INQ && len(m.Data) >= 4 {
-				left, got = int(binary.NativeEndian.Uint32(m.Data)), true
-			}
-		}
-	})
-	if err != nil || n != 100 {
-		t.Fatalf("recvmsg: %d bytes (%v), want 100", n, err)
 	}
 	if !got || left != 900 {
 		t.Errorf("TCP_INQ: told %d left (message there: %v), want 900", left, got)
@@ -159,23 +146,9 @@ func checkTimestamps(t *testing.T, c, s *net.TCPConn) {
 			t.Fatal("the bytes never arrived")
 		}
 		time.Sleep(20 * time.Millisecond)
-		var n int
-		var err error
 		stamped := false
-		rawFD(t, s, func(fd int) {
-			oob := make([]byte, 256)
-			var oobn int
-			n, oobn, _, _, err = unix.Recvmsg(fd, make([]byte, 7), oob, 0)
-			msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
-			if perr != nil {
-				return
-			}
-			for _, m := range msgs {
-				stamped = stamped || (m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SO_TIMESTAMPNS)
-			}
-		})
-		if err != nil || n != 7 {
-			t.Fatalf("recvmsg: %d bytes (%v), want 7", n, err)
+		for _, m := range recvmsgN(t, s, 7) {
+			stamped = stamped || (m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SO_TIMESTAMPNS)
 		}
 		if stamped {
 			return
@@ -183,6 +156,24 @@ func checkTimestamps(t *testing.T, c, s *net.TCPConn) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Error("no SCM_TIMESTAMPNS with the data in 20 reads")
+}
+
+// recvmsgN reads n bytes from s with one recvmsg and returns the control
+// messages that came with them.
+func recvmsgN(t *testing.T, s *net.TCPConn, n int) []unix.SocketControlMessage {
+	t.Helper()
+	var got, oobn int
+	var err error
+	oob := make([]byte, 256)
+	rawFD(t, s, func(fd int) { got, oobn, _, _, err = unix.Recvmsg(fd, make([]byte, n), oob, 0) })
+	if err != nil || got != n {
+		t.Fatalf("recvmsg: %d bytes (%v), want %d", got, err, n)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		t.Fatalf("control messages: %v", err)
+	}
+	return msgs
 }
 
 // readable polls c for input for up to d.
