@@ -1382,6 +1382,19 @@ static __always_inline void rescue(struct sock_key *key, struct peer_ref *ref, _
 	start_leave(ref, delay);
 }
 
+/* rescue without the count and the log: the guard only wakes the reader
+ * (EVENT_WAKE, routine). */
+static __always_inline void quiet_rescue(struct sock_key *key, struct peer_ref *ref, __u64 delay)
+{
+	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_TCP_READER | STATE_RESCUED | STATE_WATCHED);
+	if (old & STATE_TCP_READER)
+		return;
+	struct reader r = {};
+	reader_of(ref, &r);
+	report_stall(key, &r, EVENT_WAKE, 0);
+	start_leave(ref, delay);
+}
+
 /* The thread that read last sleeps in a wait for readiness (epoll_wait,
  * poll, select): it may be waiting for an edge. One that runs, waits for a
  * CPU or sleeps elsewhere (a Go thread parked in futex while its goroutine
@@ -2122,9 +2135,18 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	if (!ref || ref->leaving || (ref->reads & STATE_TCP_READER))
 		return 0;
 	__u32 hidden;
+	/* The end unread with nobody waiting on the socket (a pool's idle
+	 * connection) is no stall, and is not counted or logged as one; it
+	 * still goes back to TCP and its reader is woken, quietly, as before
+	 * this distinction (nginx's stream proxy on 6.1 under qemu once kept
+	 * a client open past its end without that). */
+	int quiet = 0;
 	if (!may_stall(sk, ref, &hidden)) {
-		ref->scan_at = 0;
-		return 0;
+		if (!end_unread(sk)) {
+			ref->scan_at = 0;
+			return 0;
+		}
+		quiet = 1;
 	}
 	__u64 now = bpf_ktime_get_ns();
 	__u32 progress = read_progress(sk, ref);
@@ -2141,7 +2163,10 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	struct task_struct *leader = task->group_leader;
 	if (leader)
 		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
-	rescue(&k, ref, hidden, move_delay(sk));
+	if (quiet)
+		quiet_rescue(&k, ref, move_delay(sk));
+	else
+		rescue(&k, ref, hidden, move_delay(sk));
 	bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 	return 0;
 }
