@@ -883,14 +883,15 @@ static __always_inline int urgent_send(struct control_word *ctl)
 	return flags & MSG_OOB;
 }
 
-/* The reader of ref's socket was sent urgent data or reads it: its
- * connection goes back to TCP, where recv(MSG_OOB), SIOCATMARK and SIGURG
- * work (a psock serves a MSG_OOB read from its queue, in band). */
-static __always_inline void leave_for_urgent(struct peer_ref *ref)
+/* ref's reader needs what only TCP gives (urgent data, a receive option a
+ * psock ignores): its connection goes back to TCP, counted once under
+ * counter. Redirects decided before the mark may still land: the leave
+ * waits for them. */
+static __always_inline void leave_for_tcp(struct peer_ref *ref, __u32 counter)
 {
 	if (__sync_fetch_and_or(&ref->reads, STATE_TCP_READER) & STATE_TCP_READER)
 		return;
-	count(CNT_URGENT);
+	count(counter);
 	start_leave(ref, cfg.settle_ns);
 }
 
@@ -947,7 +948,7 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 		/* Through a join the urgent byte takes the join, behind
 		 * what it holds; the far peer stays as it is. */
 		if (!via && ref)
-			leave_for_urgent(ref);
+			leave_for_tcp(ref, CNT_URGENT);
 		return pass(st, size);
 	}
 	/* A missing peer (closed a moment ago) leaves the send on the TCP
@@ -1370,28 +1371,19 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
  * guard logs it and wakes the reader: once it has left (EVENT_WAKE), when
  * FIONREAD counts them, and while redirected bytes it is not told of stay
  * unread (6.1). */
-static __always_inline void rescue(struct sock_key *key, struct peer_ref *ref, __u32 hidden, __u64 delay)
+static __always_inline void rescue(struct sock_key *key, struct peer_ref *ref, __u32 hidden, __u64 delay,
+				   __u32 event)
 {
 	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_TCP_READER | STATE_RESCUED | STATE_WATCHED);
 	if (old & STATE_TCP_READER)
 		return; /* leaving already */
-	count(CNT_STALL_RESCUED);
+	/* EVENT_WAKE: routine (stall_scan's end unread with nobody waiting),
+	 * the guard only wakes the reader, neither counted nor logged. */
+	if (event == EVENT_STALL_RESCUED)
+		count(CNT_STALL_RESCUED);
 	struct reader r = {};
 	reader_of(ref, &r);
-	report_stall(key, &r, EVENT_STALL_RESCUED, hidden);
-	start_leave(ref, delay);
-}
-
-/* rescue without the count and the log: the guard only wakes the reader
- * (EVENT_WAKE, routine). */
-static __always_inline void quiet_rescue(struct sock_key *key, struct peer_ref *ref, __u64 delay)
-{
-	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_TCP_READER | STATE_RESCUED | STATE_WATCHED);
-	if (old & STATE_TCP_READER)
-		return;
-	struct reader r = {};
-	reader_of(ref, &r);
-	report_stall(key, &r, EVENT_WAKE, 0);
+	report_stall(key, &r, event, hidden);
 	start_leave(ref, delay);
 }
 
@@ -1472,7 +1464,7 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
 		return 0;
 	}
-	rescue(key, ref, hidden, move_delay(sk));
+	rescue(key, ref, hidden, move_delay(sk), EVENT_STALL_RESCUED);
 	return leave(key, ref, tp);
 }
 
@@ -2033,10 +2025,7 @@ int shunt_setsockopt(struct bpf_sockopt *ctx)
 		return 1;
 	if (receive) {
 		__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
-		if (!(__sync_fetch_and_or(&ref->reads, STATE_TCP_READER) & STATE_TCP_READER)) {
-			count(CNT_RECEIVE_OPTION);
-			start_leave(ref, cfg.settle_ns);
-		}
+		leave_for_tcp(ref, CNT_RECEIVE_OPTION);
 		return 1;
 	}
 	int *on = ctx->optval;
@@ -2163,10 +2152,7 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	struct task_struct *leader = task->group_leader;
 	if (leader)
 		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
-	if (quiet)
-		quiet_rescue(&k, ref, move_delay(sk));
-	else
-		rescue(&k, ref, hidden, move_delay(sk));
+	rescue(&k, ref, hidden, move_delay(sk), quiet ? EVENT_WAKE : EVENT_STALL_RESCUED);
 	bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 	return 0;
 }
