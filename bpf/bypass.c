@@ -76,7 +76,10 @@ volatile const struct config {
 	__u32 fionread_misses_tcp; /* FIONREAD of a sockhash socket leaves out bytes that came by TCP (6.18) */
 	__u32 fionread_corrected;  /* shunt_fionread adds what FIONREAD leaves out: no byte is hidden from it */
 	__u32 reader_port_ttl_s;   /* how long a server port whose reader needed TCP stays unpaired (0: never) */
-	__u32 wait_nrs[WAIT_NRS]; /* system calls that wait for readiness (epoll_wait, poll, ...); ~0: unused */
+	__u32 wait_nrs[WAIT_NRS]; /* other system calls that wait for readiness (io_uring_enter); ~0: unused */
+	__u32 epoll_nrs[3];   /* epoll_wait, epoll_pwait, epoll_pwait2: the epoll file is the first argument */
+	__u32 select_nrs[2];  /* select(2), pselect6(2): wait for readiness if given descriptors (the first argument) */
+	__u32 poll_nrs[2];    /* poll(2), ppoll(2): the same, the count being the second argument */
 	__u32 sendto_nr;      /* send(2) and sendto(2): flags are the fourth argument */
 	__u32 sendmsg_nr;     /* sendmsg(2): flags are the third */
 	__u32 sendmmsg_nr;    /* sendmmsg(2): flags are the fourth */
@@ -1387,12 +1390,57 @@ static __always_inline void rescue(struct sock_key *key, struct peer_ref *ref, _
 	start_leave(ref, delay);
 }
 
-/* The thread that read last sleeps in a wait for readiness (epoll_wait,
- * poll, select): it may be waiting for an edge. One that runs, waits for a
- * CPU or sleeps elsewhere (a Go thread parked in futex while its goroutine
- * waits for a turn) reads on by itself. Read through the thread's saved
- * pointers, fault-safe: a thread gone reads as not waiting. */
-static __always_inline int waits_for_readiness(struct peer_ref *ref)
+/* The file open as fd in task, or NULL. */
+static __always_inline struct file *task_file(struct task_struct *task, __u32 fd)
+{
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+		return 0;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *f = 0;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]))
+		return 0;
+	return f;
+}
+
+#define EPOLL_ENTRIES_LOOKED_AT 8
+
+/* Whether the epoll file open as epfd in task watches sk: 1, 0, or -1 when
+ * it cannot tell (more registrations on the socket than looked at). The
+ * socket's wait queue holds one entry per registration (and per poll or
+ * select asleep on it): each is taken for an eppoll_entry and its eventpoll
+ * compared (read fault-safe: another kind of entry compares unequal). */
+static __always_inline int epoll_watches(struct task_struct *task, __u32 epfd, struct sock *sk)
+{
+	struct file *f = task_file(task, epfd);
+	struct socket *sock = BPF_CORE_READ(sk, sk_socket);
+	if (!f || !sock)
+		return -1;
+	struct eventpoll *ep = BPF_CORE_READ(f, private_data);
+	struct list_head *head = __builtin_preserve_access_index(&sock->wq.wait.head);
+	struct list_head *node = BPF_CORE_READ(sock, wq.wait.head.next);
+	__u64 back = bpf_core_field_offset(struct eppoll_entry, wait) +
+		     bpf_core_field_offset(struct wait_queue_entry, entry);
+	for (int i = 0; i < EPOLL_ENTRIES_LOOKED_AT; i++) {
+		if (!node || node == head)
+			return 0;
+		struct eppoll_entry *pwq = (struct eppoll_entry *)((unsigned long)node - back);
+		if (BPF_CORE_READ(pwq, base, ep) == ep)
+			return 1;
+		node = BPF_CORE_READ(node, next);
+	}
+	return node == head ? 0 : -1;
+}
+
+/* The thread that read last sleeps in a wait for readiness that may be
+ * for this socket (epoll_wait on a set that watches it, poll or select
+ * given descriptors, io_uring_enter): it may be waiting for an edge. One
+ * that runs, waits for a CPU or sleeps elsewhere (a Go thread parked in
+ * futex while its goroutine waits for a turn, a select without descriptors
+ * used as a sleep, an epoll set that does not watch this socket) reads on
+ * by itself. Read through the thread's saved pointers, fault-safe: a
+ * thread gone reads as not waiting. */
+static __always_inline int waits_for_readiness(struct peer_ref *ref, struct sock *sk)
 {
 	struct task_struct *task = ref->reader_task;
 	struct pt_regs *regs = (struct pt_regs *)ref->reader_regs;
@@ -1404,6 +1452,19 @@ static __always_inline int waits_for_readiness(struct peer_ref *ref)
 	for (int i = 0; i < WAIT_NRS; i++)
 		if (nr == cfg.wait_nrs[i])
 			return 1;
+	/* An epoll set without this socket (PostgreSQL's latch wait, in a
+	 * COPY that left bytes unread) waits for something else: no edge of
+	 * this socket is awaited there. Where it cannot tell, it takes it as
+	 * a wait. */
+	if (nr == cfg.epoll_nrs[0] || nr == cfg.epoll_nrs[1] || nr == cfg.epoll_nrs[2])
+		return epoll_watches(task, BPF_CORE_READ(regs, di), sk) != 0;
+	/* With no descriptors, select and poll are sleeps (PostgreSQL's
+	 * pg_usleep between retries, in a COPY that left bytes unread):
+	 * nothing there waits for an edge of this socket. */
+	if (nr == cfg.select_nrs[0] || nr == cfg.select_nrs[1])
+		return BPF_CORE_READ(regs, di) != 0;
+	if (nr == cfg.poll_nrs[0] || nr == cfg.poll_nrs[1])
+		return BPF_CORE_READ(regs, si) != 0;
 	return 0;
 }
 
@@ -1444,7 +1505,7 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		bpf_timer_start(&ref->leave, cfg.stall_ns - (now - ref->watch_at), 0);
 		return 0;
 	}
-	if (!waits_for_readiness(ref)) {
+	if (!waits_for_readiness(ref, sk)) {
 		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
 		return 0;
 	}
@@ -1793,12 +1854,8 @@ int shunt_fionread(struct sys_exit_record *ctx)
 		return 0;
 	__u32 fd = regs->di;
 	int *answer = (int *)regs->dx;
-	struct fdtable *fdt = task->files->fdt;
-	if (!fdt || fd >= fdt->max_fds)
-		return 0;
-	struct file **fds = fdt->fd;
-	struct file *f = 0;
-	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
+	struct file *f = task_file(task, fd);
+	if (!f)
 		return 0;
 	if ((BPF_CORE_READ(f, f_inode, i_mode) & S_IFMT) != S_IFSOCK)
 		return 0;

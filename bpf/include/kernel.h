@@ -202,6 +202,24 @@ struct files_struct {
 	struct fdtable *fdt;
 };
 
+/* epoll (fs/eventpoll.c): each registration hangs an eppoll_entry on the
+ * watched file's wait queue; its epitem names the eventpoll (the epoll
+ * file's private_data) it belongs to. */
+struct wait_queue_entry {
+	struct list_head entry;
+};
+
+struct eventpoll;
+
+struct epitem {
+	struct eventpoll *ep;
+};
+
+struct eppoll_entry {
+	struct epitem *base;
+	struct wait_queue_entry wait;
+};
+
 struct task_struct {
 	void *stack;
 	struct mm_struct *mm;
