@@ -326,6 +326,34 @@ func TestPostgreSQL(t *testing.T) {
 	})
 }
 
+// PostgreSQL 15's base backup of a cluster pgbench filled by COPY (5 x
+// 100,000 rows sent by the client while the server's backend writes them):
+// pg_basebackup takes the data directory through the replication protocol
+// with the WAL streamed on a second connection, and pg_verifybackup checks
+// every file against the checksums of the backup's manifest. Every row is
+// counted back.
+func TestPostgreSQLBaseBackup(t *testing.T) {
+	bin := "/usr/lib/postgresql/15/bin"
+	testenv.NeedProgram(t, bin+"/postgres")
+	bothWays(t, eitherPath, 0, func(t *testing.T, e *env) {
+		port, _ := startPostgres(t, e)
+		conn := []string{"-h", "127.0.0.1", "-p", port, "-U", "postgres"}
+		e.run(t, append(append([]string{bin + "/pgbench", "-i", "-q", "-s", "5"}, conn...), "postgres")...)
+		backup := filepath.Join(t.TempDir(), "backup")
+		e.run(t, append([]string{bin + "/pg_basebackup", "-D", backup, "-X", "stream", "-c", "fast"}, conn...)...)
+		e.run(t, bin+"/pg_verifybackup", "-q", backup)
+		out := e.run(t, append(append([]string{bin + "/psql", "-At", "-c", "select count(*) from pgbench_accounts"}, conn...), "postgres")...)
+		if got := strings.TrimSpace(out); got != "500000" {
+			t.Fatalf("pgbench_accounts has %s rows, want 500000", got)
+		}
+		if e.in != nil {
+			if st, err := e.in.Stats(); err == nil {
+				t.Logf("stalls rescued %d", st.Counters.StallsRescued)
+			}
+		}
+	})
+}
+
 // run runs a client program in the env's namespace and cgroup and returns
 // its output; it fails the test if the program fails.
 func (e *env) run(t testing.TB, argv ...string) string {
