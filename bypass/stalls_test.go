@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -72,28 +71,16 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 				if tc.warm {
 					testenv.Warm(t, c, s)
 				}
-				data := make([]byte, cmp.Or(tc.size, 1<<20))
-				rng := rand.NewChaCha8([32]byte{7})
-				_, _ = rng.Read(data)
-				var wg sync.WaitGroup
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if _, err := s.Write(data); err != nil {
-						t.Errorf("write: %v", err)
-					}
-					if tc.end {
-						s.Close()
-					}
-				}()
+				data := randomBytes(cmp.Or(tc.size, 1<<20), 7)
+				written := sendAll(t, s, data, tc.end)
 				if tc.late {
-					wg.Wait()
+					written()
 					time.Sleep(50 * time.Millisecond) // the FIN on its way
 				}
 				start := time.Now()
 				got, err := fionreadRead(t, c, len(data), fionreadReader{askFirst: tc.askFirst, end: tc.end}, 10*time.Second)
 				took := time.Since(start)
-				wg.Wait()
+				written()
 				st, serr := in.Stats()
 				if serr != nil {
 					t.Fatal(serr)
@@ -261,9 +248,7 @@ func TestStallWithTheRingFullIsWokenLater(t *testing.T) {
 	if f.FionreadCountsTCP {
 		testenv.Warm(t, c, s)
 	}
-	data := make([]byte, 1<<20)
-	rng := rand.NewChaCha8([32]byte{9})
-	_, _ = rng.Read(data)
+	data := randomBytes(1<<20, 9)
 	wrote := make(chan error, 1)
 	go func() {
 		_, err := s.Write(data)
@@ -507,9 +492,7 @@ func TestHalfClosedServerAnswersAfterTheScan(t *testing.T) {
 					t.Fatal("the unread end was not found by the scan in 15 s")
 				}
 			}
-			answer := make([]byte, 1<<20)
-			rng := rand.NewChaCha8([32]byte{9})
-			_, _ = rng.Read(answer)
+			answer := randomBytes(1<<20, 9)
 			go func() {
 				if _, err := s.Write(answer); err != nil {
 					t.Errorf("answer: %v", err)
@@ -705,17 +688,8 @@ func sleepingReader(t *testing.T, network string, warm bool, pause func(t *testi
 	if warm {
 		testenv.Warm(t, c, s)
 	}
-	data := make([]byte, 1<<20)
-	rng := rand.NewChaCha8([32]byte{9})
-	_, _ = rng.Read(data)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if _, err := s.Write(data); err != nil {
-			t.Errorf("write: %v", err)
-		}
-	}()
+	data := randomBytes(1<<20, 9)
+	written := sendAll(t, s, data, false)
 	var got []byte
 	func() {
 		// The watch looks at the thread that read last.
@@ -730,7 +704,7 @@ func sleepingReader(t *testing.T, network string, warm bool, pause func(t *testi
 			got = append(got, rawReadN(t, fd, len(data)-len(got))...)
 		})
 	}()
-	wg.Wait()
+	written()
 	if !bytes.Equal(got, data) {
 		t.Fatalf("got %d bytes that differ from the %d sent", len(got), len(data))
 	}
@@ -741,4 +715,28 @@ func sleepingReader(t *testing.T, network string, warm bool, pause func(t *testi
 	if st.Counters.StallsRescued != 0 {
 		t.Errorf("a reader that paused without waiting on its socket was counted as %d stall(s)", st.Counters.StallsRescued)
 	}
+}
+
+// randomBytes is n reproducible bytes from seed.
+func randomBytes(n int, seed byte) []byte {
+	b := make([]byte, n)
+	_, _ = rand.NewChaCha8([32]byte{seed}).Read(b)
+	return b
+}
+
+// sendAll writes data to s from a goroutine, then closes s if end; the
+// returned function waits for it.
+func sendAll(t *testing.T, s *net.TCPConn, data []byte, end bool) (wait func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := s.Write(data); err != nil {
+			t.Errorf("write: %v", err)
+		}
+		if end {
+			s.Close()
+		}
+	}()
+	return func() { <-done }
 }

@@ -312,9 +312,7 @@ func TestPostgreSQL(t *testing.T) {
 	bin := "/usr/lib/postgresql/15/bin"
 	testenv.NeedProgram(t, bin+"/postgres")
 	bothWays(t, redirected, 0, func(t *testing.T, e *env) {
-		port, _ := startPostgres(t, e)
-		conn := []string{"-h", "127.0.0.1", "-p", port, "-U", "postgres"}
-		e.run(t, append(append([]string{bin + "/pgbench", "-i", "-q", "-s", "1"}, conn...), "postgres")...)
+		conn := pgbenchCluster(t, e, 1)
 		e.run(t, append(append([]string{bin + "/pgbench", "-n", "-c", "4", "-j", "2", "-t", "300"}, conn...), "postgres")...)
 		out := e.run(t, append(append([]string{bin + "/psql", "-At", "-c",
 			"select (select sum(abalance) from pgbench_accounts), (select sum(tbalance) from pgbench_tellers), (select sum(bbalance) from pgbench_branches), (select sum(delta) from pgbench_history), (select count(*) from pgbench_history)"},
@@ -336,9 +334,7 @@ func TestPostgreSQLBaseBackup(t *testing.T) {
 	bin := "/usr/lib/postgresql/15/bin"
 	testenv.NeedProgram(t, bin+"/postgres")
 	bothWays(t, eitherPath, 0, func(t *testing.T, e *env) {
-		port, _ := startPostgres(t, e)
-		conn := []string{"-h", "127.0.0.1", "-p", port, "-U", "postgres"}
-		e.run(t, append(append([]string{bin + "/pgbench", "-i", "-q", "-s", "5"}, conn...), "postgres")...)
+		conn := pgbenchCluster(t, e, 5)
 		backup := filepath.Join(t.TempDir(), "backup")
 		e.run(t, append([]string{bin + "/pg_basebackup", "-D", backup, "-X", "stream", "-c", "fast"}, conn...)...)
 		e.run(t, bin+"/pg_verifybackup", "-q", backup)
@@ -352,6 +348,16 @@ func TestPostgreSQLBaseBackup(t *testing.T) {
 			}
 		}
 	})
+}
+
+// pgbenchCluster starts PostgreSQL in the env, fills it with pgbench -i at
+// scale (100,000 accounts each, sent by COPY) and returns the options that
+// connect to it over TCP.
+func pgbenchCluster(t *testing.T, e *env, scale int) []string {
+	port, _ := startPostgres(t, e)
+	conn := []string{"-h", "127.0.0.1", "-p", port, "-U", "postgres"}
+	e.run(t, append(append([]string{"/usr/lib/postgresql/15/bin/pgbench", "-i", "-q", "-s", strconv.Itoa(scale)}, conn...), "postgres")...)
+	return conn
 }
 
 // run runs a client program in the env's namespace and cgroup and returns
