@@ -164,6 +164,51 @@ func TestRedisThroughServiceDNAT(t *testing.T) {
 	})
 }
 
+// Redis replication: a replica joins a primary that holds 50,000 keys
+// (the full sync: an RDB streamed over the replication connection) while 8
+// clients keep writing, and takes the command stream from then on. Once the
+// replica has caught up with the primary's replication offset, both hold
+// the same data set (DEBUG DIGEST).
+func TestRedisReplication(t *testing.T) {
+	testenv.NeedProgram(t, "redis-server")
+	testenv.NeedProgram(t, "redis-benchmark")
+	bothWays(t, redirected, 0, func(t *testing.T, e *env) {
+		primary, replica := strconv.Itoa(e.freePort(t)), strconv.Itoa(e.freePort(t))
+		// Its own directory each: a replica writes the RDB it received.
+		opts := func() []string {
+			return []string{"--dir", t.TempDir(), "--enable-debug-command", "yes", "--repl-diskless-sync-delay", "0"}
+		}
+		e.start(t, append(redisArgv(primary), opts()...)...)
+		e.waitListening(t, "127.0.0.1:"+primary)
+		e.run(t, "redis-benchmark", "-p", primary, "-t", "set", "-n", "50000", "-d", "1000", "-r", "50000", "-P", "16", "-q")
+		e.start(t, append(append(redisArgv(replica), opts()...), "--replicaof", "127.0.0.1", primary)...)
+		e.waitListening(t, "127.0.0.1:"+replica)
+		e.run(t, "redis-benchmark", "-p", primary, "-t", "set,lpush,incr", "-n", "100000", "-d", "500", "-r", "50000", "-P", "16", "-c", "8", "-q")
+		offset := func(port, field string) string {
+			out := e.run(t, "redis-cli", "-p", port, "info", "replication")
+			for _, l := range strings.Split(out, "\n") {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(l), field+":"); ok {
+					return v
+				}
+			}
+			return ""
+		}
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			want := offset(primary, "master_repl_offset")
+			if offset(replica, "master_link_status") == "up" && offset(replica, "slave_repl_offset") == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the replica has not caught up in 30 s: link %q, offset %q of %q", offset(replica, "master_link_status"), offset(replica, "slave_repl_offset"), want)
+			}
+		}
+		p, r := e.run(t, "redis-cli", "-p", primary, "debug", "digest"), e.run(t, "redis-cli", "-p", replica, "debug", "digest")
+		if strings.TrimSpace(p) != strings.TrimSpace(r) || strings.Trim(strings.TrimSpace(p), "0") == "" {
+			t.Fatalf("data set digests: primary %q, replica %q", p, r)
+		}
+	})
+}
+
 func redisArgv(port string) []string {
 	return []string{"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"}
 }
