@@ -61,6 +61,7 @@ const struct guard_event *unused_guard_event __attribute__((unused));
 const struct splice_program *unused_splice_program __attribute__((unused));
 const struct splice_seen *unused_splice_seen __attribute__((unused));
 const enum event_kind *unused_event_kind __attribute__((unused));
+const enum stall_found *unused_stall_found __attribute__((unused));
 
 #define WAIT_NRS 8
 
@@ -1250,12 +1251,15 @@ static __always_inline __u32 read_progress(struct sock *sk, struct peer_ref *ref
 	return BPF_CORE_READ((struct tcp_sock *)sk, copied_seq) + (__u32)ref->redirected_read;
 }
 
-/* Who reads a watched socket, for the guard to wake. */
+/* Who reads a watched socket, for the guard to wake, and for a stall how
+ * it was found. */
 struct reader {
 	__u64 cookie;
 	__u64 ino;
 	__u32 pid;
 	char comm[COMM_LEN];
+	__u32 found;     /* enum stall_found */
+	__u32 asleep_in; /* FOUND_BY_WATCH: the system call */
 };
 
 static __always_inline void reader_of(struct peer_ref *ref, struct reader *r)
@@ -1282,6 +1286,8 @@ static __always_inline void report_stall(struct sock_key *key, struct reader *r,
 	ev->kind = kind;
 	__builtin_memcpy(ev->comm, r->comm, sizeof(ev->comm));
 	ev->ino = r->ino;
+	ev->found = r->found;
+	ev->asleep_in = r->asleep_in;
 	bpf_ringbuf_submit(ev, 0);
 }
 
@@ -1375,7 +1381,7 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
  * FIONREAD counts them, and while redirected bytes it is not told of stay
  * unread (6.1). */
 static __always_inline void rescue(struct sock_key *key, struct peer_ref *ref, __u32 hidden, __u64 delay,
-				   __u32 event)
+				   __u32 event, __u32 found, __u32 asleep_in)
 {
 	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_TCP_READER | STATE_RESCUED | STATE_WATCHED);
 	if (old & STATE_TCP_READER)
@@ -1384,7 +1390,7 @@ static __always_inline void rescue(struct sock_key *key, struct peer_ref *ref, _
 	 * the guard only wakes the reader, neither counted nor logged. */
 	if (event == EVENT_STALL_RESCUED)
 		count(CNT_STALL_RESCUED);
-	struct reader r = {};
+	struct reader r = { .found = found, .asleep_in = asleep_in };
 	reader_of(ref, &r);
 	report_stall(key, &r, event, hidden);
 	start_leave(ref, delay);
@@ -1440,7 +1446,7 @@ static __always_inline int epoll_watches(struct task_struct *task, __u32 epfd, s
  * used as a sleep, an epoll set that does not watch this socket) reads on
  * by itself. Read through the thread's saved pointers, fault-safe: a
  * thread gone reads as not waiting. */
-static __always_inline int waits_for_readiness(struct peer_ref *ref, struct sock *sk)
+static __always_inline int waits_for_readiness(struct peer_ref *ref, struct sock *sk, __u32 *asleep_in)
 {
 	struct task_struct *task = ref->reader_task;
 	struct pt_regs *regs = (struct pt_regs *)ref->reader_regs;
@@ -1449,6 +1455,7 @@ static __always_inline int waits_for_readiness(struct peer_ref *ref, struct sock
 	if (!(BPF_CORE_READ(task, __state) & TASK_INTERRUPTIBLE))
 		return 0;
 	unsigned long nr = BPF_CORE_READ(regs, orig_ax);
+	*asleep_in = nr;
 	for (int i = 0; i < WAIT_NRS; i++)
 		if (nr == cfg.wait_nrs[i])
 			return 1;
@@ -1505,7 +1512,8 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		bpf_timer_start(&ref->leave, cfg.stall_ns - (now - ref->watch_at), 0);
 		return 0;
 	}
-	if (!waits_for_readiness(ref, sk)) {
+	__u32 asleep_in = 0;
+	if (!waits_for_readiness(ref, sk, &asleep_in)) {
 		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
 		return 0;
 	}
@@ -1516,7 +1524,7 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		 * one that reads on by itself takes what is queued; one that
 		 * trusts FIONREAD reads one buffer and stops again, and is
 		 * moved to TCP at its next stop. */
-		struct reader r = {};
+		struct reader r = { .found = FOUND_BY_WATCH, .asleep_in = asleep_in };
 		reader_of(ref, &r);
 		report_stall(key, &r, EVENT_WAKE, hidden);
 		ref->woke_progress = progress;
@@ -1525,7 +1533,7 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
 		return 0;
 	}
-	rescue(key, ref, hidden, move_delay(sk), EVENT_STALL_RESCUED);
+	rescue(key, ref, hidden, move_delay(sk), EVENT_STALL_RESCUED, FOUND_BY_WATCH, asleep_in);
 	return leave(key, ref, tp);
 }
 
@@ -2209,7 +2217,7 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	struct task_struct *leader = task->group_leader;
 	if (leader)
 		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
-	rescue(&k, ref, hidden, move_delay(sk), quiet ? EVENT_WAKE : EVENT_STALL_RESCUED);
+	rescue(&k, ref, hidden, move_delay(sk), quiet ? EVENT_WAKE : EVENT_STALL_RESCUED, FOUND_BY_SCAN, 0);
 	bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 	return 0;
 }

@@ -106,14 +106,16 @@ type bypassFlowRecord struct {
 }
 
 type bypassGuardEvent struct {
-	_      structs.HostLayout
-	Self   bypassSockKey
-	Cookie uint64
-	Unread uint64
-	Pid    uint32
-	Kind   uint32
-	Comm   [16]int8
-	Ino    uint64
+	_        structs.HostLayout
+	Self     bypassSockKey
+	Cookie   uint64
+	Unread   uint64
+	Pid      uint32
+	Kind     uint32
+	Comm     [16]int8
+	Ino      uint64
+	Found    uint32
+	AsleepIn uint32
 }
 
 type bypassReaderPort struct {
@@ -189,6 +191,13 @@ type bypassSpliceSeen struct {
 	Cmdline [128]int8
 }
 
+type bypassStallFound uint32
+
+const (
+	bypassStallFoundFOUND_BY_WATCH bypassStallFound = 1
+	bypassStallFoundFOUND_BY_SCAN  bypassStallFound = 2
+)
+
 type bypassStateFlags uint32
 
 const (
@@ -249,6 +258,7 @@ const (
 	bypassVarUnusedRole          = "unused_role"
 	bypassVarUnusedSpliceProgram = "unused_splice_program"
 	bypassVarUnusedSpliceSeen    = "unused_splice_seen"
+	bypassVarUnusedStallFound    = "unused_stall_found"
 	bypassVarUnusedStateFlags    = "unused_state_flags"
 )
 
@@ -338,6 +348,7 @@ type bypassVariableSpecs struct {
 	UnusedRole          *ebpf.VariableSpec `ebpf:"unused_role"`
 	UnusedSpliceProgram *ebpf.VariableSpec `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.VariableSpec `ebpf:"unused_splice_seen"`
+	UnusedStallFound    *ebpf.VariableSpec `ebpf:"unused_stall_found"`
 	UnusedStateFlags    *ebpf.VariableSpec `ebpf:"unused_state_flags"`
 }
 
@@ -406,6 +417,7 @@ type bypassVariables struct {
 	UnusedRole          *ebpf.Variable `ebpf:"unused_role"`
 	UnusedSpliceProgram *ebpf.Variable `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.Variable `ebpf:"unused_splice_seen"`
+	UnusedStallFound    *ebpf.Variable `ebpf:"unused_stall_found"`
 	UnusedStateFlags    *ebpf.Variable `ebpf:"unused_state_flags"`
 }
 

@@ -288,7 +288,23 @@ type Event struct {
 	PID           int    // the process that read
 	Command       string
 	Inode         uint64 // StallRescued, Wake: the socket's inode ("socket:[N]" in /proc/PID/fd)
+	Found         StallFound
+	AsleepIn      int // Found == FoundByWatch: the system call the reader slept in
 }
+
+// StallFound says how a stall was found (StallRescued, and a Wake of a
+// stalled reader).
+type StallFound uint32
+
+const (
+	// FoundUnknown: not a stall, or an install older than the field.
+	FoundUnknown StallFound = 0
+	// FoundByWatch: a read left bytes FIONREAD does not count, and the
+	// reader then slept 20 ms in a wait for its socket (AsleepIn).
+	FoundByWatch = StallFound(bypassStallFoundFOUND_BY_WATCH)
+	// FoundByScan: the stall scan saw nothing read for 500 ms.
+	FoundByScan = StallFound(bypassStallFoundFOUND_BY_SCAN)
+)
 
 // EventReader delivers events as the BPF programs report them.
 type EventReader struct{ rd *ringbuf.Reader }
@@ -318,7 +334,8 @@ func (r *EventReader) Read(deadline time.Time) (Event, error) {
 	t := ev.Self.Tuple
 	client := netip.AddrPortFrom(netip.AddrFrom16(t.ClientIp).Unmap(), t.ClientPort)
 	server := netip.AddrPortFrom(netip.AddrFrom16(t.ServerIp).Unmap(), t.ServerPort)
-	e := Event{Kind: EventKind(ev.Kind), Local: server, Remote: client, Netns: ev.Self.Netns, Cookie: ev.Cookie, Unread: ev.Unread, PID: int(ev.Pid), Command: commString(ev.Comm), Inode: ev.Ino}
+	e := Event{Kind: EventKind(ev.Kind), Local: server, Remote: client, Netns: ev.Self.Netns, Cookie: ev.Cookie, Unread: ev.Unread, PID: int(ev.Pid), Command: commString(ev.Comm), Inode: ev.Ino,
+		Found: StallFound(ev.Found), AsleepIn: int(ev.AsleepIn)}
 	if ev.Self.Role == roleClient {
 		e.Local, e.Remote = client, server
 	}

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,7 +68,7 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 				// FIONREAD as the kernel answers it (under lockdown
 				// shunt cannot correct it): the watch and the scan
 				// must make the reader progress.
-				in, c, s := guardedPair(t, network, bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}})
+				in, c, s, said := guardedPairLog(t, network, bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}})
 				if tc.warm {
 					testenv.Warm(t, c, s)
 				}
@@ -97,6 +98,13 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 				// read one buffer a wake-up (2.3 s under qemu).
 				if took > 5*time.Second {
 					t.Errorf("the reader took %v: it waited on a stall", took)
+				}
+				// Each stall's line says how it was found.
+				for _, l := range said() {
+					if strings.Contains(l, " waited on ") && !strings.Contains(l, ", asleep in epoll_") &&
+						!strings.Contains(l, ", nothing read for the stall scan's") {
+						t.Errorf("the guard's line does not say how the stall was found: %s", l)
+					}
 				}
 			})
 		}
@@ -186,12 +194,31 @@ func correctionGoesWithTheInstall(t *testing.T, in *bypass.Install, progs []bypa
 // namespace and cgroup of its own.
 func guardedPair(t *testing.T, network string, opts bypass.Options) (*bypass.Install, *net.TCPConn, *net.TCPConn) {
 	t.Helper()
+	in, c, s, _ := guardedPairLog(t, network, opts)
+	return in, c, s
+}
+
+// guardedPairLog is guardedPair that also returns what the guard said so
+// far.
+func guardedPairLog(t *testing.T, network string, opts bypass.Options) (*bypass.Install, *net.TCPConn, *net.TCPConn, func() []string) {
+	t.Helper()
 	in, cg := mustInstallWith(t, opts)
-	bypasstest.RunGuard(t, in, func(s string) { t.Logf("guard: %s", s) })
+	var mu sync.Mutex
+	var lines []string
+	bypasstest.RunGuard(t, in, func(s string) {
+		t.Logf("guard: %s", s)
+		mu.Lock()
+		lines = append(lines, s)
+		mu.Unlock()
+	})
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
 	addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
 	c, s := testenv.ConnPair(t, network, side, addr, side, addr)
-	return in, c, s
+	return in, c, s, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(lines)
+	}
 }
 
 // pollFIONREAD reads want bytes from c as a reader that polls FIONREAD

@@ -25,6 +25,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/reap"
@@ -110,11 +112,7 @@ func wake(ev bypass.Event, report func(string)) {
 	if errors.Is(err, os.ErrNotExist) {
 		err = nil // closed: nobody waits
 	}
-	what := fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with %d bytes queued that FIONREAD does not count", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
-	if ev.Unread == 0 {
-		// The stall scan found only the peer's end unread.
-		what = fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with the peer's end (FIN) unread", ev.PID, ev.Command, ev.Local, ev.Remote)
-	}
+	what := stallLine(ev)
 	switch {
 	case ev.Kind == bypass.StallRescued && err == nil:
 		report(what + ": the connection goes back to TCP and the reader was woken")
@@ -123,6 +121,45 @@ func wake(ev bypass.Event, report func(string)) {
 	case err != nil:
 		report(fmt.Sprintf("pid %d (%s): waking the reader of %s (peer %s) failed: %v", ev.PID, ev.Command, ev.Local, ev.Remote, err))
 	}
+}
+
+// stallLine says who waited on what, and how the stall was found.
+func stallLine(ev bypass.Event) string {
+	what := fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with %d bytes queued that FIONREAD does not count", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
+	if ev.Unread == 0 {
+		// The stall scan found only the peer's end unread.
+		what = fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with the peer's end (FIN) unread", ev.PID, ev.Command, ev.Local, ev.Remote)
+	}
+	switch ev.Found {
+	case bypass.FoundByWatch:
+		what += fmt.Sprintf(", asleep in %s since its last read", syscallName(ev.AsleepIn))
+	case bypass.FoundByScan:
+		what += ", nothing read for the stall scan's 0.5 s"
+	}
+	return what
+}
+
+// syscallName names the waits the stall watch looks for (x86-64).
+func syscallName(nr int) string {
+	switch nr {
+	case unix.SYS_EPOLL_WAIT:
+		return "epoll_wait"
+	case unix.SYS_EPOLL_PWAIT:
+		return "epoll_pwait"
+	case unix.SYS_EPOLL_PWAIT2:
+		return "epoll_pwait2"
+	case unix.SYS_POLL:
+		return "poll"
+	case unix.SYS_PPOLL:
+		return "ppoll"
+	case unix.SYS_SELECT:
+		return "select"
+	case unix.SYS_PSELECT6:
+		return "pselect6"
+	case unix.SYS_IO_URING_ENTER:
+		return "io_uring_enter"
+	}
+	return fmt.Sprintf("system call %d", nr)
 }
 
 // Reset aborts a caught connection's splicing socket and says what it did.

@@ -227,4 +227,12 @@ struct guard_event {
 	__u32 kind;            /* enum event_kind */
 	char comm[COMM_LEN];
 	__u64 ino;             /* the socket's inode (stalls): finds its descriptor in /proc/PID/fd */
+	__u32 found;           /* stalls: enum stall_found */
+	__u32 asleep_in;       /* FOUND_BY_WATCH: the system call the reader slept in */
+};
+
+/* How a stall was found (0: not said, an install older than the field). */
+enum stall_found {
+	FOUND_BY_WATCH = 1, /* a read left bytes FIONREAD misses, then cfg.stall_ns asleep in a wait for the socket */
+	FOUND_BY_SCAN = 2,  /* the stall scan: nothing read for cfg.scan_stall_ns */
 };
