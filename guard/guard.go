@@ -127,7 +127,7 @@ func wake(ev bypass.Event, report func(string)) {
 func stallLine(ev bypass.Event) string {
 	what := fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with %d bytes queued that FIONREAD does not count", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
 	if ev.Unread == 0 {
-		// The stall scan found only the peer's end unread.
+		// Only the peer's end was left unread.
 		what = fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with the peer's end (FIN) unread", ev.PID, ev.Command, ev.Local, ev.Remote)
 	}
 	switch ev.Found {
