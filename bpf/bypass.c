@@ -63,8 +63,6 @@ const struct splice_seen *unused_splice_seen __attribute__((unused));
 const enum event_kind *unused_event_kind __attribute__((unused));
 const enum stall_found *unused_stall_found __attribute__((unused));
 
-#define WAIT_NRS 8
-
 /* Set from Go before load. */
 volatile const struct config {
 	__u64 settle_ns;      /* how long a redirect decided before a switch may still be landing */
@@ -77,7 +75,7 @@ volatile const struct config {
 	__u32 fionread_misses_tcp; /* FIONREAD of a sockhash socket leaves out bytes that came by TCP (6.18) */
 	__u32 fionread_corrected;  /* shunt_fionread adds what FIONREAD leaves out: no byte is hidden from it */
 	__u32 reader_port_ttl_s;   /* how long a server port whose reader needed TCP stays unpaired (0: never) */
-	__u32 wait_nrs[WAIT_NRS]; /* other system calls that wait for readiness (io_uring_enter); ~0: unused */
+	__u32 uring_nr;       /* io_uring_enter(2): may wait for the socket's readiness */
 	__u32 epoll_nrs[3];   /* epoll_wait, epoll_pwait, epoll_pwait2: the epoll file is the first argument */
 	__u32 select_nrs[2];  /* select(2), pselect6(2): wait for readiness if given descriptors (the first argument) */
 	__u32 poll_nrs[2];    /* poll(2), ppoll(2): the same, the count being the second argument */
@@ -1064,16 +1062,24 @@ static __always_inline struct args_walk *current_program(struct splice_program *
 	return w;
 }
 
+/* What is known of a program: by its command line, or else by its
+ * command taught by name. */
+static __always_inline struct splice_seen *known_program(struct splice_program *prog)
+{
+	struct splice_seen *seen = bpf_map_lookup_elem(&splice_programs, prog);
+	if (seen || !prog->args)
+		return seen;
+	struct splice_program by_name = { .args = 0 };
+	__builtin_memcpy(by_name.comm, prog->comm, sizeof(by_name.comm));
+	return bpf_map_lookup_elem(&splice_programs, &by_name);
+}
+
 /* The calling process was seen splicing from a TCP socket before: this
  * very command line, or its command taught by name. */
 static __always_inline int learned_splicer(struct splice_program *prog)
 {
 	current_program(prog);
-	if (bpf_map_lookup_elem(&splice_programs, prog))
-		return 1;
-	struct splice_program by_name = { .args = 0 };
-	__builtin_memcpy(by_name.comm, prog->comm, sizeof(by_name.comm));
-	return bpf_map_lookup_elem(&splice_programs, &by_name) != 0;
+	return known_program(prog) != 0;
 }
 
 /* Redirected bytes waiting in the socket's psock for a reader. */
@@ -1091,12 +1097,12 @@ static __always_inline __u64 unread_redirected(struct sock *sk, struct peer_ref 
 	return n ? n : !ingress_empty(sk);
 }
 
-/* Counts what a program's splices did; adds the program when new (with
- * the start of its command line, from the walk that hashed it) and then
- * returns 1. */
+/* Counts what a program's splices did (on its name's entry if it was
+ * taught by name); adds the program when new (with the start of its
+ * command line, from the walk that hashed it) and then returns 1. */
 static __always_inline int learn(struct splice_program *prog, struct args_walk *w, __u64 splices, __u64 caught)
 {
-	struct splice_seen *seen = bpf_map_lookup_elem(&splice_programs, prog);
+	struct splice_seen *seen = known_program(prog);
 	__u64 now = bpf_ktime_get_ns();
 	if (!seen) {
 		/* Without a walk (from a timer: not the splicer's context), an
@@ -1456,9 +1462,8 @@ static __always_inline int waits_for_readiness(struct peer_ref *ref, struct sock
 		return 0;
 	unsigned long nr = BPF_CORE_READ(regs, orig_ax);
 	*asleep_in = nr;
-	for (int i = 0; i < WAIT_NRS; i++)
-		if (nr == cfg.wait_nrs[i])
-			return 1;
+	if (nr == cfg.uring_nr)
+		return 1;
 	/* An epoll set without this socket (PostgreSQL's latch wait, in a
 	 * COPY that left bytes unread) waits for something else: no edge of
 	 * this socket is awaited there. Where it cannot tell, it takes it as

@@ -33,14 +33,13 @@ type bypassConfig struct {
 	FionreadMissesTcp uint32
 	FionreadCorrected uint32
 	ReaderPortTtlS    uint32
-	WaitNrs           [8]uint32
+	UringNr           uint32
 	EpollNrs          [3]uint32
 	SelectNrs         [2]uint32
 	PollNrs           [2]uint32
 	SendtoNr          uint32
 	SendmsgNr         uint32
 	SendmmsgNr        uint32
-	_                 [4]byte
 }
 
 type bypassControlWord struct {

@@ -332,19 +332,13 @@ func newConfig(opts Options) bypassConfig {
 		StallNs:        uint64(stallAfter),
 		ScanStallNs:    uint64(scanStallAfter),
 		ReaderPortTtlS: uint32(ReaderPortTTL / time.Second),
-	}
-	// The stall watch wakes a reader whose thread sleeps in one of these,
-	// in epoll_wait on a set that watches its socket, or in select or poll
-	// given descriptors (without, they are sleeps).
-	waits := []uint32{unix.SYS_IO_URING_ENTER}
-	cfg.EpollNrs = [3]uint32{unix.SYS_EPOLL_WAIT, unix.SYS_EPOLL_PWAIT, unix.SYS_EPOLL_PWAIT2}
-	cfg.SelectNrs = [2]uint32{unix.SYS_SELECT, unix.SYS_PSELECT6}
-	cfg.PollNrs = [2]uint32{unix.SYS_POLL, unix.SYS_PPOLL}
-	for i := range cfg.WaitNrs {
-		cfg.WaitNrs[i] = ^uint32(0)
-		if i < len(waits) {
-			cfg.WaitNrs[i] = waits[i]
-		}
+		// The stall watch wakes a reader whose thread sleeps in
+		// io_uring_enter, in epoll_wait on a set that watches its socket,
+		// or in select or poll given descriptors (without, they are sleeps).
+		UringNr:   unix.SYS_IO_URING_ENTER,
+		EpollNrs:  [3]uint32{unix.SYS_EPOLL_WAIT, unix.SYS_EPOLL_PWAIT, unix.SYS_EPOLL_PWAIT2},
+		SelectNrs: [2]uint32{unix.SYS_SELECT, unix.SYS_PSELECT6},
+		PollNrs:   [2]uint32{unix.SYS_POLL, unix.SYS_PPOLL},
 	}
 	if opts.TrustReaders {
 		cfg.TrustReaders = 1

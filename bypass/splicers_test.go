@@ -47,6 +47,31 @@ func TestTaughtSplicerStaysOnTCP(t *testing.T) {
 	if st.Counters.LearnedReaders != 2 || st.Counters.Paired != 1 {
 		t.Errorf("counters %+v: want 1 paired connection whose 2 readers were kept on TCP", st.Counters)
 	}
+	// Its splices count on what it was taught by: one entry, not a second
+	// one for its command line that status would show beside it.
+	served := make(chan error, 1)
+	go func() {
+		_, err := testenv.HeaderThenSplice(s)
+		served <- err
+	}()
+	if _, err := c.Write([]byte("HEADspliced")); err != nil {
+		t.Fatal(err)
+	}
+	c.CloseWrite()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got, err := io.ReadAll(c); string(got) != "spliced" || err != nil {
+		t.Fatalf("the splicing server echoed %q, %v", got, err)
+	}
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	progs, err := in.SplicePrograms()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(progs) != 1 || !progs[0].ByName || progs[0].Splices != 1 || progs[0].Caught != 0 {
+		t.Errorf("learned %+v: want the program taught by name, with its 1 splice", progs)
+	}
 	if n, err := in.Forget(thisCommand()); n != 1 || err != nil {
 		t.Errorf("forget: %d, %v", n, err)
 	}
