@@ -1415,33 +1415,54 @@ static __always_inline struct file *task_file(struct task_struct *task, __u32 fd
 	return f;
 }
 
-#define EPOLL_ENTRIES_LOOKED_AT 8
+#define WAITERS_LOOKED_AT 8
+#define INPUT_EVENTS 0x41 /* EPOLLIN | EPOLLRDNORM: select's read set asks both */
 
-/* Whether the epoll file open as epfd in task watches sk: 1, 0, or -1 when
- * it cannot tell (more registrations on the socket than looked at). The
- * socket's wait queue holds one entry per registration (and per poll or
- * select asleep on it): each is taken for an eppoll_entry and its eventpoll
- * compared (read fault-safe: another kind of entry compares unequal). */
-static __always_inline int epoll_watches(struct task_struct *task, __u32 epfd, struct sock *sk)
+/* Whether task's wait asks for sk's input: 1, 0, or -1 when it cannot tell
+ * (more waiters on the socket than looked at). ep is the eventpoll task
+ * sleeps on in epoll_wait, or NULL for poll and select. The socket's wait
+ * queue holds an entry per waiter; each is taken for the kind asked about
+ * and its owner compared (read fault-safe: another kind of entry compares
+ * unequal), then the events it registered read. An epoll set or a poll
+ * that watches the socket for output only (OpenSSH's channel, its window
+ * full) does not wait for input. */
+static __always_inline int awaits_input(struct task_struct *task, struct eventpoll *ep, struct sock *sk)
 {
-	struct file *f = task_file(task, epfd);
 	struct socket *sock = BPF_CORE_READ(sk, sk_socket);
-	if (!f || !sock)
+	if (!sock)
 		return -1;
-	struct eventpoll *ep = BPF_CORE_READ(f, private_data);
 	struct list_head *head = __builtin_preserve_access_index(&sock->wq.wait.head);
 	struct list_head *node = BPF_CORE_READ(sock, wq.wait.head.next);
-	__u64 back = bpf_core_field_offset(struct eppoll_entry, wait) +
-		     bpf_core_field_offset(struct wait_queue_entry, entry);
-	for (int i = 0; i < EPOLL_ENTRIES_LOOKED_AT; i++) {
+	__u64 entry = bpf_core_field_offset(struct wait_queue_entry, entry);
+	__u64 epoll_back = bpf_core_field_offset(struct eppoll_entry, wait) + entry;
+	__u64 poll_back = bpf_core_field_offset(struct poll_table_entry, wait) + entry;
+	for (int i = 0; i < WAITERS_LOOKED_AT; i++) {
 		if (!node || node == head)
 			return 0;
-		struct eppoll_entry *pwq = (struct eppoll_entry *)((unsigned long)node - back);
-		if (BPF_CORE_READ(pwq, base, ep) == ep)
+		__u32 events = 0;
+		if (ep) {
+			struct eppoll_entry *pwq = (struct eppoll_entry *)((unsigned long)node - epoll_back);
+			struct epitem *epi = BPF_CORE_READ(pwq, base);
+			if (BPF_CORE_READ(epi, ep) == ep)
+				events = BPF_CORE_READ(epi, event.events);
+		} else {
+			struct poll_table_entry *pe = (struct poll_table_entry *)((unsigned long)node - poll_back);
+			struct poll_wqueues *pwq = BPF_CORE_READ(pe, wait.private);
+			if (pwq && BPF_CORE_READ(pwq, polling_task) == task)
+				events = BPF_CORE_READ(pe, key);
+		}
+		if (events & INPUT_EVENTS)
 			return 1;
 		node = BPF_CORE_READ(node, next);
 	}
 	return node == head ? 0 : -1;
+}
+
+/* The eventpoll of the epoll file open as epfd in task, or NULL. */
+static __always_inline struct eventpoll *task_eventpoll(struct task_struct *task, __u32 epfd)
+{
+	struct file *f = task_file(task, epfd);
+	return f ? BPF_CORE_READ(f, private_data) : 0;
 }
 
 /* The thread that read last sleeps in a wait for readiness that may be
@@ -1464,19 +1485,18 @@ static __always_inline int waits_for_readiness(struct peer_ref *ref, struct sock
 	*asleep_in = nr;
 	if (nr == cfg.uring_nr)
 		return 1;
-	/* An epoll set without this socket (PostgreSQL's latch wait, in a
-	 * COPY that left bytes unread) waits for something else: no edge of
-	 * this socket is awaited there. Where it cannot tell, it takes it as
-	 * a wait. */
-	if (nr == cfg.epoll_nrs[0] || nr == cfg.epoll_nrs[1] || nr == cfg.epoll_nrs[2])
-		return epoll_watches(task, BPF_CORE_READ(regs, di), sk) != 0;
-	/* With no descriptors, select and poll are sleeps (PostgreSQL's
-	 * pg_usleep between retries, in a COPY that left bytes unread):
-	 * nothing there waits for an edge of this socket. */
-	if (nr == cfg.select_nrs[0] || nr == cfg.select_nrs[1])
-		return BPF_CORE_READ(regs, di) != 0;
-	if (nr == cfg.poll_nrs[0] || nr == cfg.poll_nrs[1])
-		return BPF_CORE_READ(regs, si) != 0;
+	/* An epoll set without this socket's input (PostgreSQL's latch wait,
+	 * in a COPY that left bytes unread), a select or poll without it
+	 * (pg_usleep's select without descriptors; OpenSSH's ppoll while its
+	 * channel's window is full) waits for something else: no edge of this
+	 * socket is awaited there. Where it cannot tell, it takes it as a
+	 * wait. */
+	if (nr == cfg.epoll_nrs[0] || nr == cfg.epoll_nrs[1] || nr == cfg.epoll_nrs[2]) {
+		struct eventpoll *ep = task_eventpoll(task, BPF_CORE_READ(regs, di));
+		return !ep || awaits_input(task, ep, sk) != 0;
+	}
+	if (nr == cfg.select_nrs[0] || nr == cfg.select_nrs[1] || nr == cfg.poll_nrs[0] || nr == cfg.poll_nrs[1])
+		return awaits_input(task, 0, sk) != 0;
 	return 0;
 }
 

@@ -663,40 +663,21 @@ func rawReadN(t *testing.T, fd, n int) []byte {
 // checkpointer's queue is full), and it waits for its latch in an epoll set
 // of its own, apart from the one that watches the client's socket. The
 // watch took either for a wait for readiness: pgbench -i's COPY was
-// "rescued" with 3-5 MiB queued. The bytes are the connection's first
-// (TCP's: hidden on 6.18) or redirected (hidden on 6.1).
+// "rescued" with 3-5 MiB queued. OpenSSH polls a forwarded connection
+// without asking for input while its channel's window is full: sshd was
+// "rescued" in ppoll in 2 of 40 10 MiB downloads through ssh -L. The bytes
+// are the connection's first (TCP's: hidden on 6.18) or redirected (hidden
+// on 6.1).
 func TestSleepingReaderIsNotAStall(t *testing.T) {
-	otherSet := func(t *testing.T) {
-		ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(ep)
-		ev, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(ev)
-		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ev, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ev)}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := unix.EpollWait(ep, make([]unix.EpollEvent, 1), 300); err != nil && err != unix.EINTR {
-			t.Fatalf("epoll_wait on the other set: %v", err)
-		}
-	}
-	sleep := func(t *testing.T) {
-		tv := unix.Timeval{Usec: 150_000}
-		if _, err := unix.Select(0, nil, nil, nil, &tv); err != nil && err != unix.EINTR {
-			t.Fatalf("select as a sleep: %v", err)
-		}
-		if _, err := unix.Poll(nil, 150); err != nil && err != unix.EINTR {
-			t.Fatalf("poll as a sleep: %v", err)
-		}
-	}
 	for p, pause := range []struct {
 		name string
-		do   func(t *testing.T)
-	}{{"select and poll without descriptors", sleep}, {"epoll_wait on another set", otherSet}} {
+		do   func(t *testing.T, fd int)
+	}{
+		{"select and poll without descriptors", sleepWithoutDescriptors},
+		{"epoll_wait on another set", waitOnAnotherSet},
+		{"poll and select not for input", pollNotForInput},
+		{"epoll_wait on a set not watching input", epollNotForInput},
+	} {
 		for w, warm := range []bool{false, true} {
 			for f, network := range []string{"tcp4", "tcp6"} {
 				if !onDiagonal(p+w, f) {
@@ -710,7 +691,76 @@ func TestSleepingReaderIsNotAStall(t *testing.T) {
 	}
 }
 
-func sleepingReader(t *testing.T, network string, warm bool, pause func(t *testing.T)) {
+// sleepWithoutDescriptors sleeps as PostgreSQL's pg_usleep does.
+func sleepWithoutDescriptors(t *testing.T, _ int) {
+	tv := unix.Timeval{Usec: 150_000}
+	if _, err := unix.Select(0, nil, nil, nil, &tv); err != nil && err != unix.EINTR {
+		t.Fatalf("select as a sleep: %v", err)
+	}
+	if _, err := unix.Poll(nil, 150); err != nil && err != unix.EINTR {
+		t.Fatalf("poll as a sleep: %v", err)
+	}
+}
+
+// waitOnAnotherSet waits on an epoll set holding an eventfd alone
+// (PostgreSQL's latch).
+func waitOnAnotherSet(t *testing.T, _ int) {
+	ep := mustEpoll(t, mustEventfd(t), unix.EPOLLIN)
+	if _, err := unix.EpollWait(ep, make([]unix.EpollEvent, 1), 300); err != nil && err != unix.EINTR {
+		t.Fatalf("epoll_wait on the other set: %v", err)
+	}
+}
+
+// pollNotForInput polls the socket without asking for input, beside an
+// eventfd (OpenSSH's ppoll while its channel's window is full), then
+// selects it for exceptions only.
+func pollNotForInput(t *testing.T, fd int) {
+	fds := []unix.PollFd{{Fd: int32(fd)}, {Fd: int32(mustEventfd(t)), Events: unix.POLLIN}}
+	if _, err := unix.Poll(fds, 150); err != nil && err != unix.EINTR {
+		t.Fatalf("poll: %v", err)
+	}
+	var except unix.FdSet
+	except.Set(fd)
+	tv := unix.Timeval{Usec: 150_000}
+	if _, err := unix.Select(fd+1, nil, nil, &except, &tv); err != nil && err != unix.EINTR {
+		t.Fatalf("select: %v", err)
+	}
+}
+
+// epollNotForInput waits on an epoll set that holds the socket with no
+// events asked.
+func epollNotForInput(t *testing.T, fd int) {
+	ep := mustEpoll(t, fd, 0)
+	if _, err := unix.EpollWait(ep, make([]unix.EpollEvent, 1), 300); err != nil && err != unix.EINTR {
+		t.Fatalf("epoll_wait: %v", err)
+	}
+}
+
+// mustEventfd is an eventfd closed when the test ends.
+func mustEventfd(t *testing.T) int {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+// mustEpoll is an epoll set watching fd for events, closed when the test
+// ends.
+func mustEpoll(t *testing.T, fd int, events uint32) int {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(ep) })
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: events, Fd: int32(fd)}); err != nil {
+		t.Fatal(err)
+	}
+	return ep
+}
+
+func sleepingReader(t *testing.T, network string, warm bool, pause func(t *testing.T, fd int)) {
 	in, c, s := guardedPair(t, network, bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}})
 	if warm {
 		testenv.Warm(t, c, s)
@@ -727,7 +777,7 @@ func sleepingReader(t *testing.T, network string, warm bool, pause func(t *testi
 		time.Sleep(50 * time.Millisecond)
 		rawFD(t, c, func(fd int) {
 			got = rawReadN(t, fd, 64<<10)
-			pause(t)
+			pause(t, fd)
 			got = append(got, rawReadN(t, fd, len(data)-len(got))...)
 		})
 	}()

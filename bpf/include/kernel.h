@@ -202,22 +202,39 @@ struct files_struct {
 	struct fdtable *fdt;
 };
 
-/* epoll (fs/eventpoll.c): each registration hangs an eppoll_entry on the
- * watched file's wait queue; its epitem names the eventpoll (the epoll
- * file's private_data) it belongs to. */
+/* A file's wait queue holds an entry per waiter. epoll (fs/eventpoll.c)
+ * hangs an eppoll_entry there per registration; its epitem names the
+ * eventpoll (the epoll file's private_data) and the events registered.
+ * poll and select (fs/select.c) hang a poll_table_entry per file polled,
+ * with the events asked and the poll_wqueues (its task) as private. */
 struct wait_queue_entry {
+	void *private;
 	struct list_head entry;
 };
 
 struct eventpoll;
 
+struct epoll_event {
+	__u32 events;
+};
+
 struct epitem {
 	struct eventpoll *ep;
+	struct epoll_event event;
 };
 
 struct eppoll_entry {
 	struct epitem *base;
 	struct wait_queue_entry wait;
+};
+
+struct poll_table_entry {
+	__u32 key;
+	struct wait_queue_entry wait;
+};
+
+struct poll_wqueues {
+	struct task_struct *polling_task;
 };
 
 struct task_struct {
