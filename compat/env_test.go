@@ -11,7 +11,10 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,17 +31,34 @@ type env struct {
 	in   *bypass.Install
 	side testenv.Side
 	cg   host.Cgroup
+
+	mu         sync.Mutex
+	guardLines []string // what the guard reported
+}
+
+// guardSaid is what the guard has reported so far.
+func (e *env) guardSaid() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.guardLines)
 }
 
 func newEnv(t testing.TB, shunt bool) *env {
 	t.Helper()
+	if shunt {
+		return newEnvWith(t, bypass.Options{})
+	}
 	testenv.RequireRoot(t)
 	e := &env{cg: testenv.MustCgroup(t)}
 	e.side = testenv.Side{NS: testenv.MustNetNS(t), CG: e.cg}
-	if !shunt {
-		return e
-	}
-	in, err := bypass.Create(bypasstest.MustPinDir(t), bypass.Options{})
+	return e
+}
+
+// newEnvWith is newEnv with shunt installed with opts.
+func newEnvWith(t testing.TB, opts bypass.Options) *env {
+	t.Helper()
+	e := newEnv(t, false)
+	in, err := bypass.Create(bypasstest.MustPinDir(t), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +66,12 @@ func newEnv(t testing.TB, shunt bool) *env {
 	if _, err := in.Attach(e.cg); err != nil {
 		t.Fatal(err)
 	}
-	bypasstest.RunGuard(t, in, func(line string) { t.Logf("guard: %s", line) })
+	bypasstest.RunGuard(t, in, func(line string) {
+		t.Logf("guard: %s", line)
+		e.mu.Lock()
+		e.guardLines = append(e.guardLines, line)
+		e.mu.Unlock()
+	})
 	e.in = in
 	return e
 }
@@ -83,7 +108,7 @@ func (e *env) start(t testing.TB, argv ...string) int {
 	t.Helper()
 	cmd, done := e.command(t, argv...)
 	defer done()
-	return testenv.Start(t, argv[0], cmd).Pid
+	return testenv.Start(t, filepath.Base(argv[0]), cmd).Pid
 }
 
 // command makes argv run in the env's namespace and cgroup; done releases

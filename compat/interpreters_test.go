@@ -409,6 +409,9 @@ func startLighttpd(t *testing.T, e *env, files map[string][]byte, extra string) 
 	t.Helper()
 	dir := t.TempDir()
 	www := filepath.Join(dir, "www")
+	if err := os.MkdirAll(www, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for name, b := range files {
 		writeFile(t, filepath.Join(www, name), b)
 	}
