@@ -215,6 +215,13 @@ func httpOrigin(t *testing.T, ln *net.TCPListener, body blob) {
 // outcome of one download.
 type outcome int
 
+// tally counts downloads by outcome.
+type tally [4]int
+
+func (n tally) String() string {
+	return fmt.Sprintf("%d intact, %d wrong, %d reset, %d hung", n[intact], n[wrong], n[reset], n[hung])
+}
+
 const (
 	intact outcome = iota
 	wrong          // bytes missing, extra or changed: never acceptable

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -113,7 +112,7 @@ func TestHAProxy(t *testing.T) {
 				for _, shunt := range []bool{false, true} {
 					e := newEnv(t, shunt)
 					addr := e.haproxy(t, mode.mode, mode.splice, origin(t, e, kind, body))
-					var counts [4]int
+					var counts tally
 					for i := 0; i < downloads; i++ {
 						o, why := e.download(t, addr, body, 10*time.Second)
 						counts[o]++
@@ -121,7 +120,7 @@ func TestHAProxy(t *testing.T) {
 							t.Logf("shunt=%v download %d: %s", shunt, i, why)
 						}
 					}
-					what := fmt.Sprintf("shunt=%v: %d intact, %d wrong, %d reset, %d hung", shunt, counts[intact], counts[wrong], counts[reset], counts[hung])
+					what := fmt.Sprintf("shunt=%v: %v", shunt, counts)
 					t.Log(what)
 					if counts[wrong] > 0 || counts[hung] > 0 {
 						t.Errorf("%s: a download may never hang or come back wrong", what)
@@ -171,30 +170,14 @@ func TestHAProxyConcurrentDownloadsBeforeLearned(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			e := newEnv(t, true)
 			addr := e.haproxy(t, mode.mode, mode.splice, nginxOrigin(t, e, body, true))
-			var mu sync.Mutex
-			var counts [4]int
-			var wg sync.WaitGroup
-			for c := 0; c < clients; c++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := 0; i < each; i++ {
-						o, why := e.keptAliveAfter(t, addr, body, 3, each, 20*time.Second)
-						mu.Lock()
-						counts[o]++
-						mu.Unlock()
-						if o != intact {
-							t.Logf("client %d download %d: %s", c, i, why)
-						}
-					}
-				}()
-			}
-			wg.Wait()
+			counts := fetchAll(t, clients, each, func() (outcome, string) {
+				return e.keptAliveAfter(t, addr, body, 3, each, 20*time.Second)
+			})
 			st, err := e.in.Stats()
 			if err != nil {
 				t.Fatal(err)
 			}
-			what := fmt.Sprintf("%d intact, %d wrong, %d reset, %d hung", counts[intact], counts[wrong], counts[reset], counts[hung])
+			what := counts.String()
 			t.Logf("%s; paired %d, splice readers %d, caught %d, learned readers %d, presumed splicers %d (%d with bytes queued)",
 				what, st.Counters.Paired, st.Counters.SpliceReaders, st.Counters.SpliceCaught, st.Counters.LearnedReaders,
 				st.Counters.PresumedSplicers, st.Counters.PresumedQueued)

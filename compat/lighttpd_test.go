@@ -27,21 +27,21 @@ func TestLighttpdProxy(t *testing.T) {
 	testenv.NeedProgram(t, "lighttpd")
 	body := newBlob(1<<20, 13)
 	type lighttpdCase struct {
-		name       string
-		told       bool // lighttpd learned before it starts
-		refuse     bool // installed with RefuseSplice
-		concurrent int  // clients at once, each downloading 3 times
-		downloads  int  // one after another when concurrent is 0
+		name    string
+		told    bool // lighttpd learned before it starts
+		refuse  bool // installed with RefuseSplice
+		clients int  // at once, each downloading each times
+		each    int
 	}
 	cases := []lighttpdCase{
-		{name: "learned-at-first-splice", downloads: 12},
-		{name: "learned-at-first-splice/20-at-once", concurrent: 20},
-		{name: "told-in-advance", told: true, downloads: 12},
+		{name: "learned-at-first-splice", clients: 1, each: 12},
+		{name: "learned-at-first-splice/20-at-once", clients: 20, each: 3},
+		{name: "told-in-advance", told: true, clients: 1, each: 12},
 	}
 	if host.CanRefuseSplice() {
 		cases = append(cases,
-			lighttpdCase{name: "splice-refused", refuse: true, downloads: 12},
-			lighttpdCase{name: "splice-refused/20-at-once", refuse: true, concurrent: 20})
+			lighttpdCase{name: "splice-refused", refuse: true, clients: 1, each: 12},
+			lighttpdCase{name: "splice-refused/20-at-once", refuse: true, clients: 20, each: 3})
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -52,12 +52,12 @@ func TestLighttpdProxy(t *testing.T) {
 				}
 			}
 			addr := e.lighttpdProxy(t, nginxOrigin(t, e, body, true))
-			counts := e.downloads(t, addr, body, tc.concurrent, tc.downloads)
+			counts := fetchAll(t, tc.clients, tc.each, func() (outcome, string) { return e.download(t, addr, body, 20*time.Second) })
 			st, err := e.in.Stats()
 			if err != nil {
 				t.Fatal(err)
 			}
-			what := fmt.Sprintf("%d intact, %d wrong, %d reset, %d hung", counts[intact], counts[wrong], counts[reset], counts[hung])
+			what := counts.String()
 			t.Logf("%s; paired %d, splices refused %d, splice readers %d, caught %d, presumed splicers %d (%d with bytes queued), programs %+v",
 				what, st.Counters.Paired, st.Counters.SplicesRefused, st.Counters.SpliceReaders, st.Counters.SpliceCaught,
 				st.Counters.PresumedSplicers, st.Counters.PresumedQueued, st.SplicePrograms)
@@ -70,10 +70,10 @@ func TestLighttpdProxy(t *testing.T) {
 			// lighttpd splices only a read FIONREAD says is over 32 KiB: in
 			// some runs it never does from a socket shunt holds.
 			if tc.refuse {
-				if counts[intact] != tc.downloads+3*tc.concurrent || st.Counters.SpliceCaught+st.Counters.SpliceReaders != 0 || len(st.SplicePrograms) != 0 {
+				if counts[intact] != tc.clients*tc.each || st.Counters.SpliceCaught+st.Counters.SpliceReaders != 0 || len(st.SplicePrograms) != 0 {
 					t.Errorf("%s: with splices refused every download must be intact and nothing caught, sent back or learned", what)
 				}
-				if tc.concurrent == 0 && st.Counters.SplicesRefused == 0 {
+				if tc.clients == 1 && st.Counters.SplicesRefused == 0 {
 					t.Errorf("no splice was refused: lighttpd never spliced from a bypassed socket")
 				}
 				return
@@ -115,35 +115,25 @@ proxy.server = ( "" => ( ( "host" => "127.0.0.1", "port" => %d ) ) )
 	return fmt.Sprintf("127.0.0.1:%d", proxy)
 }
 
-// downloads fetches addr's blob n times one after another, or, with
-// clients > 0, 3 times from each of that many clients at once, each on a
-// fresh connection, and counts the outcomes.
-func (e *env) downloads(t *testing.T, addr string, body blob, clients, n int) [4]int {
+// fetchAll runs fetch each times from each of clients goroutines at once
+// and counts the outcomes, logging every one that was not intact.
+func fetchAll(t *testing.T, clients, each int, fetch func() (outcome, string)) tally {
 	t.Helper()
 	var mu sync.Mutex
-	var counts [4]int
-	fetch := func(who string) {
-		o, why := e.download(t, addr, body, 20*time.Second)
-		mu.Lock()
-		defer mu.Unlock()
-		counts[o]++
-		if o != intact {
-			t.Logf("%s: %s", who, why)
-		}
-	}
-	if clients == 0 {
-		for i := 0; i < n; i++ {
-			fetch(fmt.Sprintf("download %d", i))
-		}
-		return counts
-	}
+	var counts tally
 	var wg sync.WaitGroup
 	for c := 0; c < clients; c++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; i < 3; i++ {
-				fetch(fmt.Sprintf("client %d download %d", c, i))
+			for i := 0; i < each; i++ {
+				o, why := fetch()
+				mu.Lock()
+				counts[o]++
+				mu.Unlock()
+				if o != intact {
+					t.Logf("client %d download %d: %s", c, i, why)
+				}
 			}
 		}()
 	}

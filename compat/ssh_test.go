@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -51,9 +52,10 @@ func TestSSHPortForwarding(t *testing.T) {
 			"-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
 			"-o", "ExitOnForwardFailure=yes", "-L", fmt.Sprintf("127.0.0.1:%d:%s", fwdPort, origin), "root@127.0.0.1")
 		e.waitListenSocket(t, fwdPort)
-		counts := e.downloads(t, fmt.Sprintf("127.0.0.1:%d", fwdPort), body, 0, 12)
+		addr := fmt.Sprintf("127.0.0.1:%d", fwdPort)
+		counts := fetchAll(t, 1, 12, func() (outcome, string) { return e.download(t, addr, body, 20*time.Second) })
 		if counts[intact] != 12 {
-			t.Errorf("%d of 12 downloads through the tunnel intact (%d wrong, %d reset, %d hung)", counts[intact], counts[wrong], counts[reset], counts[hung])
+			t.Errorf("12 downloads through the tunnel: %v", counts)
 		}
 		for _, line := range e.guardSaid() {
 			if strings.Contains(line, "(sshd) waited on") {
