@@ -94,11 +94,20 @@ func logState(t testing.TB, e *env) {
 	if st, err := e.in.Stats(); err == nil {
 		t.Logf("counters: %+v", st.Counters)
 	}
-	// Each socket's TCP state and queues: which end is missing (an end
-	// not seen shows as CLOSE-WAIT with nothing queued, a writer stuck as
-	// a full Send-Q).
-	if out, err := exec.Command("ip", "netns", "exec", e.side.NS.Name, "ss", "-tanpio", "exclude", "time-wait").CombinedOutput(); err == nil {
+	// Each socket's TCP state, queues and memory: which end is missing
+	// (an end not seen shows as CLOSE-WAIT with nothing queued, a writer
+	// stuck as a full Send-Q or its write memory full).
+	if out, err := exec.Command("ip", "netns", "exec", e.side.NS.Name, "ss", "-tanpiom", "exclude", "time-wait").CombinedOutput(); err == nil {
 		t.Logf("sockets:\n%s", out)
+	}
+	// What each process of the env sleeps in (the system call's number and
+	// arguments, and the kernel function it waits in).
+	procs, _ := os.ReadFile(filepath.Join(e.cg.Path, "cgroup.procs"))
+	for _, pid := range strings.Fields(string(procs)) {
+		comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+		call, _ := os.ReadFile("/proc/" + pid + "/syscall")
+		wchan, _ := os.ReadFile("/proc/" + pid + "/wchan")
+		t.Logf("process %s (%s): system call %s, waiting in %s", pid, strings.TrimSpace(string(comm)), strings.TrimSpace(string(call)), wchan)
 	}
 }
 
