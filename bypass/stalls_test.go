@@ -111,6 +111,55 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 	}
 }
 
+// Flow control sends a writer's bytes by TCP once its reader holds more
+// than the backlog of redirected ones; those TCP bytes queue behind the
+// redirected ones, and the read that drains the psock returns short
+// (tcp_bpf_recvmsg reads the psock alone while it holds any). nginx takes a
+// short read for all there is and waits for an edge, which those TCP bytes
+// raised long before: it hung behind nginx's kept-alive upstreams on 6.1
+// (compat's TestNginxProxy/http-keepalive under qemu, 2 of 3 10 MiB
+// downloads). 6.18 leaves TCP bytes out of FIONREAD, so the stall watch
+// finds this reader; where FIONREAD counts every byte (6.12) or shunt
+// corrects it (6.1), nothing is hidden and neither the watch nor the scan
+// looks yet (docs/KERNELS.md, open): not in those kernels' rows. The reader
+// starts once the writer is done, so no later edge comes.
+func TestShortReadBehindFlowControlNeverStalls(t *testing.T) {
+	for _, network := range []string{"tcp4", "tcp6"} {
+		t.Run(network, func(t *testing.T) {
+			in, c, s := guardedPair(t, network, bypass.Options{MaxBacklog: 64 << 10})
+			testenv.Warm(t, c, s)
+			// 10,000-byte writes: the psock's bytes are no multiple of
+			// the reader's 16 KiB buffer, so the read that drains them
+			// is short.
+			data := randomBytes(100_000, 13)
+			for off := 0; off < len(data); off += 10_000 {
+				if _, err := s.Write(data[off : off+10_000]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st, err := in.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Counters.Throttled == 0 {
+				t.Fatalf("counters %+v: flow control never sent bytes by TCP: the case is not made", st.Counters)
+			}
+			start := time.Now()
+			got, err := fionreadRead(t, c, len(data), fionreadReader{}, 10*time.Second)
+			took := time.Since(start)
+			if st, serr := in.Stats(); serr == nil {
+				t.Logf("%d bytes in %v; stalls rescued %d, throttled %d", len(got), took.Round(time.Millisecond), st.Counters.StallsRescued, st.Counters.Throttled)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatalf("got %d bytes that differ from the %d sent", len(got), len(data))
+			}
+		})
+	}
+}
+
 // A reader that never waits for readiness but polls FIONREAD, sleeping a
 // millisecond while told 0 and reading exactly what it is told (Java's
 // InputStream.available() loops, C programs that sleep-poll): request and
