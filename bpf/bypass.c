@@ -77,8 +77,7 @@ volatile const struct config {
 	__u32 reader_port_ttl_s;   /* how long a server port whose reader needed TCP stays unpaired (0: never) */
 	__u32 uring_nr;       /* io_uring_enter(2): may wait for the socket's readiness */
 	__u32 epoll_nrs[3];   /* epoll_wait, epoll_pwait, epoll_pwait2: the epoll file is the first argument */
-	__u32 select_nrs[2];  /* select(2), pselect6(2): wait for readiness if given descriptors (the first argument) */
-	__u32 poll_nrs[2];    /* poll(2), ppoll(2): the same, the count being the second argument */
+	__u32 poll_nrs[4];    /* poll, ppoll, select, pselect6: their entries on the socket's wait queue say what they ask */
 	__u32 sendto_nr;      /* send(2) and sendto(2): flags are the fourth argument */
 	__u32 sendmsg_nr;     /* sendmsg(2): flags are the third */
 	__u32 sendmmsg_nr;    /* sendmmsg(2): flags are the fourth */
@@ -1466,12 +1465,12 @@ static __always_inline struct eventpoll *task_eventpoll(struct task_struct *task
 }
 
 /* The thread that read last sleeps in a wait for readiness that may be
- * for this socket (epoll_wait on a set that watches it, poll or select
- * given descriptors, io_uring_enter): it may be waiting for an edge. One
- * that runs, waits for a CPU or sleeps elsewhere (a Go thread parked in
- * futex while its goroutine waits for a turn, a select without descriptors
- * used as a sleep, an epoll set that does not watch this socket) reads on
- * by itself. Read through the thread's saved pointers, fault-safe: a
+ * for this socket's input (epoll_wait on a set that watches it for input,
+ * poll or select asking for its input, io_uring_enter): it may be waiting
+ * for an edge. One that runs, waits for a CPU or sleeps elsewhere (a Go
+ * thread parked in futex while its goroutine waits for a turn, a select
+ * without descriptors used as a sleep, an epoll set that does not watch
+ * this socket's input) reads on by itself. Read through the thread's saved pointers, fault-safe: a
  * thread gone reads as not waiting. */
 static __always_inline int waits_for_readiness(struct peer_ref *ref, struct sock *sk, __u32 *asleep_in)
 {
@@ -1495,7 +1494,7 @@ static __always_inline int waits_for_readiness(struct peer_ref *ref, struct sock
 		struct eventpoll *ep = task_eventpoll(task, BPF_CORE_READ(regs, di));
 		return !ep || awaits_input(task, ep, sk) != 0;
 	}
-	if (nr == cfg.select_nrs[0] || nr == cfg.select_nrs[1] || nr == cfg.poll_nrs[0] || nr == cfg.poll_nrs[1])
+	if (nr == cfg.poll_nrs[0] || nr == cfg.poll_nrs[1] || nr == cfg.poll_nrs[2] || nr == cfg.poll_nrs[3])
 		return awaits_input(task, 0, sk) != 0;
 	return 0;
 }

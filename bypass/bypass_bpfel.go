@@ -35,8 +35,7 @@ type bypassConfig struct {
 	ReaderPortTtlS    uint32
 	UringNr           uint32
 	EpollNrs          [3]uint32
-	SelectNrs         [2]uint32
-	PollNrs           [2]uint32
+	PollNrs           [4]uint32
 	SendtoNr          uint32
 	SendmsgNr         uint32
 	SendmmsgNr        uint32

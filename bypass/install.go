@@ -333,12 +333,11 @@ func newConfig(opts Options) bypassConfig {
 		ScanStallNs:    uint64(scanStallAfter),
 		ReaderPortTtlS: uint32(ReaderPortTTL / time.Second),
 		// The stall watch wakes a reader whose thread sleeps in
-		// io_uring_enter, in epoll_wait on a set that watches its socket,
-		// or in select or poll given descriptors (without, they are sleeps).
-		UringNr:   unix.SYS_IO_URING_ENTER,
-		EpollNrs:  [3]uint32{unix.SYS_EPOLL_WAIT, unix.SYS_EPOLL_PWAIT, unix.SYS_EPOLL_PWAIT2},
-		SelectNrs: [2]uint32{unix.SYS_SELECT, unix.SYS_PSELECT6},
-		PollNrs:   [2]uint32{unix.SYS_POLL, unix.SYS_PPOLL},
+		// io_uring_enter, or in epoll_wait, poll or select asking for its
+		// socket's input (the socket's wait queue says what each asks).
+		UringNr:  unix.SYS_IO_URING_ENTER,
+		EpollNrs: [3]uint32{unix.SYS_EPOLL_WAIT, unix.SYS_EPOLL_PWAIT, unix.SYS_EPOLL_PWAIT2},
+		PollNrs:  [4]uint32{unix.SYS_POLL, unix.SYS_PPOLL, unix.SYS_SELECT, unix.SYS_PSELECT6},
 	}
 	if opts.TrustReaders {
 		cfg.TrustReaders = 1
