@@ -102,11 +102,19 @@ func logState(t testing.TB, e *env) {
 	}
 	// What each process of the env sleeps in (the system call's number and
 	// arguments, and the kernel function it waits in).
-	procs, _ := os.ReadFile(filepath.Join(e.cg.Path, "cgroup.procs"))
+	procs, err := os.ReadFile(filepath.Join(e.cg.Path, "cgroup.procs"))
+	if err != nil {
+		t.Logf("processes: %v", err)
+	}
 	for _, pid := range strings.Fields(string(procs)) {
-		comm, _ := os.ReadFile("/proc/" + pid + "/comm")
-		call, _ := os.ReadFile("/proc/" + pid + "/syscall")
-		wchan, _ := os.ReadFile("/proc/" + pid + "/wchan")
+		// A process that exited since has nothing to say.
+		comm, err1 := os.ReadFile("/proc/" + pid + "/comm")
+		call, err2 := os.ReadFile("/proc/" + pid + "/syscall")
+		wchan, err3 := os.ReadFile("/proc/" + pid + "/wchan")
+		if err := errors.Join(err1, err2, err3); err != nil {
+			t.Logf("process %s: %v", pid, err)
+			continue
+		}
 		t.Logf("process %s (%s): system call %s, waiting in %s", pid, strings.TrimSpace(string(comm)), strings.TrimSpace(string(call)), wchan)
 	}
 }

@@ -19,7 +19,7 @@ import (
 // redirected bytes queued is caught (that download is reset, and told by
 // Content-Length) and teaches it; told in advance (bypass enable --splicer
 // lighttpd), nothing is caught. Where the kernel runs BPF LSM programs
-// (6.12; the kernel matrix), --refuse-splice fails each splice from a
+// (6.12 in the kernel matrix), --refuse-splice fails each splice from a
 // bypassed socket with EINVAL and lighttpd reads instead: nothing is caught
 // and its connections stay bypassed. No download may hang or come back
 // wrong.
@@ -67,8 +67,6 @@ func TestLighttpdProxy(t *testing.T) {
 			if st.Counters.Paired == 0 {
 				t.Errorf("nothing was bypassed: the run compared TCP with TCP")
 			}
-			// lighttpd splices only a read FIONREAD says is over 32 KiB: in
-			// some runs it never does from a socket shunt holds.
 			if tc.refuse {
 				if counts[intact] != tc.clients*tc.each || st.Counters.SpliceCaught+st.Counters.SpliceReaders != 0 || len(st.SplicePrograms) != 0 {
 					t.Errorf("%s: with splices refused every download must be intact and nothing caught, sent back or learned", what)
@@ -78,6 +76,8 @@ func TestLighttpdProxy(t *testing.T) {
 				}
 				return
 			}
+			// lighttpd splices only a read FIONREAD says is over 32 KiB: in
+			// some runs it never does from a socket shunt holds.
 			learned := slices.ContainsFunc(st.SplicePrograms, func(p bypass.SpliceProgram) bool { return p.Command == "lighttpd" })
 			if !learned && (tc.told || st.Counters.SpliceReaders > 0) {
 				t.Errorf("lighttpd is not among the learned splicers")
