@@ -940,6 +940,13 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 		if (!(st->flags & STATE_THROTTLED) &&
 		    !(__sync_fetch_and_or(&st->flags, STATE_THROTTLED) & STATE_THROTTLED))
 			count(CNT_THROTTLED);
+		/* These bytes queue behind redirected ones; the read that
+		 * drains those returns short (tcp_bpf_recvmsg reads the psock
+		 * alone while it holds any), and a reader that takes a short
+		 * read for all there is waits for an edge these raised long
+		 * before: the stall watch looks at such reads (hidden_bytes). */
+		if (ref && !(ref->reads & STATE_TCP_BEHIND))
+			__sync_fetch_and_or(&ref->reads, STATE_TCP_BEHIND);
 		/* fall through */
 	default:
 		return pass(st, size);
@@ -1189,19 +1196,34 @@ static __always_inline __u32 tcp_queued(struct sock *sk)
 	return BPF_CORE_READ(tp, rcv_nxt) - BPF_CORE_READ(tp, copied_seq);
 }
 
+/* TCP's queued bytes, the peer's FIN (one sequence number) left out. */
+static __always_inline __u32 tcp_data_queued(struct sock *sk)
+{
+	__u32 n = tcp_queued(sk);
+	unsigned long flags = BPF_CORE_READ(sk, __sk_common.skc_flags);
+	if (n && ((flags >> bpf_core_enum_value(enum sock_flags, SOCK_DONE)) & 1))
+		n--;
+	return n;
+}
+
 /* Queued bytes that FIONREAD leaves out on this kernel: TCP's while the
  * socket is in a sockhash (6.18 without 04af4efde58a), redirected ones
- * where the psock does not count them (6.1). A reader that reads a full
+ * where the psock does not count them (6.1), unless shunt corrects the
+ * answer; and on any kernel TCP's behind a drained psock once flow control
+ * sent bytes by TCP behind redirected ones. A reader that reads a full
  * buffer, asks FIONREAD and waits for the next edge when told 0 (nginx)
  * waits for ever with these queued and nothing else on the way. */
 static __always_inline __u32 hidden_bytes(struct sock *sk, struct peer_ref *ref)
 {
 	__u32 n = 0;
-	if (cfg.fionread_corrected)
-		return 0;
-	if (cfg.fionread_misses_tcp)
-		n += tcp_queued(sk);
-	if (!PSOCK_COUNTS)
+	if (cfg.fionread_misses_tcp && !cfg.fionread_corrected)
+		n += tcp_data_queued(sk);
+	else if ((ref->reads & STATE_TCP_BEHIND) && ingress_empty(sk))
+		/* Not hidden from FIONREAD, but from a reader that takes the
+		 * short read which drained the psock for all there is and
+		 * does not ask (nginx): the same wait for an edge. */
+		n += tcp_data_queued(sk);
+	if (!PSOCK_COUNTS && !cfg.fionread_corrected)
 		n += unread_redirected(sk, ref);
 	return n;
 }
@@ -1242,11 +1264,8 @@ static __always_inline int has_waiter(struct sock *sk)
 static __always_inline int may_stall(struct sock *sk, struct peer_ref *ref, __u32 *bytes)
 {
 	__u32 n = hidden_bytes(sk, ref);
-	int end = end_unread(sk);
-	if (end && cfg.fionread_misses_tcp)
-		n--; /* the FIN's sequence number, counted by tcp_queued */
 	*bytes = n;
-	return n || (end && has_waiter(sk));
+	return n || (end_unread(sk) && has_waiter(sk));
 }
 
 /* How far the reader has read: TCP's copied_seq plus the redirected bytes
@@ -1817,26 +1836,48 @@ struct sys_exit_record {
 	__s64 ret;
 };
 
-/* How many psock messages the FIONREAD correction adds up at most: past
- * that it says there is at least that much, which is all a reader waiting
- * for a non-zero answer needs. */
-#define FIONREAD_MSGS 256
+/* How many psock messages the FIONREAD correction adds up at most (one
+ * bpf_loop step each: verified once, whatever the bound). */
+#define FIONREAD_MSGS 4096
+
+/* The correction's walk of a psock's ingress_msg, for bpf_loop. */
+struct ingress_walk {
+	struct list_head *head;
+	struct list_head *pos;
+	__u32 bytes;
+};
+
+static long ingress_step(__u64 i, struct ingress_walk *w)
+{
+	/* A local copy: inside BPF_CORE_READ, w->pos would be relocated
+	 * against a kernel type of that name, which there is none of. */
+	struct list_head *pos = w->pos;
+	if (!pos || pos == w->head)
+		return 1;
+	struct sk_msg *m = (struct sk_msg *)((void *)pos - bpf_core_field_offset(struct sk_msg, list));
+	w->bytes += BPF_CORE_READ(m, sg.size);
+	w->pos = BPF_CORE_READ(pos, next);
+	return 0;
+}
 
 /* Redirected bytes waiting on a psock's ingress_msg (kernels whose psock
  * does not count them: 6.1), added up message by message. Read without the
- * socket's lock, as FIONREAD's answer is stale the moment it is given. */
+ * socket's lock, as FIONREAD's answer is stale the moment it is given.
+ * Past FIONREAD_MSGS messages it adds the most flow control lets a reader
+ * hold: an answer too large costs a reader one read that finds less, one
+ * too small a reader that trusts it (nginx counts the answer down read by
+ * read, and once past 0 waits for an edge: it hung with about 950
+ * messages queued behind an older 256-message walk). */
 static __always_inline __u32 psock_queued(struct sk_psock *psock)
 {
-	struct list_head *head = __builtin_preserve_access_index(&psock->ingress_msg);
-	struct list_head *pos = BPF_CORE_READ(psock, ingress_msg.next);
-	__u32 n = 0;
-#pragma clang loop unroll(disable)
-	for (int i = 0; i < FIONREAD_MSGS && pos && pos != head; i++) {
-		struct sk_msg *m = (struct sk_msg *)((void *)pos - bpf_core_field_offset(struct sk_msg, list));
-		n += BPF_CORE_READ(m, sg.size);
-		pos = BPF_CORE_READ(pos, next);
-	}
-	return n;
+	struct ingress_walk w = {
+		.head = __builtin_preserve_access_index(&psock->ingress_msg),
+		.pos = BPF_CORE_READ(psock, ingress_msg.next),
+	};
+	bpf_loop(FIONREAD_MSGS, ingress_step, &w, 0);
+	if (w.pos && w.pos != w.head)
+		w.bytes += cfg.max_backlog;
+	return w.bytes;
 }
 
 /* What this kernel's FIONREAD leaves out of a socket with a psock: bytes
@@ -1853,13 +1894,8 @@ static __always_inline __u32 fionread_missing(struct sock *sk)
 	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
 	if (BPF_CORE_READ(psock, progs.stream_verdict) || BPF_CORE_READ(psock, progs.skb_verdict))
 		return 0;
-	if (cfg.fionread_misses_tcp) {
-		__u32 n = tcp_queued(sk);
-		unsigned long flags = BPF_CORE_READ(sk, __sk_common.skc_flags);
-		if (n && ((flags >> bpf_core_enum_value(enum sock_flags, SOCK_DONE)) & 1))
-			n--;
-		return n;
-	}
+	if (cfg.fionread_misses_tcp)
+		return tcp_data_queued(sk);
 	if (PSOCK_COUNTS)
 		return 0;
 	return psock_queued(psock);

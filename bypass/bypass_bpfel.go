@@ -210,6 +210,7 @@ const (
 	bypassStateFlagsSTATE_WOKEN      bypassStateFlags = 256
 	bypassStateFlagsSTATE_MAY_SPLICE bypassStateFlags = 512
 	bypassStateFlagsSTATE_CUT_SHORT  bypassStateFlags = 1024
+	bypassStateFlagsSTATE_TCP_BEHIND bypassStateFlags = 2048
 )
 
 type bypassTuple struct {

@@ -118,11 +118,10 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 // short read for all there is and waits for an edge, which those TCP bytes
 // raised long before: it hung behind nginx's kept-alive upstreams on 6.1
 // (compat's TestNginxProxy/http-keepalive under qemu, 2 of 3 10 MiB
-// downloads). 6.18 leaves TCP bytes out of FIONREAD, so the stall watch
-// finds this reader; where FIONREAD counts every byte (6.12) or shunt
-// corrects it (6.1), nothing is hidden and neither the watch nor the scan
-// looks yet (docs/KERNELS.md, open): not in those kernels' rows. The reader
-// starts once the writer is done, so no later edge comes.
+// downloads). Where FIONREAD counts every byte (6.12) or shunt corrects it
+// (6.1), nothing was hidden, so neither the watch nor the scan looked; 6.18
+// leaves TCP bytes out of FIONREAD and found it already. The reader starts
+// once the writer is done, so no later edge comes.
 func TestShortReadBehindFlowControlNeverStalls(t *testing.T) {
 	for _, network := range []string{"tcp4", "tcp6"} {
 		t.Run(network, func(t *testing.T) {

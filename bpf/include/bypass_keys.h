@@ -105,6 +105,7 @@ enum state_flags {
 	STATE_WOKEN = 256,    /* the stall watch woke its reader, which had only redirected bytes hidden (peer_refs only) */
 	STATE_MAY_SPLICE = 512, /* its reader's program was just learned splicing: redirects only behind bytes still queued (peer_refs only) */
 	STATE_CUT_SHORT = 1024, /* caught, and its peer's end of stream came before the guard's reset: the splice returned it first (peer_refs only) */
+	STATE_TCP_BEHIND = 2048, /* flow control sent its peer's bytes by TCP while redirected ones may have been unread: TCP bytes can wait behind a drained psock (peer_refs only) */
 };
 
 /* Record written by the flows iterator. */
