@@ -99,7 +99,9 @@ func (d *direction) run() error {
 			if eof == 0 {
 				eofAt = time.Now()
 			} else if lost := d.p.s.lostAfter(); time.Since(eofAt) > lost {
-				return fmt.Errorf("%s: EOF, but bytes the kernel took never arrived within %v", d.name, lost)
+				state := atomic.LoadUint64(&d.shared.State)
+				return fmt.Errorf("%s: EOF, but bytes the kernel took never arrived within %v (it saw %d, %d read here, %d redirected)",
+					d.name, lost, state&^dirUser, d.userRead.Load(), atomic.LoadUint64(&d.shared.Redirected))
 			}
 			backoff(eof)
 			eof++
@@ -148,6 +150,7 @@ func (d *direction) read() (*[]byte, int, error) {
 func (d *direction) account(buf *[]byte, n int) (int, error) {
 	pos := d.userRead.Load() + atomic.LoadUint64(&d.shared.Redirected)
 	d.userRead.Add(uint64(n))
+	d.leaveOutUnseen()
 	if atomic.LoadUint32(&d.shared.Broken) != 0 {
 		bufPool.Put(buf)
 		return 0, errors.New("more retransmissions overlapping received bytes at once than the verdict can track")
@@ -188,6 +191,25 @@ func (d *direction) readOnce() (*[]byte, int, error) {
 		return nil, 0, nil
 	}
 	return buf, n, nil
+}
+
+// leaveOutUnseen takes out of userRead the bytes read that the verdict never
+// saw: a send that bypass redirected to src (an sk_msg verdict, straight
+// into its psock's queue) having looked before the join was there to see
+// (bpf/bypass.c: psock_joined). They come at the join's start only, and
+// would leave allSeenRead false for good: no hand-back, and EOF taken for
+// bytes lost. The verdict counts a byte before it can be read, and counts
+// a redirect before adding it to Redirected (loaded first here), so any
+// excess of what was read and redirected over what it saw is theirs.
+func (d *direction) leaveOutUnseen() {
+	if d.p.userOnly {
+		return
+	}
+	redirected := atomic.LoadUint64(&d.shared.Redirected)
+	seen := atomic.LoadUint64(&d.shared.State) &^ dirUser
+	if excess := (d.userRead.Load() + redirected - seen) &^ dirUser; excess != 0 && excess < dirUser/2 {
+		d.userRead.Add(-excess)
+	}
 }
 
 // dropRepeated removes from b the bytes the verdict saw twice (see

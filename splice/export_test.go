@@ -2,7 +2,15 @@ package splice
 
 import (
 	"sync/atomic"
+	"testing"
 )
+
+// BeforeMapped runs f in every join of t, after the join took the sockets'
+// queued bytes and before it adds them to the map.
+func BeforeMapped(t *testing.T, f func()) {
+	beforeMapped = f
+	t.Cleanup(func() { beforeMapped = nil })
+}
 
 // DropRepeated runs the user-space half of repeat removal on a direction
 // whose ring holds the given repeats (pairs of stream position and length).

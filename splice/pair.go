@@ -112,6 +112,9 @@ func (p *Pair) join() error {
 			return err
 		}
 	}
+	if beforeMapped != nil {
+		beforeMapped()
+	}
 	// Cookies first, sockets last: once a socket is in the map the
 	// verdict runs for it, and it must find its direction (in user mode).
 	for _, d := range []*direction{p.ab, p.ba} {
@@ -138,6 +141,11 @@ func (p *Pair) join() error {
 	}
 	return nil
 }
+
+// beforeMapped, if set (tests only), runs between taking the queued bytes
+// and adding the sockets to the map: where a send that bypass redirects to a
+// joining socket can land unseen by the verdict (leaveOutUnseen).
+var beforeMapped func()
 
 // forget removes the pair's cookie entries.
 func (p *Pair) forget() {

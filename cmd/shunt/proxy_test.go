@@ -214,7 +214,10 @@ func TestProxyCommandPassesTheJoinBy(t *testing.T) {
 			}
 			stream := testenv.Stream{Seed: 22, Size: 8 << 20, MaxChunk: 50000}
 			if err := stream.Through(c, c); err != nil {
-				t.Fatal(err)
+				// What the proxy said of it (it logs why a pair failed).
+				run.cmd.Process.Signal(syscall.SIGINT)
+				rest, _ := run.wait()
+				t.Fatalf("%v; the proxy said %q", err, rest)
 			}
 			rest := stopProxy(t, run, idle)
 			last := ""
