@@ -42,7 +42,7 @@ type Counters struct {
 	SplicesRefused  uint64 `json:"splices_refused" help:"splice(2) calls from a bypassed socket refused with EINVAL before reading (BPF LSM kernels): the application read instead."`
 	ZerocopyRefused uint64 `json:"zerocopy_refused" help:"setsockopt(SO_ZEROCOPY) calls on a bypassed socket refused with EOPNOTSUPP: no completion would ever come."`
 	CgroupsFull     uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
-	StallsRescued   uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count, or any for the stall scan): their connection sent back to TCP and the reader woken."`
+	StallsRescued   uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count or a short read hid, or any for the stall scan): their connection sent back to TCP and the reader woken."`
 	// Translated counts the paired connections whose ends see different
 	// addresses or ports (DNAT, REDIRECT, SNAT between them), included in Paired.
 	Translated uint64 `json:"connections_translated" help:"Connections bypassed whose ends see different tuples (address translation between them): counted in connections_paired too."`

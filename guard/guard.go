@@ -125,7 +125,7 @@ func wake(ev bypass.Event, report func(string)) {
 
 // stallLine says who waited on what, and how the stall was found.
 func stallLine(ev bypass.Event) string {
-	what := fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with %d bytes queued that FIONREAD does not count", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
+	what := fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with %d bytes queued that FIONREAD or a short read did not show", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
 	if ev.Unread == 0 {
 		// Only the peer's end was left unread.
 		what = fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with the peer's end (FIN) unread", ev.PID, ev.Command, ev.Local, ev.Remote)

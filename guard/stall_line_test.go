@@ -22,10 +22,10 @@ func TestStallLineSaysHowItWasFound(t *testing.T) {
 		unread   uint64
 		want     string
 	}{
-		{bypass.FoundByWatch, unix.SYS_EPOLL_WAIT, 4096, "pid 7 (nginx) waited on 127.0.0.1:80 (peer 127.0.0.1:5000) with 4096 bytes queued that FIONREAD does not count, asleep in epoll_wait since its last read"},
+		{bypass.FoundByWatch, unix.SYS_EPOLL_WAIT, 4096, "pid 7 (nginx) waited on 127.0.0.1:80 (peer 127.0.0.1:5000) with 4096 bytes queued that FIONREAD or a short read did not show, asleep in epoll_wait since its last read"},
 		{bypass.FoundByWatch, 4242, 4096, "asleep in system call 4242 since its last read"},
 		{bypass.FoundByScan, 0, 0, "with the peer's end (FIN) unread, nothing read for the stall scan's 0.5 s"},
-		{bypass.FoundUnknown, 0, 4096, "FIONREAD does not count"},
+		{bypass.FoundUnknown, 0, 4096, "FIONREAD or a short read did not show"},
 	} {
 		ev := base
 		ev.Found, ev.AsleepIn, ev.Unread = tc.found, tc.asleepIn, tc.unread

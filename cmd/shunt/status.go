@@ -160,7 +160,7 @@ func printStatus(e *env, r statusReport) {
 			c.Paired, c.Translated, c.Unpaired, c.Ambiguous, c.RegistryFull, c.InsertFailed)
 		fmt.Fprintf(w, "fallbacks:\t%d directions moved to the TCP path, %d throttled by flow control\n", c.FallenBack, c.Throttled)
 		fmt.Fprintf(w, "kept on TCP:\t%d connections with an SO_ZEROCOPY end, %d to excluded ports, %d directions whose reader blocks or uses MSG_WAITALL or MSG_OOB, %d connections that carried urgent data, %d for a receive option only TCP honours (SO_RCVLOWAT, TCP_INQ, SO_PEEK_OFF, timestamps) (%d sockets back on plain TCP), %d connections not paired to ports whose reader needed TCP\n", c.Zerocopy, c.Excluded, c.TCPReaders, c.Urgent, c.ReceiveOptions, c.Left, c.ReaderPort)
-		fmt.Fprintf(w, "stalls:\t%d readers found waiting with bytes queued that FIONREAD does not count, or with the peer's end unread: sent back to TCP and woken by the guard\n", c.StallsRescued)
+		fmt.Fprintf(w, "stalls:\t%d readers found waiting with bytes queued that FIONREAD or a short read did not show, or with the peer's end unread: sent back to TCP and woken by the guard\n", c.StallsRescued)
 		if r.Stats.FionreadCorrected {
 			fmt.Fprintf(w, "FIONREAD:\t%d answers corrected (the kernel's left queued bytes out)\n", c.FionreadCorrected)
 		}
