@@ -422,6 +422,12 @@ server.bind = "127.0.0.1"
 server.port = %d
 server.errorlog = %q
 %s`, www, port, filepath.Join(dir, "lighttpd.err"), extra)))
+	t.Cleanup(func() {
+		// Why it stopped, or what it met (it logs to its file alone).
+		if b, err := os.ReadFile(filepath.Join(dir, "lighttpd.err")); t.Failed() && err == nil {
+			t.Logf("lighttpd's error log (last 4 KiB):\n%s", b[max(0, len(b)-4096):])
+		}
+	})
 	e.start(t, "lighttpd", "-D", "-f", conf)
 	e.waitListening(t, fmt.Sprintf("127.0.0.1:%d", port))
 	return port
