@@ -40,8 +40,14 @@ func Start(t testing.TB, name string, cmd *exec.Cmd) *Process {
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	var once sync.Once
+	var early bool // it had exited before the test stopped it
 	stop := func() {
 		once.Do(func() {
+			select {
+			case <-exited:
+				early = true
+			default:
+			}
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
 			select {
 			case <-exited:
@@ -60,6 +66,10 @@ func Start(t testing.TB, name string, cmd *exec.Cmd) *Process {
 				b = b[len(b)-4096:]
 			}
 			t.Logf("%s said (last 4 KiB):\n%s", name, b)
+			if early {
+				// A program that dies of a signal says nothing itself.
+				t.Logf("%s had ended by itself: %v", name, cmd.ProcessState)
+			}
 		}
 	})
 	return &Process{Pid: cmd.Process.Pid, Stop: stop}
