@@ -55,8 +55,11 @@ func TestSendRedirectedWhileJoiningIsRead(t *testing.T) {
 			if err := p.pair.Err(); err != nil {
 				t.Fatalf("pair ended with %v", err)
 			}
-			if ab, _ := p.pair.Stats(); ab.Kernel == 0 {
-				t.Fatalf("client to server: %+v; the kernel forwarded none of it", ab)
+			// Handed to the kernel at least once: it forwarded some, or
+			// its flow control gave the direction back to user space
+			// (under load it may copy the rest there).
+			if ab, _ := p.pair.Stats(); ab.Kernel == 0 && ab.ToUser == 0 {
+				t.Fatalf("client to server: %+v; never handed to the kernel", ab)
 			}
 		})
 	}
