@@ -119,9 +119,10 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 // raised long before: it hung behind nginx's kept-alive upstreams on 6.1
 // (compat's TestNginxProxy/http-keepalive under qemu, 2 of 3 10 MiB
 // downloads). Where FIONREAD counts every byte (6.12) or shunt corrects it
-// (6.1), nothing was hidden, so neither the watch nor the scan looked; 6.18
-// leaves TCP bytes out of FIONREAD and found it already. The reader starts
-// once the writer is done, so no later edge comes.
+// (6.1), nothing counted as hidden and neither the watch nor the scan
+// looked; now TCP bytes behind a drained psock of a reader flow control
+// marked count (6.18 found it already: FIONREAD misses TCP bytes there).
+// The reader starts once the writer is done, so no later edge comes.
 func TestShortReadBehindFlowControlNeverStalls(t *testing.T) {
 	for _, network := range []string{"tcp4", "tcp6"} {
 		t.Run(network, func(t *testing.T) {
