@@ -1864,19 +1864,23 @@ static long ingress_step(__u64 i, struct ingress_walk *w)
  * does not count them: 6.1), added up message by message. Read without the
  * socket's lock, as FIONREAD's answer is stale the moment it is given.
  * Past FIONREAD_MSGS messages it adds the most flow control lets a reader
- * hold: an answer too large costs a reader one read that finds less, one
- * too small a reader that trusts it (nginx counts the answer down read by
+ * hold (--max-backlog, or the reader's own SO_RCVBUF where that is larger):
+ * an answer too large costs a reader one read that finds less, one too
+ * small a reader that trusts it (nginx counts the answer down read by
  * read, and once past 0 waits for an edge: it hung with about 950
  * messages queued behind an older 256-message walk). */
-static __always_inline __u32 psock_queued(struct sk_psock *psock)
+static __always_inline __u32 psock_queued(struct sock *sk, struct sk_psock *psock)
 {
 	struct ingress_walk w = {
 		.head = __builtin_preserve_access_index(&psock->ingress_msg),
 		.pos = BPF_CORE_READ(psock, ingress_msg.next),
 	};
 	bpf_loop(FIONREAD_MSGS, ingress_step, &w, 0);
-	if (w.pos && w.pos != w.head)
-		w.bytes += cfg.max_backlog;
+	if (w.pos && w.pos != w.head) {
+		__u32 bound = cfg.max_backlog;
+		__u32 rcvbuf = BPF_CORE_READ(sk, sk_rcvbuf);
+		w.bytes += rcvbuf > bound ? rcvbuf : bound;
+	}
 	return w.bytes;
 }
 
@@ -1898,7 +1902,7 @@ static __always_inline __u32 fionread_missing(struct sock *sk)
 		return tcp_data_queued(sk);
 	if (PSOCK_COUNTS)
 		return 0;
-	return psock_queued(psock);
+	return psock_queued(sk, psock);
 }
 
 /* FIONREAD made to count every queued byte, on kernels whose answer leaves

@@ -322,6 +322,44 @@ func TestFIONREADOfRedirectedBytesAsProbed(t *testing.T) {
 	}
 }
 
+// FIONREAD is never told less than is queued, also past the 4,096
+// messages the correction adds up one by one (6.1) for a reader whose
+// SO_RCVBUF lets it hold more than --max-backlog: past its walk the
+// correction adds the larger bound. Before it added --max-backlog alone,
+// and told such a reader 24 MiB of the 28 queued here.
+func TestFIONREADPastTheWalkCountsEverything(t *testing.T) {
+	in, cg := mustInstall(t)
+	if !host.PsockCountsQueue() && !in.FionreadCorrected() {
+		t.Skip("FIONREAD does not count redirected bytes on this kernel and is not corrected (lockdown)")
+	}
+	c, s := connPair(t, cg)
+	testenv.Warm(t, c, s)
+	const sends, size = 7000, 4 << 10 // 28 MiB in more messages than the walk's 4,096
+	rawFD(t, s, func(fd int) {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20); err != nil {
+			t.Fatal(err)
+		}
+	})
+	before := flowOf(t, in, testenv.Cookie(t, c))
+	msg := make([]byte, size)
+	for i := 0; i < sends; i++ {
+		if _, err := c.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := flowOf(t, in, testenv.Cookie(t, c))
+	if before == nil || after == nil || after.Client.TxBytes-before.Client.TxBytes != sends*size {
+		t.Fatalf("not every send was redirected: %+v -> %+v", before, after)
+	}
+	got := testenv.InQueue(t, s)
+	if got < sends*size || (host.PsockCountsQueue() && got != sends*size) {
+		t.Errorf("FIONREAD %d with %d bytes queued", got, sends*size)
+	}
+	if _, err := io.CopyN(io.Discard, s, sends*size); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // waitReadable waits up to 2 s for bytes to read on c; the test fails
 // without them.
 func waitReadable(t *testing.T, c *net.TCPConn) {
