@@ -1185,7 +1185,8 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 	 * verifier refuses learn()'s map calls then. */
 	struct splice_program prog = { .args = ref->splicer_args };
 	__builtin_memcpy(prog.comm, ref->splicer_comm, sizeof(prog.comm));
-	learn(&prog, 0, 0, 1);
+	if (prog.comm[0])
+		learn(&prog, 0, 0, 1);
 }
 
 /* Bytes TCP holds for the reader (the socket read through a probe-safe
@@ -1763,6 +1764,9 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	if (!st)
 		return 0;
 	note_regs_at();
+	/* A read after a refused splice: the program reads instead. */
+	if (st->flags & STATE_SPLICE_REFUSED)
+		__sync_fetch_and_and(&st->flags, ~STATE_SPLICE_REFUSED);
 	if (!PSOCK_COUNTS && ret > 0 && !(flags & MSG_PEEK))
 		count_read(st, sk, ret);
 	if (st->flags & STATE_TCP_READER)
@@ -2023,8 +2027,16 @@ int BPF_PROG(shunt_splices, struct sock *sk)
 	__sync_fetch_and_or(&st->flags, STATE_SPLICE | STATE_TCP_READER);
 	count(CNT_SPLICE_READER);
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
-	if (ref)
+	if (ref) {
+		/* Who splices, before the mark: once marked, the leave timer
+		 * on another CPU may report the catch while the walk below
+		 * runs (it did, as pid 0 with no command). */
+		ref->cookie = bpf_get_socket_cookie(sk);
+		ref->splicer_pid = bpf_get_current_pid_tgid() >> 32;
+		__builtin_memcpy(ref->splicer_comm, learning.prog.comm, sizeof(learning.prog.comm));
+		ref->splicer_args = learning.prog.args;
 		__sync_fetch_and_or(&ref->reads, STATE_SPLICE);
+	}
 	if (learned) {
 		/* Once per program: its other sockets (this one is marked). */
 		bpf_for_each_map_elem(&peer_refs, presume_splicer, &learning, 0);
@@ -2033,10 +2045,6 @@ int BPF_PROG(shunt_splices, struct sock *sk)
 	}
 	if (!ref)
 		return 0; /* left already, or closing */
-	ref->cookie = bpf_get_socket_cookie(sk);
-	ref->splicer_pid = bpf_get_current_pid_tgid() >> 32;
-	__builtin_memcpy(ref->splicer_comm, learning.prog.comm, sizeof(learning.prog.comm));
-	ref->splicer_args = learning.prog.args;
 	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_SPLICE | STATE_TCP_READER);
 	struct sock_key self = st->self;
 	if (!ingress_empty(sk))
@@ -2168,13 +2176,16 @@ int shunt_setsockopt(struct bpf_sockopt *ctx)
 /* Runs before a file is read or written (lsm/file_permission; a splice(2)
  * from a socket checks it before it reads): a splice from a socket shunt
  * holds fails with EINVAL and reads nothing. A splice reads the TCP queue
- * alone and would miss redirected bytes; told EINVAL on its first splice,
- * Go's io.Copy reads with read/recv instead, which sees them, so the
- * connection stays bypassed (HAProxy 2.6 does not: it stalls). Loaded only
- * with --refuse-splice, where the kernel runs BPF LSM programs; otherwise
- * the splice watch above is what catches a splice. Every file read and
- * write on the host passes here: other files cost the mask test and one
- * helper call. */
+ * alone and would miss redirected bytes; told EINVAL, Go's io.Copy and
+ * lighttpd read with read/recv instead, which sees them, so the connection
+ * stays bypassed. A program that splices again without reading in between
+ * does not read instead (HAProxy 2.6 waits for its splice for good): that
+ * splice is let through, and the splice watch above handles it as without
+ * this hook (the socket goes back to TCP and the program is learned; if
+ * redirected bytes are queued the connection is caught and reset). Loaded
+ * only with --refuse-splice, where the kernel runs BPF LSM programs. Every
+ * file read and write on the host passes here: other files cost the mask
+ * test and one helper call. */
 SEC("lsm/file_permission")
 int BPF_PROG(shunt_refuse_splice, struct file *file, int mask, int ret)
 {
@@ -2183,10 +2194,17 @@ int BPF_PROG(shunt_refuse_splice, struct file *file, int mask, int ret)
 	/* A socket back on plain TCP (out of the sockhash) is not held: a
 	 * splice reads all there is. */
 	struct sock *sk = 0;
-	if (!held_socket(file, &sk))
+	struct sock_state *st = held_socket(file, &sk);
+	if (!st)
 		return 0;
 	if (!in_splice())
 		return 0;
+	if (__sync_fetch_and_or(&st->flags, STATE_SPLICE_REFUSED) & STATE_SPLICE_REFUSED) {
+		/* Counted per socket: a caught one splices on until reset. */
+		if (!(st->flags & STATE_SPLICE))
+			count(CNT_SPLICE_RETRIED);
+		return 0;
+	}
 	count(CNT_SPLICE_REFUSED);
 	return -EINVAL;
 }

@@ -81,7 +81,8 @@ const (
 	bypassCounterCNT_FIONREAD_CORRECTED bypassCounter = 28
 	bypassCounterCNT_URGENT             bypassCounter = 29
 	bypassCounterCNT_RECEIVE_OPTION     bypassCounter = 30
-	bypassCounterCNT_MAX                bypassCounter = 31
+	bypassCounterCNT_SPLICE_RETRIED     bypassCounter = 31
+	bypassCounterCNT_MAX                bypassCounter = 32
 )
 
 type bypassEventKind uint32
@@ -199,18 +200,19 @@ const (
 type bypassStateFlags uint32
 
 const (
-	bypassStateFlagsSTATE_FALLBACK   bypassStateFlags = 1
-	bypassStateFlagsSTATE_THROTTLED  bypassStateFlags = 2
-	bypassStateFlagsSTATE_READS      bypassStateFlags = 4
-	bypassStateFlagsSTATE_TCP_READER bypassStateFlags = 8
-	bypassStateFlagsSTATE_SPLICE     bypassStateFlags = 16
-	bypassStateFlagsSTATE_CAUGHT     bypassStateFlags = 32
-	bypassStateFlagsSTATE_WATCHED    bypassStateFlags = 64
-	bypassStateFlagsSTATE_RESCUED    bypassStateFlags = 128
-	bypassStateFlagsSTATE_WOKEN      bypassStateFlags = 256
-	bypassStateFlagsSTATE_MAY_SPLICE bypassStateFlags = 512
-	bypassStateFlagsSTATE_CUT_SHORT  bypassStateFlags = 1024
-	bypassStateFlagsSTATE_TCP_BEHIND bypassStateFlags = 2048
+	bypassStateFlagsSTATE_FALLBACK       bypassStateFlags = 1
+	bypassStateFlagsSTATE_THROTTLED      bypassStateFlags = 2
+	bypassStateFlagsSTATE_READS          bypassStateFlags = 4
+	bypassStateFlagsSTATE_TCP_READER     bypassStateFlags = 8
+	bypassStateFlagsSTATE_SPLICE         bypassStateFlags = 16
+	bypassStateFlagsSTATE_CAUGHT         bypassStateFlags = 32
+	bypassStateFlagsSTATE_WATCHED        bypassStateFlags = 64
+	bypassStateFlagsSTATE_RESCUED        bypassStateFlags = 128
+	bypassStateFlagsSTATE_WOKEN          bypassStateFlags = 256
+	bypassStateFlagsSTATE_MAY_SPLICE     bypassStateFlags = 512
+	bypassStateFlagsSTATE_CUT_SHORT      bypassStateFlags = 1024
+	bypassStateFlagsSTATE_TCP_BEHIND     bypassStateFlags = 2048
+	bypassStateFlagsSTATE_SPLICE_REFUSED bypassStateFlags = 4096
 )
 
 type bypassTuple struct {

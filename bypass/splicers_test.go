@@ -218,6 +218,60 @@ func TestSpliceAfterRecvOnThisKernel(t *testing.T) {
 	if f == nil || f.Client == nil || f.Client.TxBytes < uint64(body.Size) {
 		t.Fatalf("the upload was not redirected: %+v", f)
 	}
+	spliceRetriedWithoutReading(t, in, side)
+}
+
+// spliceRetriedWithoutReading: a reader told EINVAL that reads before its
+// next splice is refused again (lighttpd); one that splices again without
+// reading does not read instead (HAProxy 2.6 waits for its splice for good),
+// so that splice is let through and caught as without --refuse-splice: the
+// reader is never left waiting on a splice that can only fail.
+func spliceRetriedWithoutReading(t *testing.T, in *bypass.Install, side testenv.Side) {
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	testenv.Warm(t, c, s)
+	before, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := testenv.Stream{Seed: 37, Size: 64 << 10, MaxChunk: 4 << 10}
+	if err := sent.Write(c); err != nil {
+		t.Fatal(err)
+	}
+	waitReadable(t, s)
+	p := mustPipe(t)
+	splice := func() error {
+		var err error
+		rawFD(t, s, func(fd int) { _, err = unix.Splice(fd, nil, p[1], nil, 64<<10, unix.SPLICE_F_NONBLOCK) })
+		return err
+	}
+	if err := splice(); !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("first splice: %v, want EINVAL", err)
+	}
+	head := make([]byte, 1<<10)
+	if _, err := io.ReadFull(s, head); err != nil {
+		t.Fatal(err)
+	}
+	if err := splice(); !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("a splice after a read: %v, want EINVAL (the reader reads instead)", err)
+	}
+	// Redirected bytes wait in the psock, none on TCP: the splice finds
+	// nothing to read, as HAProxy's would, and is caught.
+	if err := splice(); !errors.Is(err, unix.EAGAIN) {
+		t.Fatalf("a splice right after a refused one: %v, want it let through (EAGAIN: nothing on TCP)", err)
+	}
+	after, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, a := before.Counters, after.Counters
+	t.Logf("refused %d, let through %d, sent back %d, caught %d", a.SplicesRefused-b.SplicesRefused, a.SplicesRetried-b.SplicesRetried, a.SpliceReaders-b.SpliceReaders, a.SpliceCaught-b.SpliceCaught)
+	if a.SplicesRefused-b.SplicesRefused != 2 || a.SplicesRetried-b.SplicesRetried != 1 || a.SpliceCaught-b.SpliceCaught != 1 {
+		t.Errorf("want 2 refused, 1 let through and caught")
+	}
+	// What recv still reads is the stream, in order.
+	if err := sent.Check(io.MultiReader(bytes.NewReader(head), s), false); err != nil {
+		t.Error(err)
+	}
 }
 
 // spliceNothing calls splice(2) once, non-blocking, from s into a pipe while

@@ -22,24 +22,28 @@ type MapFill struct {
 // Counters are events counted by the BPF programs since install. Each
 // field's help tag says what it counts (shunt metrics exports them).
 type Counters struct {
-	Registered      uint64 `json:"handshakes_registered" help:"Connection requests registered by enabled servers."`
-	Ambiguous       uint64 `json:"handshakes_ambiguous" help:"Connection requests with the same initial sequence numbers in two namespaces at once: not bypassed."`
-	RegistryFull    uint64 `json:"handshakes_dropped" help:"Connection requests not registered (the registry could not take them): not bypassed."`
-	Paired          uint64 `json:"connections_paired" help:"Connections bypassed."`
-	Unpaired        uint64 `json:"connections_unpaired" help:"Local peers that could not be paired."`
-	InsertFailed    uint64 `json:"insert_failed" help:"Socket storage or sockhash inserts that failed."`
-	FallenBack      uint64 `json:"directions_fallen_back" help:"Directions that left the redirect path."`
-	Throttled       uint64 `json:"directions_throttled" help:"Directions that left the redirect path because their reader fell behind."`
-	Zerocopy        uint64 `json:"connections_zerocopy" help:"Connections left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)."`
-	Excluded        uint64 `json:"connections_excluded" help:"Connections left on TCP: the server port is excluded."`
-	TCPReaders      uint64 `json:"directions_tcp_reader" help:"Directions kept on TCP: the reader blocks in recv or asked for MSG_WAITALL."`
-	Left            uint64 `json:"sockets_left" help:"Sockets moved back to plain TCP (out of the sockhash) after that."`
-	EAGAIN          uint64 `json:"blocking_reads_eagain" help:"Blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)."`
-	SpliceReaders   uint64 `json:"splice_readers" help:"Sockets whose reader spliced: sent back to TCP."`
-	SpliceCaught    uint64 `json:"splice_readers_caught" help:"Splice readers caught with redirected bytes queued that splice cannot read (the guard resets them)."`
-	LearnedReaders  uint64 `json:"learned_readers" help:"Readers kept on TCP from their first recv: their program was seen splicing."`
-	RefusedSends    uint64 `json:"sends_refused" help:"Sends failed with EACCES: the peer splices with redirected bytes unread (until the guard resets it)."`
-	SplicesRefused  uint64 `json:"splices_refused" help:"splice(2) calls from a bypassed socket refused with EINVAL before reading (BPF LSM kernels): the application read instead."`
+	Registered     uint64 `json:"handshakes_registered" help:"Connection requests registered by enabled servers."`
+	Ambiguous      uint64 `json:"handshakes_ambiguous" help:"Connection requests with the same initial sequence numbers in two namespaces at once: not bypassed."`
+	RegistryFull   uint64 `json:"handshakes_dropped" help:"Connection requests not registered (the registry could not take them): not bypassed."`
+	Paired         uint64 `json:"connections_paired" help:"Connections bypassed."`
+	Unpaired       uint64 `json:"connections_unpaired" help:"Local peers that could not be paired."`
+	InsertFailed   uint64 `json:"insert_failed" help:"Socket storage or sockhash inserts that failed."`
+	FallenBack     uint64 `json:"directions_fallen_back" help:"Directions that left the redirect path."`
+	Throttled      uint64 `json:"directions_throttled" help:"Directions that left the redirect path because their reader fell behind."`
+	Zerocopy       uint64 `json:"connections_zerocopy" help:"Connections left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)."`
+	Excluded       uint64 `json:"connections_excluded" help:"Connections left on TCP: the server port is excluded."`
+	TCPReaders     uint64 `json:"directions_tcp_reader" help:"Directions kept on TCP: the reader blocks in recv or asked for MSG_WAITALL."`
+	Left           uint64 `json:"sockets_left" help:"Sockets moved back to plain TCP (out of the sockhash) after that."`
+	EAGAIN         uint64 `json:"blocking_reads_eagain" help:"Blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)."`
+	SpliceReaders  uint64 `json:"splice_readers" help:"Sockets whose reader spliced: sent back to TCP."`
+	SpliceCaught   uint64 `json:"splice_readers_caught" help:"Splice readers caught with redirected bytes queued that splice cannot read (the guard resets them)."`
+	LearnedReaders uint64 `json:"learned_readers" help:"Readers kept on TCP from their first recv: their program was seen splicing."`
+	RefusedSends   uint64 `json:"sends_refused" help:"Sends failed with EACCES: the peer splices with redirected bytes unread (until the guard resets it)."`
+	SplicesRefused uint64 `json:"splices_refused" help:"splice(2) calls from a bypassed socket refused with EINVAL before reading (BPF LSM kernels): the application read instead."`
+	// SplicesRetried counts splices let through because the same socket's
+	// last splice was refused and nothing read it since: a program that
+	// does not read instead (HAProxy 2.6) is handled as without refusal.
+	SplicesRetried  uint64 `json:"splices_retried" help:"splice(2) calls let through (--refuse-splice) because the same socket's last splice was refused and its reader read nothing since: sent back to TCP, caught if redirected bytes were queued."`
 	ZerocopyRefused uint64 `json:"zerocopy_refused" help:"setsockopt(SO_ZEROCOPY) calls on a bypassed socket refused with EOPNOTSUPP: no completion would ever come."`
 	CgroupsFull     uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
 	StallsRescued   uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count or a short read hid, or any for the stall scan): their connection sent back to TCP and the reader woken."`
@@ -215,6 +219,7 @@ func (in *Install) Counters() (Counters, error) {
 		LearnedReaders:    sum(bypassCounterCNT_LEARNED_READER),
 		RefusedSends:      sum(bypassCounterCNT_REFUSED_SENDS),
 		SplicesRefused:    sum(bypassCounterCNT_SPLICE_REFUSED),
+		SplicesRetried:    sum(bypassCounterCNT_SPLICE_RETRIED),
 		ZerocopyRefused:   sum(bypassCounterCNT_ZEROCOPY_REFUSED),
 		CgroupsFull:       sum(bypassCounterCNT_CGROUPS_FULL),
 		StallsRescued:     sum(bypassCounterCNT_STALL_RESCUED),

@@ -106,6 +106,7 @@ enum state_flags {
 	STATE_MAY_SPLICE = 512, /* its reader's program was just learned splicing: redirects only behind bytes still queued (peer_refs only) */
 	STATE_CUT_SHORT = 1024, /* caught, and its peer's end of stream came before the guard's reset: the splice returned it first (peer_refs only) */
 	STATE_TCP_BEHIND = 2048, /* flow control sent its peer's bytes by TCP while redirected ones may have been unread: TCP bytes can wait behind a drained psock (peer_refs only) */
+	STATE_SPLICE_REFUSED = 4096, /* a splice from it was refused (--refuse-splice) and its reader has not read since (sock_state only) */
 };
 
 /* Record written by the flows iterator. */
@@ -159,6 +160,7 @@ enum counter {
 	CNT_FIONREAD_CORRECTED, /* FIONREAD answers that left out queued bytes (this kernel's, for a socket in a sockhash), corrected */
 	CNT_URGENT,            /* connections sent back to TCP: urgent data (MSG_OOB) was sent */
 	CNT_RECEIVE_OPTION,    /* connections kept on or sent back to TCP: an end set SO_RCVLOWAT, TCP_INQ, SO_PEEK_OFF or receive timestamps */
+	CNT_SPLICE_RETRIED,    /* splices let through: the same socket's last splice was refused and its reader read nothing since */
 	CNT_MAX,
 };
 
