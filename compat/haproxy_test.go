@@ -146,6 +146,11 @@ func TestHAProxy(t *testing.T) {
 					if st.Counters.Paired == 0 {
 						t.Errorf("nothing was bypassed: the run compared TCP with TCP")
 					}
+					for _, p := range st.SplicePrograms {
+						if p.Command != "haproxy" {
+							t.Errorf("learned %+v: only haproxy splices here (a catch reported before the splice watch noted its splicer learned an empty program)", p)
+						}
+					}
 					// HAProxy is learned at its first splice: one download
 					// at most can be caught, whichever it splices first. With
 					// splices refused, HAProxy 2.6 splices again without
