@@ -190,6 +190,15 @@ var benchPrograms = []struct {
 	{"gunicorn-sync-wrk-1KB", "gunicorn", "req/s", func(b *testing.B, e *env) float64 {
 		return wrkRate(b, e, "http://"+gunicornSync(b, e, 1<<10)+"/", 20)
 	}, nil},
+	// PHP behind nginx over FastCGI (a connection per request), php-fpm's
+	// workers and nginx on serverCPU: php-fpm's blocking readers keep its
+	// connections on TCP, wrk's to nginx are bypassed; php-fpm's unix
+	// socket is its floor.
+	{"nginx-php-fpm-wrk-1KB", phpFPMBinary, "req/s", func(b *testing.B, e *env) float64 {
+		return nginxPHPRate(b, e, fmt.Sprintf("127.0.0.1:%d", e.freePort(b)))
+	}, func(b *testing.B, e *env) float64 {
+		return nginxPHPRate(b, e, filepath.Join(b.TempDir(), "php-fpm.sock"))
+	}},
 	{"haproxy-wrk-1KB", "haproxy", "req/s", func(b *testing.B, e *env) float64 {
 		origin := nginxOriginPinned(b, e, newBlob(1<<10, 1))
 		port := e.freePort(b)
@@ -198,6 +207,14 @@ var benchPrograms = []struct {
 		e.waitListening(b, addr)
 		return wrkRate(b, e, "http://"+addr+"/blob", 20)
 	}, nil},
+}
+
+// nginxPHPRate runs php-fpm listening on listen (host:port or a socket
+// path) behind nginx, both on serverCPU, and returns wrk's rate for a PHP
+// page of 1 KiB.
+func nginxPHPRate(b *testing.B, e *env, listen string) float64 {
+	fpm := phpFPM(b, e, listen, newBlob(1<<10, 1), serverCPU)
+	return wrkRate(b, e, "http://"+nginxFastCGI(b, e, fpm, serverCPU)+"/blob", 20)
 }
 
 // wrkP99 runs wrk with 4 connections for 5 s and returns its 99th

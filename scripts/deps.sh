@@ -36,6 +36,7 @@ command -v tinyproxy >/dev/null || need+=(tinyproxy)              # compat: a fo
 command -v lighttpd >/dev/null || need+=(lighttpd)                # compat: an event-loop origin behind it
 command -v apache2 >/dev/null || need+=(apache2)                  # compat: a reverse proxy whose origin connections wait in a pool
 command -v pgbouncer >/dev/null || need+=(pgbouncer)              # compat: a connection pooler in front of PostgreSQL
+command -v php-fpm8.2 >/dev/null || need+=(php8.2-fpm)             # compat: PHP behind nginx over FastCGI (blocking readers behind an event loop)
 command -v squid >/dev/null || need+=(squid)                      # compat: a forward proxy (epoll on both sides)
 command -v sshd >/dev/null || need+=(openssh-server)             # compat: ssh -L port forwarding (sshd polls without asking for input when its window is full)
 command -v runc >/dev/null || need+=(runc)                         # make test-k8s: kubelet's containers (Debian's has seccomp)
@@ -47,7 +48,7 @@ command -v iptables >/dev/null || need+=(iptables) # iptables-nft: bypass throug
 command -v ipvsadm >/dev/null || need+=(ipvsadm) # IPVS NAT under the kernel matrix (bypass/ipvs_test.go; the host kernel has no IPVS)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
-  # Installing haproxy, nginx, squid, sshd and prometheus must not start them as services.
+  # Installing haproxy, nginx, squid, sshd, php-fpm and prometheus must not start them as services.
   no_start=/usr/sbin/policy-rc.d
   if [ ! -e "$no_start" ]; then
     printf '#!/bin/sh\nexit 101\n' > "$no_start" && chmod +x "$no_start"
