@@ -81,10 +81,12 @@ volatile const struct config {
 	__u32 sendto_nr;      /* send(2) and sendto(2): flags are the fourth argument */
 	__u32 sendmsg_nr;     /* sendmsg(2): flags are the third */
 	__u32 sendmmsg_nr;    /* sendmmsg(2): flags are the fourth */
+	__u64 told_zero_ns;   /* stall_ns for a reader FIONREAD tells 0 while TCP holds bytes for it (stall_after) */
 } cfg = {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,
 	.stall_ns = 20ULL * 1000 * 1000,
+	.told_zero_ns = 2ULL * 1000 * 1000,
 	.scan_stall_ns = 500ULL * 1000 * 1000,
 };
 
@@ -1530,6 +1532,19 @@ static __always_inline __u64 move_delay(struct sock *sk)
 	return tcp_queued(sk) && ingress_empty(sk) ? 0 : cfg.settle_ns;
 }
 
+/* How long a watched reader may go without reading before it is looked
+ * at. Where the read left only TCP bytes and this kernel's FIONREAD, not
+ * corrected, answers 0 for them (6.18 under lockdown), a reader that trusts
+ * FIONREAD waits at once, and one that does not reads again at once: it is
+ * looked at sooner (an upload sent with its header in one write, which
+ * nginx reads after its first buffer, took 20 ms more than over TCP). */
+static __always_inline __u64 stall_after(struct sock *sk)
+{
+	if (cfg.fionread_misses_tcp && !cfg.fionread_corrected && ingress_empty(sk) && tcp_data_queued(sk))
+		return cfg.told_zero_ns;
+	return cfg.stall_ns;
+}
+
 static __always_inline int stall_check(struct sock_key *key, struct peer_ref *ref, struct tcp_sock *tp)
 {
 	if (!(ref->reads & STATE_WATCHED))
@@ -1545,15 +1560,16 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 	}
 	__u64 now = bpf_ktime_get_ns();
 	__u32 progress = read_progress(sk, ref);
+	__u64 wait = stall_after(sk);
 	if (progress != ref->watch_progress) {
 		/* Read since, and some still hidden: watch on from now. */
 		ref->watch_progress = progress;
 		ref->watch_at = now;
-		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
+		bpf_timer_start(&ref->leave, wait, 0);
 		return 0;
 	}
-	if (now - ref->watch_at < cfg.stall_ns) {
-		bpf_timer_start(&ref->leave, cfg.stall_ns - (now - ref->watch_at), 0);
+	if (now - ref->watch_at < wait) {
+		bpf_timer_start(&ref->leave, wait - (now - ref->watch_at), 0);
 		return 0;
 	}
 	__u32 asleep_in = 0;
@@ -1711,7 +1727,7 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 	/* A leave pending keeps its own time (leave_after), so a restart here
 	 * cannot hasten it. */
 	if (!(old & (STATE_WATCHED | STATE_TCP_READER)) && !ref->leaving)
-		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
+		bpf_timer_start(&ref->leave, stall_after(sk), 0);
 }
 
 /* A server socket's reader needs TCP: the next connections to its port

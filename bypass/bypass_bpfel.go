@@ -39,6 +39,7 @@ type bypassConfig struct {
 	SendtoNr          uint32
 	SendmsgNr         uint32
 	SendmmsgNr        uint32
+	ToldZeroNs        uint64
 }
 
 type bypassControlWord struct {

@@ -36,6 +36,11 @@ const redirectSettle = 100 * time.Millisecond
 // that reads on does so within microseconds.
 const stallAfter = 20 * time.Millisecond
 
+// toldZeroStallAfter is stallAfter for a reader that FIONREAD, uncorrected,
+// tells 0 while TCP holds bytes for it (6.18 under lockdown): one that
+// trusts the answer waits at once, one that does not reads on at once.
+const toldZeroStallAfter = 2 * time.Millisecond
+
 // scanStallAfter is how long the stall scan lets a held socket sit with
 // bytes queued that FIONREAD does not count, and nothing read, before it
 // sends the connection to TCP and the guard wakes the reader. The guard
@@ -330,6 +335,7 @@ func newConfig(opts Options) bypassConfig {
 		SendmsgNr:      unix.SYS_SENDMSG,
 		SendmmsgNr:     unix.SYS_SENDMMSG,
 		StallNs:        uint64(stallAfter),
+		ToldZeroNs:     uint64(toldZeroStallAfter),
 		ScanStallNs:    uint64(scanStallAfter),
 		ReaderPortTtlS: uint32(ReaderPortTTL / time.Second),
 		// The stall watch wakes a reader whose thread sleeps in
