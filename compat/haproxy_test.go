@@ -52,19 +52,12 @@ func nginxOriginWith(t testing.TB, e *env, body blob, s nginxSetup) string {
 		t.Fatal(err)
 	}
 	port := e.freePort(t)
-	conf := filepath.Join(dir, "nginx.conf")
 	onOff := map[bool]string{true: "on", false: "off"}[s.sendfile]
 	keepalive := ""
 	if s.keepaliveRequests > 0 {
 		keepalive = fmt.Sprintf("keepalive_requests %d;", s.keepaliveRequests)
 	}
-	text := fmt.Sprintf(`daemon off;
-master_process off;
-worker_processes 1;
-pid %[1]s/nginx.pid;
-error_log stderr;
-events { worker_connections 256; }
-http {
+	return runNginx(t, e, dir, port, s.cpu, "", fmt.Sprintf(`http {
 	access_log off;
 	sendfile %[3]s;
 	%[4]s
@@ -77,19 +70,7 @@ http {
 		listen 127.0.0.1:%[2]d;
 		root %[1]s;
 	}
-}
-`, dir, port, onOff, keepalive)
-	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	argv := []string{"nginx", "-c", conf, "-p", dir, "-e", "stderr"}
-	if s.cpu >= 0 {
-		argv = pinned(s.cpu, argv...)
-	}
-	e.start(t, argv...)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	e.waitListening(t, addr)
-	return addr
+}`, dir, port, onOff, keepalive))
 }
 
 // HAProxy in front of an HTTP origin, every process in one enabled cgroup:

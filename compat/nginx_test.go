@@ -103,6 +103,15 @@ func nginxProxy(t testing.TB, e *env, mode, origin string, cpu int) string {
 	if mode == "stream" {
 		load = "load_module " + nginxStreamModule + ";\n"
 	}
+	return runNginx(t, e, dir, port, cpu, load, body)
+}
+
+// runNginx writes an nginx configuration in dir (one worker in the
+// foreground, logging to stderr, load lines first, then body: its http or
+// stream block listening on port), starts nginx in the env on cpu (-1: not
+// pinned) and returns where it listens.
+func runNginx(t testing.TB, e *env, dir string, port, cpu int, load, body string) string {
+	t.Helper()
 	text := fmt.Sprintf(`%sdaemon off;
 master_process off;
 worker_processes 1;

@@ -151,14 +151,7 @@ func nginxFastCGI(t testing.TB, e *env, fpm fastCGI, cpu int) string {
 	t.Helper()
 	dir := t.TempDir()
 	port := e.freePort(t)
-	conf := filepath.Join(dir, "nginx.conf")
-	text := fmt.Sprintf(`daemon off;
-master_process off;
-worker_processes 1;
-pid %[1]s/nginx.pid;
-error_log stderr;
-events { worker_connections 256; }
-http {
+	return runNginx(t, e, dir, port, cpu, "", fmt.Sprintf(`http {
 	access_log off;
 	client_max_body_size 64m;
 	client_body_temp_path %[1]s;
@@ -174,17 +167,5 @@ http {
 			fastcgi_pass %[4]s;
 		}
 	}
-}
-`, dir, port, fpm.scripts, fpm.upstream)
-	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	argv := []string{"nginx", "-c", conf, "-p", dir, "-e", "stderr"}
-	if cpu >= 0 {
-		argv = pinned(cpu, argv...)
-	}
-	e.start(t, argv...)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	e.waitListening(t, addr)
-	return addr
+}`, dir, port, fpm.scripts, fpm.upstream))
 }
