@@ -1537,7 +1537,9 @@ static __always_inline __u64 move_delay(struct sock *sk)
  * corrected, answers 0 for them (6.18 under lockdown), a reader that trusts
  * FIONREAD waits at once, and one that does not reads again at once: it is
  * looked at sooner (an upload sent with its header in one write, which
- * nginx reads after its first buffer, took 20 ms more than over TCP). */
+ * nginx reads after its first buffer, took 20 ms more than over TCP). A
+ * reader found running then is looked at again after stall_ns: a timer
+ * every 2 ms for each busy reader would cost more than it saves. */
 static __always_inline __u64 stall_after(struct sock *sk)
 {
 	if (cfg.fionread_misses_tcp && !cfg.fionread_corrected && ingress_empty(sk) && tcp_data_queued(sk))
