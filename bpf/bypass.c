@@ -1326,6 +1326,17 @@ static __always_inline void report_stall(struct sock_key *key, struct reader *r,
  * (nginx's is 16 KiB). One that reads on by itself takes what is queued. */
 #define ONE_BUFFER (64 << 10)
 
+/* No redirect into sk can be on its way: TCP holds bytes for it and no
+ * redirected one waits. A redirect is decided only when the reader has read
+ * every TCP byte its peer sent, and lands inside that same sendmsg (a
+ * socket's sends take turns), so none can be on its way behind TCP bytes
+ * still unread. Not so for a splice reader: its peer redirects behind
+ * unread redirected bytes whatever TCP holds. */
+static __always_inline int nothing_landing(struct sock *sk, struct peer_ref *ref)
+{
+	return !(ref->reads & STATE_SPLICE) && tcp_queued(sk) && ingress_empty(sk);
+}
+
 /* Takes a socket whose reader needs TCP out of the sockhash, so it runs as
  * plain TCP again (the kernel restores its own receive path: FIONREAD,
  * MSG_WAITALL, splice and signals as TCP has them), then its peer likewise.
@@ -1335,7 +1346,10 @@ static __always_inline void report_stall(struct sock_key *key, struct reader *r,
 static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, struct tcp_sock *tp)
 {
 	__u64 now = bpf_ktime_get_ns();
-	if (now < ref->leave_after) {
+	/* The settle is for redirects on their way: none can be once only
+	 * TCP bytes wait (a reader told 0 for them, as nginx by its FastCGI
+	 * upstream's socket while php-fpm's left, waited the settle out). */
+	if (now < ref->leave_after && !nothing_landing((struct sock *)tp, ref)) {
 		bpf_timer_start(&ref->leave, ref->leave_after - now, 0);
 		return 0;
 	}
@@ -1527,9 +1541,9 @@ static __always_inline int waits_for_readiness(struct peer_ref *ref, struct sock
  * same sendmsg, so none can be on its way behind TCP bytes still unread);
  * else after the settle, as any switch. shunt's own count of redirected
  * bytes (6.1) includes one still landing: it is no proof. */
-static __always_inline __u64 move_delay(struct sock *sk)
+static __always_inline __u64 move_delay(struct sock *sk, struct peer_ref *ref)
 {
-	return tcp_queued(sk) && ingress_empty(sk) ? 0 : cfg.settle_ns;
+	return nothing_landing(sk, ref) ? 0 : cfg.settle_ns;
 }
 
 /* How long a watched reader may go without reading before it is looked
@@ -1595,7 +1609,7 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
 		return 0;
 	}
-	rescue(key, ref, hidden, move_delay(sk), EVENT_STALL_RESCUED, FOUND_BY_WATCH, asleep_in);
+	rescue(key, ref, hidden, move_delay(sk, ref), EVENT_STALL_RESCUED, FOUND_BY_WATCH, asleep_in);
 	return leave(key, ref, tp);
 }
 
@@ -1719,16 +1733,25 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 	struct task_struct *task = bpf_get_current_task_btf();
 	ref->reader_task = task;
 	ref->reader_regs = (__u64)bpf_task_pt_regs(task);
-	if (ref->reads & (STATE_WATCHED | STATE_TCP_READER))
+	/* A leave pending keeps its own time (leave_after) while a redirect
+	 * may be on its way; once only TCP bytes wait, it goes now, and wakes
+	 * this reader as it goes (STATE_WATCHED). */
+	int hasten = ref->leaving && nothing_landing(sk, ref);
+	if (ref->reads & (STATE_WATCHED | STATE_TCP_READER)) {
+		if (hasten)
+			bpf_timer_start(&ref->leave, 0, 0);
 		return;
+	}
 	ref->cookie = bpf_get_socket_cookie(sk);
 	ref->reader_pid = bpf_get_current_pid_tgid() >> 32;
 	ref->reader_ino = socket_ino(sk);
 	current_comm(ref->reader_comm);
 	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_WATCHED);
-	/* A leave pending keeps its own time (leave_after), so a restart here
-	 * cannot hasten it. */
-	if (!(old & (STATE_WATCHED | STATE_TCP_READER)) && !ref->leaving)
+	if (old & (STATE_WATCHED | STATE_TCP_READER))
+		return;
+	if (hasten)
+		bpf_timer_start(&ref->leave, 0, 0);
+	else if (!ref->leaving)
 		bpf_timer_start(&ref->leave, stall_after(sk), 0);
 }
 
@@ -2317,7 +2340,7 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	struct task_struct *leader = task->group_leader;
 	if (leader)
 		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
-	rescue(&k, ref, hidden, move_delay(sk), quiet ? EVENT_WAKE : EVENT_STALL_RESCUED, FOUND_BY_SCAN, 0);
+	rescue(&k, ref, hidden, move_delay(sk, ref), quiet ? EVENT_WAKE : EVENT_STALL_RESCUED, FOUND_BY_SCAN, 0);
 	bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 	return 0;
 }
