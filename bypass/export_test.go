@@ -10,6 +10,13 @@ import (
 // RedirectSettle is how long a leave or a removal waits for redirects in flight.
 const RedirectSettle = redirectSettle
 
+// WithSettle is o with the programs' settle (how long a leave waits for
+// redirects in flight) set to d.
+func WithSettle(o Options, d time.Duration) Options {
+	o.settle = d
+	return o
+}
+
 // CgroupCounted says whether cgroup_sends holds an entry for the cgroup id.
 func (in *Install) CgroupCounted(id uint64) bool {
 	var v []bypassCgroupTraffic

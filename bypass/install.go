@@ -5,6 +5,7 @@
 package bypass
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -118,11 +119,14 @@ type Options struct {
 	// before it reads (lsm/file_permission; kernels that run BPF LSM
 	// programs). For applications that read instead when a splice fails
 	// with EINVAL, as Go's io.Copy does: their connections stay bypassed.
-	// HAProxy 2.6 does not: its downloads hang (docs/KERNELS.md).
+	// A program that splices again without reading (HAProxy 2.6) has that
+	// splice let through, and is handled as without RefuseSplice.
 	RefuseSplice bool `json:"refuse_splice"`
 	// Mechanisms: the zero value uses the kernel's newest; tests set it
 	// to run an older kernel's ways on this one.
 	Mechanisms host.Mechanisms `json:"-"`
+	// settle replaces redirectSettle in the programs (tests only).
+	settle time.Duration
 }
 
 // ErrNoSpliceRefusal: RefuseSplice asked on a kernel that runs no BPF LSM
@@ -328,7 +332,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 // newConfig is the programs' configuration for an install with opts.
 func newConfig(opts Options) bypassConfig {
 	cfg := bypassConfig{
-		SettleNs:       uint64(redirectSettle),
+		SettleNs:       uint64(cmp.Or(opts.settle, redirectSettle)),
 		MaxBacklog:     opts.MaxBacklog,
 		SpliceNr:       unix.SYS_SPLICE,
 		SendtoNr:       unix.SYS_SENDTO,
