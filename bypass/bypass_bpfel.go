@@ -83,7 +83,8 @@ const (
 	bypassCounterCNT_URGENT             bypassCounter = 29
 	bypassCounterCNT_RECEIVE_OPTION     bypassCounter = 30
 	bypassCounterCNT_SPLICE_RETRIED     bypassCounter = 31
-	bypassCounterCNT_MAX                bypassCounter = 32
+	bypassCounterCNT_ULP_REFUSED        bypassCounter = 32
+	bypassCounterCNT_MAX                bypassCounter = 33
 )
 
 type bypassEventKind uint32

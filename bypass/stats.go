@@ -45,8 +45,12 @@ type Counters struct {
 	// does not read instead (HAProxy 2.6) is handled as without refusal.
 	SplicesRetried  uint64 `json:"splices_retried" help:"splice(2) calls let through (--refuse-splice) because the same socket's last splice was refused and its reader read nothing since: sent back to TCP, caught if redirected bytes were queued."`
 	ZerocopyRefused uint64 `json:"zerocopy_refused" help:"setsockopt(SO_ZEROCOPY) calls on a bypassed socket refused with EOPNOTSUPP: no completion would ever come."`
-	CgroupsFull     uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
-	StallsRescued   uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count or a short read hid, or any for the stall scan): their connection sent back to TCP and the reader woken."`
+	// ULPRefused counts setsockopt(TCP_ULP) calls (kernel TLS) refused on
+	// bypassed sockets: the kernel takes no TLS keys on a socket with a
+	// psock, and the layer alone can leave a bypassed reader blind.
+	ULPRefused    uint64 `json:"ulp_refused" help:"setsockopt(TCP_ULP) calls (kernel TLS) on a bypassed socket refused with ENOENT: the kernel takes no TLS keys on a socket in a sockhash; the application keeps TLS in user space."`
+	CgroupsFull   uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
+	StallsRescued uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count or a short read hid, or any for the stall scan): their connection sent back to TCP and the reader woken."`
 	// Translated counts the paired connections whose ends see different
 	// addresses or ports (DNAT, REDIRECT, SNAT between them), included in Paired.
 	Translated uint64 `json:"connections_translated" help:"Connections bypassed whose ends see different tuples (address translation between them): counted in connections_paired too."`
@@ -221,6 +225,7 @@ func (in *Install) Counters() (Counters, error) {
 		SplicesRefused:    sum(bypassCounterCNT_SPLICE_REFUSED),
 		SplicesRetried:    sum(bypassCounterCNT_SPLICE_RETRIED),
 		ZerocopyRefused:   sum(bypassCounterCNT_ZEROCOPY_REFUSED),
+		ULPRefused:        sum(bypassCounterCNT_ULP_REFUSED),
 		CgroupsFull:       sum(bypassCounterCNT_CGROUPS_FULL),
 		StallsRescued:     sum(bypassCounterCNT_STALL_RESCUED),
 		Translated:        sum(bypassCounterCNT_PAIRED_TRANSLATED),

@@ -38,6 +38,9 @@ type nginxSetup struct {
 	// keepaliveRequests is how many requests nginx serves on a connection
 	// before it closes it; 0 leaves nginx's default (1,000).
 	keepaliveRequests int
+	// kernelTLS serves HTTPS (a self-signed certificate) with OpenSSL's
+	// KTLS option on: nginx asks the kernel for TLS after each handshake.
+	kernelTLS bool
 }
 
 func nginxOriginWith(t testing.TB, e *env, body blob, s nginxSetup) string {
@@ -57,6 +60,11 @@ func nginxOriginWith(t testing.TB, e *env, body blob, s nginxSetup) string {
 	if s.keepaliveRequests > 0 {
 		keepalive = fmt.Sprintf("keepalive_requests %d;", s.keepaliveRequests)
 	}
+	listen := fmt.Sprintf("listen 127.0.0.1:%d;", port)
+	if s.kernelTLS {
+		cert, key := selfSigned(t, dir)
+		listen = fmt.Sprintf("listen 127.0.0.1:%d ssl; ssl_certificate %s; ssl_certificate_key %s; ssl_conf_command Options KTLS;", port, cert, key)
+	}
 	return runNginx(t, e, dir, port, s.cpu, "", fmt.Sprintf(`http {
 	access_log off;
 	sendfile %[3]s;
@@ -67,10 +75,10 @@ func nginxOriginWith(t testing.TB, e *env, body blob, s nginxSetup) string {
 	uwsgi_temp_path %[1]s;
 	scgi_temp_path %[1]s;
 	server {
-		listen 127.0.0.1:%[2]d;
+		%[2]s
 		root %[1]s;
 	}
-}`, dir, port, onOff, keepalive))
+}`, dir, listen, onOff, keepalive))
 }
 
 // HAProxy in front of an HTTP origin, every process in one enabled cgroup:

@@ -164,7 +164,7 @@ func printStatus(e *env, r statusReport) {
 		if r.Stats.FionreadCorrected {
 			fmt.Fprintf(w, "FIONREAD:\t%d answers corrected (the kernel's left queued bytes out)\n", c.FionreadCorrected)
 		}
-		fmt.Fprintf(w, "differences:\t%d blocking reads failed with EAGAIN where TCP would have restarted them (a signal), %d setsockopt(SO_ZEROCOPY) refused with EOPNOTSUPP (docs/TRANSPARENCY.md)\n", c.EAGAIN, c.ZerocopyRefused)
+		fmt.Fprintf(w, "differences:\t%d blocking reads failed with EAGAIN where TCP would have restarted them (a signal), %d setsockopt(SO_ZEROCOPY) refused with EOPNOTSUPP, %d setsockopt(TCP_ULP) (kernel TLS) refused with ENOENT (docs/TRANSPARENCY.md)\n", c.EAGAIN, c.ZerocopyRefused, c.ULPRefused)
 		fmt.Fprintf(w, "splice readers:\t%d splices refused with EINVAL (the application read instead), %d let through after a refused one (the application did not read instead), %d sockets sent back to TCP when their reader spliced, %d caught with redirected bytes queued (reset by the guard; %d of them cut short: their peer's end of stream came first and the splice returned it), %d readers kept on TCP because their program splices, %d sockets sent back to TCP when their program was learned (%d of them with redirected bytes queued)\n", c.SplicesRefused, c.SplicesRetried, c.SpliceReaders, c.SpliceCaught, c.SpliceTruncated, c.LearnedReaders, c.PresumedSplicers, c.PresumedQueued)
 		for _, p := range r.Stats.SplicePrograms {
 			line := "any command line (taught by name)"
