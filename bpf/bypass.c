@@ -248,6 +248,17 @@ static __always_inline int uses_zerocopy(struct bpf_sock *sk)
 	return (flags >> bpf_core_enum_value(enum sock_flags, SOCK_ZEROCOPY)) & 1;
 }
 
+/* The socket has a TCP upper layer protocol: an MPTCP subflow (both ends
+ * MPTCP) has one from its first moment. The kernel gives no psock to such a
+ * socket, so the sockhash would refuse it: leave the connection alone. */
+static __always_inline int has_upper_layer(struct bpf_sock *sk)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return 0;
+	return BPF_CORE_READ((struct inet_connection_sock *)tp, icsk_ulp_ops) != 0;
+}
+
 /* The socket's reader set a receive option only TCP's own receive path
  * honours: SO_RCVLOWAT above 1 (a psock makes its socket readable for any
  * byte queued), TCP_INQ (a psock's data comes without the bytes-left
@@ -434,6 +445,10 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 		count(CNT_ZEROCOPY);
 		return;
 	}
+	if (has_upper_layer(sk)) {
+		count(CNT_UPPER_LAYER);
+		return;
+	}
 	if (receive_options(sk)) {
 		count(CNT_RECEIVE_OPTION);
 		return;
@@ -503,6 +518,11 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 	if (uses_zerocopy(sk)) {
 		release_client(&peer);
 		count(CNT_ZEROCOPY);
+		return;
+	}
+	if (has_upper_layer(sk)) {
+		release_client(&peer);
+		count(CNT_UPPER_LAYER);
 		return;
 	}
 	if (receive_options(sk)) {

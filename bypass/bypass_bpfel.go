@@ -84,7 +84,8 @@ const (
 	bypassCounterCNT_RECEIVE_OPTION     bypassCounter = 30
 	bypassCounterCNT_SPLICE_RETRIED     bypassCounter = 31
 	bypassCounterCNT_ULP_REFUSED        bypassCounter = 32
-	bypassCounterCNT_MAX                bypassCounter = 33
+	bypassCounterCNT_UPPER_LAYER        bypassCounter = 33
+	bypassCounterCNT_MAX                bypassCounter = 34
 )
 
 type bypassEventKind uint32

@@ -1,6 +1,7 @@
 package bypass_test
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"net"
@@ -100,4 +101,60 @@ func redirectedBytes(t *testing.T, in *bypass.Install) uint64 {
 		t.Fatal(err)
 	}
 	return tot.RedirectedBytes
+}
+
+// Two MPTCP ends talk over subflows, TCP sockets that carry an upper layer
+// protocol from their first moment. The kernel gives no psock to such a
+// socket: the connection stays on TCP, counted as such (it was an insert
+// failure in the counts before), and carries its streams whole.
+func TestMPTCPStaysOnTCP(t *testing.T) {
+	in, cg := mustInstall(t)
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	for i, fam := range loopbacks {
+		t.Run(fam.network, func(t *testing.T) {
+			var lc net.ListenConfig
+			lc.SetMultipathTCP(true)
+			var ln net.Listener
+			var err error
+			side.Make(t, func() { ln, err = lc.Listen(context.Background(), fam.network, fam.addr) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			d := net.Dialer{Timeout: 5 * time.Second}
+			d.SetMultipathTCP(true)
+			before := counters(t, in)
+			var cc net.Conn
+			side.Make(t, func() { cc, err = d.Dial(fam.network, ln.Addr().String()) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := cc.(*net.TCPConn)
+			defer c.Close()
+			sc, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := sc.(*net.TCPConn)
+			defer s.Close()
+			if mp, err := c.MultipathTCP(); err != nil || !mp {
+				t.Skipf("this kernel made a plain TCP connection (MPTCP %v, %v)", mp, err)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			c.SetDeadline(deadline)
+			s.SetDeadline(deadline)
+			up := testenv.Stream{Seed: uint64(i) + 11, Size: 2 << 20, MaxChunk: 64 << 10}
+			down := testenv.Stream{Seed: uint64(i) + 111, Size: 2 << 20, MaxChunk: 64 << 10}
+			if err := testenv.BothWays(c, s, up, down)(); err != nil {
+				t.Fatal(err)
+			}
+			after := counters(t, in)
+			if got := after.UpperLayer - before.UpperLayer; got != 1 {
+				t.Errorf("connections_upper_layer went up by %d, want 1", got)
+			}
+			if after.InsertFailed != before.InsertFailed || after.Paired != before.Paired {
+				t.Errorf("insert failures %d -> %d, paired %d -> %d: want both unchanged", before.InsertFailed, after.InsertFailed, before.Paired, after.Paired)
+			}
+		})
+	}
 }

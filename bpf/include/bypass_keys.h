@@ -162,6 +162,7 @@ enum counter {
 	CNT_RECEIVE_OPTION,    /* connections kept on or sent back to TCP: an end set SO_RCVLOWAT, TCP_INQ, SO_PEEK_OFF or receive timestamps */
 	CNT_SPLICE_RETRIED,    /* splices let through: the same socket's last splice was refused and its reader read nothing since */
 	CNT_ULP_REFUSED,       /* setsockopt(TCP_ULP) on a bypassed socket refused (ENOENT): kernel TLS and a psock do not mix */
+	CNT_UPPER_LAYER,       /* connections left on TCP: an end has an upper layer protocol at pairing (an MPTCP subflow), which a sockhash refuses */
 	CNT_MAX,
 };
 

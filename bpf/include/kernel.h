@@ -133,6 +133,14 @@ struct tcp_sock {
 	__u8 recvmsg_inq:1;   /* TCP_INQ: recvmsg tells the bytes left */
 };
 
+struct tcp_ulp_ops;
+
+/* A TCP socket's connection half: an upper layer protocol (an MPTCP
+ * subflow's, kernel TLS) hangs off icsk_ulp_ops. */
+struct inet_connection_sock {
+	const struct tcp_ulp_ops *icsk_ulp_ops;
+};
+
 /* A connection request (a listener's request socket): the handshake's two
  * initial sequence numbers, both chosen before its TIMEOUT_INIT runs. */
 struct tcp_request_sock {
