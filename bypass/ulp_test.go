@@ -49,7 +49,7 @@ func TestTCPULPRefusedOnBypassedSockets(t *testing.T) {
 	in, cg := mustInstall(t)
 	plain := testenv.Side{NS: testenv.MustNetNS(t), CG: testenv.MustCgroup(t)}
 	enabled := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
-	for i, fam := range loopbacks {
+	for _, fam := range loopbacks {
 		t.Run(fam.network, func(t *testing.T) {
 			c, s := testenv.ConnPair(t, fam.network, enabled, fam.addr, enabled, fam.addr)
 			testenv.Warm(t, c, s)
@@ -78,14 +78,11 @@ func TestTCPULPRefusedOnBypassedSockets(t *testing.T) {
 					t.Fatalf("TLS key off the bypass: %v", err)
 				}
 			}
+			// A reader blind to its psock waits here until the deadline.
 			deadline := time.Now().Add(10 * time.Second)
 			c.SetDeadline(deadline)
 			s.SetDeadline(deadline)
-			up := testenv.Stream{Seed: uint64(i) + 1, Size: 4 << 20, MaxChunk: 64 << 10}
-			down := testenv.Stream{Seed: uint64(i) + 101, Size: 4 << 20, MaxChunk: 64 << 10}
-			if err := testenv.BothWays(c, s, up, down)(); err != nil {
-				t.Fatalf("the bypassed connection after the refusal: %v", err)
-			}
+			streamBothWays(t, c, s, 4<<20)
 			if redirectedBytes(t, in) == sent {
 				t.Error("nothing redirected after the refusal: the connection left the bypass")
 			}
@@ -110,7 +107,7 @@ func redirectedBytes(t *testing.T, in *bypass.Install) uint64 {
 func TestMPTCPStaysOnTCP(t *testing.T) {
 	in, cg := mustInstall(t)
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
-	for i, fam := range loopbacks {
+	for _, fam := range loopbacks {
 		t.Run(fam.network, func(t *testing.T) {
 			var lc net.ListenConfig
 			lc.SetMultipathTCP(true)
@@ -143,11 +140,7 @@ func TestMPTCPStaysOnTCP(t *testing.T) {
 			deadline := time.Now().Add(10 * time.Second)
 			c.SetDeadline(deadline)
 			s.SetDeadline(deadline)
-			up := testenv.Stream{Seed: uint64(i) + 11, Size: 2 << 20, MaxChunk: 64 << 10}
-			down := testenv.Stream{Seed: uint64(i) + 111, Size: 2 << 20, MaxChunk: 64 << 10}
-			if err := testenv.BothWays(c, s, up, down)(); err != nil {
-				t.Fatal(err)
-			}
+			streamBothWays(t, c, s, 2<<20)
 			after := counters(t, in)
 			if got := after.UpperLayer - before.UpperLayer; got != 1 {
 				t.Errorf("connections_upper_layer went up by %d, want 1", got)
