@@ -2212,9 +2212,8 @@ static __always_inline int sets_receive_option(struct bpf_sockopt *ctx)
  * put the layer on last. A bypassed socket that had it read through
  * tcp_recvmsg, blind to its psock queue, as soon as a socket off the
  * bypass put it on too (by hand on 6.12: 0 of 200,000 redirected bytes
- * read, for good). Told ENOENT,
- * OpenSSL keeps the record layer in user space and the connection stays
- * bypassed. */
+ * read, for good). Told ENOENT, OpenSSL keeps the record layer in user
+ * space and the connection stays bypassed. */
 SEC("cgroup/setsockopt")
 int shunt_setsockopt(struct bpf_sockopt *ctx)
 {
