@@ -259,6 +259,30 @@ static __always_inline int has_upper_layer(struct bpf_sock *sk)
 	return BPF_CORE_READ((struct inet_connection_sock *)tp, icsk_ulp_ops) != 0;
 }
 
+/* SO_TIMESTAMPING's flags (include/uapi/linux/net_tstamp.h). */
+#define SOF_TIMESTAMPING_TX_HARDWARE (1 << 0)
+#define SOF_TIMESTAMPING_TX_SOFTWARE (1 << 1)
+#define SOF_TIMESTAMPING_RX_HARDWARE (1 << 2)
+#define SOF_TIMESTAMPING_RX_SOFTWARE (1 << 3)
+#define SOF_TIMESTAMPING_TX_SCHED (1 << 8)
+#define SOF_TIMESTAMPING_TX_ACK (1 << 9)
+#define SOF_TIMESTAMPING_RX (SOF_TIMESTAMPING_RX_HARDWARE | SOF_TIMESTAMPING_RX_SOFTWARE)
+#define SOF_TIMESTAMPING_TX (SOF_TIMESTAMPING_TX_HARDWARE | SOF_TIMESTAMPING_TX_SOFTWARE | \
+			     SOF_TIMESTAMPING_TX_SCHED | SOF_TIMESTAMPING_TX_ACK)
+
+/* The socket asked for transmit timestamps (SO_TIMESTAMPING with a TX
+ * flag): TCP's transmit path queues them on its error queue as it sends, a
+ * redirected send never passes there, and a program that polls for them
+ * (POLLERR) would wait for ever. Set on a listener, an accepted socket has
+ * it from its first moment. */
+static __always_inline int tx_timestamps(struct bpf_sock *sk)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return 0;
+	return (BPF_CORE_READ((struct sock *)tp, sk_tsflags) & SOF_TIMESTAMPING_TX) != 0;
+}
+
 /* The socket's reader set a receive option only TCP's own receive path
  * honours: SO_RCVLOWAT above 1 (a psock makes its socket readable for any
  * byte queued), TCP_INQ (a psock's data comes without the bytes-left
@@ -276,6 +300,8 @@ static __always_inline int receive_options(struct bpf_sock *sk)
 		return 1;
 	unsigned long flags = BPF_CORE_READ(s, __sk_common.skc_flags);
 	if ((flags >> bpf_core_enum_value(enum sock_flags, SOCK_RCVTSTAMP)) & 1)
+		return 1;
+	if (BPF_CORE_READ(s, sk_tsflags) & SOF_TIMESTAMPING_RX)
 		return 1;
 	return BPF_CORE_READ_BITFIELD_PROBED(tp, recvmsg_inq);
 }
@@ -449,6 +475,10 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 		count(CNT_UPPER_LAYER);
 		return;
 	}
+	if (tx_timestamps(sk)) {
+		count(CNT_TX_TIMESTAMPS);
+		return;
+	}
 	if (receive_options(sk)) {
 		count(CNT_RECEIVE_OPTION);
 		return;
@@ -523,6 +553,11 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 	if (has_upper_layer(sk)) {
 		release_client(&peer);
 		count(CNT_UPPER_LAYER);
+		return;
+	}
+	if (tx_timestamps(sk)) {
+		release_client(&peer);
+		count(CNT_TX_TIMESTAMPS);
 		return;
 	}
 	if (receive_options(sk)) {
@@ -2155,8 +2190,6 @@ static __always_inline struct sock_state *held_socket(struct file *f, struct soc
 #define SO_TIMESTAMP_NEW 63
 #define SO_TIMESTAMPNS_NEW 64
 #define SO_TIMESTAMPING_NEW 65
-#define SOF_TIMESTAMPING_RX_HARDWARE (1 << 2)
-#define SOF_TIMESTAMPING_RX_SOFTWARE (1 << 3)
 #define SOL_TCP 6
 #define TCP_INQ 36
 
@@ -2191,6 +2224,18 @@ static __always_inline int sets_receive_option(struct bpf_sockopt *ctx)
 	}
 	return 0;
 }
+/* setsockopt(SO_TIMESTAMPING) asking for transmit timestamps
+ * (tx_timestamps). */
+static __always_inline int sets_tx_timestamps(struct bpf_sockopt *ctx)
+{
+	int *v = ctx->optval;
+	if ((void *)(v + 1) > ctx->optval_end || ctx->level != SOL_SOCKET)
+		return 0;
+	if (ctx->optname != SO_TIMESTAMPING_OLD && ctx->optname != SO_TIMESTAMPING_NEW)
+		return 0;
+	return (*v & SOF_TIMESTAMPING_TX) != 0;
+}
+
 #define EOPNOTSUPP 95
 #define ENOENT 2
 #define TCP_ULP 31
@@ -2202,6 +2247,11 @@ static __always_inline int sets_receive_option(struct bpf_sockopt *ctx)
  * from it), so a program that waited for its completions would wait
  * forever. Set before the connection is established, SO_ZEROCOPY keeps the
  * connection off the bypass instead (uses_zerocopy).
+ *
+ * setsockopt(SO_TIMESTAMPING) asking for transmit timestamps goes through,
+ * and the socket's own sends take TCP from the next one on (the connection
+ * leaves the sockhash once nothing redirected is unread): only TCP's
+ * transmit path makes those timestamps.
  *
  * setsockopt(TCP_ULP) on a socket in the sockhash fails with ENOENT, as on
  * a kernel without that upper layer (kernel TLS: nginx and OpenSSL with
@@ -2225,8 +2275,9 @@ int shunt_setsockopt(struct bpf_sockopt *ctx)
 	if (ctx->optlen > 4096)
 		ctx->optlen = 0;
 	int receive = sets_receive_option(ctx);
+	int tx = sets_tx_timestamps(ctx);
 	int ulp = ctx->level == SOL_TCP && ctx->optname == TCP_ULP;
-	if (!receive && !ulp && (ctx->level != SOL_SOCKET || ctx->optname != SO_ZEROCOPY))
+	if (!receive && !tx && !ulp && (ctx->level != SOL_SOCKET || ctx->optname != SO_ZEROCOPY))
 		return 1;
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk)
@@ -2239,8 +2290,16 @@ int shunt_setsockopt(struct bpf_sockopt *ctx)
 	if (receive) {
 		__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
 		leave_for_tcp(ref, CNT_RECEIVE_OPTION);
-		return 1;
 	}
+	if (tx) {
+		/* Its own sends take TCP from the next one on, as after an
+		 * urgent send: its peer's direction is marked for TCP. */
+		struct peer_ref *peer = bpf_map_lookup_elem(&peer_refs, &st->peer);
+		if (peer)
+			leave_for_tcp(peer, CNT_TX_TIMESTAMPS);
+	}
+	if (receive || tx)
+		return 1;
 	if (ulp) {
 		count(CNT_ULP_REFUSED);
 		bpf_set_retval(-ENOENT);

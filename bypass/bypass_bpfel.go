@@ -85,7 +85,8 @@ const (
 	bypassCounterCNT_SPLICE_RETRIED     bypassCounter = 31
 	bypassCounterCNT_ULP_REFUSED        bypassCounter = 32
 	bypassCounterCNT_UPPER_LAYER        bypassCounter = 33
-	bypassCounterCNT_MAX                bypassCounter = 34
+	bypassCounterCNT_TX_TIMESTAMPS      bypassCounter = 34
+	bypassCounterCNT_MAX                bypassCounter = 35
 )
 
 type bypassEventKind uint32

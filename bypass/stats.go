@@ -51,7 +51,11 @@ type Counters struct {
 	ULPRefused uint64 `json:"ulp_refused" help:"setsockopt(TCP_ULP) calls (kernel TLS) on a bypassed socket refused with ENOENT: the kernel takes no TLS keys on a socket in a sockhash; the application keeps TLS in user space."`
 	// UpperLayer counts connections left on TCP because an end had a TCP
 	// upper layer protocol when it was established (an MPTCP subflow).
-	UpperLayer    uint64 `json:"connections_upper_layer" help:"Connections left on TCP: an end had a TCP upper layer protocol when established (an MPTCP subflow: both ends MPTCP), which a sockhash does not take."`
+	UpperLayer uint64 `json:"connections_upper_layer" help:"Connections left on TCP: an end had a TCP upper layer protocol when established (an MPTCP subflow: both ends MPTCP), which a sockhash does not take."`
+	// TxTimestamps counts connections kept on or sent back to TCP because
+	// an end asked for transmit timestamps, which only TCP's transmit path
+	// makes.
+	TxTimestamps  uint64 `json:"connections_tx_timestamps" help:"Connections kept on or sent back to TCP: an end asked for transmit timestamps (SO_TIMESTAMPING with a TX flag), which only TCP's transmit path makes."`
 	CgroupsFull   uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
 	StallsRescued uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count or a short read hid, or any for the stall scan): their connection sent back to TCP and the reader woken."`
 	// Translated counts the paired connections whose ends see different
@@ -230,6 +234,7 @@ func (in *Install) Counters() (Counters, error) {
 		ZerocopyRefused:   sum(bypassCounterCNT_ZEROCOPY_REFUSED),
 		ULPRefused:        sum(bypassCounterCNT_ULP_REFUSED),
 		UpperLayer:        sum(bypassCounterCNT_UPPER_LAYER),
+		TxTimestamps:      sum(bypassCounterCNT_TX_TIMESTAMPS),
 		CgroupsFull:       sum(bypassCounterCNT_CGROUPS_FULL),
 		StallsRescued:     sum(bypassCounterCNT_STALL_RESCUED),
 		Translated:        sum(bypassCounterCNT_PAIRED_TRANSLATED),

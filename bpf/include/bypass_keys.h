@@ -163,6 +163,7 @@ enum counter {
 	CNT_SPLICE_RETRIED,    /* splices let through: the same socket's last splice was refused and its reader read nothing since */
 	CNT_ULP_REFUSED,       /* setsockopt(TCP_ULP) on a bypassed socket refused (ENOENT): kernel TLS and a psock do not mix */
 	CNT_UPPER_LAYER,       /* connections left on TCP: an end has an upper layer protocol at pairing (an MPTCP subflow), which a sockhash refuses */
+	CNT_TX_TIMESTAMPS,     /* connections kept on or sent back to TCP: an end asked for transmit timestamps (SO_TIMESTAMPING), which only TCP's transmit path makes */
 	CNT_MAX,
 };
 

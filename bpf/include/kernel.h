@@ -121,6 +121,7 @@ struct sock {
 	long sk_rcvtimeo;
 	int sk_rcvlowat;
 	int sk_peek_off;
+	__u16 sk_tsflags; /* SO_TIMESTAMPING's flags (a u32 on later kernels: the low half holds them all) */
 };
 
 struct tcp_sock {
