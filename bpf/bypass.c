@@ -306,6 +306,21 @@ static __always_inline int receive_options(struct bpf_sock *sk)
 	return BPF_CORE_READ_BITFIELD_PROBED(tp, recvmsg_inq);
 }
 
+/* Why an end of a new connection keeps it on TCP: the counter that says so,
+ * or CNT_MAX if nothing does. */
+static __always_inline __u32 keeps_tcp(struct bpf_sock *sk)
+{
+	if (uses_zerocopy(sk))
+		return CNT_ZEROCOPY;
+	if (has_upper_layer(sk))
+		return CNT_UPPER_LAYER;
+	if (tx_timestamps(sk))
+		return CNT_TX_TIMESTAMPS;
+	if (receive_options(sk))
+		return CNT_RECEIVE_OPTION;
+	return CNT_MAX;
+}
+
 /* seq and ack_seq of the TCP segment in skops' skb (a SYN-ACK being sent or
  * received). -1 when the context has none. */
 static __always_inline int skb_seqs(struct bpf_sock_ops *skops, __u32 *seq, __u32 *ack)
@@ -466,21 +481,10 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 		count(CNT_UNPAIRED);
 		return;
 	}
-	if (uses_zerocopy(sk)) {
+	__u32 why = keeps_tcp(sk);
+	if (why != CNT_MAX) {
 		/* Unclaimed, the registration pairs nobody. */
-		count(CNT_ZEROCOPY);
-		return;
-	}
-	if (has_upper_layer(sk)) {
-		count(CNT_UPPER_LAYER);
-		return;
-	}
-	if (tx_timestamps(sk)) {
-		count(CNT_TX_TIMESTAMPS);
-		return;
-	}
-	if (receive_options(sk)) {
-		count(CNT_RECEIVE_OPTION);
+		count(why);
 		return;
 	}
 	peer.netns = x->p.server_netns;
@@ -545,24 +549,10 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 		count(CNT_CLAIM_UNBOUND);
 		return;
 	}
-	if (uses_zerocopy(sk)) {
+	__u32 why = keeps_tcp(sk);
+	if (why != CNT_MAX) {
 		release_client(&peer);
-		count(CNT_ZEROCOPY);
-		return;
-	}
-	if (has_upper_layer(sk)) {
-		release_client(&peer);
-		count(CNT_UPPER_LAYER);
-		return;
-	}
-	if (tx_timestamps(sk)) {
-		release_client(&peer);
-		count(CNT_TX_TIMESTAMPS);
-		return;
-	}
-	if (receive_options(sk)) {
-		release_client(&peer);
-		count(CNT_RECEIVE_OPTION);
+		count(why);
 		return;
 	}
 	if (!new_state(sk, &self, &peer)) {
