@@ -26,10 +26,11 @@
  * so its peer can check this, and the peer's backlog (flow control).
  *
  * Readers: only recv/read see redirected bytes (splice(2) reads the TCP queue
- * alone; MSG_WAITALL returns what one redirected message holds; a blocking
- * read that a signal interrupts fails with EAGAIN). So nothing is redirected
- * to a socket until its reader has been seen in a non-blocking recvmsg without
- * MSG_WAITALL (shunt_reads); a reader that blocks or asks for MSG_WAITALL keeps
+ * alone; MSG_WAITALL returns what one redirected message holds; MSG_TRUNC
+ * copies what TCP discards; a blocking read that a signal interrupts fails
+ * with EAGAIN). So nothing is redirected to a socket until its reader has been
+ * seen in a non-blocking recvmsg without MSG_WAITALL (shunt_reads); a reader
+ * that blocks or asks for MSG_WAITALL, MSG_OOB or MSG_TRUNC keeps
  * its direction on TCP for good, and the connection leaves the sockhash (plain
  * TCP again) once no redirected byte is left for either reader. A reader that
  * only splices is never seen.
@@ -1025,6 +1026,7 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 }
 
 #define MSG_PEEK 0x2
+#define MSG_TRUNC 0x20
 #define MSG_WAITALL 0x100
 #define MSG_ERRQUEUE 0x2000
 
@@ -1707,12 +1709,13 @@ static __always_inline void report_blocking_eagain(struct sock *sk, struct sock_
 }
 
 /* How a read asks to be served: STATE_TCP_READER if only TCP serves it as
- * TCP would (MSG_WAITALL, MSG_OOB; a read that may sleep, whose sleep a signal ends
- * with EAGAIN on a sockhash socket), else STATE_READS. */
+ * TCP would (MSG_WAITALL, MSG_OOB, MSG_TRUNC; a read that may sleep, whose
+ * sleep a signal ends with EAGAIN on a sockhash socket), else STATE_READS. */
 static __always_inline __u32 reader_mark(int flags, int waits)
 {
-	/* A psock serves MSG_OOB from its queue, in band. */
-	if (flags & (MSG_WAITALL | MSG_OOB))
+	/* A psock serves MSG_OOB from its queue, in band, and copies what
+	 * MSG_TRUNC asks TCP to discard (EFAULT for a NULL buffer). */
+	if (flags & (MSG_WAITALL | MSG_OOB | MSG_TRUNC))
 		return STATE_TCP_READER;
 	if (!cfg.trust_readers && waits)
 		return STATE_TCP_READER;
@@ -1721,8 +1724,9 @@ static __always_inline __u32 reader_mark(int flags, int waits)
 
 /* Runs after every recvmsg on the host (read, recv, recvmsg, io_uring recv):
  * records how the reader of a paired socket reads, for its peer's sk_msg.
- * A reader that blocks or asks for MSG_WAITALL sends its connection back to
- * TCP; event-loop readers (non-blocking) keep the bypass.
+ * A reader that blocks or asks for MSG_WAITALL (MSG_OOB, MSG_TRUNC) sends
+ * its connection back to TCP; event-loop readers (non-blocking) keep the
+ * bypass.
  * Sockets shunt does not hold have no storage and cost one pointer test. */
 /* Where the psock does not count its queue: a read takes either redirected
  * bytes or TCP's (tcp_bpf_recvmsg never mixes them in one call), and only a
@@ -1893,7 +1897,9 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	if (old & mark)
 		return 0;
 	count(CNT_TCP_READER);
-	if (st->self.role == ROLE_SERVER)
+	/* A discard is mostly a drain before close (HAProxy's), no habit
+	 * of the port's other readers. */
+	if (st->self.role == ROLE_SERVER && !(flags & MSG_TRUNC))
 		learn_reader_port(st);
 	/* Never seen in recv before: the peer never redirected to it, so
 	 * nothing can be on the way. */

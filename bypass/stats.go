@@ -32,7 +32,7 @@ type Counters struct {
 	Throttled      uint64 `json:"directions_throttled" help:"Directions that left the redirect path because their reader fell behind."`
 	Zerocopy       uint64 `json:"connections_zerocopy" help:"Connections left on TCP: an end set SO_ZEROCOPY (MSG_ZEROCOPY needs the TCP path)."`
 	Excluded       uint64 `json:"connections_excluded" help:"Connections left on TCP: the server port is excluded."`
-	TCPReaders     uint64 `json:"directions_tcp_reader" help:"Directions kept on TCP: the reader blocks in recv or asked for MSG_WAITALL."`
+	TCPReaders     uint64 `json:"directions_tcp_reader" help:"Directions kept on TCP: the reader blocks in recv or asked for MSG_WAITALL, MSG_OOB or MSG_TRUNC."`
 	Left           uint64 `json:"sockets_left" help:"Sockets moved back to plain TCP (out of the sockhash) after that."`
 	EAGAIN         uint64 `json:"blocking_reads_eagain" help:"Blocking reads that got EAGAIN where TCP would have restarted (a signal, stop or ptrace)."`
 	SpliceReaders  uint64 `json:"splice_readers" help:"Sockets whose reader spliced: sent back to TCP."`
