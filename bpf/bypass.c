@@ -1346,12 +1346,12 @@ static __always_inline void reader_of(struct peer_ref *ref, struct reader *r)
 
 /* Tells the guard to wake the socket's reader: no BPF program can call
  * sk_data_ready, a setsockopt(SO_RCVLOWAT) from user space does. */
-static __always_inline void report_stall(struct sock_key *key, struct reader *r, __u32 kind, __u32 hidden)
+static __always_inline int report_stall(struct sock_key *key, struct reader *r, __u32 kind, __u32 hidden)
 {
 	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
 	if (!ev) {
 		count(CNT_EVENTS_LOST);
-		return;
+		return 0;
 	}
 	ev->self = *key;
 	ev->cookie = r->cookie;
@@ -1363,6 +1363,7 @@ static __always_inline void report_stall(struct sock_key *key, struct reader *r,
 	ev->found = r->found;
 	ev->asleep_in = r->asleep_in;
 	bpf_ringbuf_submit(ev, 0);
+	return 1;
 }
 
 /* How often a rescued reader is looked at while it drains redirected bytes
@@ -1372,6 +1373,9 @@ static __always_inline void report_stall(struct sock_key *key, struct reader *r,
 /* What a reader that trusts FIONREAD reads after a wake-up: one buffer
  * (nginx's is 16 KiB). One that reads on by itself takes what is queued. */
 #define ONE_BUFFER (64 << 10)
+
+/* How long a reader that let a wake-up pass is not woken again. */
+#define UNHEEDED_QUIET_NS (1000ULL * 1000 * 1000)
 
 /* No redirect into sk can be on its way: TCP holds bytes for it and no
  * redirected one waits. A redirect is decided only when the reader has read
@@ -1640,20 +1644,49 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
 		return 0;
 	}
-	if ((!cfg.fionread_misses_tcp || !tcp_queued(sk)) &&
-	    (!(ref->reads & STATE_WOKEN) || progress - ref->woke_progress > ONE_BUFFER)) {
-		/* Only redirected bytes hidden (6.1): a stream's reader always
-		 * has some, so a pause is no proof of a reader told 0. Wake it:
-		 * one that reads on by itself takes what is queued; one that
-		 * trusts FIONREAD reads one buffer and stops again, and is
-		 * moved to TCP at its next stop. */
+	int woken = ref->reads & STATE_WOKEN;
+	if (!woken && ref->unheeded && (__u32)((now >> 20) - ref->unheeded) < (UNHEEDED_QUIET_NS >> 20)) {
+		/* It let a wake-up pass a moment ago: it reads when what it
+		 * waits for comes. Not woken again within the quiet time (a
+		 * Go proxy pauses at each write to a slow client; each wake
+		 * costs the guard a look through its descriptors). */
+		__sync_fetch_and_and(&ref->reads, ~STATE_WATCHED);
+		return 0;
+	}
+	if (!woken || progress - ref->woke_progress > ONE_BUFFER) {
+		/* A pause looks the same as a wait for an edge (nats-server
+		 * stops reading a publisher while its subscribers are slow; a
+		 * Go proxy blocks in a write to a slow client), so it is no
+		 * proof of a reader misled. Wake it: one that reads on by
+		 * itself takes what is queued; one that trusts FIONREAD, or
+		 * took a short read for all there is, reads one buffer and
+		 * stops again, and is moved to TCP at that stop; one that
+		 * waits for something else reads nothing (below). Looked at
+		 * again as soon as after a read (2 ms where FIONREAD answers 0
+		 * for TCP's bytes: nginx on 6.18). Not woken while the guard's
+		 * ring has no room: tried again. */
 		struct reader r = { .found = FOUND_BY_WATCH, .asleep_in = asleep_in };
 		reader_of(ref, &r);
-		report_stall(key, &r, EVENT_WAKE, hidden);
-		ref->woke_progress = progress;
-		__sync_fetch_and_or(&ref->reads, STATE_WOKEN);
+		if (report_stall(key, &r, EVENT_WAKE, hidden)) {
+			ref->woke_progress = progress;
+			__sync_fetch_and_or(&ref->reads, STATE_WOKEN);
+		}
 		ref->watch_at = now;
-		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
+		bpf_timer_start(&ref->leave, wait, 0);
+		return 0;
+	}
+	if (progress == ref->woke_progress) {
+		/* Woken, and nothing read: it waits for something else (its
+		 * own writes, held back by their reader), not for this
+		 * socket's edge, which it got. Given stall_ns to answer the
+		 * wake-up; then watched again from its next read, and the
+		 * stall scan still looks at it. */
+		if (now - ref->watch_at < cfg.stall_ns) {
+			bpf_timer_start(&ref->leave, cfg.stall_ns - (now - ref->watch_at), 0);
+			return 0;
+		}
+		ref->unheeded = (now >> 20) | 1;
+		__sync_fetch_and_and(&ref->reads, ~(STATE_WATCHED | STATE_WOKEN));
 		return 0;
 	}
 	rescue(key, ref, hidden, move_delay(sk, ref), EVENT_STALL_RESCUED, FOUND_BY_WATCH, asleep_in);

@@ -450,6 +450,12 @@ func fionreadRead(t *testing.T, c *net.TCPConn, want int, how fionreadReader, ti
 	}
 	var got []byte
 	var rerr error
+	// One thread, as nginx's worker: the watch looks at the thread that
+	// read last, and a goroutine moved to another between its read and
+	// its wait left the watch looking at a thread parked in futex (the
+	// stall scan then found the reader, after 0.5 s).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	err = raw.Control(func(fd uintptr) {
 		got, rerr = fionreadLoop(int(fd), want, how, time.Now().Add(timeout))
 	})

@@ -72,7 +72,7 @@ struct peer_ref {
 	__u32 reads;
 	__u32 leaving;         /* the leave timer was started by the peer's leave */
 	__u32 splicer_pid;     /* who spliced from it (STATE_SPLICE), for the caught event */
-	__u32 _pad;
+	__u32 unheeded;        /* when its reader last read nothing after a stall watch wake-up (bpf_ktime_get_ns >> 20; 0: never) */
 	__u64 cookie;          /* its socket cookie, once it spliced */
 	char splicer_comm[COMM_LEN];
 	/* Kernels whose psock does not count its queue (no msg_tot_len):
