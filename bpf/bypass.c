@@ -1612,6 +1612,29 @@ static __always_inline __u64 stall_after(struct sock *sk)
 	return cfg.stall_ns;
 }
 
+#define EAGAIN 11
+
+/* Whether the thread that read last got EAGAIN from a send since that read,
+ * within the stall scan's time (the send watch; kernels with the
+ * sock_send_length tracepoint, 6.3). Asleep so, it waits for room to write:
+ * a proxy whose client is slow (tokio's copy reads one buffer and waits on
+ * its write; Go's io.Copy, nats-server) reads on once its write goes
+ * through; a wake-up would only make it read one buffer more and wait
+ * again, which looks like nginx told 0. Past the scan's time it is woken
+ * as any other (the scan would move it then anyway): nginx told 0 while its
+ * client is slow waits that long at most. */
+static __always_inline int writer_blocked(struct peer_ref *ref, __u64 now)
+{
+	struct task_struct *task = ref->reader_task;
+	if (!task)
+		return 0;
+	__u32 tid = BPF_CORE_READ(task, pid);
+	struct send_blocked *b = bpf_map_lookup_elem(&send_blocked, &tid);
+	if (!b || b->start_time != BPF_CORE_READ(task, start_time))
+		return 0;
+	return b->at >= ref->watch_at && now - b->at < cfg.scan_stall_ns;
+}
+
 static __always_inline int stall_check(struct sock_key *key, struct peer_ref *ref, struct tcp_sock *tp)
 {
 	if (!(ref->reads & STATE_WATCHED))
@@ -1641,6 +1664,12 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 	}
 	__u32 asleep_in = 0;
 	if (!waits_for_readiness(ref, sk, &asleep_in)) {
+		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
+		return 0;
+	}
+	if (writer_blocked(ref, now)) {
+		/* Not woken, not moved: looked at again after stall_ns (and
+		 * the stall scan still looks at it). */
 		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
 		return 0;
 	}
@@ -1705,7 +1734,6 @@ static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref)
 	return stall_check(key, ref, tp);
 }
 
-#define EAGAIN 11
 #define MSG_DONTWAIT 0x40
 
 /* The read may sleep: neither MSG_DONTWAIT nor O_NONBLOCK. */
@@ -1944,6 +1972,28 @@ SEC("tp_btf/sock_recv_length")
 int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 {
 	return watch_read(sk, ret, flags);
+}
+
+/* The send watch (writer_blocked): notes when a thread's send got EAGAIN.
+ * Runs at every send of the host; any other send returns at once. */
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(shunt_sends, struct sock *sk, int ret, int flags)
+{
+	if (ret != -EAGAIN)
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u32 tid = task->pid;
+	__u64 now = bpf_ktime_get_ns();
+	/* An event loop gets EAGAIN at each write to a slow client: its
+	 * entry is updated in place, no LRU update each time. */
+	struct send_blocked *old = bpf_map_lookup_elem(&send_blocked, &tid);
+	if (old && old->start_time == task->start_time) {
+		old->at = now;
+		return 0;
+	}
+	struct send_blocked b = { .start_time = task->start_time, .at = now };
+	bpf_map_update_elem(&send_blocked, &tid, &b, BPF_ANY);
+	return 0;
 }
 
 /* Kernels before 6.3 have no sock_recv_length tracepoint. Every read of a

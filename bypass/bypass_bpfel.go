@@ -240,6 +240,7 @@ const (
 	bypassMapIsnHandshakes       = "isn_handshakes"
 	bypassMapPeerRefs            = "peer_refs"
 	bypassMapReaderPorts         = "reader_ports"
+	bypassMapSendBlocked         = "send_blocked"
 	bypassMapShortcuts           = "shortcuts"
 	bypassMapSockHash            = "sock_hash"
 	bypassMapSockStates          = "sock_states"
@@ -251,6 +252,7 @@ const (
 	bypassProgShuntReads         = "shunt_reads"
 	bypassProgShuntReadsFexit    = "shunt_reads_fexit"
 	bypassProgShuntRefuseSplice  = "shunt_refuse_splice"
+	bypassProgShuntSends         = "shunt_sends"
 	bypassProgShuntSetsockopt    = "shunt_setsockopt"
 	bypassProgShuntSkMsg         = "shunt_sk_msg"
 	bypassProgShuntSockops       = "shunt_sockops"
@@ -316,6 +318,7 @@ type bypassProgramSpecs struct {
 	ShuntReads        *ebpf.ProgramSpec `ebpf:"shunt_reads"`
 	ShuntReadsFexit   *ebpf.ProgramSpec `ebpf:"shunt_reads_fexit"`
 	ShuntRefuseSplice *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
+	ShuntSends        *ebpf.ProgramSpec `ebpf:"shunt_sends"`
 	ShuntSetsockopt   *ebpf.ProgramSpec `ebpf:"shunt_setsockopt"`
 	ShuntSkMsg        *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
 	ShuntSockops      *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
@@ -335,6 +338,7 @@ type bypassMapSpecs struct {
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
+	SendBlocked    *ebpf.MapSpec `ebpf:"send_blocked"`
 	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
@@ -386,6 +390,7 @@ type bypassMaps struct {
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
+	SendBlocked    *ebpf.Map `ebpf:"send_blocked"`
 	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
@@ -403,6 +408,7 @@ func (m *bypassMaps) Close() error {
 		m.IsnHandshakes,
 		m.PeerRefs,
 		m.ReaderPorts,
+		m.SendBlocked,
 		m.Shortcuts,
 		m.SockHash,
 		m.SockStates,
@@ -437,6 +443,7 @@ type bypassPrograms struct {
 	ShuntReads        *ebpf.Program `ebpf:"shunt_reads"`
 	ShuntReadsFexit   *ebpf.Program `ebpf:"shunt_reads_fexit"`
 	ShuntRefuseSplice *ebpf.Program `ebpf:"shunt_refuse_splice"`
+	ShuntSends        *ebpf.Program `ebpf:"shunt_sends"`
 	ShuntSetsockopt   *ebpf.Program `ebpf:"shunt_setsockopt"`
 	ShuntSkMsg        *ebpf.Program `ebpf:"shunt_sk_msg"`
 	ShuntSockops      *ebpf.Program `ebpf:"shunt_sockops"`
@@ -452,6 +459,7 @@ func (p *bypassPrograms) Close() error {
 		p.ShuntReads,
 		p.ShuntReadsFexit,
 		p.ShuntRefuseSplice,
+		p.ShuntSends,
 		p.ShuntSetsockopt,
 		p.ShuntSkMsg,
 		p.ShuntSockops,

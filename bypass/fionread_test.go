@@ -1,8 +1,8 @@
 package bypass_test
 
 import (
+	"io"
 	"net"
-	"runtime"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -56,28 +56,11 @@ func BenchmarkSyscallTracepoint(b *testing.B) {
 		"getppid":  func() { unix.Getppid() },
 		"fionread": func() { _, _ = unix.IoctlGetInt(fd, unix.SIOCINQ) },
 	}
-	for _, call := range []string{"getppid", "fionread"} {
-		for _, attached := range []bool{false, true} {
-			name := call + "/detached"
-			if attached {
-				name = call + "/attached"
-			}
-			b.Run(name, func(b *testing.B) {
-				if attached {
-					l, err := link.Tracepoint("syscalls", "sys_exit_ioctl", prog, nil)
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer l.Close()
-				}
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
-				fn := calls[call]
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					fn()
-				}
-			})
+	testenv.BenchDetachedAttached(b, []string{"getppid", "fionread"}, func(b *testing.B) io.Closer {
+		l, err := link.Tracepoint("syscalls", "sys_exit_ioctl", prog, nil)
+		if err != nil {
+			b.Fatal(err)
 		}
-	}
+		return l
+	}, func(_ *testing.B, call string) func() { return calls[call] })
 }

@@ -66,6 +66,7 @@ const (
 	readsLinkName  = "reads"
 	splicesLink    = "splices"
 	fionreadLink   = "fionread"
+	sendsLink      = "sends"
 )
 
 var pinnedMaps = []string{"sock_hash", "sock_states", "control", "counters", "peer_refs", "excluded_ports", "guard_events"}
@@ -270,6 +271,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	defer objs.bypassMaps.Close()
 	shared := mapsOf(&objs.bypassMaps)
 	shared[learnedMap] = learned
+	shared["send_blocked"] = objs.SendBlocked // not pinned: only programs use it
 	reads, err := loadReaderWatch(spec, shared)
 	if err != nil {
 		return err
@@ -296,23 +298,18 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 		return fmt.Errorf("pin sk_msg: %w", err)
 	}
 	// The reader watch goes first: without it nothing is ever redirected.
-	readsLink, err := link.AttachTracing(link.TracingOptions{Program: reads})
-	if err != nil {
-		return fmt.Errorf("attach the reader watch (%s): %w", reads, err)
+	l, err := link.AttachTracing(link.TracingOptions{Program: reads})
+	if err := pinLink(dir, readsLinkName, l, err, fmt.Sprintf("the reader watch (%s)", reads)); err != nil {
+		return err
 	}
-	defer readsLink.Close()
-	if err := readsLink.Pin(filepath.Join(dir, linksDir, readsLinkName)); err != nil {
-		return fmt.Errorf("pin reader watch link: %w", err)
-	}
-	splices, err := link.AttachTracing(link.TracingOptions{Program: objs.Splices})
-	if err != nil {
-		return fmt.Errorf("attach the splice watch (tp_btf/tcp_rcv_space_adjust): %w", err)
-	}
-	defer splices.Close()
-	if err := splices.Pin(filepath.Join(dir, linksDir, splicesLink)); err != nil {
-		return fmt.Errorf("pin splice watch link: %w", err)
+	l, err = link.AttachTracing(link.TracingOptions{Program: objs.Splices})
+	if err := pinLink(dir, splicesLink, l, err, "the splice watch (tp_btf/tcp_rcv_space_adjust)"); err != nil {
+		return err
 	}
 	if err := attachSkMsg(dir, objs.SockHash, objs.SkMsg, opts.Mechanisms.AttachOnMap); err != nil {
+		return err
+	}
+	if err := attachSendWatch(dir, spec, shared); err != nil {
 		return err
 	}
 	if cfg.FionreadCorrected != 0 {
@@ -394,6 +391,38 @@ func loadReaderWatch(spec *ebpf.CollectionSpec, maps map[string]*ebpf.Map) (*ebp
 	return nil, host.Explain(fmt.Errorf("load the reader watch (tp_btf/sock_recv_length, or fexit/tcp_bpf_recvmsg: %v): %w", fexitErr, err), "shunt bypass", host.MinKernel)
 }
 
+// attachSendWatch attaches the send watch (tp_btf/sock_send_length), which
+// tells the stall watch a reader that waits for room to write from one
+// that waits for an edge. Kernels before 6.3 lack the tracepoint: there the
+// stall watch wakes such a reader as any other (nothing else changes).
+func attachSendWatch(dir string, spec *ebpf.CollectionSpec, maps map[string]*ebpf.Map) error {
+	if !host.Probe().SendTracepoint {
+		return nil
+	}
+	var objs struct {
+		Sends *ebpf.Program `ebpf:"shunt_sends"`
+	}
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: maps}); err != nil {
+		return fmt.Errorf("load the send watch (tp_btf/sock_send_length): %w", err)
+	}
+	defer objs.Sends.Close()
+	l, err := link.AttachTracing(link.TracingOptions{Program: objs.Sends})
+	return pinLink(dir, sendsLink, l, err, "the send watch (tp_btf/sock_send_length)")
+}
+
+// pinLink pins the link an attach returned (l, err) as name under the
+// install's links and closes it: the pin holds the program attached.
+func pinLink(dir, name string, l link.Link, err error, what string) error {
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", what, err)
+	}
+	defer l.Close()
+	if err := l.Pin(filepath.Join(dir, linksDir, name)); err != nil {
+		return fmt.Errorf("pin the link of %s: %w", what, err)
+	}
+	return nil
+}
+
 // attachSpliceRefusal loads and attaches the LSM program that refuses a
 // splice from a bypassed socket (kernels that run BPF LSM programs).
 func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps) error {
@@ -409,14 +438,7 @@ func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps
 		return fmt.Errorf("pin the splice refusal: %w", err)
 	}
 	l, err := link.AttachLSM(link.LSMOptions{Program: objs.Refuse})
-	if err != nil {
-		return fmt.Errorf("attach the splice refusal (lsm/file_permission): %w", err)
-	}
-	defer l.Close()
-	if err := l.Pin(filepath.Join(dir, linksDir, refuseLink)); err != nil {
-		return fmt.Errorf("pin the splice refusal link: %w", err)
-	}
-	return nil
+	return pinLink(dir, refuseLink, l, err, "the splice refusal (lsm/file_permission)")
 }
 
 // FionreadCorrected says whether the install corrects FIONREAD: this
@@ -442,14 +464,7 @@ func attachFionreadFix(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps) 
 		return fmt.Errorf("attach the FIONREAD correction: %w", err)
 	}
 	l, err := link.Tracepoint("syscalls", "sys_exit_ioctl", objs.Fionread, nil)
-	if err != nil {
-		return fmt.Errorf("attach the FIONREAD correction (tracepoint syscalls/sys_exit_ioctl): %w", err)
-	}
-	defer l.Close()
-	if err := l.Pin(filepath.Join(dir, linksDir, fionreadLink)); err != nil {
-		return fmt.Errorf("pin the FIONREAD correction link: %w", err)
-	}
-	return nil
+	return pinLink(dir, fionreadLink, l, err, "the FIONREAD correction (tracepoint syscalls/sys_exit_ioctl)")
 }
 
 // attachSkMsg attaches the sk_msg program to the sockhash: as a pinned BPF

@@ -259,7 +259,7 @@ func TestFIONREADPollerReadsEverything(t *testing.T) {
 				if n.FionreadCorrected == 0 || n.StallsRescued != 0 {
 					t.Errorf("FIONREAD corrected %d times, %d stalls rescued: want corrected answers and no stall", n.FionreadCorrected, n.StallsRescued)
 				}
-				correctionGoesWithTheInstall(t, in, st.Programs, c, s)
+				programGoesWithTheInstall(t, in, st.Programs, "fionread", "the FIONREAD correction", c, s)
 			case host.Probe().FionreadMisses():
 				if n.StallsRescued == 0 {
 					t.Error("FIONREAD misses bytes here and is not corrected, yet no stall was rescued")
@@ -273,18 +273,18 @@ func TestFIONREADPollerReadsEverything(t *testing.T) {
 	}
 }
 
-// correctionGoesWithTheInstall removes the install (its connection closed
-// first) and checks its FIONREAD correction went with it: no program left
-// on the ioctl tracepoint of the host.
-func correctionGoesWithTheInstall(t *testing.T, in *bypass.Install, progs []bypass.Program, c, s *net.TCPConn) {
+// programGoesWithTheInstall removes the install (its connection closed
+// first) and checks that its program name, which runs for every task of the
+// host (a tracepoint's), went with it.
+func programGoesWithTheInstall(t *testing.T, in *bypass.Install, progs []bypass.Program, name, what string, c, s *net.TCPConn) {
 	t.Helper()
-	i := slices.IndexFunc(progs, func(p bypass.Program) bool { return p.Name == "fionread" })
+	i := slices.IndexFunc(progs, func(p bypass.Program) bool { return p.Name == name })
 	if i < 0 {
-		t.Fatalf("the install corrects FIONREAD but lists no fionread program: %+v", progs)
+		t.Fatalf("the install lists no %s program (%s): %+v", name, what, progs)
 	}
 	c.Close()
 	s.Close()
-	removeLeavesNoProgram(t, in, progs[i].ID, "the FIONREAD correction")
+	removeLeavesNoProgram(t, in, progs[i].ID, what)
 }
 
 // guardedPair installs shunt with opts, runs a guard on the install and

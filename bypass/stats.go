@@ -359,22 +359,20 @@ func (in *Install) programs() ([]Program, error) {
 	}
 	out = append(out, Program{Name: "splices", ID: pid, Links: []uint32{lid}, Attached: "tracepoint tcp_rcv_space_adjust"})
 
-	lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, fionreadLink))
-	switch {
-	case errors.Is(err, os.ErrNotExist): // FIONREAD right, or not correctable here
-	case err != nil:
-		return nil, fmt.Errorf("FIONREAD correction link info: %w", err)
-	default:
-		out = append(out, Program{Name: "fionread", ID: pid, Links: []uint32{lid}, Attached: "tracepoint syscalls/sys_exit_ioctl"})
-	}
-
-	lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, refuseLink))
-	switch {
-	case errors.Is(err, os.ErrNotExist): // no BPF LSM on this kernel
-	case err != nil:
-		return nil, fmt.Errorf("splice refusal link info: %w", err)
-	default:
-		out = append(out, Program{Name: "refuse_splice", ID: pid, Links: []uint32{lid}, Attached: "lsm file_permission"})
+	// Optional: pinned where this kernel offers them.
+	for _, o := range []struct{ link, what, attached string }{
+		{sendsLink, "send watch", "tracepoint sock_send_length"},                    // 6.3+
+		{fionreadLink, "FIONREAD correction", "tracepoint syscalls/sys_exit_ioctl"}, // FIONREAD wrong and correctable
+		{refuseLink, "splice refusal", "lsm file_permission"},                       // BPF LSM
+	} {
+		lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, o.link))
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			return nil, fmt.Errorf("%s link info: %w", o.what, err)
+		default:
+			out = append(out, Program{Name: o.link, ID: pid, Links: []uint32{lid}, Attached: o.attached})
+		}
 	}
 	return out, nil
 }

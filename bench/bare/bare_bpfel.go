@@ -25,6 +25,7 @@ const (
 	bareMapIsnHandshakes   = "isn_handshakes"
 	bareMapPeerRefs        = "peer_refs"
 	bareMapReaderPorts     = "reader_ports"
+	bareMapSendBlocked     = "send_blocked"
 	bareMapShortcuts       = "shortcuts"
 	bareMapSockHash        = "sock_hash"
 	bareMapSockStates      = "sock_states"
@@ -90,6 +91,7 @@ type bareMapSpecs struct {
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
+	SendBlocked    *ebpf.MapSpec `ebpf:"send_blocked"`
 	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
@@ -131,6 +133,7 @@ type bareMaps struct {
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
+	SendBlocked    *ebpf.Map `ebpf:"send_blocked"`
 	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
@@ -148,6 +151,7 @@ func (m *bareMaps) Close() error {
 		m.IsnHandshakes,
 		m.PeerRefs,
 		m.ReaderPorts,
+		m.SendBlocked,
 		m.Shortcuts,
 		m.SockHash,
 		m.SockStates,

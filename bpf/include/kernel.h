@@ -253,6 +253,7 @@ struct task_struct {
 	unsigned int __state;
 	int pid;
 	int tgid;
+	__u64 start_time; /* ns since boot: with pid, names one thread for good */
 	struct task_struct *group_leader;
 	char comm[16];
 };
