@@ -1278,18 +1278,21 @@ static __always_inline __u32 hidden_bytes(struct sock *sk, struct peer_ref *ref)
 	return n;
 }
 
-/* The peer's end (its FIN) came and the reader has not read it: TCP counts
- * the FIN as one sequence number in rcv_nxt, and a read that returns 0
- * moves copied_seq past it. FIONREAD never counts it, on any kernel; a
- * reader is told of it only by the edge the FIN's arrival raised, so one
- * that let that edge pass (it read an earlier edge's bytes to a full
- * buffer and was told 0 more) waits for ever. */
-static __always_inline int end_unread(struct sock *sk)
+/* The peer's end (its FIN) came and the reader has not been told: TCP
+ * counts the FIN as one sequence number in rcv_nxt, and a read moves
+ * copied_seq past it, either returning 0 or with the last bytes before it;
+ * only a read that returns 0 tells the reader (STATE_EOF_SEEN). FIONREAD
+ * never counts it, on any kernel; a reader is told of it by the edge the
+ * FIN's arrival raised, so one that let that edge pass (it read an earlier
+ * edge's bytes to a full buffer and was told 0 more, or took its last read,
+ * short and with the FIN, for all there is: nginx's stream proxy on 6.18,
+ * woken by the stall watch through bytes FIONREAD hid) waits for ever. */
+static __always_inline int end_unread(struct sock *sk, struct peer_ref *ref)
 {
 	unsigned long flags = BPF_CORE_READ(sk, __sk_common.skc_flags);
 	if (!((flags >> bpf_core_enum_value(enum sock_flags, SOCK_DONE)) & 1))
 		return 0;
-	return tcp_queued(sk) != 0;
+	return tcp_queued(sk) != 0 || !(ref->reads & STATE_EOF_SEEN);
 }
 
 /* Someone waits on the socket: an epoll registration, or a poll, select or
@@ -1315,7 +1318,7 @@ static __always_inline int may_stall(struct sock *sk, struct peer_ref *ref, __u3
 {
 	__u32 n = hidden_bytes(sk, ref);
 	*bytes = n;
-	return n || (end_unread(sk) && has_waiter(sk));
+	return n || (end_unread(sk, ref) && has_waiter(sk));
 }
 
 /* How far the reader has read: TCP's copied_seq plus the redirected bytes
@@ -1907,6 +1910,14 @@ static __always_inline void note_regs_at(void)
 		ctl->regs_at = at;
 }
 
+/* A recv returned 0: its reader knows of the peer's end (end_unread). */
+static __always_inline void note_eof(struct sock_state *st)
+{
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	if (ref && !(ref->reads & STATE_EOF_SEEN))
+		__sync_fetch_and_or(&ref->reads, STATE_EOF_SEEN);
+}
+
 static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 {
 	if (flags & MSG_ERRQUEUE)
@@ -1915,6 +1926,8 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	if (!st)
 		return 0;
 	note_regs_at();
+	if (ret == 0)
+		note_eof(st);
 	/* A read after a refused splice: the program reads instead. */
 	if (st->flags & STATE_SPLICE_REFUSED)
 		__sync_fetch_and_and(&st->flags, ~STATE_SPLICE_REFUSED);
@@ -2497,7 +2510,7 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	 * a client open past its end without that). */
 	int quiet = 0;
 	if (!may_stall(sk, ref, &hidden)) {
-		if (!end_unread(sk)) {
+		if (!end_unread(sk, ref)) {
 			ref->scan_at = 0;
 			return 0;
 		}

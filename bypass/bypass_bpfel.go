@@ -217,6 +217,7 @@ const (
 	bypassStateFlagsSTATE_CUT_SHORT      bypassStateFlags = 1024
 	bypassStateFlagsSTATE_TCP_BEHIND     bypassStateFlags = 2048
 	bypassStateFlagsSTATE_SPLICE_REFUSED bypassStateFlags = 4096
+	bypassStateFlagsSTATE_EOF_SEEN       bypassStateFlags = 8192
 )
 
 type bypassTuple struct {
