@@ -763,7 +763,14 @@ func TestKernelPathBacklogBounded(t *testing.T) {
 	if unbounded < msgs/2 || lost != 0 {
 		t.Fatalf("with a 1 GiB bound: %d more sk_buffs, %d dropped; want over %d and none dropped (the measure is blind)", unbounded, lost, msgs/2)
 	}
+	// Packages tested beside this one add their own sk_buffs to the
+	// system-wide count (7,545 once in CI against ~300 alone): a bound that
+	// holds shows under the limit in one of three runs, a broken one in none.
 	bounded, lost := grow(256 << 10)
+	for try := 1; try < 3 && bounded > 5000; try++ {
+		t.Logf("with a 256 KiB bound: %d more sk_buffs (run %d), measuring again", bounded, try)
+		bounded, lost = grow(256 << 10)
+	}
 	if bounded > 5000 || lost == 0 {
 		t.Errorf("with a 256 KiB bound: %d more sk_buffs, %d dropped; want under 5000 and some dropped", bounded, lost)
 	}
