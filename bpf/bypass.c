@@ -1287,10 +1287,15 @@ static __always_inline __u32 hidden_bytes(struct sock *sk, struct peer_ref *ref)
  * edge's bytes to a full buffer and was told 0 more, or took its last read,
  * short and with the FIN, for all there is: nginx's stream proxy on 6.18,
  * woken by the stall watch through bytes FIONREAD hid) waits for ever. */
-static __always_inline int end_unread(struct sock *sk, struct peer_ref *ref)
+static __always_inline int sock_done(struct sock *sk)
 {
 	unsigned long flags = BPF_CORE_READ(sk, __sk_common.skc_flags);
-	if (!((flags >> bpf_core_enum_value(enum sock_flags, SOCK_DONE)) & 1))
+	return (flags >> bpf_core_enum_value(enum sock_flags, SOCK_DONE)) & 1;
+}
+
+static __always_inline int end_unread(struct sock *sk, struct peer_ref *ref)
+{
+	if (!sock_done(sk))
 		return 0;
 	return tcp_queued(sk) != 0 || !(ref->reads & STATE_EOF_SEEN);
 }
@@ -1910,9 +1915,13 @@ static __always_inline void note_regs_at(void)
 		ctl->regs_at = at;
 }
 
-/* A recv returned 0: its reader knows of the peer's end (end_unread). */
-static __always_inline void note_eof(struct sock_state *st)
+/* A recv returned 0 with the end come and nothing left before it: its
+ * reader knows of the peer's end (end_unread). A zero-length read returns 0
+ * too, before the end or with bytes queued, and tells the reader nothing. */
+static __always_inline void note_eof(struct sock *sk, struct sock_state *st)
 {
+	if (!sock_done(sk) || tcp_queued(sk))
+		return;
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
 	if (ref && !(ref->reads & STATE_EOF_SEEN))
 		__sync_fetch_and_or(&ref->reads, STATE_EOF_SEEN);
@@ -1927,7 +1936,7 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 		return 0;
 	note_regs_at();
 	if (ret == 0)
-		note_eof(st);
+		note_eof(sk, st);
 	/* A read after a refused splice: the program reads instead. */
 	if (st->flags & STATE_SPLICE_REFUSED)
 		__sync_fetch_and_and(&st->flags, ~STATE_SPLICE_REFUSED);
