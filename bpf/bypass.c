@@ -1246,12 +1246,18 @@ static __always_inline __u32 tcp_queued(struct sock *sk)
 	return BPF_CORE_READ(tp, rcv_nxt) - BPF_CORE_READ(tp, copied_seq);
 }
 
+/* The peer's end (its FIN) came. */
+static __always_inline int sock_done(struct sock *sk)
+{
+	unsigned long flags = BPF_CORE_READ(sk, __sk_common.skc_flags);
+	return (flags >> bpf_core_enum_value(enum sock_flags, SOCK_DONE)) & 1;
+}
+
 /* TCP's queued bytes, the peer's FIN (one sequence number) left out. */
 static __always_inline __u32 tcp_data_queued(struct sock *sk)
 {
 	__u32 n = tcp_queued(sk);
-	unsigned long flags = BPF_CORE_READ(sk, __sk_common.skc_flags);
-	if (n && ((flags >> bpf_core_enum_value(enum sock_flags, SOCK_DONE)) & 1))
+	if (n && sock_done(sk))
 		n--;
 	return n;
 }
@@ -1287,12 +1293,6 @@ static __always_inline __u32 hidden_bytes(struct sock *sk, struct peer_ref *ref)
  * edge's bytes to a full buffer and was told 0 more, or took its last read,
  * short and with the FIN, for all there is: nginx's stream proxy on 6.18,
  * woken by the stall watch through bytes FIONREAD hid) waits for ever. */
-static __always_inline int sock_done(struct sock *sk)
-{
-	unsigned long flags = BPF_CORE_READ(sk, __sk_common.skc_flags);
-	return (flags >> bpf_core_enum_value(enum sock_flags, SOCK_DONE)) & 1;
-}
-
 static __always_inline int end_unread(struct sock *sk, struct peer_ref *ref)
 {
 	if (!sock_done(sk))
