@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shunt-project/shunt/fanout"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -32,9 +33,19 @@ func TestRunReturnsWithNothingLeft(t *testing.T) {
 	if err := f.Run(ctx); err == nil {
 		t.Fatal("Run returned nil on a closed epoll descriptor")
 	}
+	// The waker closes its done channel on its way out and may not have
+	// returned yet (CI caught it runnable at its last line, once); one
+	// left waiting for ctx would still be there after a second.
 	buf := make([]byte, 1<<20)
-	stacks := string(buf[:runtime.Stack(buf, true)])
-	if strings.Contains(stacks, "fanout.(*Forwarder).Run.func") {
-		t.Fatalf("a goroutine of Run outlived it:\n%s", stacks)
+	var stacks string
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+		stacks = string(buf[:runtime.Stack(buf, true)])
+		if !strings.Contains(stacks, "fanout.(*Forwarder).Run.func") {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
 	}
+	t.Fatalf("a goroutine of Run outlived it by a second:\n%s", stacks)
 }
