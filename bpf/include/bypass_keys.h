@@ -107,7 +107,7 @@ enum state_flags {
 	STATE_CUT_SHORT = 1024, /* caught, and its peer's end of stream came before the guard's reset: the splice returned it first (peer_refs only) */
 	STATE_TCP_BEHIND = 2048, /* flow control sent its peer's bytes by TCP while redirected ones may have been unread: TCP bytes can wait behind a drained psock (peer_refs only) */
 	STATE_SPLICE_REFUSED = 4096, /* a splice from it was refused (--refuse-splice) and its reader has not read since (sock_state only) */
-	STATE_EOF_SEEN = 8192, /* a recv returned 0: its reader was told of the peer's end (peer_refs only) */
+	STATE_EOF_SEEN = 8192, /* a recv returned 0 with the end come and nothing queued: its reader was told of the peer's end (peer_refs only) */
 };
 
 /* Record written by the flows iterator. */
