@@ -1197,6 +1197,23 @@ static __always_inline int guard_has_room(void)
 	return used + 4 * (sizeof(struct guard_event) + 8) < size;
 }
 
+/* Marks a connection caught and reserves its event for the guard: 0 if it
+ * was caught already, or if the ring has no room (a guard that fell behind,
+ * or none yet), when it is unmarked and counted lost: caught with nobody
+ * told, its reader would wait for ever, so whoever found it must report it
+ * again. */
+static __always_inline struct guard_event *reserve_caught(struct peer_ref *ref)
+{
+	if (__sync_fetch_and_or(&ref->reads, STATE_CAUGHT) & STATE_CAUGHT)
+		return 0;
+	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
+	if (!ev) {
+		__sync_fetch_and_and(&ref->reads, ~STATE_CAUGHT);
+		count(CNT_EVENTS_LOST);
+	}
+	return ev;
+}
+
 /* A splice reader with redirected bytes queued that splice(2) cannot read:
  * without help it waits for them for ever. Reported once, to the guard,
  * which resets the connection so the application sees an error. Unless
@@ -1205,18 +1222,11 @@ static __always_inline int guard_has_room(void)
  * prevented, only told (EVENT_SPLICE_TRUNCATED, CNT_SPLICE_TRUNCATED). */
 static __always_inline void report_caught(struct peer_ref *ref, struct sock_key *key, struct sock *sk)
 {
-	if (__sync_fetch_and_or(&ref->reads, STATE_CAUGHT) & STATE_CAUGHT)
+	/* With the ring full, the leave timer, which comes back while the
+	 * bytes wait, reports it again. */
+	struct guard_event *ev = reserve_caught(ref);
+	if (!ev)
 		return;
-	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
-	if (!ev) {
-		/* The ring is full (a guard that fell behind, or none yet):
-		 * caught with nobody told, the splicer would wait for ever.
-		 * Unmark it: the leave timer, which comes back while the bytes
-		 * wait, reports it again. */
-		__sync_fetch_and_and(&ref->reads, ~STATE_CAUGHT);
-		count(CNT_EVENTS_LOST);
-		return;
-	}
 	count(CNT_SPLICE_CAUGHT);
 	__u8 state = BPF_CORE_READ(sk, __sk_common.skc_state);
 	int ended = state == TCP_CLOSE_WAIT || state == TCP_LAST_ACK || state == TCP_CLOSING;
@@ -1236,6 +1246,30 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 	__builtin_memcpy(prog.comm, ref->splicer_comm, sizeof(prog.comm));
 	if (prog.comm[0])
 		learn(&prog, 0, 0, 1);
+}
+
+/* A zerocopy reader (shunt_getsockopt) with redirected bytes queued, which
+ * its getsockopt(TCP_ZEROCOPY_RECEIVE) cannot map: reported once, to the
+ * guard, which resets the connection. Told again at its next call if the
+ * ring had no room. */
+static __always_inline void report_zerocopy_caught(struct peer_ref *ref, struct sock_key *key, struct sock *sk)
+{
+	struct guard_event *ev = reserve_caught(ref);
+	if (!ev)
+		return;
+	count(CNT_ZEROCOPY_CAUGHT);
+	__builtin_memset(ev, 0, sizeof(*ev));
+	ev->self = *key;
+	/* This hook cannot make a cookie: one nothing made yet is 0, and ~0
+	 * has sock_diag match on the tuple alone, in the socket's namespace
+	 * unique to an established socket. */
+	__u64 cookie = ref->cookie ? ref->cookie : sock_cookie(sk);
+	ev->cookie = cookie ? cookie : ~0ULL;
+	ev->unread = unread_redirected(sk, ref);
+	ev->pid = bpf_get_current_pid_tgid() >> 32;
+	ev->kind = EVENT_ZEROCOPY_CAUGHT;
+	current_comm(ev->comm);
+	bpf_ringbuf_submit(ev, 0);
 }
 
 /* Bytes TCP holds for the reader (the socket read through a probe-safe
@@ -2412,6 +2446,62 @@ int shunt_setsockopt(struct bpf_sockopt *ctx)
 	count(CNT_ZEROCOPY_REFUSED);
 	bpf_set_retval(-EOPNOTSUPP);
 	return 0;
+}
+
+#define TCP_ZEROCOPY_RECEIVE 35
+
+/* getsockopt(TCP_ZEROCOPY_RECEIVE) maps pages of TCP's receive queue into
+ * the caller's memory: the queue alone, never the bytes redirected into the
+ * socket's psock, so a reader that takes its bytes this way (and read()s
+ * only the parts it cannot map, the skip hint) would poll for ever once
+ * its peer's sends were redirected (by hand on 6.18: 64 KiB of 1 MiB
+ * taken, then POLLIN with nothing to map). Its socket is marked a reader
+ * that needs TCP at its first such call, as after SO_RCVLOWAT: its peer's
+ * sends take TCP from then on, and it leaves the sockhash once nothing
+ * redirected is unread. A program that calls it before it reads (the
+ * usual way: the call comes before any read() of a skip hint) never gets
+ * a redirected byte.
+ *
+ * One that read before may have redirected bytes queued, or landing from
+ * a send decided before the mark: a TCP byte mapped ahead of them would
+ * reorder the stream, so its peer's sends queue behind them instead
+ * (STATE_MAY_SPLICE, as for a splicer), and a call that finds them queued
+ * has the guard reset the connection (report_zerocopy_caught): its reader
+ * would poll for them for ever.
+ *
+ * The hook runs after the kernel's getsockopt, for every getsockopt of the
+ * cgroup's sockets. Told optlen 0, the kernel leaves the caller's buffer
+ * and length as its handler (or its error path) left them: otherwise it
+ * copies the program's view back, zeros for a failed call, and fails a
+ * call whose buffer is over a page with EFAULT. */
+SEC("cgroup/getsockopt")
+int shunt_getsockopt(struct bpf_sockopt *ctx)
+{
+	int zerocopy_receive = ctx->level == SOL_TCP && ctx->optname == TCP_ZEROCOPY_RECEIVE;
+	ctx->optlen = 0;
+	if (!zerocopy_receive)
+		return 1;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 1;
+	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (!st)
+		return 1;
+	/* In the sockhash while it has a peer_ref (leave_cb drops both). */
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	if (!ref)
+		return 1;
+	if (!(st->flags & STATE_TCP_READER)) {
+		/* The socket's own sends update flags too (sk_msg): atomics. */
+		__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
+		__sync_fetch_and_or(&ref->reads, STATE_MAY_SPLICE);
+		leave_for_tcp(ref, CNT_ZEROCOPY_RECEIVE);
+	}
+	if (ref->sk && !ingress_empty((struct sock *)ref->sk)) {
+		struct sock_key self = st->self;
+		report_zerocopy_caught(ref, &self, (struct sock *)ref->sk);
+	}
+	return 1;
 }
 
 /* Runs before a file is read or written (lsm/file_permission; a splice(2)

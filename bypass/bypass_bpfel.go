@@ -86,7 +86,9 @@ const (
 	bypassCounterCNT_ULP_REFUSED        bypassCounter = 32
 	bypassCounterCNT_UPPER_LAYER        bypassCounter = 33
 	bypassCounterCNT_TX_TIMESTAMPS      bypassCounter = 34
-	bypassCounterCNT_MAX                bypassCounter = 35
+	bypassCounterCNT_ZEROCOPY_RECEIVE   bypassCounter = 35
+	bypassCounterCNT_ZEROCOPY_CAUGHT    bypassCounter = 36
+	bypassCounterCNT_MAX                bypassCounter = 37
 )
 
 type bypassEventKind uint32
@@ -97,6 +99,7 @@ const (
 	bypassEventKindEVENT_STALL_RESCUED    bypassEventKind = 3
 	bypassEventKindEVENT_WAKE             bypassEventKind = 4
 	bypassEventKindEVENT_SPLICE_TRUNCATED bypassEventKind = 5
+	bypassEventKindEVENT_ZEROCOPY_CAUGHT  bypassEventKind = 6
 )
 
 type bypassFlowRecord struct {
@@ -247,6 +250,7 @@ const (
 	bypassMapSockStates          = "sock_states"
 	bypassMapSplicePrograms      = "splice_programs"
 	bypassProgShuntFionread      = "shunt_fionread"
+	bypassProgShuntGetsockopt    = "shunt_getsockopt"
 	bypassProgShuntIterDrain     = "shunt_iter_drain"
 	bypassProgShuntIterFlows     = "shunt_iter_flows"
 	bypassProgShuntIterStalls    = "shunt_iter_stalls"
@@ -313,6 +317,7 @@ type bypassSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassProgramSpecs struct {
 	ShuntFionread     *ebpf.ProgramSpec `ebpf:"shunt_fionread"`
+	ShuntGetsockopt   *ebpf.ProgramSpec `ebpf:"shunt_getsockopt"`
 	ShuntIterDrain    *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows    *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
 	ShuntIterStalls   *ebpf.ProgramSpec `ebpf:"shunt_iter_stalls"`
@@ -438,6 +443,7 @@ type bypassVariables struct {
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassPrograms struct {
 	ShuntFionread     *ebpf.Program `ebpf:"shunt_fionread"`
+	ShuntGetsockopt   *ebpf.Program `ebpf:"shunt_getsockopt"`
 	ShuntIterDrain    *ebpf.Program `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows    *ebpf.Program `ebpf:"shunt_iter_flows"`
 	ShuntIterStalls   *ebpf.Program `ebpf:"shunt_iter_stalls"`
@@ -454,6 +460,7 @@ type bypassPrograms struct {
 func (p *bypassPrograms) Close() error {
 	return _BypassClose(
 		p.ShuntFionread,
+		p.ShuntGetsockopt,
 		p.ShuntIterDrain,
 		p.ShuntIterFlows,
 		p.ShuntIterStalls,

@@ -53,20 +53,16 @@ var ErrNotInstalled = errors.New("bypass is not enabled")
 
 // Pin layout below the install directory.
 const (
-	mapsDir    = "maps"
-	progsDir   = "progs"
-	linksDir   = "links"
-	cgroupsDir = "cgroups"
-	// sockoptDir holds each enabled cgroup's setsockopt link, by cgroup id
-	// as in cgroupsDir.
-	sockoptDir     = "cgroups-setsockopt"
-	setsockoptProg = "setsockopt"
-	skMsgLink      = "sk_msg"
-	refuseLink     = "refuse_splice"
-	readsLinkName  = "reads"
-	splicesLink    = "splices"
-	fionreadLink   = "fionread"
-	sendsLink      = "sends"
+	mapsDir       = "maps"
+	progsDir      = "progs"
+	linksDir      = "links"
+	cgroupsDir    = "cgroups"
+	skMsgLink     = "sk_msg"
+	refuseLink    = "refuse_splice"
+	readsLinkName = "reads"
+	splicesLink   = "splices"
+	fionreadLink  = "fionread"
+	sendsLink     = "sends"
 )
 
 var pinnedMaps = []string{"sock_hash", "sock_states", "control", "counters", "peer_refs", "excluded_ports", "guard_events"}
@@ -139,9 +135,9 @@ type Install struct {
 	dir     string
 	maps    map[string]*ebpf.Map
 	sockops *ebpf.Program
-	// setsockopt refuses SO_ZEROCOPY on bypassed sockets; nil in installs
-	// made before it existed, whose cgroups then get sockops alone.
-	setsockopt *ebpf.Program
+	// sockopts are the hooks each enabled cgroup gets with sockops (those
+	// the install has: sockoptHooks).
+	sockopts []loadedSockopt
 }
 
 // Dir returns the pin directory.
@@ -257,6 +253,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 		bypassMaps
 		Sockops    *ebpf.Program `ebpf:"shunt_sockops"`
 		Setsockopt *ebpf.Program `ebpf:"shunt_setsockopt"`
+		Getsockopt *ebpf.Program `ebpf:"shunt_getsockopt"`
 		SkMsg      *ebpf.Program `ebpf:"shunt_sk_msg"`
 		Splices    *ebpf.Program `ebpf:"shunt_splices"`
 	}
@@ -266,6 +263,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	}
 	defer objs.Sockops.Close()
 	defer objs.Setsockopt.Close()
+	defer objs.Getsockopt.Close()
 	defer objs.SkMsg.Close()
 	defer objs.Splices.Close()
 	defer objs.bypassMaps.Close()
@@ -278,7 +276,11 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	}
 	defer reads.Close()
 
-	for _, d := range []string{mapsDir, progsDir, linksDir, cgroupsDir, sockoptDir} {
+	dirs := []string{mapsDir, progsDir, linksDir, cgroupsDir}
+	for _, h := range sockoptHooks {
+		dirs = append(dirs, h.dir)
+	}
+	for _, d := range dirs {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			return err
 		}
@@ -291,8 +293,10 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if err := objs.Sockops.Pin(filepath.Join(dir, progsDir, "sockops")); err != nil {
 		return fmt.Errorf("pin sockops: %w", err)
 	}
-	if err := objs.Setsockopt.Pin(filepath.Join(dir, progsDir, setsockoptProg)); err != nil {
-		return fmt.Errorf("pin setsockopt: %w", err)
+	for name, p := range map[string]*ebpf.Program{"setsockopt": objs.Setsockopt, "getsockopt": objs.Getsockopt} {
+		if err := p.Pin(filepath.Join(dir, progsDir, name)); err != nil {
+			return fmt.Errorf("pin %s: %w", name, err)
+		}
 	}
 	if err := objs.SkMsg.Pin(filepath.Join(dir, progsDir, skMsgLink)); err != nil {
 		return fmt.Errorf("pin sk_msg: %w", err)
@@ -564,9 +568,7 @@ func Open(dir string) (*Install, error) {
 		return nil, fmt.Errorf("open pinned sockops program: %w", err)
 	}
 	in.sockops = p
-	if p, err := ebpf.LoadPinnedProgram(filepath.Join(dir, progsDir, setsockoptProg), nil); err == nil {
-		in.setsockopt = p
-	}
+	in.sockopts = openSockopts(dir)
 	return in, nil
 }
 
@@ -578,8 +580,8 @@ func (in *Install) Close() error {
 	if in.sockops != nil {
 		in.sockops.Close()
 	}
-	if in.setsockopt != nil {
-		in.setsockopt.Close()
+	for _, h := range in.sockopts {
+		h.prog.Close()
 	}
 	return nil
 }
@@ -597,77 +599,31 @@ func (in *Install) Attach(cg host.Cgroup) (bool, error) {
 	if _, err := os.Stat(where); err == nil {
 		return false, nil
 	}
-	// The setsockopt guard goes first: a cgroup must never have sockops
-	// (sockets in the sockhash) without it.
-	if err := in.attachSetsockopt(cg); err != nil {
+	// The sockopt hooks go first: a cgroup must never have sockops
+	// (sockets in the sockhash) without them.
+	if err := in.attachSockopts(cg); err != nil {
 		return false, err
 	}
 	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: ebpf.AttachCGroupSockOps, Program: in.sockops})
 	if err != nil {
 		err = fmt.Errorf("attach sockops to %s: %w", cg.Path, err)
-		return false, errors.Join(err, in.detachSetsockopt(cg.ID))
+		return false, errors.Join(err, in.detachSockopts(cg.ID))
 	}
 	defer l.Close()
 	// Pin under a temporary name, then rename: a racing enable of the same
 	// cgroup loses the rename and its link detaches when closed.
 	tmp := where + "-new-" + strconv.Itoa(os.Getpid())
 	if err := l.Pin(tmp); err != nil {
-		return false, errors.Join(fmt.Errorf("pin cgroup link: %w", err), in.detachSetsockopt(cg.ID))
+		return false, errors.Join(fmt.Errorf("pin cgroup link: %w", err), in.detachSockopts(cg.ID))
 	}
 	if err := pin.RenameNoReplace(tmp, where); err != nil {
 		os.Remove(tmp)
 		if errors.Is(err, os.ErrExist) {
 			return false, nil // the racing enable pinned both
 		}
-		return false, errors.Join(fmt.Errorf("pin cgroup link: %w", err), in.detachSetsockopt(cg.ID))
+		return false, errors.Join(fmt.Errorf("pin cgroup link: %w", err), in.detachSockopts(cg.ID))
 	}
 	return true, nil
-}
-
-// attachSetsockopt attaches the program that refuses SO_ZEROCOPY on bypassed
-// sockets to a cgroup and pins its link, unless the install predates it or
-// the link is pinned already.
-func (in *Install) attachSetsockopt(cg host.Cgroup) error {
-	if in.setsockopt == nil {
-		return nil
-	}
-	where := filepath.Join(in.dir, sockoptDir, strconv.FormatUint(cg.ID, 10))
-	if _, err := os.Stat(where); err == nil {
-		return nil
-	}
-	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: ebpf.AttachCGroupSetsockopt, Program: in.setsockopt})
-	if err != nil {
-		return fmt.Errorf("attach setsockopt to %s: %w", cg.Path, err)
-	}
-	defer l.Close()
-	tmp := where + "-new-" + strconv.Itoa(os.Getpid())
-	if err := l.Pin(tmp); err != nil {
-		return fmt.Errorf("pin setsockopt link: %w", err)
-	}
-	if err := pin.RenameNoReplace(tmp, where); err != nil {
-		os.Remove(tmp)
-		if !errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("pin setsockopt link: %w", err)
-		}
-	}
-	return nil
-}
-
-// detachSetsockopt unpins a cgroup's setsockopt link, if it has one.
-func (in *Install) detachSetsockopt(cgroupID uint64) error {
-	where := filepath.Join(in.dir, sockoptDir, strconv.FormatUint(cgroupID, 10))
-	l, err := link.LoadPinnedLink(where, nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("open setsockopt link: %w", err)
-	}
-	defer l.Close()
-	if err := l.Unpin(); err != nil {
-		return fmt.Errorf("unpin setsockopt link: %w", err)
-	}
-	return nil
 }
 
 // Detach disables bypass for new connections of a cgroup. Connections
@@ -688,7 +644,7 @@ func (in *Install) Detach(cgroupID uint64) (bool, error) {
 		return false, fmt.Errorf("unpin cgroup link: %w", err)
 	}
 	// After sockops: no new socket of the cgroup joins the sockhash now.
-	if err := in.detachSetsockopt(cgroupID); err != nil {
+	if err := in.detachSockopts(cgroupID); err != nil {
 		return true, err
 	}
 	return true, nil

@@ -276,6 +276,11 @@ const (
 	// end cleanly. No hook before the splice runs on these kernels to
 	// prevent it; the guard resets the connection and says so.
 	SpliceTruncated = EventKind(bypassEventKindEVENT_SPLICE_TRUNCATED)
+	// ZerocopyCaught: a reader that takes its bytes with
+	// getsockopt(TCP_ZEROCOPY_RECEIVE), which maps TCP's queue alone, with
+	// redirected bytes queued (it read them in before by read()); the
+	// guard resets the connection.
+	ZerocopyCaught = EventKind(bypassEventKindEVENT_ZEROCOPY_CAUGHT)
 )
 
 // Event is what the BPF programs tell the guard about one socket.
@@ -284,7 +289,7 @@ type Event struct {
 	Local, Remote netip.AddrPort // the reading socket's own address, and its peer's
 	Netns         uint64
 	Cookie        uint64
-	Unread        uint64 // SpliceCaught, SpliceTruncated: redirected bytes queued when caught; StallRescued, Wake: bytes queued
+	Unread        uint64 // SpliceCaught, SpliceTruncated, ZerocopyCaught: redirected bytes queued when caught; StallRescued, Wake: bytes queued
 	PID           int    // the process that read
 	Command       string
 	Inode         uint64 // StallRescued, Wake: the socket's inode ("socket:[N]" in /proc/PID/fd)

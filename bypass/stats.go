@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -55,9 +54,17 @@ type Counters struct {
 	// TxTimestamps counts connections kept on or sent back to TCP because
 	// an end asked for transmit timestamps, which only TCP's transmit path
 	// makes.
-	TxTimestamps  uint64 `json:"connections_tx_timestamps" help:"Connections kept on or sent back to TCP: an end asked for transmit timestamps (SO_TIMESTAMPING with a TX flag), which only TCP's transmit path makes."`
-	CgroupsFull   uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
-	StallsRescued uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count or a short read hid, or any for the stall scan): their connection sent back to TCP and the reader woken."`
+	TxTimestamps uint64 `json:"connections_tx_timestamps" help:"Connections kept on or sent back to TCP: an end asked for transmit timestamps (SO_TIMESTAMPING with a TX flag), which only TCP's transmit path makes."`
+	// ZerocopyReceive counts connections kept on or sent back to TCP
+	// because an end reads by getsockopt(TCP_ZEROCOPY_RECEIVE), which maps
+	// TCP's receive queue alone.
+	ZerocopyReceive uint64 `json:"connections_zerocopy_receive" help:"Connections kept on or sent back to TCP: an end reads by getsockopt(TCP_ZEROCOPY_RECEIVE), which maps TCP's receive queue alone."`
+	// ZerocopyCaught counts those whose reader had redirected bytes queued
+	// at a TCP_ZEROCOPY_RECEIVE call: it cannot map them, so the guard
+	// resets the connection.
+	ZerocopyCaught uint64 `json:"connections_zerocopy_receive_caught" help:"Of connections_zerocopy_receive: the reader had redirected bytes queued (read in before by read()), which zerocopy receive cannot map: the guard resets the connection."`
+	CgroupsFull    uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
+	StallsRescued  uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count or a short read hid, or any for the stall scan): their connection sent back to TCP and the reader woken."`
 	// Translated counts the paired connections whose ends see different
 	// addresses or ports (DNAT, REDIRECT, SNAT between them), included in Paired.
 	Translated uint64 `json:"connections_translated" help:"Connections bypassed whose ends see different tuples (address translation between them): counted in connections_paired too."`
@@ -235,6 +242,8 @@ func (in *Install) Counters() (Counters, error) {
 		ULPRefused:        sum(bypassCounterCNT_ULP_REFUSED),
 		UpperLayer:        sum(bypassCounterCNT_UPPER_LAYER),
 		TxTimestamps:      sum(bypassCounterCNT_TX_TIMESTAMPS),
+		ZerocopyReceive:   sum(bypassCounterCNT_ZEROCOPY_RECEIVE),
+		ZerocopyCaught:    sum(bypassCounterCNT_ZEROCOPY_CAUGHT),
 		CgroupsFull:       sum(bypassCounterCNT_CGROUPS_FULL),
 		StallsRescued:     sum(bypassCounterCNT_STALL_RESCUED),
 		Translated:        sum(bypassCounterCNT_PAIRED_TRANSLATED),
@@ -313,21 +322,11 @@ func (in *Install) programs() ([]Program, error) {
 	}
 	sockops.Attached = fmt.Sprintf("%d cgroup(s)", len(sockops.Links))
 	out = append(out, sockops)
-	if in.setsockopt != nil {
-		info, err := in.setsockopt.Info()
-		if err != nil {
-			return nil, fmt.Errorf("setsockopt program info: %w", err)
-		}
-		id, _ := info.ID()
-		p := Program{Name: "setsockopt", ID: uint32(id), Links: []uint32{}}
-		for _, cg := range cgs {
-			if lid, _, err := pinnedLinkIDs(filepath.Join(in.dir, sockoptDir, strconv.FormatUint(cg.ID, 10))); err == nil {
-				p.Links = append(p.Links, lid)
-			}
-		}
-		p.Attached = fmt.Sprintf("%d cgroup(s)", len(p.Links))
-		out = append(out, p)
+	hooks, err := in.sockoptPrograms(cgs)
+	if err != nil {
+		return nil, err
 	}
+	out = append(out, hooks...)
 
 	if in.SkMsgAttach() == "link" {
 		lid, pid, err := pinnedLinkIDs(filepath.Join(in.dir, linksDir, skMsgLink))

@@ -1,7 +1,9 @@
 package bypass_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -10,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -198,12 +201,14 @@ func TestZerocopyAfterEstablishmentRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSetsockopt})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.Programs) != 0 {
-		t.Errorf("%d setsockopt program(s) left on the cgroup after detach", len(res.Programs))
+	for _, attach := range []ebpf.AttachType{ebpf.AttachCGroupSetsockopt, ebpf.AttachCGroupGetsockopt} {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: attach})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Programs) != 0 {
+			t.Errorf("%d %v program(s) left on the cgroup after detach", len(res.Programs), attach)
+		}
 	}
 }
 
@@ -218,14 +223,7 @@ func zerocopyOn(t *testing.T, c *net.TCPConn, v int) (err error) {
 // work as without shunt: SO_RCVBUF given an 8 KiB buffer, on a bypassed
 // socket and on one shunt does not hold, gets the same answer and value.
 func TestLargeSetsockoptAsWithoutShunt(t *testing.T) {
-	in, cg := mustInstall(t)
-	c, s := connPair(t, cg)
-	testenv.Warm(t, c, s)
-	if flowOf(t, in, testenv.Cookie(t, c)) == nil {
-		t.Fatal("the connection is not bypassed")
-	}
-	other := testenv.Side{NS: testenv.MustNetNS(t), CG: testenv.MustCgroup(t)}
-	pc, _ := testenv.ConnPair(t, "tcp4", other, "127.0.0.1:0", other, "127.0.0.1:0")
+	c, pc := bypassedAndPlain(t)
 	var got [2]string
 	for i, conn := range []*net.TCPConn{pc, c} {
 		rawFD(t, conn, func(fd int) {
@@ -239,4 +237,54 @@ func TestLargeSetsockoptAsWithoutShunt(t *testing.T) {
 	if got[0] != got[1] {
 		t.Errorf("setsockopt with an 8 KiB optval: %s without shunt, %s through shunt", got[0], got[1])
 	}
+}
+
+// The getsockopt program on enabled cgroups runs after every getsockopt of
+// their sockets and may rewrite what the caller gets back. It must not:
+// an option answered into an 8 KiB buffer (the kernel hands the program a
+// page at most), and a call that fails (into a small buffer and into an
+// 8 KiB one), give the same error, length and bytes as on a socket shunt
+// does not hold; the rest of the buffer stays as the caller left it.
+func TestGetsockoptAsWithoutShunt(t *testing.T) {
+	c, pc := bypassedAndPlain(t)
+	calls := []struct {
+		name           string
+		level, optname int
+		size           int
+	}{
+		{"SO_TYPE into 8 KiB", unix.SOL_SOCKET, unix.SO_TYPE, 8192},
+		{"TCP_CONGESTION into 8 KiB", unix.SOL_TCP, unix.TCP_CONGESTION, 8192},
+		{"unknown option into 64 B", unix.SOL_TCP, 9999, 64},
+		{"unknown option into 8 KiB", unix.SOL_TCP, 9999, 8192},
+	}
+	for _, call := range calls {
+		var got [2]string
+		for i, conn := range []*net.TCPConn{pc, c} {
+			rawFD(t, conn, func(fd int) {
+				buf := bytes.Repeat([]byte{0xAA}, call.size)
+				size := uint32(len(buf))
+				_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(call.level), uintptr(call.optname),
+					uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
+				got[i] = fmt.Sprintf("errno=%d len=%d bytes=%x", errno, size, sha256.Sum256(buf))
+			})
+		}
+		if got[0] != got[1] {
+			t.Errorf("getsockopt %s: %s without shunt, %s through shunt", call.name, got[0], got[1])
+		}
+	}
+}
+
+// bypassedAndPlain returns a bypassed socket and one of a connection shunt
+// does not hold (another namespace and cgroup).
+func bypassedAndPlain(t *testing.T) (bypassed, plain *net.TCPConn) {
+	t.Helper()
+	in, cg := mustInstall(t)
+	c, s := connPair(t, cg)
+	testenv.Warm(t, c, s)
+	if flowOf(t, in, testenv.Cookie(t, c)) == nil {
+		t.Fatal("the connection is not bypassed")
+	}
+	other := testenv.Side{NS: testenv.MustNetNS(t), CG: testenv.MustCgroup(t)}
+	pc, _ := testenv.ConnPair(t, "tcp4", other, "127.0.0.1:0", other, "127.0.0.1:0")
+	return c, pc
 }

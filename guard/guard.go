@@ -93,7 +93,7 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 			return fmt.Errorf("read events: %w", err)
 		}
 		switch ev.Kind {
-		case bypass.SpliceCaught, bypass.SpliceTruncated:
+		case bypass.SpliceCaught, bypass.SpliceTruncated, bypass.ZerocopyCaught:
 			report(Reset(ev))
 		case bypass.BlockingEAGAIN:
 			report(fmt.Sprintf("pid %d (%s) got EAGAIN from a blocking read on %s (peer %s): a signal, stop or ptrace ended its wait in the connection's first read, which TCP would have restarted; the connection is on TCP from now on",
@@ -162,9 +162,13 @@ func syscallName(nr int) string {
 	return fmt.Sprintf("system call %d", nr)
 }
 
-// Reset aborts a caught connection's splicing socket and says what it did.
+// Reset aborts a caught connection's reading socket (a splicer's, or a
+// zerocopy reader's) and says what it did.
 func Reset(c bypass.Event) string {
 	what := fmt.Sprintf("pid %d (%s) spliced from %s (peer %s) with %d redirected bytes it cannot read", c.PID, c.Command, c.Local, c.Remote, c.Unread)
+	if c.Kind == bypass.ZerocopyCaught {
+		what = fmt.Sprintf("pid %d (%s) reads %s (peer %s) by TCP_ZEROCOPY_RECEIVE with %d redirected bytes queued that it cannot map", c.PID, c.Command, c.Local, c.Remote, c.Unread)
+	}
 	if c.Kind == bypass.SpliceTruncated {
 		what += ", after its peer's end of stream: the splice returned end of stream before them (the stream it read was cut short)"
 	}
@@ -174,6 +178,9 @@ func Reset(c bypass.Event) string {
 	}
 	if err != nil {
 		return what + fmt.Sprintf(": could not reset the connection: %v", err)
+	}
+	if c.Kind == bypass.ZerocopyCaught {
+		return what + ": connection reset"
 	}
 	return what + ": connection reset; its later connections stay on TCP"
 }

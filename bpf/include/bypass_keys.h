@@ -103,7 +103,7 @@ enum state_flags {
 	STATE_WATCHED = 64,   /* a read left bytes queued that this kernel's FIONREAD does not count: the stall watch runs (peer_refs only) */
 	STATE_RESCUED = 128,  /* its reader stopped with such bytes queued: sent back to TCP and woken (peer_refs only) */
 	STATE_WOKEN = 256,    /* the stall watch woke its reader, which had only redirected bytes hidden (peer_refs only) */
-	STATE_MAY_SPLICE = 512, /* its reader's program was just learned splicing: redirects only behind bytes still queued (peer_refs only) */
+	STATE_MAY_SPLICE = 512, /* its reader's program was just learned splicing, or it reads by TCP_ZEROCOPY_RECEIVE: redirects only behind bytes still queued (peer_refs only) */
 	STATE_CUT_SHORT = 1024, /* caught, and its peer's end of stream came before the guard's reset: the splice returned it first (peer_refs only) */
 	STATE_TCP_BEHIND = 2048, /* flow control sent its peer's bytes by TCP while redirected ones may have been unread: TCP bytes can wait behind a drained psock (peer_refs only) */
 	STATE_SPLICE_REFUSED = 4096, /* a splice from it was refused (--refuse-splice) and its reader has not read since (sock_state only) */
@@ -165,6 +165,8 @@ enum counter {
 	CNT_ULP_REFUSED,       /* setsockopt(TCP_ULP) on a bypassed socket refused (ENOENT): kernel TLS and a psock do not mix */
 	CNT_UPPER_LAYER,       /* connections left on TCP: an end has an upper layer protocol at pairing (an MPTCP subflow), which a sockhash refuses */
 	CNT_TX_TIMESTAMPS,     /* connections kept on or sent back to TCP: an end asked for transmit timestamps (SO_TIMESTAMPING), which only TCP's transmit path makes */
+	CNT_ZEROCOPY_RECEIVE,  /* connections kept on or sent back to TCP: an end reads by getsockopt(TCP_ZEROCOPY_RECEIVE), which maps TCP's queue alone */
+	CNT_ZEROCOPY_CAUGHT,   /* ... of which had redirected bytes queued that it cannot map: the guard resets them */
 	CNT_MAX,
 };
 
@@ -217,6 +219,7 @@ enum event_kind {
 	EVENT_STALL_RESCUED = 3,    /* a reader stopped with bytes queued: wake it (the connection is on its way to TCP) */
 	EVENT_WAKE = 4,             /* a socket left with bytes queued that its reader may have been told are not there: wake it */
 	EVENT_SPLICE_TRUNCATED = 5, /* a splice reader caught after its peer's end of stream: the splice returned end of stream before the redirected bytes */
+	EVENT_ZEROCOPY_CAUGHT = 6,  /* a TCP_ZEROCOPY_RECEIVE reader with redirected bytes it cannot map */
 };
 
 /* What the guard (user space) hears of: a splice reader caught with

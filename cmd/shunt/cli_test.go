@@ -79,7 +79,7 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	if !st.Installed || len(st.Cgroups) != 1 || st.Cgroups[0].Path != cg.Path || st.Stats.Counters.Paired != 1 {
 		t.Fatalf("status --json = %s", out)
 	}
-	want := 5
+	want := 6
 	if st.Stats.FionreadCorrected {
 		want++ // fionread, where the kernel's FIONREAD leaves bytes out
 	}
@@ -87,7 +87,7 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 		want++ // sends, the send watch (6.3+)
 	}
 	if len(st.Stats.Programs) != want {
-		t.Fatalf("status --json programs = %+v, want sockops, setsockopt, sk_msg, reads and splices (and fionread where FIONREAD is corrected, sends where sock_send_length is)", st.Stats.Programs)
+		t.Fatalf("status --json programs = %+v, want sockops, setsockopt, getsockopt, sk_msg, reads and splices (and fionread where FIONREAD is corrected, sends where sock_send_length is)", st.Stats.Programs)
 	}
 	if st.Guard == nil || !st.Guard.Running || st.Stats.SplicePrograms == nil {
 		t.Fatalf("status --json: want the guard running (enable starts it) and a splice program list: %s", out)
