@@ -222,7 +222,7 @@ func checkRemoved(t testing.TB, pin string, pods ...*pod) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, at := range []ebpf.AttachType{ebpf.AttachCGroupSockOps, ebpf.AttachCGroupSetsockopt} {
+		for _, at := range []ebpf.AttachType{ebpf.AttachCGroupSockOps, ebpf.AttachCGroupSetsockopt, ebpf.AttachCGroupGetsockopt} {
 			q, err := link.QueryPrograms(link.QueryOptions{Target: int(cg.Fd()), Attach: at})
 			if err != nil {
 				t.Fatalf("query %s: %v", p.cg.Path, err)

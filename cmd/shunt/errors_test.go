@@ -31,7 +31,7 @@ func nothingInstalled(t *testing.T, pin string, cg host.Cgroup) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupSockOps, ebpf.AttachCGroupSetsockopt} {
+	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupSockOps, ebpf.AttachCGroupSetsockopt, ebpf.AttachCGroupGetsockopt} {
 		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at})
 		if err != nil {
 			t.Fatal(err)
