@@ -21,10 +21,16 @@ import (
 // installed installs bypass on a cgroup of its own, with no guard yet.
 func installed(t *testing.T) (*bypass.Install, testenv.Side) {
 	t.Helper()
+	return installedWith(t, bypass.Options{})
+}
+
+// installedWith is installed with install options.
+func installedWith(t *testing.T, opts bypass.Options) (*bypass.Install, testenv.Side) {
+	t.Helper()
 	testenv.RequireRoot(t)
 	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
-	in, err := bypass.Create(pin, bypass.Options{})
+	in, err := bypass.Create(pin, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,21 +10,42 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
 
 // A TCP_ZEROCOPY_RECEIVE reader maps TCP's queue alone. One that read
 // before (a header by read()) may have redirected bytes queued at its first
-// zerocopy call: it would poll for them for ever, and a TCP byte mapped
-// ahead of them would reorder the stream. Its peer's later sends queue
-// behind them, and the guard resets the connection: both sides get an
-// error, counted and reported, and never a byte out of order. Before the
-// getsockopt hook such a reader took nothing and polled until its deadline
-// (bypass's TestZerocopyReceiveReaderGetsEveryByte, its third case).
+// zerocopy call, as may one whose install trusts readers (sends redirected
+// before the first read): it would poll for them for ever, and a TCP byte
+// mapped ahead of them would reorder the stream. Its peer's later sends
+// queue behind them, and the guard resets the connection: both sides get
+// an error, counted and reported, and never a byte out of order. Before
+// the getsockopt hook such a reader took nothing and polled until its
+// deadline (bypass's TestZerocopyReceiveReaderGetsEveryByte, its third
+// case).
 func TestZerocopyReaderWithRedirectedBytesIsReset(t *testing.T) {
-	in, side, reports := guarded(t)
+	for _, tc := range []struct {
+		name string
+		opts bypass.Options
+		warm bool
+	}{
+		{"after reads", bypass.Options{}, true},
+		{"trusted reader", bypass.Options{TrustReaders: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in, side := installedWith(t, tc.opts)
+			zerocopyReaderIsReset(t, in, side, runGuard(t, in), tc.warm)
+		})
+	}
+}
+
+func zerocopyReaderIsReset(t *testing.T, in *bypass.Install, side testenv.Side, reports <-chan string, warm bool) {
+	t.Helper()
 	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
-	testenv.Warm(t, c, s)
+	if warm {
+		testenv.Warm(t, c, s)
+	}
 	queued := []byte(strings.Repeat("redirected, never mapped ", 2000))
 	if _, err := c.Write(queued); err != nil {
 		t.Fatal(err)
