@@ -791,13 +791,16 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 			return REDIRECT_READER;
 		return unread > limit ? REDIRECT_REFUSE : REDIRECT_OK;
 	}
-	/* Its reader's program was just learned splicing (presume_splicer).
-	 * With redirected bytes queued, a splice would find TCP's queue empty
-	 * and be caught, never read a TCP byte ahead of them: redirect behind
-	 * them until they are read, then take TCP (in order for a splice). */
+	/* Its reader's program was just learned splicing (presume_splicer), or
+	 * it reads by zerocopy receive or peeks in mid-stream: each sees one
+	 * queue alone. With redirected bytes queued, a splice would find TCP's
+	 * queue empty and be caught, never read a TCP byte ahead of them, and
+	 * a peek would never reach a TCP byte behind them: redirect behind
+	 * them until they are read, past the bound too (the state lasts until
+	 * then), then take TCP. */
 	if (may_splice && !unread)
 		return REDIRECT_READER;
-	if (unread > limit)
+	if (unread > limit && !may_splice)
 		return REDIRECT_BACKLOG;
 	return REDIRECT_OK;
 }
@@ -1248,6 +1251,25 @@ static __always_inline void report_caught(struct peer_ref *ref, struct sock_key 
 		learn(&prog, 0, 0, 1);
 }
 
+/* Fills a reserved event for the guard about a reader, the calling task,
+ * and the redirected bytes queued for it. */
+static __always_inline void fill_reader_event(struct guard_event *ev, struct peer_ref *ref, struct sock_key *key,
+					      struct sock *sk, __u32 kind, __u64 ino)
+{
+	__builtin_memset(ev, 0, sizeof(*ev));
+	ev->self = *key;
+	/* The getsockopt hook cannot make a cookie: one nothing made yet is
+	 * 0, and ~0 has sock_diag match on the tuple alone, in the socket's
+	 * namespace unique to an established socket. */
+	__u64 cookie = ref->cookie ? ref->cookie : sock_cookie(sk);
+	ev->cookie = cookie ? cookie : ~0ULL;
+	ev->unread = unread_redirected(sk, ref);
+	ev->pid = bpf_get_current_pid_tgid() >> 32;
+	ev->kind = kind;
+	ev->ino = ino;
+	current_comm(ev->comm);
+}
+
 /* A zerocopy reader (shunt_getsockopt) with redirected bytes queued, which
  * its getsockopt(TCP_ZEROCOPY_RECEIVE) cannot map: reported once, to the
  * guard, which resets the connection. Told again at its next call if the
@@ -1258,17 +1280,7 @@ static __always_inline void report_zerocopy_caught(struct peer_ref *ref, struct 
 	if (!ev)
 		return;
 	count(CNT_ZEROCOPY_CAUGHT);
-	__builtin_memset(ev, 0, sizeof(*ev));
-	ev->self = *key;
-	/* This hook cannot make a cookie: one nothing made yet is 0, and ~0
-	 * has sock_diag match on the tuple alone, in the socket's namespace
-	 * unique to an established socket. */
-	__u64 cookie = ref->cookie ? ref->cookie : sock_cookie(sk);
-	ev->cookie = cookie ? cookie : ~0ULL;
-	ev->unread = unread_redirected(sk, ref);
-	ev->pid = bpf_get_current_pid_tgid() >> 32;
-	ev->kind = EVENT_ZEROCOPY_CAUGHT;
-	current_comm(ev->comm);
+	fill_reader_event(ev, ref, key, sk, EVENT_ZEROCOPY_CAUGHT, 0);
 	bpf_ringbuf_submit(ev, 0);
 }
 
@@ -1961,6 +1973,68 @@ static __always_inline void note_eof(struct sock *sk, struct sock_state *st)
 		__sync_fetch_and_or(&ref->reads, STATE_EOF_SEEN);
 }
 
+/* A psock's read never reaches past its own bytes into TCP's queue, peeks
+ * included: with bytes by TCP behind redirected ones, a peek asking for
+ * more than the redirected bytes queued gets just those, and while they
+ * are unread its peer's sends stay on TCP, so the view never grows. A
+ * reader that peeks until a whole message shows, reading nothing before,
+ * would see the same short view for ever (by hand on 6.18: a framed reader
+ * peeking for whole frames stuck at 374 of 3,000 frames, 1.5 million peeks
+ * in 5 s; over TCP all in 0.02 s). So a reader that peeks in mid-stream
+ * (after it read) goes back to TCP at that peek, as a zerocopy reader does:
+ * its peer's sends queue behind the redirected bytes still unread (past
+ * the backlog bound too: STATE_MAY_SPLICE), then take TCP, and no TCP byte
+ * is ever behind redirected ones. A peek before the first read (nginx and
+ * HAProxy sniff a new connection so) takes TCP's first bytes anyway. */
+static __always_inline void peeks_mid_stream(struct sock_state *st)
+{
+	__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	if (!ref)
+		return;
+	__sync_fetch_and_or(&ref->reads, STATE_MAY_SPLICE);
+	leave_for_tcp(ref, CNT_PEEK_READER);
+}
+
+/* What the rule above cannot prevent: TCP bytes behind redirected ones
+ * before the reader's first peek in mid-stream (flow control, or a stall
+ * rescue, sent them so while it read plainly). The third peek in a row at
+ * every redirected byte queued, with TCP's behind and nothing read
+ * between, is reported to the guard, with the reader's pid and command:
+ * nothing can bring the two queues together for it, and a reset would
+ * leave its psock, and the bytes it peeks at, in place. */
+static __always_inline void watch_boundary_peek(struct sock *sk, struct sock_state *st, int ret, int flags)
+{
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	if (!(flags & MSG_PEEK)) {
+		/* A read (ret > 0, STATE_PEEKED): the count starts again. */
+		__sync_fetch_and_and(&st->flags, ~STATE_PEEKED);
+		if (ref)
+			ref->boundary_peeks = 0;
+		return;
+	}
+	/* TCP bytes queued with redirected ones are behind them: a redirect
+	 * waits until its peer read every TCP byte (REDIRECT_TCP_UNREAD). */
+	if (ret <= 0 || !ref || !tcp_data_queued(sk) || ingress_empty(sk))
+		return;
+	if ((__u64)ret < unread_redirected(sk, ref))
+		return; /* it asked for less than the psock holds */
+	if (!(st->flags & STATE_PEEKED))
+		__sync_fetch_and_or(&st->flags, STATE_PEEKED);
+	if (__sync_fetch_and_add(&ref->boundary_peeks, 1) != 2)
+		return;
+	ref->cookie = bpf_get_socket_cookie(sk);
+	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
+	if (!ev) {
+		count(CNT_EVENTS_LOST);
+		return;
+	}
+	count(CNT_PEEK_STUCK);
+	struct sock_key self = st->self;
+	fill_reader_event(ev, ref, &self, sk, EVENT_PEEK_STUCK, socket_ino(sk));
+	bpf_ringbuf_submit(ev, 0);
+}
+
 static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 {
 	if (flags & MSG_ERRQUEUE)
@@ -1976,8 +2050,14 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 		__sync_fetch_and_and(&st->flags, ~STATE_SPLICE_REFUSED);
 	if (!PSOCK_COUNTS && ret > 0 && !(flags & MSG_PEEK))
 		count_read(st, sk, ret);
+	if (flags & MSG_PEEK || (ret > 0 && (st->flags & STATE_PEEKED)))
+		watch_boundary_peek(sk, st, ret, flags);
 	if (st->flags & STATE_TCP_READER)
 		return 0; /* on its way back to TCP: nothing more to record */
+	if ((flags & MSG_PEEK) && ret > 0 && (st->flags & STATE_READS)) {
+		peeks_mid_stream(st);
+		return 0;
+	}
 	int waits = may_wait(sk, flags);
 	if (ret == -EAGAIN)
 		report_blocking_eagain(sk, st, waits);

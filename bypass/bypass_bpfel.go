@@ -88,7 +88,9 @@ const (
 	bypassCounterCNT_TX_TIMESTAMPS      bypassCounter = 34
 	bypassCounterCNT_ZEROCOPY_RECEIVE   bypassCounter = 35
 	bypassCounterCNT_ZEROCOPY_CAUGHT    bypassCounter = 36
-	bypassCounterCNT_MAX                bypassCounter = 37
+	bypassCounterCNT_PEEK_READER        bypassCounter = 37
+	bypassCounterCNT_PEEK_STUCK         bypassCounter = 38
+	bypassCounterCNT_MAX                bypassCounter = 39
 )
 
 type bypassEventKind uint32
@@ -100,6 +102,7 @@ const (
 	bypassEventKindEVENT_WAKE             bypassEventKind = 4
 	bypassEventKindEVENT_SPLICE_TRUNCATED bypassEventKind = 5
 	bypassEventKindEVENT_ZEROCOPY_CAUGHT  bypassEventKind = 6
+	bypassEventKindEVENT_PEEK_STUCK       bypassEventKind = 7
 )
 
 type bypassFlowRecord struct {
@@ -221,6 +224,7 @@ const (
 	bypassStateFlagsSTATE_TCP_BEHIND     bypassStateFlags = 2048
 	bypassStateFlagsSTATE_SPLICE_REFUSED bypassStateFlags = 4096
 	bypassStateFlagsSTATE_EOF_SEEN       bypassStateFlags = 8192
+	bypassStateFlagsSTATE_PEEKED         bypassStateFlags = 16384
 )
 
 type bypassTuple struct {

@@ -281,6 +281,13 @@ const (
 	// redirected bytes queued (it read them in before by read()); the
 	// guard resets the connection.
 	ZerocopyCaught = EventKind(bypassEventKindEVENT_ZEROCOPY_CAUGHT)
+	// PeekStuck: a reader that peeked three times in a row, reading
+	// nothing, at every redirected byte queued while TCP held more behind
+	// them, which no peek reaches (it waits for a whole message to show).
+	// Readers that peek in mid-stream go back to TCP at their first peek;
+	// this is one whose TCP bytes came behind before that. The guard says
+	// so: nothing can bring the two queues together for it.
+	PeekStuck = EventKind(bypassEventKindEVENT_PEEK_STUCK)
 )
 
 // Event is what the BPF programs tell the guard about one socket.
@@ -289,7 +296,7 @@ type Event struct {
 	Local, Remote netip.AddrPort // the reading socket's own address, and its peer's
 	Netns         uint64
 	Cookie        uint64
-	Unread        uint64 // SpliceCaught, SpliceTruncated, ZerocopyCaught: redirected bytes queued when caught; StallRescued, Wake: bytes queued
+	Unread        uint64 // SpliceCaught, SpliceTruncated, ZerocopyCaught, PeekStuck: redirected bytes queued when caught; StallRescued, Wake: bytes queued
 	PID           int    // the process that read
 	Command       string
 	Inode         uint64 // StallRescued, Wake: the socket's inode ("socket:[N]" in /proc/PID/fd)

@@ -63,8 +63,14 @@ type Counters struct {
 	// at a TCP_ZEROCOPY_RECEIVE call: it cannot map them, so the guard
 	// resets the connection.
 	ZerocopyCaught uint64 `json:"connections_zerocopy_receive_caught" help:"Of connections_zerocopy_receive: the reader had redirected bytes queued (read in before by read()), which zerocopy receive cannot map: the guard resets the connection."`
-	CgroupsFull    uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
-	StallsRescued  uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count or a short read hid, or any for the stall scan): their connection sent back to TCP and the reader woken."`
+	// PeekReaders counts connections sent back to TCP because their reader
+	// peeked in mid-stream: no peek reaches past redirected bytes.
+	PeekReaders uint64 `json:"connections_peek_reader" help:"Connections sent back to TCP: the reader peeked (MSG_PEEK) in mid-stream, and no peek reaches past redirected bytes into TCP's queue; its peer's sends queue behind the redirected bytes until they are read."`
+	// PeekStuck counts readers that peek at redirected bytes again and
+	// again with TCP bytes behind them out of reach (reported by the guard).
+	PeekStuck     uint64 `json:"readers_peek_stuck" help:"Readers that peeked three times in a row, reading nothing, at every redirected byte queued while TCP held more behind them, which no peek reaches: TCP bytes came behind before their first peek in mid-stream. The guard logs each with its pid and command."`
+	CgroupsFull   uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
+	StallsRescued uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count or a short read hid, or any for the stall scan): their connection sent back to TCP and the reader woken."`
 	// Translated counts the paired connections whose ends see different
 	// addresses or ports (DNAT, REDIRECT, SNAT between them), included in Paired.
 	Translated uint64 `json:"connections_translated" help:"Connections bypassed whose ends see different tuples (address translation between them): counted in connections_paired too."`
@@ -244,6 +250,8 @@ func (in *Install) Counters() (Counters, error) {
 		TxTimestamps:      sum(bypassCounterCNT_TX_TIMESTAMPS),
 		ZerocopyReceive:   sum(bypassCounterCNT_ZEROCOPY_RECEIVE),
 		ZerocopyCaught:    sum(bypassCounterCNT_ZEROCOPY_CAUGHT),
+		PeekReaders:       sum(bypassCounterCNT_PEEK_READER),
+		PeekStuck:         sum(bypassCounterCNT_PEEK_STUCK),
 		CgroupsFull:       sum(bypassCounterCNT_CGROUPS_FULL),
 		StallsRescued:     sum(bypassCounterCNT_STALL_RESCUED),
 		Translated:        sum(bypassCounterCNT_PAIRED_TRANSLATED),

@@ -98,6 +98,9 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 		case bypass.BlockingEAGAIN:
 			report(fmt.Sprintf("pid %d (%s) got EAGAIN from a blocking read on %s (peer %s): a signal, stop or ptrace ended its wait in the connection's first read, which TCP would have restarted; the connection is on TCP from now on",
 				ev.PID, ev.Command, ev.Local, ev.Remote))
+		case bypass.PeekStuck:
+			report(fmt.Sprintf("pid %d (%s) peeks at %s (peer %s) again and again, reading nothing, at %d redirected bytes with more behind them by TCP that no peek reaches: it came to peek after those were queued, and shunt cannot join the two queues for it; restart it or exclude its port (shunt bypass enable --exclude-ports)",
+				ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread))
 		case bypass.StallRescued, bypass.Wake:
 			wake(ev, report)
 		}
@@ -166,7 +169,8 @@ func syscallName(nr int) string {
 // zerocopy reader's) and says what it did.
 func Reset(c bypass.Event) string {
 	what := fmt.Sprintf("pid %d (%s) spliced from %s (peer %s) with %d redirected bytes it cannot read", c.PID, c.Command, c.Local, c.Remote, c.Unread)
-	if c.Kind == bypass.ZerocopyCaught {
+	switch c.Kind {
+	case bypass.ZerocopyCaught:
 		what = fmt.Sprintf("pid %d (%s) reads %s (peer %s) by TCP_ZEROCOPY_RECEIVE with %d redirected bytes queued that it cannot map", c.PID, c.Command, c.Local, c.Remote, c.Unread)
 	}
 	if c.Kind == bypass.SpliceTruncated {

@@ -103,11 +103,12 @@ enum state_flags {
 	STATE_WATCHED = 64,   /* a read left bytes queued that this kernel's FIONREAD does not count: the stall watch runs (peer_refs only) */
 	STATE_RESCUED = 128,  /* its reader stopped with such bytes queued: sent back to TCP and woken (peer_refs only) */
 	STATE_WOKEN = 256,    /* the stall watch woke its reader, which had only redirected bytes hidden (peer_refs only) */
-	STATE_MAY_SPLICE = 512, /* its reader's program was just learned splicing, or it reads by TCP_ZEROCOPY_RECEIVE: redirects only behind bytes still queued (peer_refs only) */
+	STATE_MAY_SPLICE = 512, /* its reader's program was just learned splicing, or it reads by TCP_ZEROCOPY_RECEIVE or peeks in mid-stream: redirects only behind bytes still queued, past the backlog bound too (peer_refs only) */
 	STATE_CUT_SHORT = 1024, /* caught, and its peer's end of stream came before the guard's reset: the splice returned it first (peer_refs only) */
 	STATE_TCP_BEHIND = 2048, /* flow control sent its peer's bytes by TCP while redirected ones may have been unread: TCP bytes can wait behind a drained psock (peer_refs only) */
 	STATE_SPLICE_REFUSED = 4096, /* a splice from it was refused (--refuse-splice) and its reader has not read since (sock_state only) */
 	STATE_EOF_SEEN = 8192, /* a recv returned 0 with the end come and nothing queued: its reader was told of the peer's end (peer_refs only) */
+	STATE_PEEKED = 16384,  /* its reader peeked at every redirected byte queued with TCP bytes behind them, and has not read since (watch_boundary_peek; sock_state only) */
 };
 
 /* Record written by the flows iterator. */
@@ -167,6 +168,8 @@ enum counter {
 	CNT_TX_TIMESTAMPS,     /* connections kept on or sent back to TCP: an end asked for transmit timestamps (SO_TIMESTAMPING), which only TCP's transmit path makes */
 	CNT_ZEROCOPY_RECEIVE,  /* connections kept on or sent back to TCP: an end reads by getsockopt(TCP_ZEROCOPY_RECEIVE), which maps TCP's queue alone */
 	CNT_ZEROCOPY_CAUGHT,   /* ... of which had redirected bytes queued that it cannot map: the guard resets them */
+	CNT_PEEK_READER,       /* connections sent back to TCP: the reader peeked in mid-stream, and no peek reaches past redirected bytes into TCP's */
+	CNT_PEEK_STUCK,        /* readers that peeked at every redirected byte queued three times in a row, reading nothing, with TCP bytes behind them that no peek reaches (reported) */
 	CNT_MAX,
 };
 
@@ -220,6 +223,7 @@ enum event_kind {
 	EVENT_WAKE = 4,             /* a socket left with bytes queued that its reader may have been told are not there: wake it */
 	EVENT_SPLICE_TRUNCATED = 5, /* a splice reader caught after its peer's end of stream: the splice returned end of stream before the redirected bytes */
 	EVENT_ZEROCOPY_CAUGHT = 6,  /* a TCP_ZEROCOPY_RECEIVE reader with redirected bytes it cannot map */
+	EVENT_PEEK_STUCK = 7,       /* a reader peeking again and again at redirected bytes, with TCP's behind them out of its sight */
 };
 
 /* What the guard (user space) hears of: a splice reader caught with
@@ -236,7 +240,7 @@ struct guard_event {
 	__u32 pid;             /* the process that read */
 	__u32 kind;            /* enum event_kind */
 	char comm[COMM_LEN];
-	__u64 ino;             /* the socket's inode (stalls): finds its descriptor in /proc/PID/fd */
+	__u64 ino;             /* the socket's inode (stalls, a peek caught): finds its descriptor in /proc/PID/fd */
 	__u32 found;           /* stalls: enum stall_found */
 	__u32 asleep_in;       /* FOUND_BY_WATCH: the system call the reader slept in */
 };

@@ -82,7 +82,9 @@ struct peer_ref {
 	__u64 redirected_in;
 	__u64 redirected_read;
 	__u32 tcp_copied;
-	__u32 _pad2;
+	/* Peeks in a row, nothing read between, that showed every redirected
+	 * byte queued while TCP held more behind them (watch_boundary_peek). */
+	__u32 boundary_peeks;
 	/* The leave may not delete before this (bpf_ktime_get_ns): a redirect
 	 * decided before the switch that started it lands until then. */
 	__u64 leave_after;
