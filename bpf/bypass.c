@@ -1988,11 +1988,12 @@ static __always_inline void note_eof(struct sock *sk, struct sock_state *st)
  * HAProxy sniff a new connection so) takes TCP's first bytes anyway. */
 static __always_inline void peeks_mid_stream(struct sock_state *st)
 {
-	__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
-	if (!ref)
-		return;
+	if (!ref || (ref->reads & STATE_MAY_SPLICE))
+		return; /* left already, or marked */
 	__sync_fetch_and_or(&ref->reads, STATE_MAY_SPLICE);
+	if (!(st->flags & STATE_TCP_READER))
+		__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
 	leave_for_tcp(ref, CNT_PEEK_READER);
 }
 
@@ -2052,12 +2053,14 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 		count_read(st, sk, ret);
 	if (flags & MSG_PEEK || (ret > 0 && (st->flags & STATE_PEEKED)))
 		watch_boundary_peek(sk, st, ret, flags);
-	if (st->flags & STATE_TCP_READER)
-		return 0; /* on its way back to TCP: nothing more to record */
+	/* Also on its way to TCP for another reason (a stall rescue): from
+	 * now on no TCP byte may come behind redirected ones. */
 	if ((flags & MSG_PEEK) && ret > 0 && (st->flags & STATE_READS)) {
 		peeks_mid_stream(st);
 		return 0;
 	}
+	if (st->flags & STATE_TCP_READER)
+		return 0; /* on its way back to TCP: nothing more to record */
 	int waits = may_wait(sk, flags);
 	if (ret == -EAGAIN)
 		report_blocking_eagain(sk, st, waits);
@@ -2571,10 +2574,13 @@ int shunt_getsockopt(struct bpf_sockopt *ctx)
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
 	if (!ref)
 		return 1;
+	/* Also when already on its way to TCP for another reason: a TCP
+	 * byte must not come behind redirected ones from now on. */
+	if (!(ref->reads & STATE_MAY_SPLICE))
+		__sync_fetch_and_or(&ref->reads, STATE_MAY_SPLICE);
 	if (!(st->flags & STATE_TCP_READER)) {
 		/* The socket's own sends update flags too (sk_msg): atomics. */
 		__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
-		__sync_fetch_and_or(&ref->reads, STATE_MAY_SPLICE);
 		leave_for_tcp(ref, CNT_ZEROCOPY_RECEIVE);
 	}
 	if (ref->sk && !ingress_empty((struct sock *)ref->sk)) {
