@@ -713,6 +713,17 @@ static __always_inline unsigned long sock_psock(void *sk)
 	return (unsigned long)s->sk_user_data & SK_USER_DATA_PTRMASK;
 }
 
+/* No redirected byte waits in the socket's receive queues. */
+static __always_inline int ingress_empty(struct sock *sk)
+{
+	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
+	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
+	if (!psock)
+		return 1;
+	struct list_head *head = __builtin_preserve_access_index(&psock->ingress_msg);
+	return BPF_CORE_READ(psock, ingress_msg.next) == head && !BPF_CORE_READ(psock, ingress_skb.qlen);
+}
+
 /* What the peer's receive side holds for flow control. */
 struct peer_buffer {
 	__u32 unread;        /* redirected bytes its reader has not read */
@@ -798,8 +809,8 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 	 * a peek would never reach a TCP byte behind them: redirect behind
 	 * them until they are read, past the bound too (the state lasts until
 	 * then), then take TCP. */
-	if (may_splice && !unread)
-		return REDIRECT_READER;
+	if (may_splice && !unread && (PSOCK_COUNTS || ingress_empty((struct sock *)peer)))
+		return REDIRECT_READER; /* shunt's own count is an estimate: the queue says */
 	if (unread > limit && !may_splice)
 		return REDIRECT_BACKLOG;
 	return REDIRECT_OK;
@@ -1033,16 +1044,6 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 #define MSG_WAITALL 0x100
 #define MSG_ERRQUEUE 0x2000
 
-/* No redirected byte waits in the socket's receive queues. */
-static __always_inline int ingress_empty(struct sock *sk)
-{
-	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
-	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
-	if (!psock)
-		return 1;
-	struct list_head *head = __builtin_preserve_access_index(&psock->ingress_msg);
-	return BPF_CORE_READ(psock, ingress_msg.next) == head && !BPF_CORE_READ(psock, ingress_skb.qlen);
-}
 
 /* The calling process's command name (its thread group leader's). */
 static __always_inline void current_comm(char *comm)
