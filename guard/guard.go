@@ -169,8 +169,7 @@ func syscallName(nr int) string {
 // zerocopy reader's) and says what it did.
 func Reset(c bypass.Event) string {
 	what := fmt.Sprintf("pid %d (%s) spliced from %s (peer %s) with %d redirected bytes it cannot read", c.PID, c.Command, c.Local, c.Remote, c.Unread)
-	switch c.Kind {
-	case bypass.ZerocopyCaught:
+	if c.Kind == bypass.ZerocopyCaught {
 		what = fmt.Sprintf("pid %d (%s) reads %s (peer %s) by TCP_ZEROCOPY_RECEIVE with %d redirected bytes queued that it cannot map", c.PID, c.Command, c.Local, c.Remote, c.Unread)
 	}
 	if c.Kind == bypass.SpliceTruncated {
