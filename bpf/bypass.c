@@ -1974,6 +1974,23 @@ static __always_inline void note_eof(struct sock *sk, struct sock_state *st)
 		__sync_fetch_and_or(&ref->reads, STATE_EOF_SEEN);
 }
 
+/* A reader that sees one queue alone (zerocopy receive maps TCP's; a peek
+ * stops at the psock's) goes back to TCP, its peer's sends queued behind
+ * the redirected bytes still unread, past the backlog bound too
+ * (STATE_MAY_SPLICE), so no TCP byte ever comes behind them; also when it
+ * is on its way to TCP for another reason already (a stall rescue). Each
+ * later call of such a reader costs three tests. */
+static __always_inline void one_queue_reader(struct sock_state *st, struct peer_ref *ref, __u32 counter)
+{
+	if (!(ref->reads & STATE_MAY_SPLICE))
+		__sync_fetch_and_or(&ref->reads, STATE_MAY_SPLICE);
+	/* The socket's own sends update flags too (sk_msg): atomics. */
+	if (!(st->flags & STATE_TCP_READER))
+		__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
+	if (!(ref->reads & STATE_TCP_READER))
+		leave_for_tcp(ref, counter);
+}
+
 /* A psock's read never reaches past its own bytes into TCP's queue, peeks
  * included: with bytes by TCP behind redirected ones, a peek asking for
  * more than the redirected bytes queued gets just those, and while they
@@ -1990,12 +2007,8 @@ static __always_inline void note_eof(struct sock *sk, struct sock_state *st)
 static __always_inline void peeks_mid_stream(struct sock_state *st)
 {
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
-	if (!ref || (ref->reads & STATE_MAY_SPLICE))
-		return; /* left already, or marked */
-	__sync_fetch_and_or(&ref->reads, STATE_MAY_SPLICE);
-	if (!(st->flags & STATE_TCP_READER))
-		__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
-	leave_for_tcp(ref, CNT_PEEK_READER);
+	if (ref)
+		one_queue_reader(st, ref, CNT_PEEK_READER);
 }
 
 /* What the rule above cannot prevent: TCP bytes behind redirected ones
@@ -2575,15 +2588,7 @@ int shunt_getsockopt(struct bpf_sockopt *ctx)
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
 	if (!ref)
 		return 1;
-	/* Also when already on its way to TCP for another reason: a TCP
-	 * byte must not come behind redirected ones from now on. */
-	if (!(ref->reads & STATE_MAY_SPLICE))
-		__sync_fetch_and_or(&ref->reads, STATE_MAY_SPLICE);
-	if (!(st->flags & STATE_TCP_READER)) {
-		/* The socket's own sends update flags too (sk_msg): atomics. */
-		__sync_fetch_and_or(&st->flags, STATE_TCP_READER);
-		leave_for_tcp(ref, CNT_ZEROCOPY_RECEIVE);
-	}
+	one_queue_reader(st, ref, CNT_ZEROCOPY_RECEIVE);
 	if (ref->sk && !ingress_empty((struct sock *)ref->sk)) {
 		struct sock_key self = st->self;
 		report_zerocopy_caught(ref, &self, (struct sock *)ref->sk);
