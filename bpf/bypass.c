@@ -2277,10 +2277,35 @@ int shunt_fionread(struct sys_exit_record *ctx)
 	return 0;
 }
 
-/* The calling task is in splice(2). */
+#define PF_IO_WORKER 0x10
+#define IORING_OP_SPLICE 30
+
+/* io_uring runs a splice (IORING_OP_SPLICE) in one of its worker threads
+ * (io-wq), whose registers name no system call: the request the worker
+ * runs says. Its fields are read through bpf_probe_read_kernel on every
+ * kernel: only io_uring's workers get here. */
+static __always_inline int io_worker_splices(struct task_struct *task)
+{
+	/* A kernel without io_uring has no such types: the check is folded
+	 * at load, and the reads below with it. */
+	if (!bpf_core_type_exists(struct io_kiocb) || !bpf_core_field_exists(task->worker_private))
+		return 0;
+	struct io_worker *w = BPF_CORE_READ(task, worker_private);
+	if (!w)
+		return 0;
+	struct io_wq_work *work = BPF_CORE_READ(w, cur_work);
+	if (!work)
+		return 0;
+	struct io_kiocb *req = (void *)work - bpf_core_field_offset(struct io_kiocb, work);
+	return BPF_CORE_READ(req, opcode) == IORING_OP_SPLICE;
+}
+
+/* The calling task is in splice(2), or runs an io_uring splice. */
 static __always_inline int in_splice(void)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
+	if (task->flags & PF_IO_WORKER)
+		return io_worker_splices(task);
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	if (!regs)
 		return 0;

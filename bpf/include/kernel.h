@@ -247,6 +247,8 @@ struct poll_wqueues {
 };
 
 struct task_struct {
+	unsigned int flags; /* PF_* */
+	void *worker_private; /* an io_uring worker's struct io_worker */
 	void *stack;
 	struct mm_struct *mm;
 	struct files_struct *files;
@@ -256,6 +258,20 @@ struct task_struct {
 	__u64 start_time; /* ns since boot: with pid, names one thread for good */
 	struct task_struct *group_leader;
 	char comm[16];
+};
+
+/* io_uring's worker threads (io-wq) and the request one runs. */
+struct io_wq_work {
+	int cancel_seq;
+};
+
+struct io_worker {
+	struct io_wq_work *cur_work;
+};
+
+struct io_kiocb {
+	__u8 opcode;
+	struct io_wq_work work;
 };
 
 /* x86-64: the number of the system call a task is in, and its first

@@ -189,6 +189,13 @@ type SpliceResult struct {
 // Both ends have a 20 s deadline; the server's result comes on the channel.
 func CaughtSplice(t testing.TB, side Side) (client, server *net.TCPConn, served <-chan SpliceResult) {
 	t.Helper()
+	return CaughtSpliceBy(t, side, HeaderThenSplice)
+}
+
+// CaughtSpliceBy is CaughtSplice with the server's way of splicing
+// (HeaderThenSplice, HeaderThenIOUringSplice).
+func CaughtSpliceBy(t testing.TB, side Side, serve func(*net.TCPConn) (int64, error)) (client, server *net.TCPConn, served <-chan SpliceResult) {
+	t.Helper()
 	c, s := ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
 	for _, conn := range []*net.TCPConn{c, s} {
 		conn.SetDeadline(time.Now().Add(20 * time.Second))
@@ -197,7 +204,7 @@ func CaughtSplice(t testing.TB, side Side) (client, server *net.TCPConn, served 
 	done := make(chan SpliceResult, 1)
 	start := time.Now()
 	go func() {
-		n, err := HeaderThenSplice(s)
+		n, err := serve(s)
 		done <- SpliceResult{n, err, time.Since(start)}
 	}()
 	if _, err := c.Write([]byte("HEAD" + strings.Repeat("spliced body ", 5000))); err != nil {

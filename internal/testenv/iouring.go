@@ -1,0 +1,184 @@
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// An io_uring with one request in flight at a time, as much of it as a
+// test needs to splice through io_uring (IORING_OP_SPLICE) the way a
+// program built on liburing does. x86-64 layouts (include/uapi/linux/io_uring.h).
+type ring struct {
+	fd             int
+	sq, cq, sqes   []byte
+	sqHead, sqTail *uint32
+	sqMask         uint32
+	sqArray        []byte
+	cqHead, cqTail *uint32
+	cqMask         uint32
+	cqes           uint32 // offset of the completions in cq
+}
+
+const (
+	ioringOffSQRing  = 0
+	ioringOffCQRing  = 0x8000000
+	ioringOffSQEs    = 0x10000000
+	ioringOpSplice   = 30
+	ioringEnterWait  = 1 // IORING_ENTER_GETEVENTS
+	ioringParamsSize = 120
+	ioringSQESize    = 64
+	ioringCQESize    = 16
+)
+
+func u32At(b []byte, off uint32) *uint32 { return (*uint32)(unsafe.Pointer(&b[off])) }
+
+func newRing() (*ring, error) {
+	var p [ioringParamsSize]byte
+	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, 2, uintptr(unsafe.Pointer(&p[0])), 0)
+	if errno != 0 {
+		return nil, fmt.Errorf("io_uring_setup: %w", errno)
+	}
+	r := &ring{fd: int(fd)}
+	le := func(off int) uint32 { return *(*uint32)(unsafe.Pointer(&p[off])) }
+	sqEntries, cqEntries := le(0), le(4)
+	// struct io_sqring_offsets at 40, io_cqring_offsets at 80.
+	sqHead, sqTail, sqMask, sqArray := le(40), le(44), le(48), le(64)
+	cqHead, cqTail, cqMask, cqes := le(80), le(84), le(88), le(100)
+	mmap := func(off int64, size uint32) ([]byte, error) {
+		return unix.Mmap(r.fd, off, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	}
+	var err error
+	if r.sq, err = mmap(ioringOffSQRing, sqArray+sqEntries*4); err != nil {
+		r.close()
+		return nil, err
+	}
+	if r.cq, err = mmap(ioringOffCQRing, cqes+cqEntries*ioringCQESize); err != nil {
+		r.close()
+		return nil, err
+	}
+	if r.sqes, err = mmap(ioringOffSQEs, sqEntries*ioringSQESize); err != nil {
+		r.close()
+		return nil, err
+	}
+	r.sqHead, r.sqTail, r.sqMask = u32At(r.sq, sqHead), u32At(r.sq, sqTail), *u32At(r.sq, sqMask)
+	r.sqArray = r.sq[sqArray:]
+	r.cqHead, r.cqTail, r.cqMask, r.cqes = u32At(r.cq, cqHead), u32At(r.cq, cqTail), *u32At(r.cq, cqMask), cqes
+	return r, nil
+}
+
+func (r *ring) close() {
+	for _, m := range [][]byte{r.sq, r.cq, r.sqes} {
+		if m != nil {
+			_ = unix.Munmap(m)
+		}
+	}
+	_ = unix.Close(r.fd)
+}
+
+// splice moves up to n bytes from in to out (one a pipe) as IORING_OP_SPLICE
+// and returns the request's result: bytes moved, or a negative errno.
+func (r *ring) splice(in, out int, n uint32) (int32, error) {
+	tail := atomic.LoadUint32(r.sqTail)
+	idx := tail & r.sqMask
+	sqe := r.sqes[idx*ioringSQESize : (idx+1)*ioringSQESize]
+	clear(sqe)
+	sqe[0] = ioringOpSplice
+	*(*int32)(unsafe.Pointer(&sqe[4])) = int32(out)
+	*(*int64)(unsafe.Pointer(&sqe[8])) = -1  // off_out: none (a pipe or a socket)
+	*(*int64)(unsafe.Pointer(&sqe[16])) = -1 // off_in
+	*(*uint32)(unsafe.Pointer(&sqe[24])) = n
+	*(*int32)(unsafe.Pointer(&sqe[44])) = int32(in)
+	*u32At(r.sqArray, idx*4) = idx
+	atomic.StoreUint32(r.sqTail, tail+1)
+	submit := uintptr(1)
+	for {
+		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), submit, 1, ioringEnterWait, 0, 0)
+		if errno == 0 {
+			break
+		}
+		if errno != unix.EINTR {
+			return 0, fmt.Errorf("io_uring_enter: %w", errno)
+		}
+		submit = 0 // taken already; wait on
+	}
+	head := atomic.LoadUint32(r.cqHead)
+	if head == atomic.LoadUint32(r.cqTail) {
+		return 0, errors.New("io_uring_enter returned with no completion")
+	}
+	off := r.cqes + (head&r.cqMask)*ioringCQESize
+	res := *(*int32)(unsafe.Pointer(&r.cq[off+8]))
+	atomic.StoreUint32(r.cqHead, head+1)
+	return res, nil
+}
+
+// HeaderThenIOUringSplice serves a connection as HeaderThenSplice does,
+// but splices through io_uring (IOUringEcho).
+func HeaderThenIOUringSplice(s *net.TCPConn) (copied int64, err error) {
+	head := make([]byte, 4)
+	if _, err := io.ReadFull(s, head); err != nil {
+		return 0, err
+	}
+	copied, err = IOUringEcho(s)
+	_ = s.CloseWrite()
+	return copied, err
+}
+
+// IOUringEcho echoes what s receives as a liburing program would: it makes
+// the socket blocking (such a program's usual socket; io_uring runs the
+// splice in one of its worker threads), then moves socket to pipe by
+// IORING_OP_SPLICE and pipe to socket by splice(2), until the stream ends
+// or a splice fails.
+func IOUringEcho(s *net.TCPConn) (copied int64, err error) {
+	raw, err := s.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	if ctlErr := raw.Control(func(fd uintptr) { copied, err = ioURingEcho(int(fd)) }); ctlErr != nil {
+		return copied, ctlErr
+	}
+	return copied, err
+}
+
+func ioURingEcho(fd int) (copied int64, err error) {
+	if err := unix.SetNonblock(fd, false); err != nil {
+		return 0, err
+	}
+	r, err := newRing()
+	if err != nil {
+		return 0, err
+	}
+	defer r.close()
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return 0, err
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	for {
+		n, err := r.splice(fd, p[1], 64<<10)
+		if err != nil {
+			return copied, err
+		}
+		if n < 0 {
+			return copied, syscall.Errno(-n)
+		}
+		if n == 0 {
+			return copied, nil
+		}
+		for left := int(n); left > 0; {
+			w, err := unix.Splice(p[0], nil, fd, nil, left, 0)
+			if err != nil {
+				return copied, err
+			}
+			left -= int(w)
+			copied += w
+		}
+	}
+}
