@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -99,23 +98,22 @@ func (r *ring) splice(in, out int, n uint32) (int32, error) {
 	atomic.StoreUint32(r.sqTail, tail+1)
 	submit := uintptr(1)
 	for {
-		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), submit, 1, ioringEnterWait, 0, 0)
-		if errno == 0 {
-			break
+		if head := atomic.LoadUint32(r.cqHead); head != atomic.LoadUint32(r.cqTail) {
+			off := r.cqes + (head&r.cqMask)*ioringCQESize
+			res := *(*int32)(unsafe.Pointer(&r.cq[off+8]))
+			atomic.StoreUint32(r.cqHead, head+1)
+			return res, nil
 		}
-		if errno != unix.EINTR {
+		// Submits (it returns how many it took), then waits; a signal
+		// may end the wait before the completion.
+		took, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), submit, 1, ioringEnterWait, 0, 0)
+		switch {
+		case errno == 0 && took >= submit:
+			submit = 0
+		case errno != 0 && errno != unix.EINTR:
 			return 0, fmt.Errorf("io_uring_enter: %w", errno)
 		}
-		submit = 0 // taken already; wait on
 	}
-	head := atomic.LoadUint32(r.cqHead)
-	if head == atomic.LoadUint32(r.cqTail) {
-		return 0, errors.New("io_uring_enter returned with no completion")
-	}
-	off := r.cqes + (head&r.cqMask)*ioringCQESize
-	res := *(*int32)(unsafe.Pointer(&r.cq[off+8]))
-	atomic.StoreUint32(r.cqHead, head+1)
-	return res, nil
 }
 
 // HeaderThenIOUringSplice serves a connection as HeaderThenSplice does,
