@@ -17,7 +17,7 @@ import (
 type ring struct {
 	fd             int
 	sq, cq, sqes   []byte
-	sqHead, sqTail *uint32
+	sqTail         *uint32 // one request at a time: the head is never needed
 	sqMask         uint32
 	sqArray        []byte
 	cqHead, cqTail *uint32
@@ -48,7 +48,7 @@ func newRing() (*ring, error) {
 	le := func(off int) uint32 { return *(*uint32)(unsafe.Pointer(&p[off])) }
 	sqEntries, cqEntries := le(0), le(4)
 	// struct io_sqring_offsets at 40, io_cqring_offsets at 80.
-	sqHead, sqTail, sqMask, sqArray := le(40), le(44), le(48), le(64)
+	sqTail, sqMask, sqArray := le(44), le(48), le(64)
 	cqHead, cqTail, cqMask, cqes := le(80), le(84), le(88), le(100)
 	mmap := func(off int64, size uint32) ([]byte, error) {
 		return unix.Mmap(r.fd, off, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
@@ -66,7 +66,7 @@ func newRing() (*ring, error) {
 		r.close()
 		return nil, err
 	}
-	r.sqHead, r.sqTail, r.sqMask = u32At(r.sq, sqHead), u32At(r.sq, sqTail), *u32At(r.sq, sqMask)
+	r.sqTail, r.sqMask = u32At(r.sq, sqTail), *u32At(r.sq, sqMask)
 	r.sqArray = r.sq[sqArray:]
 	r.cqHead, r.cqTail, r.cqMask, r.cqes = u32At(r.cq, cqHead), u32At(r.cq, cqTail), *u32At(r.cq, cqMask), cqes
 	return r, nil
