@@ -493,7 +493,9 @@ func procTreeCPU(pid int) (time.Duration, error) {
 				continue
 			}
 			d, err := procTreeCPU(c)
-			if errors.Is(err, os.ErrNotExist) {
+			// Gone (ENOENT), or exiting as it is read (ESRCH: socat's
+			// child for waitListening's probe once failed a run so).
+			if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
 				continue
 			}
 			if err != nil {
