@@ -2,6 +2,7 @@ package bench
 
 import (
 	"encoding/binary"
+	"os/exec"
 	"testing"
 	"time"
 )
@@ -100,6 +101,26 @@ func TestDistributions(t *testing.T) {
 	} {
 		if got := stalled(tc.d); got != tc.want {
 			t.Errorf("stalled(%+v) = %v, want %v", tc.d, got, tc.want)
+		}
+	}
+}
+
+// A proxy's children may exit while its tree is read (socat forks one per
+// connection, waitListening's probe among them): a child that is gone or
+// exiting as its stat is read is left out, not an error. A CI run failed
+// so once (ESRCH from an exiting child's /proc/PID/stat).
+func TestProcTreeCPUWhileChildrenExit(t *testing.T) {
+	sh := exec.Command("sh", "-c", "while :; do /bin/true & /bin/true & wait; done")
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sh.Process.Kill()
+		sh.Wait()
+	}()
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+		if _, err := procTreeCPU(sh.Process.Pid); err != nil {
+			t.Fatalf("while children come and go: %v", err)
 		}
 	}
 }
