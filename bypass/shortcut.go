@@ -22,7 +22,7 @@ var ErrNoShortcuts = errors.New("bypass: this install has no shortcuts map (made
 // directly: where bypass paired both of the join's connections (a proxy
 // between a client and an upstream, all in enabled cgroups), a peer's send
 // goes straight into the far peer's socket whenever nothing it sent by TCP
-// is still on its way through the join (bpf/bypass.c, through_join). The
+// is still on its way through the join (bpf/bypass/redirect.h, through_join). The
 // join keeps forwarding what takes TCP, and the connection's end and reset.
 type Shortcut struct {
 	m                *ebpf.Map

@@ -196,7 +196,7 @@ func (d *direction) readOnce() (*[]byte, int, error) {
 // leaveOutUnseen takes out of userRead the bytes read that the verdict never
 // saw: a send that bypass redirected to src (an sk_msg verdict, straight
 // into its psock's queue) having looked before the join was there to see
-// (bpf/bypass.c: psock_joined). They come at the join's start only, and
+// (bpf/bypass/redirect.h: psock_joined). They come at the join's start only, and
 // would leave allSeenRead false for good: no hand-back, and EOF taken for
 // bytes lost. The verdict counts a byte before it can be read, and counts
 // a redirect before adding it to Redirected (loaded first here), so any

@@ -184,7 +184,7 @@ struct {
 	__type(value, struct splice_seen);
 } splice_programs SEC(".maps");
 
-/* A command line being hashed (current_program in bypass.c), in a per-CPU
+/* A command line being hashed (current_program in bpf/bypass/learn.h), in a per-CPU
  * map: more than a program's stack holds. */
 struct args_walk {
 	char args[ARGS_LEN];

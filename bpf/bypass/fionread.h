@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: GPL-2.0
+/* FIONREAD: how many bytes a psock holds, and the answer corrected where the
+ * kernel's leaves some out.
+ *
+ * Part of bypass.c, which includes the parts in order: each uses what the
+ * ones before it define. */
+
+/* A classic tracepoint's record of a system call's return (the
+ * syscalls:sys_exit_* events' format). */
+struct sys_exit_record {
+	__u64 common;
+	__s32 nr;
+	__s32 _pad;
+	__s64 ret;
+};
+
+/* How many psock messages the FIONREAD correction adds up at most (one
+ * bpf_loop step each: verified once, whatever the bound). */
+#define FIONREAD_MSGS 4096
+
+/* The correction's walk of a psock's ingress_msg, for bpf_loop. */
+struct ingress_walk {
+	struct list_head *head;
+	struct list_head *pos;
+	__u32 bytes;
+};
+
+static long ingress_step(__u64 i, struct ingress_walk *w)
+{
+	/* A local copy: inside BPF_CORE_READ, w->pos would be relocated
+	 * against a kernel type of that name, which there is none of. */
+	struct list_head *pos = w->pos;
+	if (!pos || pos == w->head)
+		return 1;
+	struct sk_msg *m = (struct sk_msg *)((void *)pos - bpf_core_field_offset(struct sk_msg, list));
+	w->bytes += BPF_CORE_READ(m, sg.size);
+	w->pos = BPF_CORE_READ(pos, next);
+	return 0;
+}
+
+/* Redirected bytes waiting on a psock's ingress_msg (kernels whose psock
+ * does not count them: 6.1), added up message by message. Read without the
+ * socket's lock, as FIONREAD's answer is stale the moment it is given.
+ * Past FIONREAD_MSGS messages it adds the most flow control lets a reader
+ * hold (--max-backlog, or the reader's own SO_RCVBUF where that is larger):
+ * an answer too large costs a reader one read that finds less, one too
+ * small a reader that trusts it (nginx counts the answer down read by
+ * read, and once past 0 waits for an edge: it hung with about 950
+ * messages queued behind an older 256-message walk). */
+static __always_inline __u32 psock_queued(struct sock *sk, struct sk_psock *psock)
+{
+	struct ingress_walk w = {
+		.head = __builtin_preserve_access_index(&psock->ingress_msg),
+		.pos = BPF_CORE_READ(psock, ingress_msg.next),
+	};
+	bpf_loop(FIONREAD_MSGS, ingress_step, &w, 0);
+	if (w.pos && w.pos != w.head) {
+		__u32 bound = cfg.max_backlog;
+		__u32 rcvbuf = BPF_CORE_READ(sk, sk_rcvbuf);
+		w.bytes += rcvbuf > bound ? rcvbuf : bound;
+	}
+	return w.bytes;
+}
+
+/* What this kernel's FIONREAD leaves out of a socket with a psock: bytes
+ * TCP holds (6.18 without 04af4efde58a; as tcp_inq counts them, the FIN
+ * not), or redirected ones (6.1). Only where no sk_skb verdict takes the
+ * socket's TCP bytes (bypass's sockets, sk_msg only): with one, every byte
+ * passes through the psock's queue and the kernel's own count, which this
+ * would count twice. */
+static __always_inline __u32 fionread_missing(struct sock *sk)
+{
+	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
+	if (!(ud & SK_USER_DATA_PSOCK))
+		return 0;
+	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
+	if (BPF_CORE_READ(psock, progs.stream_verdict) || BPF_CORE_READ(psock, progs.skb_verdict))
+		return 0;
+	if (cfg.fionread_misses_tcp)
+		return tcp_data_queued(sk);
+	if (PSOCK_COUNTS)
+		return 0;
+	return psock_queued(sk, psock);
+}
+
+/* FIONREAD made to count every queued byte, on kernels whose answer leaves
+ * some out while a socket is in a sockhash (fionread_missing): a reader
+ * that reads only what FIONREAD announces, and waits or sleeps while told
+ * 0 (a Java available() loop, nginx after a full buffer), is told what is
+ * there. Runs as the ioctl returns, adds the missing bytes to the answer
+ * the kernel wrote to the caller's memory (bpf_probe_write_user: refused
+ * under lockdown, where the stall watch and scan remain the net). Any
+ * socket with a psock and no sk_skb verdict is corrected, shunt's or not:
+ * the answer only becomes true. Attached only where FIONREAD misses bytes;
+ * every ioctl of the host passes here (the first tests end the others). */
+SEC("tracepoint/syscalls/sys_exit_ioctl")
+int shunt_fionread(struct sys_exit_record *ctx)
+{
+	if (ctx->ret)
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (!regs || (__u32)regs->si != FIONREAD)
+		return 0;
+	__u32 fd = regs->di;
+	int *answer = (int *)regs->dx;
+	struct file *f = task_file(task, fd);
+	if (!f)
+		return 0;
+	if ((BPF_CORE_READ(f, f_inode, i_mode) & S_IFMT) != S_IFSOCK)
+		return 0;
+	struct socket *sock = BPF_CORE_READ(f, private_data);
+	struct sock *sk = BPF_CORE_READ(sock, sk);
+	if (!sk || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
+		return 0;
+	__u32 missing = fionread_missing(sk);
+	int told = 0;
+	if (!missing || bpf_probe_read_user(&told, sizeof(told), answer))
+		return 0;
+	told += missing;
+	if (!bpf_probe_write_user(answer, &told, sizeof(told)))
+		count(CNT_FIONREAD_CORRECTED);
+	return 0;
+}

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Iterators over every open file: the flows listed, the drain before a
+ * disable, the stall scan.
+ *
+ * Part of bypass.c, which includes the parts in order: each uses what the
+ * ones before it define. */
+
+/* One record per socket shunt holds that some process has open. A server
+ * socket its listener has not accepted yet has no file and is not listed. */
+SEC("iter/task_file")
+int shunt_iter_flows(struct bpf_iter__task_file *ctx)
+{
+	struct sock *sk = 0;
+	struct sock_state *st = held_socket(ctx->file, &sk);
+	if (!st || !sk)
+		return 0;
+	struct flow_record r = {};
+	r.cookie = bpf_get_socket_cookie(sk);
+	r.cgroup_id = BPF_CORE_READ(sk, sk_cgrp_data.cgroup, kn, id);
+	r.tcp_state = BPF_CORE_READ(sk, __sk_common.skc_state);
+	__builtin_memcpy(&r.state, st, sizeof(r.state));
+	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
+	return 0;
+}
+
+/* Removes every held socket whose redirect queues are empty from the
+ * sockhash; reports the keys of those that still hold unread bytes
+ * (deleting them would drop the bytes). */
+SEC("iter/task_file")
+int shunt_iter_drain(struct bpf_iter__task_file *ctx)
+{
+	struct sock *sk = 0;
+	struct sock_state *st = held_socket(ctx->file, &sk);
+	if (!st || !sk)
+		return 0;
+	struct sock_key k = st->self;
+	if (!ingress_empty(sk)) {
+		bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
+		return 0;
+	}
+	bpf_map_delete_elem(&sock_hash, &k);
+	return 0;
+}
+
+/* The stall scan, which the guard runs every few hundred milliseconds: a
+ * held socket with bytes queued that FIONREAD does not count here, whose
+ * reader has read nothing for cfg.scan_stall_ns, goes back to TCP and its
+ * reader is woken, whatever the reader waits for and however it got there
+ * (a read the stall watch saw, or none: FIONREAD asked before the first
+ * read). A reader that only pauses loses the bypass of that connection,
+ * nothing else. The peer's end unread counts as such bytes while someone
+ * waits on the socket (may_stall): an end its reader missed leaves a
+ * connection open for ever (nginx's stream proxy on 6.1 never closed its
+ * client); a reader that keeps a half-closed connection registered and
+ * reads no more loses its bypass and gets one more EPOLLIN, which reads 0
+ * as before. Writes the key of each socket it rescues. */
+SEC("iter/task_file")
+int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
+{
+	struct sock *sk = 0;
+	struct sock_state *st = held_socket(ctx->file, &sk);
+	struct task_struct *task = ctx->task;
+	if (!st || !sk || !task)
+		return 0;
+	struct sock_key k = st->self;
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &k);
+	if (!ref || ref->leaving || (ref->reads & STATE_TCP_READER))
+		return 0;
+	__u32 hidden;
+	/* The end unread with nobody waiting on the socket (a pool's idle
+	 * connection) is no stall, and is not counted or logged as one; it
+	 * still goes back to TCP and its reader is woken, quietly, as before
+	 * this distinction (nginx's stream proxy on 6.1 under qemu once kept
+	 * a client open past its end without that). */
+	int quiet = 0;
+	if (!may_stall(sk, ref, &hidden)) {
+		if (!end_unread(sk, ref)) {
+			ref->scan_at = 0;
+			return 0;
+		}
+		quiet = 1;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	__u32 progress = read_progress(sk, ref);
+	if (!ref->scan_at || ref->scan_progress != progress) {
+		ref->scan_at = now;
+		ref->scan_progress = progress;
+		return 0;
+	}
+	if (now - ref->scan_at < cfg.scan_stall_ns)
+		return 0;
+	ref->cookie = bpf_get_socket_cookie(sk);
+	ref->reader_pid = task->tgid;
+	ref->reader_ino = socket_ino(sk);
+	struct task_struct *leader = task->group_leader;
+	if (leader)
+		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
+	rescue(&k, ref, hidden, move_delay(sk, ref), quiet ? EVENT_WAKE : EVENT_STALL_RESCUED, FOUND_BY_SCAN, 0);
+	bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
+	return 0;
+}

@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: GPL-2.0
+/* The send path: for each send of a held socket, sk_msg decides whether its
+ * peer can take it by redirect (ordering, flow control, the peer's reader, a
+ * join's shortcut) or it takes TCP.
+ *
+ * Part of bypass.c, which includes the parts in order: each uses what the
+ * ones before it define. */
+
+/* Decides, for one send, whether the peer can take it by redirect:
+ * REDIRECT_OK, or why not. The peer's socket is reached through the pointer
+ * it published; it may be closing, in which case the answer may be wrong
+ * only towards TCP or towards a redirect that then finds no peer and takes
+ * TCP after all. */
+enum redirect_check {
+	REDIRECT_OK,
+	REDIRECT_NO_PEER,    /* not paired yet, or gone */
+	REDIRECT_TCP_UNREAD, /* bytes we sent over TCP are not all read */
+	REDIRECT_BACKLOG,    /* flow control: the reader is too far behind */
+	REDIRECT_READER,     /* the peer's reader is unproven, or needs TCP */
+	REDIRECT_REFUSE,     /* the peer splices with redirected bytes unread: neither path is in order */
+	REDIRECT_JOINED,     /* a kernel join holds the peer: only through_join may pass it by */
+};
+
+/* The psock counts the bytes queued on it (msg_tot_len) on newer kernels;
+ * on older ones (6.1) shunt counts them in the receiver's peer_ref. */
+#define PSOCK_COUNTS bpf_core_field_exists(((struct sk_psock *)0)->msg_tot_len)
+
+static __always_inline __u32 counted_unread(struct peer_ref *ref)
+{
+	__u64 in = ref->redirected_in, read = ref->redirected_read;
+	/* A reader may take bytes before the sender counted them. */
+	return read >= in ? 0 : (__u32)(in - read);
+}
+
+/* The peer's socket, read through the pointer it published. clang 14 emits
+ * no BTF type tags, so the verifier sees that pointer as a number: where the
+ * kernel has bpf_rdonly_cast (6.2) the cast makes its fields loadable
+ * directly (fault-safe, as bpf_probe_read_kernel is, without a helper call
+ * each: this runs on every send); older kernels read them with
+ * bpf_probe_read_kernel. */
+static __always_inline __u32 peer_copied_seq(void *sk)
+{
+	if (cfg.probe_reads)
+		return BPF_CORE_READ((struct tcp_sock *)sk, copied_seq);
+	struct tcp_sock *tp = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock));
+	return tp->copied_seq;
+}
+
+static __always_inline __u64 sock_cookie(void *sk)
+{
+	if (cfg.probe_reads)
+		return BPF_CORE_READ((struct sock *)sk, __sk_common.skc_cookie.counter);
+	struct sock *s = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+	return s->__sk_common.skc_cookie.counter;
+}
+
+static __always_inline __u32 peer_write_seq(void *sk)
+{
+	if (cfg.probe_reads)
+		return BPF_CORE_READ((struct tcp_sock *)sk, write_seq);
+	struct tcp_sock *tp = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock));
+	return tp->write_seq;
+}
+
+/* Whether a kernel join (shunt proxy, splice, daemon) holds the socket of
+ * this psock as well: its sk_skb verdict reads the socket's TCP queue and
+ * never sees a redirected message, and its sends are the join's, which counts
+ * them as TCP sends. Such a socket stays on TCP both ways. */
+static __always_inline int psock_joined(unsigned long psock)
+{
+	if (cfg.probe_reads) {
+		struct sk_psock *p = (struct sk_psock *)psock;
+		return BPF_CORE_READ(p, progs.stream_verdict) || BPF_CORE_READ(p, progs.skb_verdict);
+	}
+	struct sk_psock *p = bpf_rdonly_cast((void *)psock, bpf_core_type_id_kernel(struct sk_psock));
+	return p->progs.stream_verdict || p->progs.skb_verdict;
+}
+
+/* The psock of a socket in a sockmap or sockhash, 0 if none. */
+static __always_inline unsigned long sock_psock(void *sk)
+{
+	if (cfg.probe_reads)
+		return (unsigned long)BPF_CORE_READ((struct sock *)sk, sk_user_data) & SK_USER_DATA_PTRMASK;
+	struct sock *s = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+	return (unsigned long)s->sk_user_data & SK_USER_DATA_PTRMASK;
+}
+
+/* No redirected byte waits in the socket's receive queues. */
+static __always_inline int ingress_empty(struct sock *sk)
+{
+	unsigned long ud = (unsigned long)BPF_CORE_READ(sk, sk_user_data);
+	struct sk_psock *psock = (struct sk_psock *)(ud & SK_USER_DATA_PTRMASK);
+	if (!psock)
+		return 1;
+	struct list_head *head = __builtin_preserve_access_index(&psock->ingress_msg);
+	return BPF_CORE_READ(psock, ingress_msg.next) == head && !BPF_CORE_READ(psock, ingress_skb.qlen);
+}
+
+/* What the peer's receive side holds for flow control. */
+struct peer_buffer {
+	__u32 unread;        /* redirected bytes its reader has not read */
+	__u32 rcvbuf;
+	int rcvbuf_locked;   /* the reader set SO_RCVBUF: its bound, not ours */
+};
+
+static __always_inline void peer_buffer(struct peer_ref *ref, unsigned long ud, struct peer_buffer *b)
+{
+	void *sk = ref->sk;
+	if (cfg.probe_reads) {
+		struct sock *peer = sk;
+		/* Through a local: an access through b would be relocated
+		 * against a kernel type named peer_buffer. */
+		struct sk_psock *psock = (struct sk_psock *)ud;
+		if (PSOCK_COUNTS)
+			b->unread = BPF_CORE_READ(psock, msg_tot_len);
+		else
+			b->unread = counted_unread(ref);
+		/* A 4-bit field before 6.5ish, a byte after: read it as either. */
+		b->rcvbuf_locked = BPF_CORE_READ_BITFIELD_PROBED(peer, sk_userlocks) & SOCK_RCVBUF_LOCK;
+		b->rcvbuf = BPF_CORE_READ(peer, sk_rcvbuf);
+		return;
+	}
+	struct sock *peer = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+	struct sk_psock *psock = bpf_rdonly_cast((void *)ud, bpf_core_type_id_kernel(struct sk_psock));
+	b->unread = psock->msg_tot_len;
+	b->rcvbuf_locked = peer->sk_userlocks & SOCK_RCVBUF_LOCK;
+	b->rcvbuf = peer->sk_rcvbuf;
+}
+
+/* sent: the end of what the peer's TCP sender (the sending socket, or the
+ * far socket of a join) has queued for TCP. */
+static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
+{
+	if (!ref)
+		return REDIRECT_NO_PEER;
+	if (!ref->sk)
+		return REDIRECT_NO_PEER;
+	void *peer = ref->sk;
+	/* Gone from the sockhash (psock 0), or held by a join too: whatever
+	 * its reader, the join reads it. */
+	unsigned long psock = sock_psock(peer);
+	if (!psock)
+		return REDIRECT_NO_PEER;
+	if (psock_joined(psock))
+		return REDIRECT_JOINED;
+	__u32 reads = ref->reads;
+	int splicer = reads & STATE_SPLICE;
+	int may_splice = reads & STATE_MAY_SPLICE;
+	if (!splicer) {
+		if ((reads & STATE_TCP_READER) && !may_splice)
+			return REDIRECT_READER;
+		if (!(reads & STATE_READS) && !cfg.trust_readers)
+			return REDIRECT_READER;
+	}
+	if (!splicer && peer_copied_seq(peer) != sent)
+		return REDIRECT_TCP_UNREAD;
+
+	/* Redirected bytes are bounded only by tcp_mem, not the receiver's
+	 * buffer: without this a slow reader lets a fast writer fill memory.
+	 * Over TCP the writer blocks or gets EAGAIN as TCP decides. */
+	struct peer_buffer buf = {};
+	peer_buffer(ref, psock, &buf);
+	__u32 limit = cfg.max_backlog;
+	if (buf.rcvbuf_locked)
+		limit = buf.rcvbuf;
+	__u32 unread = buf.unread;
+	if (splicer) {
+		/* A splice reads the TCP queue alone. With nothing redirected
+		 * left unread, TCP is in order and the splice reads it. Else a
+		 * TCP send would reach the splice ahead of bytes it cannot
+		 * read: keep redirecting behind them (the connection is
+		 * caught; the guard resets it), and refuse past the bound. */
+		if (!unread)
+			return REDIRECT_READER;
+		return unread > limit ? REDIRECT_REFUSE : REDIRECT_OK;
+	}
+	/* Its reader's program was just learned splicing (presume_splicer), or
+	 * it reads by zerocopy receive or peeks in mid-stream: each sees one
+	 * queue alone. With redirected bytes queued, a splice would find TCP's
+	 * queue empty and be caught, never read a TCP byte ahead of them, and
+	 * a peek would never reach a TCP byte behind them: redirect behind
+	 * them until they are read, past the bound too (the state lasts until
+	 * then), then take TCP. */
+	if (may_splice && !unread && (PSOCK_COUNTS || ingress_empty((struct sock *)peer)))
+		return REDIRECT_READER; /* shunt's own count is an estimate: the queue says */
+	if (unread > limit && !may_splice)
+		return REDIRECT_BACKLOG;
+	return REDIRECT_OK;
+}
+
+/* A send to F, a socket of a kernel join whose other socket B is paired
+ * with U (a proxy's two legs, both bypassed): it may go straight to U if
+ * nothing this socket sent F is still on its way there. That is: the join
+ * has sent out through B all this socket sent (plus what the proxy added, a
+ * PROXY header), and U read all B sent by TCP. B sends only what the join
+ * took from F, so the first says F's queue and the join hold none of it.
+ * Each side counts what took TCP by sequence numbers (from the handshake's)
+ * and what went by redirect in bypass's counts (this socket's tx_bytes, less
+ * what passed the join by; B's, fixed once joined, in sc->added). Read in
+ * that order, each stays true once seen true (this socket's sends wait on
+ * its lock, held here; nothing else feeds the join), so both hold together.
+ * x86-64 keeps loads in order; the barrier keeps clang from reordering them
+ * (an arm64 build would need a fetching atomic instead). Then U's reader and
+ * buffer decide as for a direct peer. Sets *far, *far_key and *via where
+ * that check ran; else REDIRECT_JOINED: the send takes TCP, through the
+ * join. */
+static __always_inline int through_join(__u32 sent, __u64 redirected, struct peer_ref *front,
+					struct peer_ref **far, struct sock_key **far_key, struct shortcut **via)
+{
+	__u64 cookie = sock_cookie(front->sk);
+	struct shortcut *sc = bpf_map_lookup_elem(&shortcuts, &cookie);
+	if (!sc)
+		return REDIRECT_JOINED;
+	struct peer_ref *back = bpf_map_lookup_elem(&peer_refs, &sc->partner);
+	if (!back || !back->sk || sock_cookie(back->sk) != sc->partner_cookie)
+		return REDIRECT_JOINED;
+	struct peer_ref *u = bpf_map_lookup_elem(&peer_refs, &back->peer);
+	if (!u || !u->sk)
+		return REDIRECT_JOINED;
+	__u32 out = peer_write_seq(back->sk);
+	__u32 to_front = (__u32)(redirected - sc->bytes);
+	if (out - back->snd_origin - (sent - front->rcv_origin) - to_front != sc->added)
+		return REDIRECT_JOINED;
+	asm volatile("" ::: "memory");
+	int r = check_peer(u, out);
+	if (r == REDIRECT_JOINED)
+		return r;
+	*far = u;
+	*far_key = &back->peer;
+	*via = sc;
+	return r;
+}
+
+/* Counts a send of a held socket for its cgroup. */
+static __always_inline void count_send(struct sock_state *st, __u32 size, int redirected)
+{
+	struct cgroup_traffic *c = bpf_map_lookup_elem(&cgroup_sends, &st->cgroup_id);
+	if (!c)
+		return;
+	if (redirected) {
+		c->redirected_bytes += size;
+		c->redirected_sends++;
+	} else {
+		c->tcp_bytes += size;
+		c->tcp_sends++;
+	}
+}
+
+/* The send takes TCP. */
+static __always_inline int pass(struct sock_state *st, __u32 size)
+{
+	st->pass_msgs++;
+	count_send(st, size, 0);
+	return SK_PASS;
+}
+
+static __always_inline int fall_back(struct sock_state *st, __u32 size)
+{
+	if (!(__sync_fetch_and_or(&st->flags, STATE_FALLBACK) & STATE_FALLBACK))
+		count(CNT_FALLBACK);
+	return pass(st, size);
+}
+
+/* The sending socket's state; NULL for sockets shunt does not hold. */
+static __always_inline struct sock_state *state_of(struct bpf_sock *sk)
+{
+	if (!sk)
+		return 0;
+	return bpf_sk_storage_get(&sock_states, sk, 0, 0);
+}
+
+/* Starts the socket's leave no earlier than after delay: a redirect decided
+ * before the switch that calls this lands until then. */
+static __always_inline void start_leave(struct peer_ref *ref, __u64 delay)
+{
+	ref->leave_after = bpf_ktime_get_ns() + delay;
+	bpf_timer_start(&ref->leave, delay, 0);
+}
+
+#define MSG_OOB 0x1
+
+/* The send in progress asked for urgent data (MSG_OOB), which only TCP
+ * carries: it marks the send's last byte urgent, out of the stream unless
+ * the reader set SO_OOBINLINE. Redirected, that byte would arrive in band
+ * (a Java program's sendUrgentData heartbeat in the middle of its peer's
+ * stream). sk_msg is not told the send's flags: they are read from the
+ * system call's registers, found from the task's kernel stack where the
+ * reader watch saw them (control.regs_at). Kernel threads send no urgent
+ * data; an io_uring send's flags are not in the registers (not seen). */
+static __always_inline int urgent_send(struct control_word *ctl)
+{
+	__u32 at = ctl->regs_at;
+	if (!at)
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	if (!task->mm)
+		return 0;
+	void *regs = task->stack + at;
+	unsigned long nr, flags;
+	if (cfg.probe_reads) {
+		nr = BPF_CORE_READ((struct pt_regs *)regs, orig_ax);
+		if (nr == cfg.sendmsg_nr)
+			flags = BPF_CORE_READ((struct pt_regs *)regs, dx);
+		else if (nr == cfg.sendto_nr || nr == cfg.sendmmsg_nr)
+			flags = BPF_CORE_READ((struct pt_regs *)regs, r10);
+		else
+			return 0;
+		return flags & MSG_OOB;
+	}
+	struct pt_regs *r = bpf_rdonly_cast(regs, bpf_core_type_id_kernel(struct pt_regs));
+	nr = r->orig_ax;
+	if (nr == cfg.sendmsg_nr)
+		flags = r->dx;
+	else if (nr == cfg.sendto_nr || nr == cfg.sendmmsg_nr)
+		flags = r->r10;
+	else
+		return 0;
+	return flags & MSG_OOB;
+}
+
+/* ref's reader needs what only TCP gives (urgent data, a receive option a
+ * psock ignores): its connection goes back to TCP, counted once under
+ * counter. Redirects decided before the mark may still land: the leave
+ * waits for them. */
+static __always_inline void leave_for_tcp(struct peer_ref *ref, __u32 counter)
+{
+	if (__sync_fetch_and_or(&ref->reads, STATE_TCP_READER) & STATE_TCP_READER)
+		return;
+	count(counter);
+	start_leave(ref, cfg.settle_ns);
+}
+
+SEC("sk_msg")
+int shunt_sk_msg(struct sk_msg_md *msg)
+{
+	struct bpf_sock *sk = msg->sk;
+	struct sock_state *st = state_of(sk);
+	if (!st || !sk)
+		return SK_PASS;
+	__u32 size = msg->size;
+	if (st->flags & STATE_FALLBACK)
+		return pass(st, size);
+
+	__u32 zero = 0;
+	struct control_word *ctl = bpf_map_lookup_elem(&control, &zero);
+	if (!ctl || ctl->draining)
+		return fall_back(st, size);
+
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return fall_back(st, size);
+	unsigned long own = sock_psock(tp);
+	if (own && psock_joined(own))
+		return pass(st, size);
+
+	/* The peer's entry: published by sockops, gone when it left. */
+	struct sock_key *to = &st->peer;
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, to);
+	struct shortcut *via = 0;
+	int check = check_peer(ref, tp->write_seq);
+	if (check == REDIRECT_JOINED && ref) {
+		struct peer_ref *far = 0;
+		check = through_join(tp->write_seq, st->tx_bytes, ref, &far, &to, &via);
+		if (far)
+			ref = far;
+	}
+	switch (check) {
+	case REDIRECT_OK:
+		break;
+	case REDIRECT_REFUSE:
+		count(CNT_REFUSED_SENDS);
+		return SK_DROP; /* sendmsg fails with EACCES */
+	case REDIRECT_BACKLOG:
+		if (!(st->flags & STATE_THROTTLED) &&
+		    !(__sync_fetch_and_or(&st->flags, STATE_THROTTLED) & STATE_THROTTLED))
+			count(CNT_THROTTLED);
+		/* These bytes queue behind redirected ones; the read that
+		 * drains those returns short (tcp_bpf_recvmsg reads the psock
+		 * alone while it holds any), and a reader that takes a short
+		 * read for all there is waits for an edge these raised long
+		 * before: the stall watch looks at such reads (hidden_bytes). */
+		if (ref && !(ref->reads & STATE_TCP_BEHIND))
+			__sync_fetch_and_or(&ref->reads, STATE_TCP_BEHIND);
+		/* fall through */
+	default:
+		return pass(st, size);
+	}
+
+	if (urgent_send(ctl)) {
+		/* Through a join the urgent byte takes the join, behind
+		 * what it holds; the far peer stays as it is. */
+		if (!via && ref)
+			leave_for_tcp(ref, CNT_URGENT);
+		return pass(st, size);
+	}
+	/* A missing peer (closed a moment ago) leaves the send on the TCP
+	 * path, where a closed peer answers as TCP would. */
+	if (bpf_msg_redirect_hash(msg, &sock_hash, to, BPF_F_INGRESS) != SK_PASS)
+		return pass(st, size);
+	if (st->flags & STATE_THROTTLED)
+		__sync_fetch_and_and(&st->flags, ~STATE_THROTTLED);
+	if (!PSOCK_COUNTS && ref) /* REDIRECT_OK: ref is set */
+		__sync_fetch_and_add(&ref->redirected_in, size);
+	if (via) {
+		__sync_fetch_and_add(&via->bytes, size);
+		__sync_fetch_and_add(&via->sends, 1);
+	}
+	st->tx_bytes += size;
+	st->tx_msgs++;
+	count_send(st, size, 1);
+	return SK_PASS;
+}
