@@ -13,6 +13,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -216,10 +217,15 @@ func describe(pid int) string {
 // InDir makes dir and then runs create, which makes a file in it (binds a
 // socket there); again if dir went away in between: removing shunt removes
 // an empty Dir (Remove), which a daemon starting at that moment would
-// otherwise meet as ENOENT.
+// otherwise meet as ENOENT. Only dir itself is made: a path whose parent is
+// missing is a mistake to report (a typo would otherwise leave a tree of
+// directories behind).
 func InDir(dir string, perm os.FileMode, create func() error) error {
 	for try := 1; ; try++ {
-		if err := os.MkdirAll(dir, perm); err != nil {
+		if err := os.Mkdir(dir, perm); err != nil && !errors.Is(err, fs.ErrExist) {
+			if errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("directory %s does not exist", filepath.Dir(dir))
+			}
 			return err
 		}
 		err := create()

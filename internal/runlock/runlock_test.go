@@ -218,3 +218,17 @@ func TestInDirMakesTheDirectoryAgain(t *testing.T) {
 		t.Fatalf("InDir with another error: %v after %d tries, want it at once", err, tries)
 	}
 }
+
+// Only the last directory is made: a socket path whose parent is missing
+// (a typo in --socket) is reported, and no directory is left behind.
+func TestInDirMakesNoTree(t *testing.T) {
+	top := filepath.Join(t.TempDir(), "missing")
+	called := false
+	err := runlock.InDir(filepath.Join(top, "run"), 0o700, func() error { called = true; return nil })
+	if err == nil || called || !strings.Contains(err.Error(), top+" does not exist") {
+		t.Fatalf("InDir under a missing directory: %v (create called: %v), want an error naming %s", err, called, top)
+	}
+	if _, err := os.Stat(top); !os.IsNotExist(err) {
+		t.Errorf("%s was made: %v", top, err)
+	}
+}
