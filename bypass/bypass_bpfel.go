@@ -90,7 +90,8 @@ const (
 	bypassCounterCNT_ZEROCOPY_CAUGHT    bypassCounter = 36
 	bypassCounterCNT_PEEK_READER        bypassCounter = 37
 	bypassCounterCNT_PEEK_STUCK         bypassCounter = 38
-	bypassCounterCNT_MAX                bypassCounter = 39
+	bypassCounterCNT_URING_READER       bypassCounter = 39
+	bypassCounterCNT_MAX                bypassCounter = 40
 )
 
 type bypassEventKind uint32

@@ -108,6 +108,10 @@ type Counters struct {
 	// ReceiveOptions counts sockets kept on TCP (or sent back) because
 	// their reader set a receive option only TCP honours.
 	ReceiveOptions uint64 `json:"receive_options" help:"Connections kept on TCP, or sent back to it, because an end set a receive option only TCP's receive path honours (SO_RCVLOWAT above 1, TCP_INQ, SO_PEEK_OFF, receive timestamps)."`
+	// URingReaders counts directions kept on TCP (or sent back) because
+	// their reader reads through io_uring: each completion says whether
+	// bytes are left, which only TCP's receive path tells.
+	URingReaders uint64 `json:"directions_uring_reader" help:"Directions kept on TCP, or sent back to it, because their reader reads through io_uring: each receive's completion says whether bytes are left (IORING_CQE_F_SOCK_NONEMPTY), which only TCP's receive path tells."`
 }
 
 // Program is a BPF program of the install and where it is attached.
@@ -264,6 +268,7 @@ func (in *Install) Counters() (Counters, error) {
 		FionreadCorrected: sum(bypassCounterCNT_FIONREAD_CORRECTED),
 		Urgent:            sum(bypassCounterCNT_URGENT),
 		ReceiveOptions:    sum(bypassCounterCNT_RECEIVE_OPTION),
+		URingReaders:      sum(bypassCounterCNT_URING_READER),
 	}, nil
 }
 

@@ -48,6 +48,27 @@ static __always_inline void report_blocking_eagain(struct sock *sk, struct sock_
 /* How a read asks to be served: STATE_TCP_READER if only TCP serves it as
  * TCP would (MSG_WAITALL, MSG_OOB, MSG_TRUNC; a read that may sleep, whose
  * sleep a signal ends with EAGAIN on a sockhash socket), else STATE_READS. */
+#define PF_IO_WORKER 0x10
+
+/* The read runs for io_uring: in one of its threads (an io-wq worker, the
+ * SQPOLL thread), or inside io_uring_enter(2) (at submission, or as the
+ * task work a readiness wake-up queued). Its completion tells the program
+ * whether bytes are left after it (IORING_CQE_F_SOCK_NONEMPTY, from the
+ * msg_inq TCP's recvmsg fills in), and event loops on io_uring end their
+ * reads when it does not (Netty's io_uring transport). A psock's recvmsg
+ * never fills it in: such a reader is told "empty" after every read of
+ * redirected bytes and waits for an edge that may never come. Task work
+ * run on the way out of another system call is not seen here; the stall
+ * watch and scan remain the net for it. */
+static __always_inline int uring_read(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	if (task->flags & PF_IO_WORKER)
+		return 1;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	return regs && regs->orig_ax == cfg.uring_nr;
+}
+
 static __always_inline __u32 reader_mark(int flags, int waits)
 {
 	/* A psock serves MSG_OOB from its queue, in band, and copies what
@@ -61,9 +82,9 @@ static __always_inline __u32 reader_mark(int flags, int waits)
 
 /* Runs after every recvmsg on the host (read, recv, recvmsg, io_uring recv):
  * records how the reader of a paired socket reads, for its peer's sk_msg.
- * A reader that blocks or asks for MSG_WAITALL (MSG_OOB, MSG_TRUNC) sends
- * its connection back to TCP; event-loop readers (non-blocking) keep the
- * bypass.
+ * A reader that blocks or asks for MSG_WAITALL (MSG_OOB, MSG_TRUNC), or
+ * reads through io_uring, sends its connection back to TCP; event-loop
+ * readers (non-blocking) keep the bypass.
  * Sockets shunt does not hold have no storage and cost one pointer test. */
 /* Where the psock does not count its queue: a read takes either redirected
  * bytes or TCP's (tcp_bpf_recvmsg never mixes them in one call), and only a
@@ -300,6 +321,12 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	if (ret == -EAGAIN)
 		report_blocking_eagain(sk, st, waits);
 	__u32 mark = reader_mark(flags, waits);
+	int uring = 0;
+	if (mark == STATE_READS && uring_read()) {
+		/* Told what is left by each completion: only TCP tells it. */
+		mark = STATE_TCP_READER;
+		uring = 1;
+	}
 	if (st->flags & mark) {
 		if (mark == STATE_READS && ret > 0)
 			watch_stall(sk, st);
@@ -331,7 +358,7 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	}
 	if (old & mark)
 		return 0;
-	count(CNT_TCP_READER);
+	count(uring ? CNT_URING_READER : CNT_TCP_READER);
 	/* A discard is mostly a drain before close (HAProxy's), no habit
 	 * of the port's other readers. */
 	if (st->self.role == ROLE_SERVER && !(flags & MSG_TRUNC))

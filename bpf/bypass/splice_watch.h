@@ -6,7 +6,6 @@
  * Part of bypass.c, which includes the parts in order: each uses what the
  * ones before it define. */
 
-#define PF_IO_WORKER 0x10
 #define IORING_OP_SPLICE 30
 
 /* io_uring runs a splice (IORING_OP_SPLICE) in one of its worker threads

@@ -170,6 +170,7 @@ enum counter {
 	CNT_ZEROCOPY_CAUGHT,   /* ... of which had redirected bytes queued that it cannot map: the guard resets them */
 	CNT_PEEK_READER,       /* connections sent back to TCP: the reader peeked in mid-stream, and no peek reaches past redirected bytes into TCP's */
 	CNT_PEEK_STUCK,        /* readers that peeked at every redirected byte queued three times in a row, reading nothing, with TCP bytes behind them that no peek reaches (reported) */
+	CNT_URING_READER,      /* directions kept on or sent back to TCP: the reader reads through io_uring, whose completions say whether bytes are left (a psock's never do) */
 	CNT_MAX,
 };
 

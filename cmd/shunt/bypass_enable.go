@@ -38,13 +38,14 @@ one); past that its writer's sends take the TCP path, where TCP slows the
 writer as usual, until the reader has caught up. No byte is lost or
 reordered by the switch.
 
-Readers: only non-blocking recv/read (event loops: epoll, poll, io_uring, Go)
-are served by redirected bytes as by TCP, so nothing is redirected to a
-socket until its reader has called recv that way (a connection's first bytes
-each way take TCP); a reader that only splices (Go's io.Copy between two
+Readers: only non-blocking recv/read (event loops: epoll, poll, Go) are
+served by redirected bytes as by TCP, so nothing is redirected to a socket
+until its reader has called recv that way (a connection's first bytes each
+way take TCP); a reader that only splices (Go's io.Copy between two
 connections) stays on TCP, and one that blocks in recv (a signal would end
-its wait with EAGAIN) or asks for MSG_WAITALL moves its connection back to
-plain TCP. --trust-readers redirects from the first byte and keeps blocking
+its wait with EAGAIN), asks for MSG_WAITALL or reads through io_uring (each
+completion says whether bytes are left, which only TCP tells) moves its
+connection back to plain TCP. --trust-readers redirects from the first byte and keeps blocking
 readers, for applications known never to splice(2) from their sockets nor
 to be signalled, stopped or traced in a blocking read.
 

@@ -30,6 +30,7 @@ const (
 	ioringOffCQRing  = 0x8000000
 	ioringOffSQEs    = 0x10000000
 	ioringOpSplice   = 30
+	ioringOpRecv     = 27
 	ioringEnterWait  = 1 // IORING_ENTER_GETEVENTS
 	ioringParamsSize = 120
 	ioringSQESize    = 64
@@ -84,16 +85,36 @@ func (r *ring) close() {
 // splice moves up to n bytes from in to out (one a pipe) as IORING_OP_SPLICE
 // and returns the request's result: bytes moved, or a negative errno.
 func (r *ring) splice(in, out int, n uint32) (int32, error) {
+	res, _, err := r.run(func(sqe []byte) {
+		sqe[0] = ioringOpSplice
+		*(*int32)(unsafe.Pointer(&sqe[4])) = int32(out)
+		*(*int64)(unsafe.Pointer(&sqe[8])) = -1  // off_out: none (a pipe or a socket)
+		*(*int64)(unsafe.Pointer(&sqe[16])) = -1 // off_in
+		*(*uint32)(unsafe.Pointer(&sqe[24])) = n
+		*(*int32)(unsafe.Pointer(&sqe[44])) = int32(in)
+	})
+	return res, err
+}
+
+// recv reads into buf as IORING_OP_RECV and returns the request's result
+// (bytes read, or a negative errno) and its completion's flags.
+func (r *ring) recv(fd int, buf []byte) (int32, uint32, error) {
+	return r.run(func(sqe []byte) {
+		sqe[0] = ioringOpRecv
+		*(*int32)(unsafe.Pointer(&sqe[4])) = int32(fd)
+		*(*uint64)(unsafe.Pointer(&sqe[16])) = uint64(uintptr(unsafe.Pointer(&buf[0])))
+		*(*uint32)(unsafe.Pointer(&sqe[24])) = uint32(len(buf))
+	})
+}
+
+// run submits the one request fill describes and waits for its completion:
+// its result and flags.
+func (r *ring) run(fill func(sqe []byte)) (int32, uint32, error) {
 	tail := atomic.LoadUint32(r.sqTail)
 	idx := tail & r.sqMask
 	sqe := r.sqes[idx*ioringSQESize : (idx+1)*ioringSQESize]
 	clear(sqe)
-	sqe[0] = ioringOpSplice
-	*(*int32)(unsafe.Pointer(&sqe[4])) = int32(out)
-	*(*int64)(unsafe.Pointer(&sqe[8])) = -1  // off_out: none (a pipe or a socket)
-	*(*int64)(unsafe.Pointer(&sqe[16])) = -1 // off_in
-	*(*uint32)(unsafe.Pointer(&sqe[24])) = n
-	*(*int32)(unsafe.Pointer(&sqe[44])) = int32(in)
+	fill(sqe)
 	*u32At(r.sqArray, idx*4) = idx
 	atomic.StoreUint32(r.sqTail, tail+1)
 	submit := uintptr(1)
@@ -101,8 +122,9 @@ func (r *ring) splice(in, out int, n uint32) (int32, error) {
 		if head := atomic.LoadUint32(r.cqHead); head != atomic.LoadUint32(r.cqTail) {
 			off := r.cqes + (head&r.cqMask)*ioringCQESize
 			res := *(*int32)(unsafe.Pointer(&r.cq[off+8]))
+			flags := *(*uint32)(unsafe.Pointer(&r.cq[off+12]))
 			atomic.StoreUint32(r.cqHead, head+1)
-			return res, nil
+			return res, flags, nil
 		}
 		// Submits (it returns how many it took), then waits; a signal
 		// may end the wait before the completion.
@@ -111,7 +133,7 @@ func (r *ring) splice(in, out int, n uint32) (int32, error) {
 		case errno == 0 && took >= submit:
 			submit = 0
 		case errno != 0 && errno != unix.EINTR:
-			return 0, fmt.Errorf("io_uring_enter: %w", errno)
+			return 0, 0, fmt.Errorf("io_uring_enter: %w", errno)
 		}
 	}
 }
@@ -180,3 +202,70 @@ func ioURingEcho(fd int) (copied int64, err error) {
 		}
 	}
 }
+
+// IOUringReader reads a connection through io_uring (IORING_OP_RECV), as
+// an event loop built on it does (Netty's io_uring transport), and reports
+// what each completion says of the socket: whether bytes are left in it
+// after the read (IORING_CQE_F_SOCK_NONEMPTY), which such a loop trusts to
+// end its reads.
+type IOUringReader struct {
+	r *ring
+	c syscall.RawConn
+}
+
+// ioringCQESockNonEmpty is IORING_CQE_F_SOCK_NONEMPTY.
+const ioringCQESockNonEmpty = 1 << 2
+
+// NewIOUringReader sets up a ring for reading c; Close frees it.
+func NewIOUringReader(c *net.TCPConn) (*IOUringReader, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	r, err := newRing()
+	if err != nil {
+		return nil, err
+	}
+	return &IOUringReader{r: r, c: raw}, nil
+}
+
+// Read waits until the socket is readable, then reads into buf with one
+// io_uring recv: bytes read, and whether the completion said more are left.
+func (u *IOUringReader) Read(buf []byte) (n int, more bool, err error) {
+	ctlErr := u.c.Control(func(fd uintptr) {
+		for {
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			if _, err = unix.Poll(pfd, 10_000); err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return
+			}
+			if pfd[0].Revents == 0 {
+				err = fmt.Errorf("not readable within 10 s")
+				return
+			}
+			var res int32
+			var flags uint32
+			if res, flags, err = u.r.recv(int(fd), buf); err != nil {
+				return
+			}
+			if res == -int32(unix.EAGAIN) {
+				continue
+			}
+			if res < 0 {
+				err = syscall.Errno(-res)
+				return
+			}
+			n, more = int(res), flags&ioringCQESockNonEmpty != 0
+			return
+		}
+	})
+	if ctlErr != nil {
+		return 0, false, ctlErr
+	}
+	return n, more, err
+}
+
+// Close frees the ring.
+func (u *IOUringReader) Close() { u.r.close() }
