@@ -16,6 +16,8 @@ import (
 // program built on liburing does. x86-64 layouts (include/uapi/linux/io_uring.h).
 type ring struct {
 	fd             int
+	sqpoll         bool  // a kernel thread takes the requests (IORING_SETUP_SQPOLL)
+	sqeFlags       uint8 // set on every request (IOSQE_ASYNC: run it in an io-wq worker)
 	sq, cq, sqes   []byte
 	sqTail         *uint32 // one request at a time: the head is never needed
 	sqMask         uint32
@@ -26,26 +28,36 @@ type ring struct {
 }
 
 const (
-	ioringOffSQRing  = 0
-	ioringOffCQRing  = 0x8000000
-	ioringOffSQEs    = 0x10000000
-	ioringOpSplice   = 30
-	ioringOpRecv     = 27
-	ioringEnterWait  = 1 // IORING_ENTER_GETEVENTS
-	ioringParamsSize = 120
-	ioringSQESize    = 64
-	ioringCQESize    = 16
+	ioringOffSQRing   = 0
+	ioringOffCQRing   = 0x8000000
+	ioringOffSQEs     = 0x10000000
+	ioringOpSplice    = 30
+	ioringOpRecv      = 27
+	ioringEnterWait   = 1 // IORING_ENTER_GETEVENTS
+	ioringEnterWake   = 2 // IORING_ENTER_SQ_WAKEUP
+	ioringSetupSQPoll = 2 // IORING_SETUP_SQPOLL
+	iosqeAsync        = 1 << 4
+	ioringParamsSize  = 120
+	ioringSQESize     = 64
+	ioringCQESize     = 16
 )
 
 func u32At(b []byte, off uint32) *uint32 { return (*uint32)(unsafe.Pointer(&b[off])) }
 
-func newRing() (*ring, error) {
+func newRing() (*ring, error) { return newRingWith(0) }
+
+// newRingWith sets the ring up with IORING_SETUP_* flags.
+func newRingWith(flags uint32) (*ring, error) {
 	var p [ioringParamsSize]byte
+	*(*uint32)(unsafe.Pointer(&p[8])) = flags
+	if flags&ioringSetupSQPoll != 0 {
+		*(*uint32)(unsafe.Pointer(&p[16])) = 1000 // sq_thread_idle, ms
+	}
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, 2, uintptr(unsafe.Pointer(&p[0])), 0)
 	if errno != 0 {
 		return nil, fmt.Errorf("io_uring_setup: %w", errno)
 	}
-	r := &ring{fd: int(fd)}
+	r := &ring{fd: int(fd), sqpoll: flags&ioringSetupSQPoll != 0}
 	le := func(off int) uint32 { return *(*uint32)(unsafe.Pointer(&p[off])) }
 	sqEntries, cqEntries := le(0), le(4)
 	// struct io_sqring_offsets at 40, io_cqring_offsets at 80.
@@ -115,9 +127,15 @@ func (r *ring) run(fill func(sqe []byte)) (int32, uint32, error) {
 	sqe := r.sqes[idx*ioringSQESize : (idx+1)*ioringSQESize]
 	clear(sqe)
 	fill(sqe)
+	sqe[1] = r.sqeFlags
 	*u32At(r.sqArray, idx*4) = idx
 	atomic.StoreUint32(r.sqTail, tail+1)
-	submit := uintptr(1)
+	submit, enter := uintptr(1), uintptr(ioringEnterWait)
+	if r.sqpoll {
+		// Its thread takes the request; the call only wakes it, if it
+		// slept, and waits.
+		enter |= ioringEnterWake
+	}
 	for {
 		if head := atomic.LoadUint32(r.cqHead); head != atomic.LoadUint32(r.cqTail) {
 			off := r.cqes + (head&r.cqMask)*ioringCQESize
@@ -128,7 +146,7 @@ func (r *ring) run(fill func(sqe []byte)) (int32, uint32, error) {
 		}
 		// Submits (it returns how many it took), then waits; a signal
 		// may end the wait before the completion.
-		took, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), submit, 1, ioringEnterWait, 0, 0)
+		took, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), submit, 1, enter, 0, 0)
 		switch {
 		case errno == 0 && took >= submit:
 			submit = 0
@@ -216,15 +234,40 @@ type IOUringReader struct {
 // ioringCQESockNonEmpty is IORING_CQE_F_SOCK_NONEMPTY.
 const ioringCQESockNonEmpty = 1 << 2
 
-// NewIOUringReader sets up a ring for reading c; Close frees it.
-func NewIOUringReader(c *net.TCPConn) (*IOUringReader, error) {
+// Where io_uring runs a reader's receives.
+type IOUringMode int
+
+const (
+	// IOUringInline: inside io_uring_enter, at submission (or as task
+	// work after a readiness wake-up), as most programs' rings do.
+	IOUringInline IOUringMode = iota
+	// IOUringWorker: in an io-wq worker thread (IOSQE_ASYNC).
+	IOUringWorker
+	// IOUringSQPoll: in the ring's own kernel thread (IORING_SETUP_SQPOLL).
+	IOUringSQPoll
+)
+
+func (m IOUringMode) String() string {
+	return [...]string{"inline", "worker", "sqpoll"}[m]
+}
+
+// NewIOUringReader sets up a ring for reading c whose receives run as mode
+// says; Close frees it.
+func NewIOUringReader(c *net.TCPConn, mode IOUringMode) (*IOUringReader, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
-	r, err := newRing()
+	var flags uint32
+	if mode == IOUringSQPoll {
+		flags = ioringSetupSQPoll
+	}
+	r, err := newRingWith(flags)
 	if err != nil {
 		return nil, err
+	}
+	if mode == IOUringWorker {
+		r.sqeFlags = iosqeAsync
 	}
 	return &IOUringReader{r: r, c: raw}, nil
 }
