@@ -45,9 +45,6 @@ static __always_inline void report_blocking_eagain(struct sock *sk, struct sock_
 	bpf_ringbuf_submit(ev, 0);
 }
 
-/* How a read asks to be served: STATE_TCP_READER if only TCP serves it as
- * TCP would (MSG_WAITALL, MSG_OOB, MSG_TRUNC; a read that may sleep, whose
- * sleep a signal ends with EAGAIN on a sockhash socket), else STATE_READS. */
 #define PF_IO_WORKER 0x10
 
 /* The read runs for io_uring: in one of its threads (an io-wq worker, the
@@ -69,6 +66,9 @@ static __always_inline int uring_read(void)
 	return regs && regs->orig_ax == cfg.uring_nr;
 }
 
+/* How a read asks to be served: STATE_TCP_READER if only TCP serves it as
+ * TCP would (MSG_WAITALL, MSG_OOB, MSG_TRUNC; a read that may sleep, whose
+ * sleep a signal ends with EAGAIN on a sockhash socket), else STATE_READS. */
 static __always_inline __u32 reader_mark(int flags, int waits)
 {
 	/* A psock serves MSG_OOB from its queue, in band, and copies what
@@ -80,12 +80,6 @@ static __always_inline __u32 reader_mark(int flags, int waits)
 	return STATE_READS;
 }
 
-/* Runs after every recvmsg on the host (read, recv, recvmsg, io_uring recv):
- * records how the reader of a paired socket reads, for its peer's sk_msg.
- * A reader that blocks or asks for MSG_WAITALL (MSG_OOB, MSG_TRUNC), or
- * reads through io_uring, sends its connection back to TCP; event-loop
- * readers (non-blocking) keep the bypass.
- * Sockets shunt does not hold have no storage and cost one pointer test. */
 /* Where the psock does not count its queue: a read takes either redirected
  * bytes or TCP's (tcp_bpf_recvmsg never mixes them in one call), and only a
  * TCP read moves copied_seq. */
@@ -292,6 +286,12 @@ static __always_inline void watch_boundary_peek(struct sock *sk, struct sock_sta
 	bpf_ringbuf_submit(ev, 0);
 }
 
+/* Runs after every recvmsg on the host (read, recv, recvmsg, io_uring recv):
+ * records how the reader of a paired socket reads, for its peer's sk_msg.
+ * A reader that blocks or asks for MSG_WAITALL (MSG_OOB, MSG_TRUNC), or
+ * reads through io_uring, sends its connection back to TCP; event-loop
+ * readers (non-blocking) keep the bypass.
+ * Sockets shunt does not hold have no storage and cost one pointer test. */
 static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 {
 	if (flags & MSG_ERRQUEUE)
