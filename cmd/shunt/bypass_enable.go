@@ -45,9 +45,9 @@ way take TCP); a reader that only splices (Go's io.Copy between two
 connections) stays on TCP, and one that blocks in recv (a signal would end
 its wait with EAGAIN), asks for MSG_WAITALL or reads through io_uring (each
 completion says whether bytes are left, which only TCP tells) moves its
-connection back to plain TCP. --trust-readers redirects from the first byte and keeps blocking
-readers, for applications known never to splice(2) from their sockets nor
-to be signalled, stopped or traced in a blocking read.
+connection back to plain TCP. --trust-readers redirects from the first byte
+and keeps blocking readers, for applications known never to splice(2) from
+their sockets nor to be signalled, stopped or traced in a blocking read.
 
 A reader that calls splice(2) after recv (HAProxy's splice-auto, a Go proxy
 that reads a header and then io.Copy's) cannot read bytes redirected before
