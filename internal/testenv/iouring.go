@@ -12,8 +12,10 @@ import (
 )
 
 // An io_uring with one request in flight at a time, as much of it as a
-// test needs to splice through io_uring (IORING_OP_SPLICE) the way a
-// program built on liburing does. x86-64 layouts (include/uapi/linux/io_uring.h).
+// test needs to splice or receive through io_uring (IORING_OP_SPLICE,
+// IORING_OP_RECV) the way a program built on liburing does, with its
+// requests run inline, in io-wq workers or by an SQPOLL thread. x86-64
+// layouts (include/uapi/linux/io_uring.h).
 type ring struct {
 	fd             int
 	sqpoll         bool  // a kernel thread takes the requests (IORING_SETUP_SQPOLL)
