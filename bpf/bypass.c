@@ -75,7 +75,7 @@ volatile const struct config {
 	__u64 scan_stall_ns;  /* the stall scan: bytes queued and nothing read for this long */
 	__u32 fionread_misses_tcp; /* FIONREAD of a sockhash socket leaves out bytes that came by TCP (6.18) */
 	__u32 fionread_corrected;  /* shunt_fionread adds what FIONREAD leaves out: no byte is hidden from it */
-	__u32 reader_port_ttl_s;   /* how long a server port whose reader needed TCP stays unpaired (0: never) */
+	__u32 reader_port_ttl_s;   /* how long a server port (a client process's port) whose reader needed TCP stays unpaired (0: never) */
 	__u32 uring_nr;       /* io_uring_enter(2): may wait for the socket's readiness */
 	__u32 epoll_nrs[3];   /* epoll_wait, epoll_pwait, epoll_pwait2: the epoll file is the first argument */
 	__u32 poll_nrs[4];    /* poll, ppoll, select, pselect6: their entries on the socket's wait queue say what they ask */
@@ -83,6 +83,7 @@ volatile const struct config {
 	__u32 sendmsg_nr;     /* sendmsg(2): flags are the third */
 	__u32 sendmmsg_nr;    /* sendmmsg(2): flags are the fourth */
 	__u64 told_zero_ns;   /* stall_ns for a reader FIONREAD tells 0 while TCP holds bytes for it (stall_after) */
+	__u32 reader_client_streak; /* a client process's connections to a port in a row whose reader needed TCP before its next stay unpaired */
 } cfg = {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,

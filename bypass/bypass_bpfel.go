@@ -22,24 +22,26 @@ type bypassCgroupTraffic struct {
 }
 
 type bypassConfig struct {
-	_                 structs.HostLayout
-	SettleNs          uint64
-	MaxBacklog        uint32
-	TrustReaders      uint32
-	SpliceNr          uint32
-	ProbeReads        uint32
-	StallNs           uint64
-	ScanStallNs       uint64
-	FionreadMissesTcp uint32
-	FionreadCorrected uint32
-	ReaderPortTtlS    uint32
-	UringNr           uint32
-	EpollNrs          [3]uint32
-	PollNrs           [4]uint32
-	SendtoNr          uint32
-	SendmsgNr         uint32
-	SendmmsgNr        uint32
-	ToldZeroNs        uint64
+	_                  structs.HostLayout
+	SettleNs           uint64
+	MaxBacklog         uint32
+	TrustReaders       uint32
+	SpliceNr           uint32
+	ProbeReads         uint32
+	StallNs            uint64
+	ScanStallNs        uint64
+	FionreadMissesTcp  uint32
+	FionreadCorrected  uint32
+	ReaderPortTtlS     uint32
+	UringNr            uint32
+	EpollNrs           [3]uint32
+	PollNrs            [4]uint32
+	SendtoNr           uint32
+	SendmsgNr          uint32
+	SendmmsgNr         uint32
+	ToldZeroNs         uint64
+	ReaderClientStreak uint32
+	_                  [4]byte
 }
 
 type bypassControlWord struct {
@@ -91,7 +93,8 @@ const (
 	bypassCounterCNT_PEEK_READER        bypassCounter = 37
 	bypassCounterCNT_PEEK_STUCK         bypassCounter = 38
 	bypassCounterCNT_URING_READER       bypassCounter = 39
-	bypassCounterCNT_MAX                bypassCounter = 40
+	bypassCounterCNT_READER_CLIENT      bypassCounter = 40
+	bypassCounterCNT_MAX                bypassCounter = 41
 )
 
 type bypassEventKind uint32
@@ -132,7 +135,8 @@ type bypassReaderPort struct {
 	_     structs.HostLayout
 	Netns uint64
 	Port  uint16
-	Pad   [3]uint16
+	Pad   uint16
+	Pid   uint32
 }
 
 type bypassReaderPortSeen struct {
@@ -140,7 +144,7 @@ type bypassReaderPortSeen struct {
 	SeenNs uint64
 	Kept   uint64
 	Pid    uint32
-	Pad    uint32
+	Streak uint32
 	Comm   [16]int8
 }
 
@@ -247,6 +251,7 @@ const (
 	bypassMapExcludedPorts       = "excluded_ports"
 	bypassMapGuardEvents         = "guard_events"
 	bypassMapIsnHandshakes       = "isn_handshakes"
+	bypassMapKeptClients         = "kept_clients"
 	bypassMapPeerRefs            = "peer_refs"
 	bypassMapReaderPorts         = "reader_ports"
 	bypassMapSendBlocked         = "send_blocked"
@@ -347,6 +352,7 @@ type bypassMapSpecs struct {
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.MapSpec `ebpf:"guard_events"`
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
+	KeptClients    *ebpf.MapSpec `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
 	SendBlocked    *ebpf.MapSpec `ebpf:"send_blocked"`
@@ -399,6 +405,7 @@ type bypassMaps struct {
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.Map `ebpf:"guard_events"`
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
+	KeptClients    *ebpf.Map `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
 	SendBlocked    *ebpf.Map `ebpf:"send_blocked"`
@@ -417,6 +424,7 @@ func (m *bypassMaps) Close() error {
 		m.ExcludedPorts,
 		m.GuardEvents,
 		m.IsnHandshakes,
+		m.KeptClients,
 		m.PeerRefs,
 		m.ReaderPorts,
 		m.SendBlocked,

@@ -90,6 +90,15 @@ const shortcutsMap = "shortcuts"
 // within this, and one whose program did not is learned again.
 const ReaderPortTTL = 10 * time.Second
 
+// ReaderClientStreak is how many of a client process's connections to one
+// port in a row must have needed TCP (their reader blocked in recv or asked
+// for MSG_WAITALL) before the next ones it makes to that port stay unpaired,
+// for ReaderPortTTL. One is no habit: redis-benchmark reads the server's
+// configuration on a blocking connection before its event-loop ones, and a
+// connection of that process to the port read without blocking ends the
+// streak.
+const ReaderClientStreak = 2
+
 // learnedMap is pinned beside the install (LearnedDir), not in it, so what
 // shunt learned outlives a removal and applies to the next install.
 const learnedMap = "splice_programs"
@@ -333,16 +342,17 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 // newConfig is the programs' configuration for an install with opts.
 func newConfig(opts Options) bypassConfig {
 	cfg := bypassConfig{
-		SettleNs:       uint64(cmp.Or(opts.settle, redirectSettle)),
-		MaxBacklog:     opts.MaxBacklog,
-		SpliceNr:       unix.SYS_SPLICE,
-		SendtoNr:       unix.SYS_SENDTO,
-		SendmsgNr:      unix.SYS_SENDMSG,
-		SendmmsgNr:     unix.SYS_SENDMMSG,
-		StallNs:        uint64(stallAfter),
-		ToldZeroNs:     uint64(toldZeroStallAfter),
-		ScanStallNs:    uint64(scanStallAfter),
-		ReaderPortTtlS: uint32(ReaderPortTTL / time.Second),
+		SettleNs:           uint64(cmp.Or(opts.settle, redirectSettle)),
+		MaxBacklog:         opts.MaxBacklog,
+		SpliceNr:           unix.SYS_SPLICE,
+		SendtoNr:           unix.SYS_SENDTO,
+		SendmsgNr:          unix.SYS_SENDMSG,
+		SendmmsgNr:         unix.SYS_SENDMMSG,
+		StallNs:            uint64(stallAfter),
+		ToldZeroNs:         uint64(toldZeroStallAfter),
+		ScanStallNs:        uint64(scanStallAfter),
+		ReaderPortTtlS:     uint32(ReaderPortTTL / time.Second),
+		ReaderClientStreak: ReaderClientStreak,
 		// The stall watch wakes a reader whose thread sleeps in
 		// io_uring_enter, or in epoll_wait, poll or select asking for its
 		// socket's input (the socket's wait queue says what each asks).

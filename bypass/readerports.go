@@ -13,10 +13,14 @@ import (
 // ReaderPort is a server port whose reader needed TCP lately (it blocked in
 // recv, asked for MSG_WAITALL or spliced): its new connections are not
 // paired until ReaderPortTTL after that, since each would be taken out again
-// at its first read.
+// at its first read. With Client set, it is one client process whose reads
+// of its last ReaderClientStreak connections to the port needed TCP (a
+// proxy that reads its upstreams with blocking calls): only the connections
+// that process makes to the port stay unpaired.
 type ReaderPort struct {
-	Netns   uint64    `json:"netns_cookie"` // the server's network namespace (SO_NETNS_COOKIE)
+	Netns   uint64    `json:"netns_cookie"` // the server's network namespace (SO_NETNS_COOKIE), the client's with Client
 	Port    uint16    `json:"port"`
+	Client  bool      `json:"client"`  // the entry is PID's connections to Port, not Port's accepted ones
 	PID     int       `json:"pid"`     // the process whose read needed TCP last
 	Command string    `json:"command"` // its command name
 	Seen    time.Time `json:"last_seen"`
@@ -40,9 +44,10 @@ func (in *Install) ReaderPorts() ([]ReaderPort, error) {
 	it := m.Iterate()
 	for it.Next(&k, &v) {
 		seen := wall(v.SeenNs)
-		p := ReaderPort{Netns: k.Netns, Port: k.Port, PID: int(v.Pid), Command: commString(v.Comm),
+		p := ReaderPort{Netns: k.Netns, Port: k.Port, Client: k.Pid != 0, PID: int(v.Pid), Command: commString(v.Comm),
 			Seen: seen, Expires: seen.Add(ReaderPortTTL), Kept: v.Kept}
-		if p.Expires.After(now) {
+		// A client process keeps nothing unpaired before its streak.
+		if p.Expires.After(now) && (!p.Client || v.Streak >= ReaderClientStreak) {
 			out = append(out, p)
 		}
 	}
@@ -50,7 +55,7 @@ func (in *Install) ReaderPorts() ([]ReaderPort, error) {
 		return nil, fmt.Errorf("read %s: %w", readerPortsMap, err)
 	}
 	slices.SortFunc(out, func(a, b ReaderPort) int {
-		return cmp.Or(a.Expires.Compare(b.Expires), cmp.Compare(a.Port, b.Port))
+		return cmp.Or(a.Expires.Compare(b.Expires), cmp.Compare(a.Port, b.Port), cmp.Compare(a.PID, b.PID))
 	})
 	return out, nil
 }

@@ -77,6 +77,10 @@ type Counters struct {
 	// ReaderPort counts connections not paired because a reader of their
 	// server port needed TCP within ReaderPortTTL (Stats.ReaderPorts).
 	ReaderPort uint64 `json:"connections_reader_port" help:"Connections left on TCP unpaired: a reader of their server port needed TCP (blocking recv, MSG_WAITALL, splice) in the last 10 s."`
+	// ReaderClient counts connections not paired because their client
+	// process's reads of its connections to the same port needed TCP within
+	// ReaderPortTTL (Stats.ReaderPorts, Client set).
+	ReaderClient uint64 `json:"connections_reader_client" help:"Connections left on TCP unpaired: their client process read its connections to the same port with blocking recv or MSG_WAITALL in the last 10 s."`
 	// PresumedSplicers counts bypassed sockets sent back to TCP when their
 	// reader's program was learned splicing, before it spliced from them.
 	PresumedSplicers uint64 `json:"presumed_splicers" help:"Bypassed sockets sent back to TCP when their reader's program was first seen splicing (before it could splice from them)."`
@@ -260,6 +264,7 @@ func (in *Install) Counters() (Counters, error) {
 		StallsRescued:     sum(bypassCounterCNT_STALL_RESCUED),
 		Translated:        sum(bypassCounterCNT_PAIRED_TRANSLATED),
 		ReaderPort:        sum(bypassCounterCNT_READER_PORT),
+		ReaderClient:      sum(bypassCounterCNT_READER_CLIENT),
 		PresumedSplicers:  sum(bypassCounterCNT_PRESUMED_SPLICER),
 		PresumedQueued:    sum(bypassCounterCNT_PRESUMED_QUEUED),
 		ClaimsUnbound:     sum(bypassCounterCNT_CLAIM_UNBOUND),

@@ -7,8 +7,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -499,55 +497,16 @@ func TestReapAfterTheConnectingProcessExited(t *testing.T) {
 	addr := srv.ln.Addr().(*net.TCPAddr)
 
 	// A short-lived process connects, hands the socket over and exits.
-	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mine, theirs := os.NewFile(uintptr(pair[0]), "mine"), os.NewFile(uintptr(pair[1]), "theirs")
-	defer mine.Close()
-	cgf, err := os.Open(cg.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cgf.Close()
-	script := fmt.Sprintf(`import socket
-s = socket.create_connection(("127.0.0.1", %d))
-socket.send_fds(socket.socket(fileno=3), [b"x"], [s.fileno()])`, addr.Port)
-	cmd := exec.Command("ip", "netns", "exec", ns.Name, "python3", "-c", script)
-	cmd.ExtraFiles = []*os.File{theirs}
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgf.Fd())}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("the connecting process: %v: %s", err, out)
-	}
-	theirs.Close()
-	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
-	_, oobn, _, _, err := unix.Recvmsg(int(mine.Fd()), buf, oob, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		t.Fatalf("no descriptor came: %v", err)
-	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
-		t.Fatalf("no descriptor came: %v", err)
-	}
-	f := os.NewFile(uintptr(fds[0]), "handed")
-	c, err := net.FileConn(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, pid := testenv.DialFromChild(t, side, addr)
 	defer c.Close()
 	far := testenv.Accept(t, srv.ln)
 
-	if err := syscall.Kill(cmd.Process.Pid, 0); !errors.Is(err, syscall.ESRCH) {
-		t.Fatalf("the connecting process %d still runs: %v", cmd.Process.Pid, err)
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("the connecting process %d still runs: %v", pid, err)
 	}
 	socks, err := ix.Lookup(sockindex.Backend{Addr: netip.MustParseAddr("127.0.0.1"), Port: uint16(addr.Port), Proto: sockindex.TCP})
-	if err != nil || len(socks) != 1 || socks[0].Owner != cmd.Process.Pid {
-		t.Fatalf("the index holds %+v (%v); want the one socket, owned by the exited pid %d", socks, err, cmd.Process.Pid)
+	if err != nil || len(socks) != 1 || socks[0].Owner != pid {
+		t.Fatalf("the index holds %+v (%v); want the one socket, owned by the exited pid %d", socks, err, pid)
 	}
 	target := reap.Target{Addr: netip.MustParseAddr("127.0.0.1"), Port: uint16(addr.Port), Protos: []sockindex.Proto{sockindex.TCP}}
 	res, err := reap.Reap(context.Background(), target, reap.Options{IndexDir: dir, Method: reap.Index})

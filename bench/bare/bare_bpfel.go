@@ -23,6 +23,7 @@ const (
 	bareMapExcludedPorts   = "excluded_ports"
 	bareMapGuardEvents     = "guard_events"
 	bareMapIsnHandshakes   = "isn_handshakes"
+	bareMapKeptClients     = "kept_clients"
 	bareMapPeerRefs        = "peer_refs"
 	bareMapReaderPorts     = "reader_ports"
 	bareMapSendBlocked     = "send_blocked"
@@ -89,6 +90,7 @@ type bareMapSpecs struct {
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.MapSpec `ebpf:"guard_events"`
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
+	KeptClients    *ebpf.MapSpec `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
 	SendBlocked    *ebpf.MapSpec `ebpf:"send_blocked"`
@@ -131,6 +133,7 @@ type bareMaps struct {
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
 	GuardEvents    *ebpf.Map `ebpf:"guard_events"`
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
+	KeptClients    *ebpf.Map `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
 	SendBlocked    *ebpf.Map `ebpf:"send_blocked"`
@@ -149,6 +152,7 @@ func (m *bareMaps) Close() error {
 		m.ExcludedPorts,
 		m.GuardEvents,
 		m.IsnHandshakes,
+		m.KeptClients,
 		m.PeerRefs,
 		m.ReaderPorts,
 		m.SendBlocked,

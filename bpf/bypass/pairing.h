@@ -7,15 +7,19 @@
  * Part of bypass.c, which includes the parts in order: each uses what the
  * ones before it define. */
 
-/* The port's readers needed TCP within cfg.reader_port_ttl_s: what
- * reader_ports holds for it, else NULL. */
-static __always_inline struct reader_port_seen *kept_port(__u64 netns, __u16 port)
+/* What reader_ports holds for the port (pid 0) or that client process's
+ * connections to it, if its readers needed TCP within cfg.reader_port_ttl_s
+ * (a client process's for cfg.reader_client_streak connections in a row),
+ * else NULL. */
+static __always_inline struct reader_port_seen *kept_port(__u64 netns, __u16 port, __u32 pid)
 {
 	if (!cfg.reader_port_ttl_s)
 		return 0;
-	struct reader_port k = { .netns = netns, .port = port };
+	struct reader_port k = { .netns = netns, .port = port, .pid = pid };
 	struct reader_port_seen *s = bpf_map_lookup_elem(&reader_ports, &k);
 	if (!s || bpf_ktime_get_ns() - s->seen_ns > (__u64)cfg.reader_port_ttl_s * 1000000000ULL)
+		return 0;
+	if (pid && s->streak < cfg.reader_client_streak)
 		return 0;
 	return s;
 }
@@ -58,7 +62,7 @@ static __always_inline void register_request(struct bpf_sock_ops *skops)
 		return;
 	}
 	__u64 netns = bpf_get_netns_cookie(skops);
-	struct reader_port_seen *kept = kept_port(netns, fresh.server.server_port);
+	struct reader_port_seen *kept = kept_port(netns, fresh.server.server_port, 0);
 	if (kept) {
 		__sync_fetch_and_add(&kept->kept, 1);
 		count(CNT_READER_PORT);
@@ -372,6 +376,30 @@ static __always_inline void join_as_client(struct bpf_sock_ops *skops, struct bp
 	bind_claim(skops, x, k, st);
 }
 
+/* Client side, in connect(2): the one moment sockops runs in the
+ * connecting process. If that process's readers needed TCP for its last
+ * connections to this port (a proxy that reads its upstreams with blocking
+ * calls), the socket is marked to stay unpaired. One such connection is no
+ * habit: redis-benchmark asks for the server's configuration on a blocking
+ * connection, then runs its load on event-loop ones. */
+static __always_inline void client_connects(struct bpf_sock_ops *skops)
+{
+	struct tuple t = {};
+	if (!cfg.reader_port_ttl_s || tuple_from_skops(skops, &t, 1))
+		return;
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+	/* Not bpf_get_current_pid_tgid: sockops lacks it on 6.1. */
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u32 pid = task->tgid;
+	if (!kept_port(bpf_get_netns_cookie(skops), t.server_port, pid))
+		return;
+	__u32 *mark = bpf_sk_storage_get(&kept_clients, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (mark)
+		*mark = pid;
+}
+
 static __always_inline void client_established(struct bpf_sock_ops *skops)
 {
 	struct tuple t = {};
@@ -396,6 +424,16 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 	if (x->p.state != PENDING_REGISTERED) {
 		poison_claimed(&x->p.state);
 		count(CNT_UNPAIRED);
+		return;
+	}
+	__u32 *kept_by = bpf_sk_storage_get(&kept_clients, sk, 0, 0);
+	if (kept_by) {
+		/* Withdrawn: the server finds nothing and stays on TCP too. */
+		bpf_map_delete_elem(&isn_handshakes, &k);
+		struct reader_port_seen *kept = kept_port(netns, t.server_port, *kept_by);
+		if (kept)
+			__sync_fetch_and_add(&kept->kept, 1);
+		count(CNT_READER_CLIENT);
 		return;
 	}
 	__u32 why = keeps_tcp(sk);
@@ -533,6 +571,9 @@ int shunt_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB:
 		if (skops->is_fullsock)
 			write_claim(skops);
+		break;
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+		client_connects(skops);
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		client_established(skops);

@@ -156,23 +156,38 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 		bpf_timer_start(&ref->leave, stall_after(sk), 0);
 }
 
-/* A server socket's reader needs TCP: the next connections to its port
- * are left unpaired for a while (reader_ports). */
+/* A socket's reader needs TCP: the next connections to its server port
+ * (a server's socket), or the next ones its process makes to that port (a
+ * client's), are left unpaired for a while (reader_ports). */
 static __always_inline void learn_reader_port(struct sock_state *st)
 {
-	struct reader_port k = { .netns = st->self.netns, .port = st->self.tuple.server_port };
-	__u64 now = bpf_ktime_get_ns();
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	struct reader_port k = { .netns = st->self.netns, .port = st->self.tuple.server_port,
+				 .pid = st->self.role == ROLE_CLIENT ? pid : 0 };
+	__u64 now = bpf_ktime_get_ns();
 	struct reader_port_seen *s = bpf_map_lookup_elem(&reader_ports, &k);
 	if (s) {
+		/* After the TTL a client's streak starts again. */
+		s->streak = now - s->seen_ns > (__u64)cfg.reader_port_ttl_s * 1000000000ULL ? 1 : s->streak + 1;
 		s->seen_ns = now;
 		s->pid = pid;
 		current_comm(s->comm);
 		return;
 	}
-	struct reader_port_seen fresh = { .seen_ns = now, .pid = pid };
+	struct reader_port_seen fresh = { .seen_ns = now, .pid = pid, .streak = 1 };
 	current_comm(fresh.comm);
 	bpf_map_update_elem(&reader_ports, &k, &fresh, BPF_NOEXIST);
+}
+
+/* A client socket's reader reads without blocking: its process's streak
+ * of connections to that port that needed TCP ends (reader_ports). */
+static __always_inline void forget_reader_client(struct sock_state *st)
+{
+	if (!cfg.reader_port_ttl_s || st->self.role != ROLE_CLIENT)
+		return;
+	struct reader_port k = { .netns = st->self.netns, .port = st->self.tuple.server_port,
+				 .pid = bpf_get_current_pid_tgid() >> 32 };
+	bpf_map_delete_elem(&reader_ports, &k);
 }
 
 /* Notes where a task's system call registers sit from the base of its
@@ -352,6 +367,7 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	__sync_fetch_and_or(&st->flags, mark);
 	__u32 old = __sync_fetch_and_or(&ref->reads, mark);
 	if (mark != STATE_TCP_READER) {
+		forget_reader_client(st);
 		if (ret > 0)
 			watch_stall(sk, st);
 		return 0;
@@ -361,7 +377,7 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	count(uring ? CNT_URING_READER : CNT_TCP_READER);
 	/* A discard is mostly a drain before close (HAProxy's), no habit
 	 * of the port's other readers. */
-	if (st->self.role == ROLE_SERVER && !(flags & MSG_TRUNC))
+	if (!(flags & MSG_TRUNC))
 		learn_reader_port(st);
 	/* Never seen in recv before: the peer never redirected to it, so
 	 * nothing can be on the way. */

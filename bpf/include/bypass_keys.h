@@ -171,6 +171,7 @@ enum counter {
 	CNT_PEEK_READER,       /* connections sent back to TCP: the reader peeked in mid-stream, and no peek reaches past redirected bytes into TCP's */
 	CNT_PEEK_STUCK,        /* readers that peeked at every redirected byte queued three times in a row, reading nothing, with TCP bytes behind them that no peek reaches (reported) */
 	CNT_URING_READER,      /* directions kept on or sent back to TCP: the reader reads through io_uring, whose completions say whether bytes are left (a psock's never do) */
+	CNT_READER_CLIENT,     /* connections left unpaired: their client process's reads of its connections to that port needed TCP lately */
 	CNT_MAX,
 };
 
@@ -194,18 +195,20 @@ struct splice_program {
 
 /* A server port in one network namespace whose accepted connections'
  * reader needed TCP lately (it blocked in recv, asked for MSG_WAITALL or
- * splices). */
+ * splices): pid 0. Or, pid set, one client process whose connections to
+ * that port needed TCP lately (netns: the client's). */
 struct reader_port {
 	__u64 netns;
 	__u16 port; /* host byte order */
-	__u16 _pad[3];
+	__u16 _pad;
+	__u32 pid;  /* 0: the port's accepted connections; else this client process's (tgid) */
 };
 
 struct reader_port_seen {
 	__u64 seen_ns; /* bpf_ktime_get_ns() when a reader on it last needed TCP */
 	__u64 kept;    /* connections to it left unpaired since it was first seen */
 	__u32 pid;     /* that reader's process (tgid) */
-	__u32 _pad;
+	__u32 streak;  /* a client process's: its connections to the port in a row whose reader needed TCP */
 	char comm[COMM_LEN];
 };
 

@@ -159,11 +159,13 @@ struct {
 	__type(value, __u8);
 } excluded_ports SEC(".maps");
 
-/* Server ports whose readers needed TCP lately: a connection to one is not
- * paired for cfg.reader_port_ttl_s after that. Paired, it would be taken
- * out again at its first read, which costs a short connection more than
- * TCP (gunicorn's sync workers ran at 0.85x). Forgotten after the TTL, so
- * a port whose program changed is bypassed again. */
+/* Server ports whose readers needed TCP lately, and client processes whose
+ * readers did for their connections to a port: a connection to such a port
+ * (from such a process) is not paired for cfg.reader_port_ttl_s after
+ * that. Paired, it would be taken out again at its first read, which costs
+ * a short connection more than TCP (gunicorn's sync workers ran at 0.85x,
+ * privoxy's blocking upstream reads 0.74x). Forgotten after the TTL, so a
+ * port or process whose program changed is bypassed again. */
 #define MAX_READER_PORTS 4096
 
 struct {
@@ -172,6 +174,16 @@ struct {
 	__type(key, struct reader_port);
 	__type(value, struct reader_port_seen);
 } reader_ports SEC(".maps");
+
+/* Client sockets whose process's reads of its connections to the same port
+ * needed TCP lately (reader_ports with its pid), marked at connect, where
+ * the process is known, for the handshake's end, where it is not. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u32);
+} kept_clients SEC(".maps");
 
 /* Programs seen splicing from TCP sockets. Pinned beside the install, not
  * in it, so what shunt learned outlives `disable --all`. */
