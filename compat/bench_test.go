@@ -58,7 +58,7 @@ func BenchmarkPrograms(b *testing.B) {
 						// What shunt did with the program's connections.
 						if st, err := e.in.Stats(); err == nil {
 							c := st.Counters
-							b.Logf("round 0: %d paired, %d directions kept for their reader, %d left unpaired for their port's reader, %d stalls rescued", c.Paired, c.TCPReaders, c.ReaderPort, c.StallsRescued)
+							b.Logf("round 0: %d paired, %d directions kept for their reader, %d left unpaired for their port's reader, %d for their client process's, %d stalls rescued", c.Paired, c.TCPReaders, c.ReaderPort, c.ReaderClient, c.StallsRescued)
 						}
 					}
 				}
@@ -190,6 +190,13 @@ var benchPrograms = []struct {
 	{"gunicorn-sync-wrk-1KB", "gunicorn", "req/s", func(b *testing.B, e *env) float64 {
 		return wrkRate(b, e, "http://"+gunicornSync(b, e, 1<<10)+"/", 20)
 	}, nil},
+	// tinyproxy reads its upstream connections (a new one per request)
+	// with blocking calls: what a client process kept on TCP pays (ab
+	// through it to an nginx origin, both on serverCPU).
+	{"tinyproxy-ab-1KB", "tinyproxy", "req/s", func(b *testing.B, e *env) float64 {
+		origin := nginxOriginPinned(b, e, newBlob(1<<10, 1))
+		return abProxyRate(b, e, tinyproxyPinned(b, e), "http://"+origin+"/blob")
+	}, nil},
 	// PHP behind nginx over FastCGI (a connection per request), php-fpm's
 	// workers and nginx on serverCPU: php-fpm's blocking readers keep its
 	// connections on TCP, wrk's to nginx are bypassed; php-fpm's unix
@@ -232,6 +239,27 @@ func wrkRate(b *testing.B, e *env, url string, conns int) float64 {
 	out := e.run(b, pinned(clientCPU, "wrk", "-t", "1", "-c", strconv.Itoa(conns), "-d", "5s", url)...)
 	v, _ := number(b, out, `Requests/sec:\s+([0-9.]+)`, "wrk's rate")
 	return v
+}
+
+// abProxyRate runs ApacheBench on clientCPU through the HTTP proxy at
+// proxy (host:port) for url, 10 at a time, and returns requests per second.
+func abProxyRate(b *testing.B, e *env, proxy, url string) float64 {
+	out := e.run(b, pinned(clientCPU, "ab", "-q", "-X", proxy, "-n", "20000", "-c", "10", url)...)
+	v, _ := number(b, out, `Requests per second:\s+([0-9.]+)`, "ab's rate")
+	return v
+}
+
+// tinyproxyPinned runs tinyproxy on serverCPU and returns where it listens.
+func tinyproxyPinned(b *testing.B, e *env) string {
+	dir := b.TempDir()
+	port := e.freePort(b)
+	conf := filepath.Join(dir, "tinyproxy.conf")
+	writeFile(b, conf, []byte(fmt.Sprintf("Listen 127.0.0.1\nPort %d\nAllow 127.0.0.1\nTimeout 60\nMaxClients 64\nLogLevel Critical\nLogFile %q\n",
+		port, filepath.Join(dir, "tinyproxy.log"))))
+	e.start(b, pinned(serverCPU, "tinyproxy", "-d", "-c", conf)...)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	e.waitListening(b, addr)
+	return addr
 }
 
 // number finds re in a benchmark client's output and returns its first

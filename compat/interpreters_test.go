@@ -369,8 +369,9 @@ func TestJavaAvailablePoller(t *testing.T) {
 // TestTinyproxyInFrontOfLighttpd: tinyproxy, a forward proxy that reads
 // with blocking calls, in front of lighttpd, an event-loop server; curl
 // asks through it for plain HTTP and for a CONNECT tunnel, then lighttpd
-// straight. tinyproxy's directions go back to TCP and its port is
-// learned; every byte arrives.
+// straight. tinyproxy's directions go back to TCP, its port is learned and
+// so is tinyproxy as a client of lighttpd's port (a connection per request,
+// read with blocking calls); every byte arrives.
 func TestTinyproxyInFrontOfLighttpd(t *testing.T) {
 	testenv.NeedProgram(t, "tinyproxy")
 	testenv.NeedProgram(t, "lighttpd")
@@ -399,6 +400,18 @@ LogFile %q
 					t.Fatalf("download %d %v: digest differs", i, how)
 				}
 			}
+		}
+		if e.in == nil {
+			return
+		}
+		// Paired and taken out again, each upstream connection after
+		// the first two cost more than plain TCP.
+		st, err := e.in.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Counters.ReaderClient == 0 {
+			t.Errorf("no upstream connection of tinyproxy was left unpaired (reader ports %+v)", st.ReaderPorts)
 		}
 	})
 }
