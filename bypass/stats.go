@@ -80,7 +80,7 @@ type Counters struct {
 	// ReaderClient counts connections not paired because their client
 	// process's reads of its connections to the same port needed TCP within
 	// ReaderPortTTL (Stats.ReaderPorts, Client set).
-	ReaderClient uint64 `json:"connections_reader_client" help:"Connections left on TCP unpaired: their client process read its connections to the same port with blocking recv or MSG_WAITALL in the last 10 s."`
+	ReaderClient uint64 `json:"connections_reader_client" help:"Connections left on TCP unpaired: their client process read its last two connections to the same port in a way only TCP serves (blocking recv, MSG_WAITALL, io_uring) in the last 10 s."`
 	// PresumedSplicers counts bypassed sockets sent back to TCP when their
 	// reader's program was learned splicing, before it spliced from them.
 	PresumedSplicers uint64 `json:"presumed_splicers" help:"Bypassed sockets sent back to TCP when their reader's program was first seen splicing (before it could splice from them)."`
