@@ -84,6 +84,11 @@ volatile const struct config {
 	__u32 sendmmsg_nr;    /* sendmmsg(2): flags are the fourth */
 	__u64 told_zero_ns;   /* stall_ns for a reader FIONREAD tells 0 while TCP holds bytes for it (stall_after) */
 	__u32 reader_client_streak; /* a client process's connections to a port in a row whose reader needed TCP before its next stay unpaired */
+	__u32 small_run;      /* this many sends of at most small_size bytes that TCP would gather, in a row with no read between ... (0: never) */
+	__u32 small_size;
+	__u32 small_mss;      /* ... on a path whose segment size is at least this (loopback's, not veth's) ... */
+	__u32 small_pad;
+	__u64 small_window_ns; /* ... within this long send their connection back to TCP */
 } cfg = {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,

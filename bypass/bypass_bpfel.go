@@ -41,7 +41,12 @@ type bypassConfig struct {
 	SendmmsgNr         uint32
 	ToldZeroNs         uint64
 	ReaderClientStreak uint32
+	SmallRun           uint32
+	SmallSize          uint32
+	SmallMss           uint32
+	SmallPad           uint32
 	_                  [4]byte
+	SmallWindowNs      uint64
 }
 
 type bypassControlWord struct {
@@ -94,7 +99,8 @@ const (
 	bypassCounterCNT_PEEK_STUCK         bypassCounter = 38
 	bypassCounterCNT_URING_READER       bypassCounter = 39
 	bypassCounterCNT_READER_CLIENT      bypassCounter = 40
-	bypassCounterCNT_MAX                bypassCounter = 41
+	bypassCounterCNT_SMALL_WRITES       bypassCounter = 41
+	bypassCounterCNT_MAX                bypassCounter = 42
 )
 
 type bypassEventKind uint32
@@ -188,6 +194,9 @@ type bypassSockState struct {
 		ClientIsn uint32
 		ServerIsn uint32
 	}
+	SmallSince uint64
+	SmallRun   uint32
+	Pad        uint32
 }
 
 type bypassSpliceProgram struct {
@@ -230,6 +239,7 @@ const (
 	bypassStateFlagsSTATE_SPLICE_REFUSED bypassStateFlags = 4096
 	bypassStateFlagsSTATE_EOF_SEEN       bypassStateFlags = 8192
 	bypassStateFlagsSTATE_PEEKED         bypassStateFlags = 16384
+	bypassStateFlagsSTATE_SMALL_WRITES   bypassStateFlags = 32768
 )
 
 type bypassTuple struct {

@@ -17,6 +17,13 @@ func WithSettle(o Options, d time.Duration) Options {
 	return o
 }
 
+// WithSmallWriteWindow is o with the window in which 64 small sends make a
+// stream (smallWriteWindow) set to d.
+func WithSmallWriteWindow(o Options, d time.Duration) Options {
+	o.smallWindow = d
+	return o
+}
+
 // CgroupCounted says whether cgroup_sends holds an entry for the cgroup id.
 func (in *Install) CgroupCounted(id uint64) bool {
 	var v []bypassCgroupTraffic

@@ -133,6 +133,9 @@ type Options struct {
 	Mechanisms host.Mechanisms `json:"-"`
 	// settle replaces redirectSettle in the programs (tests only).
 	settle time.Duration
+	// smallWindow replaces smallWriteWindow in the programs (tests only:
+	// a kernel under qemu sends 64 times in 1 ms seldom).
+	smallWindow time.Duration
 }
 
 // ErrNoSpliceRefusal: RefuseSplice asked on a kernel that runs no BPF LSM
@@ -339,6 +342,21 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	return attachSpliceRefusal(dir, spec, &objs.bypassMaps)
 }
 
+// A writer with Nagle's algorithm on whose sends of at most smallWriteSize
+// come smallWriteRun in a row within smallWriteWindow, with no read
+// between, over a path whose segments are at least smallWriteMSS
+// (loopback's 32-64 KiB, not veth's 1,448 bytes), streams: TCP gathers such
+// sends into large segments and moved 1.2-2.9x the bytes a redirect of each
+// did (docs/BENCHMARKS.md, "Small writes"), so its connection goes back to
+// TCP. 64 sends in 1 ms is 64,000 a second: a request and its answer, or a
+// trickle, never get there.
+const (
+	smallWriteRun    = 64
+	smallWriteSize   = 16 << 10
+	smallWriteMSS    = 16 << 10
+	smallWriteWindow = time.Millisecond
+)
+
 // newConfig is the programs' configuration for an install with opts.
 func newConfig(opts Options) bypassConfig {
 	cfg := bypassConfig{
@@ -353,6 +371,10 @@ func newConfig(opts Options) bypassConfig {
 		ScanStallNs:        uint64(scanStallAfter),
 		ReaderPortTtlS:     uint32(ReaderPortTTL / time.Second),
 		ReaderClientStreak: ReaderClientStreak,
+		SmallRun:           smallWriteRun,
+		SmallSize:          smallWriteSize,
+		SmallMss:           smallWriteMSS,
+		SmallWindowNs:      uint64(cmp.Or(opts.smallWindow, smallWriteWindow)),
 		// The stall watch wakes a reader whose thread sleeps in
 		// io_uring_enter, or in epoll_wait, poll or select asking for its
 		// socket's input (the socket's wait queue says what each asks).

@@ -109,6 +109,10 @@ type Counters struct {
 	// Urgent counts connections sent back to TCP because urgent data
 	// (MSG_OOB) was sent on them: only TCP keeps that byte out of band.
 	Urgent uint64 `json:"connections_urgent" help:"Connections sent back to TCP because urgent data (send with MSG_OOB) was sent on them: only TCP keeps that byte out of the stream."`
+	// SmallWrites counts connections sent back to TCP because a writer
+	// with Nagle's algorithm on streamed small sends over a loopback-sized
+	// path: TCP gathers those into large segments, a redirect cannot.
+	SmallWrites uint64 `json:"connections_small_writes" help:"Connections sent back to TCP because a writer with Nagle's algorithm on (no TCP_NODELAY) or TCP_CORK streamed small sends (64 of at most 16 KiB within 1 ms, no read between) over a path with loopback's large segments: TCP gathers such sends into large segments and moves more bytes than a redirect of each."`
 	// ReceiveOptions counts sockets kept on TCP (or sent back) because
 	// their reader set a receive option only TCP honours.
 	ReceiveOptions uint64 `json:"receive_options" help:"Connections kept on TCP, or sent back to it, because an end set a receive option only TCP's receive path honours (SO_RCVLOWAT above 1, TCP_INQ, SO_PEEK_OFF, receive timestamps)."`
@@ -272,6 +276,7 @@ func (in *Install) Counters() (Counters, error) {
 		SpliceTruncated:   sum(bypassCounterCNT_SPLICE_TRUNCATED),
 		FionreadCorrected: sum(bypassCounterCNT_FIONREAD_CORRECTED),
 		Urgent:            sum(bypassCounterCNT_URGENT),
+		SmallWrites:       sum(bypassCounterCNT_SMALL_WRITES),
 		ReceiveOptions:    sum(bypassCounterCNT_RECEIVE_OPTION),
 		URingReaders:      sum(bypassCounterCNT_URING_READER),
 	}, nil

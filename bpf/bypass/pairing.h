@@ -106,6 +106,7 @@ static __always_inline struct sock_state *new_state(struct bpf_sock *sk, struct 
 	st->pass_msgs = 0;
 	st->flags = 0;
 	st->claim_nonce = 0;
+	st->small_run = 0;
 	st->cgroup_id = 0;
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (tp) {

@@ -105,6 +105,31 @@ static __always_inline __u64 socket_ino(struct sock *sk)
 	return BPF_CORE_READ(sa, vfs_inode.i_ino);
 }
 
+/* Records who reads the socket (this read's task), for the guard to wake. */
+static __always_inline void note_reader(struct sock *sk, struct peer_ref *ref)
+{
+	ref->cookie = bpf_get_socket_cookie(sk);
+	ref->reader_pid = bpf_get_current_pid_tgid() >> 32;
+	ref->reader_ino = socket_ino(sk);
+	current_comm(ref->reader_comm);
+}
+
+/* The peer's writer streams small sends (small_write_stream): the
+ * connection goes back to TCP, as a rescue does but uncounted as a stall.
+ * The peer's sends take TCP from now on, perhaps behind redirected bytes
+ * still queued; a reader that takes the short read draining those for all
+ * there is would wait, so the leave wakes it once the socket is out of the
+ * sockhash with TCP bytes queued (STATE_WATCHED, the reader noted). */
+static __always_inline void leave_small_writes(struct sock *sk, struct peer_ref *ref)
+{
+	note_reader(sk, ref);
+	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_TCP_READER | STATE_WATCHED);
+	if (old & STATE_TCP_READER)
+		return; /* leaving already */
+	count(CNT_SMALL_WRITES);
+	start_leave(ref, cfg.settle_ns);
+}
+
 /* A recv reader's read left bytes queued that FIONREAD does not count on
  * this kernel: if it reads no more within cfg.stall_ns, it may be waiting
  * for an edge that never comes (stall_check). Costs the reads below for a
@@ -125,6 +150,10 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 			bpf_timer_start(&ref->leave, 0, 0);
 		return;
 	}
+	if ((ref->reads & (STATE_SMALL_WRITES | STATE_TCP_READER)) == STATE_SMALL_WRITES) {
+		leave_small_writes(sk, ref);
+		return;
+	}
 	__u32 unseen;
 	if (!may_stall(sk, ref, &unseen))
 		return;
@@ -143,10 +172,7 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 			bpf_timer_start(&ref->leave, 0, 0);
 		return;
 	}
-	ref->cookie = bpf_get_socket_cookie(sk);
-	ref->reader_pid = bpf_get_current_pid_tgid() >> 32;
-	ref->reader_ino = socket_ino(sk);
-	current_comm(ref->reader_comm);
+	note_reader(sk, ref);
 	__u32 old = __sync_fetch_and_or(&ref->reads, STATE_WATCHED);
 	if (old & (STATE_WATCHED | STATE_TCP_READER))
 		return;
@@ -315,6 +341,9 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	if (!st)
 		return 0;
 	note_regs_at();
+	/* A read ends its socket's run of small sends (small_write_stream). */
+	if (ret > 0 && st->small_run)
+		st->small_run = 0;
 	if (ret == 0)
 		note_eof(sk, st);
 	/* A read after a refused splice: the program reads instead. */

@@ -277,6 +277,44 @@ static __always_inline void start_leave(struct peer_ref *ref, __u64 delay)
 	bpf_timer_start(&ref->leave, delay, 0);
 }
 
+#define TCP_NAGLE_OFF 1
+#define TCP_NAGLE_CORK 2
+
+/* The send is one of a stream of small ones that TCP would gather into
+ * large segments and its reader would take a segment at a time: Nagle's
+ * algorithm is on (or the socket is corked), the send is at most
+ * cfg.small_size, the path's segments are large (loopback's 32-64 KiB;
+ * over veth's 1,448 bytes TCP gathers little and the redirect wins), and
+ * cfg.small_run such sends came within cfg.small_window_ns with no read on
+ * this socket between (a request and its answer start the run again).
+ * Each redirected send is its own message and wakes its reader: such a
+ * stream moved 0.31-0.70x TCP's bytes (docs/BENCHMARKS.md, "Small
+ * writes"). Sends on one socket take turns (its lock). */
+static __always_inline int small_write_stream(struct sock_state *st, struct tcp_sock *tp, __u32 size)
+{
+	if (!cfg.small_run)
+		return 0;
+	__u32 mss = tp->mss_cache;
+	__u8 nonagle = BPF_CORE_READ_BITFIELD(tp, nonagle);
+	int gathers = (nonagle & TCP_NAGLE_CORK) || !(nonagle & TCP_NAGLE_OFF);
+	if (!gathers || mss < cfg.small_mss || size > cfg.small_size) {
+		if (st->small_run)
+			st->small_run = 0;
+		return 0;
+	}
+	if (!st->small_run) {
+		st->small_since = bpf_ktime_get_ns();
+		st->small_run = 1;
+		return 0;
+	}
+	if (++st->small_run < cfg.small_run)
+		return 0;
+	if (bpf_ktime_get_ns() - st->small_since <= cfg.small_window_ns)
+		return 1;
+	st->small_run = 0; /* a trickle, not a stream: count again */
+	return 0;
+}
+
 #define MSG_OOB 0x1
 
 /* The send in progress asked for urgent data (MSG_OOB), which only TCP
@@ -386,6 +424,12 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 		return pass(st, size);
 	}
 
+	/* Flagged, not sent back here: the reader may hold redirected bytes,
+	 * and TCP bytes behind them can hide from a reader that takes a short
+	 * read for all there is. Its next read sends the connection back with
+	 * the reader known, for the guard to wake (leave_small_writes). */
+	if (!via && ref && small_write_stream(st, tp, size) && !(ref->reads & STATE_SMALL_WRITES))
+		__sync_fetch_and_or(&ref->reads, STATE_SMALL_WRITES);
 	if (urgent_send(ctl)) {
 		/* Through a join the urgent byte takes the join, behind
 		 * what it holds; the far peer stays as it is. */

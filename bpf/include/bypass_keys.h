@@ -82,6 +82,9 @@ struct sock_state {
 	__u32 claim_nonce; /* a client's nonce, while the server has not taken it */
 	__u64 cgroup_id;   /* the socket's cgroup (v2 id), the key of its cgroup_sends */
 	struct isn_pair claim; /* a client's handshake, the key of its claim */
+	__u64 small_since; /* when its run of small sends began */
+	__u32 small_run;   /* small sends TCP would gather, in a row, no read between */
+	__u32 pad;
 };
 
 /* What one cgroup's bypassed sockets sent, per CPU. Sends of its sockets
@@ -109,6 +112,7 @@ enum state_flags {
 	STATE_SPLICE_REFUSED = 4096, /* a splice from it was refused (--refuse-splice) and its reader has not read since (sock_state only) */
 	STATE_EOF_SEEN = 8192, /* a recv returned 0 with the end come and nothing queued: its reader was told of the peer's end (peer_refs only) */
 	STATE_PEEKED = 16384,  /* its reader peeked at every redirected byte queued with TCP bytes behind them, and has not read since (watch_boundary_peek; sock_state only) */
+	STATE_SMALL_WRITES = 32768, /* its peer's writer streams small sends TCP would gather: its reader's next read sends the connection back to TCP (peer_refs only) */
 };
 
 /* Record written by the flows iterator. */
@@ -172,6 +176,7 @@ enum counter {
 	CNT_PEEK_STUCK,        /* readers that peeked at every redirected byte queued three times in a row, reading nothing, with TCP bytes behind them that no peek reaches (reported) */
 	CNT_URING_READER,      /* directions kept on or sent back to TCP: the reader reads through io_uring, whose completions say whether bytes are left (a psock's never do) */
 	CNT_READER_CLIENT,     /* connections left unpaired: their client process's reads of its connections to that port needed TCP lately */
+	CNT_SMALL_WRITES,      /* connections sent back to TCP: a writer with Nagle's algorithm on streamed small sends over a loopback-sized path, which TCP gathers into large segments */
 	CNT_MAX,
 };
 

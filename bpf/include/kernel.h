@@ -132,6 +132,8 @@ struct tcp_sock {
 	__u64 bytes_received; /* rcv_nxt's advance since the handshake */
 	__u64 bytes_acked;    /* snd_una's advance since the SYN was sent */
 	__u8 recvmsg_inq:1;   /* TCP_INQ: recvmsg tells the bytes left */
+	__u8 nonagle:4;       /* TCP_NAGLE_OFF (TCP_NODELAY), TCP_NAGLE_CORK (TCP_CORK) */
+	__u32 mss_cache;      /* the path's segment size */
 };
 
 struct tcp_ulp_ops;
