@@ -167,6 +167,20 @@ func (l *Lab) Close() error {
 	return nil
 }
 
+// smallWritesSentBack is how many connections the mode's install has sent
+// back to TCP for streaming small writes with Nagle's algorithm on; 0 for
+// modes without one.
+func (l *Lab) smallWritesSentBack(mode string) (uint64, error) {
+	if mode != ModeShunt && mode != ModeTrust {
+		return 0, nil
+	}
+	st, err := l.installFor(mode).Stats()
+	if err != nil {
+		return 0, err
+	}
+	return st.Counters.SmallWrites, nil
+}
+
 // requireBypassed fails unless the client socket fd is a bypassed flow that
 // redirected sends and never fell back to TCP; for other modes it does
 // nothing.

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -11,6 +12,10 @@ import (
 type ThroughputConfig struct {
 	Matrix
 	Duration time.Duration // how long the sender writes, per run
+	// Nagle leaves Nagle's algorithm on at the writer, as a program that
+	// never sets TCP_NODELAY has it: TCP then gathers small writes into
+	// segments while earlier ones are unacknowledged.
+	Nagle bool
 }
 
 // ThroughputResult is one cell over all rounds.
@@ -95,6 +100,19 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 		return 0, 0, 0, err
 	}
 	defer unix.Close(sfd)
+	if cfg.Nagle {
+		if err := unix.SetsockoptInt(cfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 0); err != nil && c.Mode != ModeUnix {
+			unix.Close(cfd)
+			return 0, 0, 0, fmt.Errorf("nagle on: %w", err)
+		}
+	}
+	// With Nagle's algorithm on, a stream of small writes over loopback is
+	// sent back to TCP (bypass's small-writes rule): a run may end there.
+	sentBack, err := l.smallWritesSentBack(c.Mode)
+	if err != nil {
+		unix.Close(cfd)
+		return 0, 0, 0, err
+	}
 	ccpu, scpu := cpusFor(c.Placement)
 
 	type result struct {
@@ -141,6 +159,11 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 		buf := make([]byte, c.Size)
 		for time.Since(start) < cfg.Duration {
 			if err := writeFull(cfd, buf); err != nil {
+				return err
+			}
+		}
+		if cfg.Nagle {
+			if n, err := l.smallWritesSentBack(c.Mode); err != nil || n > sentBack {
 				return err
 			}
 		}

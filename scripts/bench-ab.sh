@@ -11,21 +11,29 @@
 #     exchange, close), same and cross CPU: what pairing costs.
 #   streams: one-way throughput, 1K to 256K writes, same and cross CPU, plain
 #     TCP and shunt in each run: each binary's shunt/tcp ratio per run too.
+#   small: as streams, for writes of 74 B to 64 KiB from a writer with Nagle's
+#     algorithm on (--nagle), over loopback (64 KiB segments).
 #
-#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams]
+#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams|small]
 #
 # Build a commit's binary with:
 #   git worktree add /tmp/old COMMIT && (cd /tmp/old && go build -o /tmp/shunt-old ./cmd/shunt)
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams|small]" >&2; exit 2; }
 a=$1 b=$2 rounds=${3:-7} what=${4:-bypass}
-case $what in bypass|join|newconn|streams) ;; *) echo "$0: what to compare: bypass, join, newconn or streams, not $what" >&2; exit 2 ;; esac
+case $what in bypass|join|newconn|streams|small) ;; *) echo "$0: what to compare: bypass, join, newconn, streams or small, not $what" >&2; exit 2 ;; esac
 out=$(mktemp -d /tmp/shunt-bench-ab-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 
 run() { # binary tag round
   if [ "$what" = join ]; then
     "$1" bench proxy --modes shunt-kernel --rounds 1 --json > "$out/$2-join-$3.json"
+    return
+  fi
+  if [ "$what" = small ]; then
+    echo '[]' > "$out/$2-lat-$3.json"
+    "$1" bench throughput --nagle --topology loopback --write-sizes 74,1K,4K,16K,32K,64K --modes tcp,shunt \
+      --placement same-cpu,cross-cpu --rounds 1 --duration 1s --json > "$out/$2-tput-$3.json"
     return
   fi
   if [ "$what" = streams ]; then
@@ -78,7 +86,7 @@ for tag in "AB":
                 if e["mode"] == "tcp":
                     rows.setdefault((key, "Gbit/s plain TCP"), {}).setdefault(tag, []).append(e["median_gbit_per_s"])
                 continue
-            if "ratio_to_tcp" in e and what == "streams":
+            if "ratio_to_tcp" in e and what in ("streams", "small"):
                 rows.setdefault((key, "shunt / tcp"), {}).setdefault(tag, []).append(e["ratio_to_tcp"])
             rows.setdefault((key, "Gbit/s"), {}).setdefault(tag, []).append(e["median_gbit_per_s"])
             rows.setdefault((key, "CPU s/GB"), {}).setdefault(tag, []).append(e["machine_cpu_s_per_gb"])

@@ -47,6 +47,7 @@ AF_UNIX socketpair. CPU is the whole machine's, from /proc/stat, per GB.`,
 	m.register(c.Flags(), "write-sizes", "64K", "tcp,shunt,unix", "cross-cpu", "tcp, shunt, unix, shunt-bare (redirect without checks or flow control), iperf3-tcp, iperf3-shunt-trust (iperf3 reads with blocking calls, which the default install keeps on TCP)")
 	c.Flags().BoolVar(&withIperf, "with-iperf3", false, "also measure with iperf3 (modes iperf3-tcp, iperf3-shunt-trust; whole seconds)")
 	c.Flags().DurationVar(&cfg.Duration, "duration", time.Second, "how long the sender writes, per run")
+	c.Flags().BoolVar(&cfg.Nagle, "nagle", false, "leave Nagle's algorithm on at the TCP writer (programs that never set TCP_NODELAY); by default it sets TCP_NODELAY")
 	return c
 }
 
