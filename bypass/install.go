@@ -346,7 +346,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 // come smallWriteRun in a row within smallWriteWindow, with no read
 // between, over a path whose segments are at least smallWriteMSS
 // (loopback's 32-64 KiB, not veth's 1,448 bytes), streams: TCP gathers such
-// sends into large segments and moved 1.2-2.9x the bytes a redirect of each
+// sends into large segments and moved 1.4-3.2x the bytes a redirect of each
 // did (docs/BENCHMARKS.md, "Small writes"), so its connection goes back to
 // TCP. 64 sends in 1 ms is 64,000 a second: a request and its answer, or a
 // trickle, never get there.
