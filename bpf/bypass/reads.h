@@ -115,11 +115,13 @@ static __always_inline void note_reader(struct sock *sk, struct peer_ref *ref)
 }
 
 /* The peer's writer streams small sends (small_write_stream): the
- * connection goes back to TCP, as a rescue does but uncounted as a stall.
- * The peer's sends take TCP from now on, perhaps behind redirected bytes
- * still queued; a reader that takes the short read draining those for all
- * there is would wait, so the leave wakes it once the socket is out of the
- * sockhash with TCP bytes queued (STATE_WATCHED, the reader noted). */
+ * connection goes back to TCP. The peer's sends queue behind the redirected
+ * bytes still unread, and take TCP once those are read (check_peer), so no
+ * TCP byte comes ahead of them for a splice (HAProxy reads a header, then
+ * splices) nor behind them for a short read to hide; past the bound flow
+ * control sends by TCP as ever. Where FIONREAD leaves out TCP's bytes
+ * (6.18), a reader told 0 for them is woken by the leave once the socket
+ * is out of the sockhash (STATE_WATCHED, the reader noted). */
 static __always_inline void leave_small_writes(struct sock *sk, struct peer_ref *ref)
 {
 	note_reader(sk, ref);

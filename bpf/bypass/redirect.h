@@ -146,8 +146,12 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 	__u32 reads = ref->reads;
 	int splicer = reads & STATE_SPLICE;
 	int may_splice = reads & STATE_MAY_SPLICE;
+	/* Sent back for its peer's small writes: TCP only once nothing
+	 * redirected is unread (below), as for a reader that may splice, but
+	 * within the bound. */
+	int behind_only = may_splice || ((reads & STATE_TCP_READER) && (reads & STATE_SMALL_WRITES));
 	if (!splicer) {
-		if ((reads & STATE_TCP_READER) && !may_splice)
+		if ((reads & STATE_TCP_READER) && !behind_only)
 			return REDIRECT_READER;
 		if (!(reads & STATE_READS) && !cfg.trust_readers)
 			return REDIRECT_READER;
@@ -181,7 +185,7 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 	 * a peek would never reach a TCP byte behind them: redirect behind
 	 * them until they are read, past the bound too (the state lasts until
 	 * then), then take TCP. */
-	if (may_splice && !unread && (PSOCK_COUNTS || ingress_empty((struct sock *)peer)))
+	if (behind_only && !unread && (PSOCK_COUNTS || ingress_empty((struct sock *)peer)))
 		return REDIRECT_READER; /* shunt's own count is an estimate: the queue says */
 	if (unread > limit && !may_splice)
 		return REDIRECT_BACKLOG;
