@@ -264,7 +264,6 @@ const (
 	bypassMapKeptClients         = "kept_clients"
 	bypassMapPeerRefs            = "peer_refs"
 	bypassMapReaderPorts         = "reader_ports"
-	bypassMapSendBlocked         = "send_blocked"
 	bypassMapShortcuts           = "shortcuts"
 	bypassMapSockHash            = "sock_hash"
 	bypassMapSockStates          = "sock_states"
@@ -277,7 +276,6 @@ const (
 	bypassProgShuntReads         = "shunt_reads"
 	bypassProgShuntReadsFexit    = "shunt_reads_fexit"
 	bypassProgShuntRefuseSplice  = "shunt_refuse_splice"
-	bypassProgShuntSends         = "shunt_sends"
 	bypassProgShuntSetsockopt    = "shunt_setsockopt"
 	bypassProgShuntSkMsg         = "shunt_sk_msg"
 	bypassProgShuntSockops       = "shunt_sockops"
@@ -344,7 +342,6 @@ type bypassProgramSpecs struct {
 	ShuntReads        *ebpf.ProgramSpec `ebpf:"shunt_reads"`
 	ShuntReadsFexit   *ebpf.ProgramSpec `ebpf:"shunt_reads_fexit"`
 	ShuntRefuseSplice *ebpf.ProgramSpec `ebpf:"shunt_refuse_splice"`
-	ShuntSends        *ebpf.ProgramSpec `ebpf:"shunt_sends"`
 	ShuntSetsockopt   *ebpf.ProgramSpec `ebpf:"shunt_setsockopt"`
 	ShuntSkMsg        *ebpf.ProgramSpec `ebpf:"shunt_sk_msg"`
 	ShuntSockops      *ebpf.ProgramSpec `ebpf:"shunt_sockops"`
@@ -365,7 +362,6 @@ type bypassMapSpecs struct {
 	KeptClients    *ebpf.MapSpec `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
-	SendBlocked    *ebpf.MapSpec `ebpf:"send_blocked"`
 	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
@@ -418,7 +414,6 @@ type bypassMaps struct {
 	KeptClients    *ebpf.Map `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
-	SendBlocked    *ebpf.Map `ebpf:"send_blocked"`
 	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
@@ -437,7 +432,6 @@ func (m *bypassMaps) Close() error {
 		m.KeptClients,
 		m.PeerRefs,
 		m.ReaderPorts,
-		m.SendBlocked,
 		m.Shortcuts,
 		m.SockHash,
 		m.SockStates,
@@ -473,7 +467,6 @@ type bypassPrograms struct {
 	ShuntReads        *ebpf.Program `ebpf:"shunt_reads"`
 	ShuntReadsFexit   *ebpf.Program `ebpf:"shunt_reads_fexit"`
 	ShuntRefuseSplice *ebpf.Program `ebpf:"shunt_refuse_splice"`
-	ShuntSends        *ebpf.Program `ebpf:"shunt_sends"`
 	ShuntSetsockopt   *ebpf.Program `ebpf:"shunt_setsockopt"`
 	ShuntSkMsg        *ebpf.Program `ebpf:"shunt_sk_msg"`
 	ShuntSockops      *ebpf.Program `ebpf:"shunt_sockops"`
@@ -490,7 +483,6 @@ func (p *bypassPrograms) Close() error {
 		p.ShuntReads,
 		p.ShuntReadsFexit,
 		p.ShuntRefuseSplice,
-		p.ShuntSends,
 		p.ShuntSetsockopt,
 		p.ShuntSkMsg,
 		p.ShuntSockops,

@@ -62,7 +62,6 @@ const (
 	readsLinkName = "reads"
 	splicesLink   = "splices"
 	fionreadLink  = "fionread"
-	sendsLink     = "sends"
 )
 
 var pinnedMaps = []string{"sock_hash", "sock_states", "control", "counters", "peer_refs", "excluded_ports", "guard_events"}
@@ -281,7 +280,6 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	defer objs.bypassMaps.Close()
 	shared := mapsOf(&objs.bypassMaps)
 	shared[learnedMap] = learned
-	shared["send_blocked"] = objs.SendBlocked // not pinned: only programs use it
 	reads, err := loadReaderWatch(spec, shared)
 	if err != nil {
 		return err
@@ -323,9 +321,6 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 		return err
 	}
 	if err := attachSkMsg(dir, objs.SockHash, objs.SkMsg, opts.Mechanisms.AttachOnMap); err != nil {
-		return err
-	}
-	if err := attachSendWatch(dir, spec, shared); err != nil {
 		return err
 	}
 	if cfg.FionreadCorrected != 0 {
@@ -425,25 +420,6 @@ func loadReaderWatch(spec *ebpf.CollectionSpec, maps map[string]*ebpf.Map) (*ebp
 		return fexit.Reads, nil
 	}
 	return nil, host.Explain(fmt.Errorf("load the reader watch (tp_btf/sock_recv_length, or fexit/tcp_bpf_recvmsg: %v): %w", fexitErr, err), "shunt bypass", host.MinKernel)
-}
-
-// attachSendWatch attaches the send watch (tp_btf/sock_send_length), which
-// tells the stall watch a reader that waits for room to write from one
-// that waits for an edge. Kernels before 6.3 lack the tracepoint: there the
-// stall watch wakes such a reader as any other (nothing else changes).
-func attachSendWatch(dir string, spec *ebpf.CollectionSpec, maps map[string]*ebpf.Map) error {
-	if !host.Probe().SendTracepoint {
-		return nil
-	}
-	var objs struct {
-		Sends *ebpf.Program `ebpf:"shunt_sends"`
-	}
-	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: maps}); err != nil {
-		return fmt.Errorf("load the send watch (tp_btf/sock_send_length): %w", err)
-	}
-	defer objs.Sends.Close()
-	l, err := link.AttachTracing(link.TracingOptions{Program: objs.Sends})
-	return pinLink(dir, sendsLink, l, err, "the send watch (tp_btf/sock_send_length)")
 }
 
 // pinLink pins the link an attach returned (l, err) as name under the

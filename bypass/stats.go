@@ -383,7 +383,6 @@ func (in *Install) programs() ([]Program, error) {
 
 	// Optional: pinned where this kernel offers them.
 	for _, o := range []struct{ link, what, attached string }{
-		{sendsLink, "send watch", "tracepoint sock_send_length"},                    // 6.3+
 		{fionreadLink, "FIONREAD correction", "tracepoint syscalls/sys_exit_ioctl"}, // FIONREAD wrong and correctable
 		{refuseLink, "splice refusal", "lsm file_permission"},                       // BPF LSM
 	} {

@@ -57,10 +57,6 @@ type Features struct {
 	// RecvTracepoint: a BTF tracepoint program can attach to
 	// sock_recv_length (the reader watch; 6.3+).
 	RecvTracepoint bool `json:"recv_tracepoint"`
-	// SendTracepoint: a BTF tracepoint program can attach to
-	// sock_send_length (the send watch: the stall watch leaves a reader
-	// waiting for room to write alone; 6.3+, optional).
-	SendTracepoint bool `json:"send_tracepoint"`
 	// RecvFexit: an fexit program loads on tcp_bpf_recvmsg, the reader
 	// watch where the tracepoint is missing.
 	RecvFexit bool `json:"recv_fexit"`
@@ -142,7 +138,6 @@ func Probe() Features {
 	f.CastToKernCtx = f.BTF && kernelHasFunc("bpf_cast_to_kern_ctx")
 	f.SockDestroy = f.BTF && kernelHasFunc("bpf_sock_destroy")
 	f.RecvTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "sock_recv_length")
-	f.SendTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "sock_send_length")
 	f.RecvFexit = f.BTF && canLoadTracing(ebpf.AttachTraceFExit, "tcp_bpf_recvmsg")
 	f.SpliceTracepoint = f.BTF && canLoadTracing(ebpf.AttachTraceRawTp, "tcp_rcv_space_adjust")
 	f.FileIterator = f.BTF && canLoadTracing(ebpf.AttachTraceIter, "task_file")
@@ -183,10 +178,6 @@ func (f Features) Mechanisms() []Mechanism {
 	if reads == "" && f.RecvFexit {
 		reads = "fexit/tcp_bpf_recvmsg (no sock_recv_length tracepoint: kernels before 6.3)"
 	}
-	sends := "tp_btf/sock_send_length: a reader whose send got EAGAIN since its last read is left to its writes (0.5 s at most), not woken"
-	if !f.SendTracepoint {
-		sends = "none (no sock_send_length tracepoint: kernels before 6.3): a reader waiting to write is woken as any other"
-	}
 	fionread := "counted, as over TCP (the kernel has the fix)"
 	if !f.FionreadCountsTCP {
 		fionread = "not counted while the socket is in the sockhash (kernel fix 04af4efde58a missing; docs/TRANSPARENCY.md)"
@@ -224,7 +215,7 @@ func (f Features) Mechanisms() []Mechanism {
 		{"bypass: pairing", pick(f.SockOps && f.SkStorage, "sockops on the cgroup, socket storage")},
 		{"bypass: the peer's TCP state", peer},
 		{"bypass: reader watch", reads},
-		{"bypass: send watch (stalls)", pick(f.BTF, sends)},
+		{"bypass: a reader waiting to write (stalls)", pick(f.BTF, "its process's sockets looked through when it seems stuck (4,096 descriptors at most): one whose send found its buffer full leaves the reader to its writes (0.5 s at most), not woken")},
 		{"bypass: splice(2) watch", pick(f.SpliceTracepoint, "tp_btf/tcp_rcv_space_adjust")},
 		{"bypass: finding held sockets", pick(f.FileIterator, "iter/task_file")},
 		{"bypass: splice(2) after recv", splice},

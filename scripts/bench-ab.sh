@@ -13,21 +13,45 @@
 #     TCP and shunt in each run: each binary's shunt/tcp ratio per run too.
 #   small: as streams, for writes of 74 B to 64 KiB from a writer with Nagle's
 #     algorithm on (--nagle), over loopback (64 KiB segments).
+#   host: plain TCP outside any enabled cgroup while the binary's install
+#     is in place (for an empty cgroup): what the install costs the host's
+#     other programs. 74 B (Nagle on) and 1 KiB (TCP_NODELAY) writes.
 #
-#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams|small]
+#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams|small|host]
 #
 # Build a commit's binary with:
 #   git worktree add /tmp/old COMMIT && (cd /tmp/old && go build -o /tmp/shunt-old ./cmd/shunt)
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams|small]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams|small|host]" >&2; exit 2; }
 a=$1 b=$2 rounds=${3:-7} what=${4:-bypass}
-case $what in bypass|join|newconn|streams|small) ;; *) echo "$0: what to compare: bypass, join, newconn, streams or small, not $what" >&2; exit 2 ;; esac
+case $what in bypass|join|newconn|streams|small|host) ;; *) echo "$0: what to compare: bypass, join, newconn, streams, small or host, not $what" >&2; exit 2 ;; esac
 out=$(mktemp -d /tmp/shunt-bench-ab-XXXXXX)
-trap 'rm -rf "$out"' EXIT
+cg=$(awk '$9 == "cgroup2" {print $5; exit}' /proc/self/mountinfo)/shunt-test-bench-host
+pin=/sys/fs/bpf/shunt-test-bench-host
+cleanup() {
+  rm -rf "$out"
+  if [ "$what" = host ]; then
+    "$a" bypass disable --all --pin-dir "$pin" >/dev/null 2>&1 || true
+    rm -rf "$pin-learned"; rmdir "$cg" 2>/dev/null || true
+  fi
+}
+trap cleanup EXIT
 
 run() { # binary tag round
   if [ "$what" = join ]; then
     "$1" bench proxy --modes shunt-kernel --rounds 1 --json > "$out/$2-join-$3.json"
+    return
+  fi
+  if [ "$what" = host ]; then
+    echo '[]' > "$out/$2-lat-$3.json"
+    mkdir -p "$cg"
+    "$1" bypass enable --cgroup "$cg" --pin-dir "$pin" >/dev/null
+    "$1" bench throughput --nagle --topology loopback --write-sizes 74 --modes tcp \
+      --placement same-cpu,cross-cpu --rounds 1 --duration 1s --json > "$out/$2-tput-$3.json"
+    "$1" bench throughput --topology loopback --write-sizes 1K --modes tcp \
+      --placement same-cpu,cross-cpu --rounds 1 --duration 1s --json > "$out/$2-tput2-$3.json"
+    "$1" bypass disable --all --pin-dir "$pin" >/dev/null
+    rm -rf "$pin-learned"
     return
   fi
   if [ "$what" = small ]; then
@@ -59,7 +83,7 @@ for r in $(seq "$rounds"); do
 done
 
 python3 - "$out" "$rounds" "$what" <<'EOF'
-import json, statistics, sys
+import json, os, statistics, sys
 out, rounds, what = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rows = {}
 for tag in "AB":
@@ -80,11 +104,14 @@ for tag in "AB":
             for q in ("p50", "p99", "p999", "max"):
                 rows.setdefault((key, q + " us"), {}).setdefault(tag, []).append(e["latency"][q + "_ns"] / 1000)
             rows.setdefault((key, "CPU us/round trip"), {}).setdefault(tag, []).append(e["machine_cpu_per_round_trip_ns"] / 1000)
-        for e in json.load(open(f"{out}/{tag}-tput-{r}.json")):
+        tput = [json.load(open(f)) for f in (f"{out}/{tag}-tput-{r}.json", f"{out}/{tag}-tput2-{r}.json") if os.path.exists(f)]
+        for e in (e for runs in tput for e in runs):
             key = f"throughput {e['write_size']} B writes {e['placement']}"
             if e.get("mode", "shunt") != "shunt":
                 if e["mode"] == "tcp":
                     rows.setdefault((key, "Gbit/s plain TCP"), {}).setdefault(tag, []).append(e["median_gbit_per_s"])
+                    if what == "host":
+                        rows.setdefault((key, "CPU s/GB plain TCP"), {}).setdefault(tag, []).append(e["machine_cpu_s_per_gb"])
                 continue
             if "ratio_to_tcp" in e and what in ("streams", "small"):
                 rows.setdefault((key, "shunt / tcp"), {}).setdefault(tag, []).append(e["ratio_to_tcp"])

@@ -26,7 +26,6 @@ const (
 	bareMapKeptClients     = "kept_clients"
 	bareMapPeerRefs        = "peer_refs"
 	bareMapReaderPorts     = "reader_ports"
-	bareMapSendBlocked     = "send_blocked"
 	bareMapShortcuts       = "shortcuts"
 	bareMapSockHash        = "sock_hash"
 	bareMapSockStates      = "sock_states"
@@ -93,7 +92,6 @@ type bareMapSpecs struct {
 	KeptClients    *ebpf.MapSpec `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
-	SendBlocked    *ebpf.MapSpec `ebpf:"send_blocked"`
 	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
@@ -136,7 +134,6 @@ type bareMaps struct {
 	KeptClients    *ebpf.Map `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
-	SendBlocked    *ebpf.Map `ebpf:"send_blocked"`
 	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
@@ -155,7 +152,6 @@ func (m *bareMaps) Close() error {
 		m.KeptClients,
 		m.PeerRefs,
 		m.ReaderPorts,
-		m.SendBlocked,
 		m.Shortcuts,
 		m.SockHash,
 		m.SockStates,

@@ -107,9 +107,9 @@ int shunt_fionread(struct sys_exit_record *ctx)
 	struct file *f = task_file(task, fd);
 	if (!f)
 		return 0;
-	if ((BPF_CORE_READ(f, f_inode, i_mode) & S_IFMT) != S_IFSOCK)
+	struct socket *sock = file_socket(f);
+	if (!sock)
 		return 0;
-	struct socket *sock = BPF_CORE_READ(f, private_data);
 	struct sock *sk = BPF_CORE_READ(sock, sk);
 	if (!sk || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
 		return 0;

@@ -422,28 +422,6 @@ int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 	return watch_read(sk, ret, flags);
 }
 
-/* The send watch (writer_blocked): notes when a thread's send got EAGAIN.
- * Runs at every send of the host; any other send returns at once. */
-SEC("tp_btf/sock_send_length")
-int BPF_PROG(shunt_sends, struct sock *sk, int ret, int flags)
-{
-	if (ret != -EAGAIN)
-		return 0;
-	struct task_struct *task = bpf_get_current_task_btf();
-	__u32 tid = task->pid;
-	__u64 now = bpf_ktime_get_ns();
-	/* An event loop gets EAGAIN at each write to a slow client: its
-	 * entry is updated in place, no LRU update each time. */
-	struct send_blocked *old = bpf_map_lookup_elem(&send_blocked, &tid);
-	if (old && old->start_time == task->start_time) {
-		old->at = now;
-		return 0;
-	}
-	struct send_blocked b = { .start_time = task->start_time, .at = now };
-	bpf_map_update_elem(&send_blocked, &tid, &b, BPF_ANY);
-	return 0;
-}
-
 /* Kernels before 6.3 have no sock_recv_length tracepoint. Every read of a
  * socket in the sockhash (with sk_msg only, as shunt's) goes through
  * tcp_bpf_recvmsg, with the flags recvmsg got (MSG_DONTWAIT included):

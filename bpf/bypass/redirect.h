@@ -428,10 +428,12 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 		return pass(st, size);
 	}
 
-	/* Flagged, not sent back here: the reader may hold redirected bytes,
-	 * and TCP bytes behind them can hide from a reader that takes a short
-	 * read for all there is. Its next read sends the connection back with
-	 * the reader known, for the guard to wake (leave_small_writes). */
+	/* Flagged, not sent back here: its reader must be known first. Once
+	 * its sends take TCP, FIONREAD leaves their bytes out while the socket
+	 * is held (6.18), and a reader told 0 for them is woken only by a leave
+	 * that noted it. Its next read notes it and starts the leave
+	 * (leave_small_writes); check_peer then keeps these sends behind the
+	 * redirected bytes still unread. */
 	if (!via && ref && small_write_stream(st, tp, size) && !(ref->reads & STATE_SMALL_WRITES))
 		__sync_fetch_and_or(&ref->reads, STATE_SMALL_WRITES);
 	if (urgent_send(ctl)) {

@@ -264,6 +264,14 @@ static __always_inline void rescue(struct sock_key *key, struct peer_ref *ref, _
 	start_leave(ref, delay);
 }
 
+/* The socket a file is, or NULL. */
+static __always_inline struct socket *file_socket(struct file *f)
+{
+	if ((BPF_CORE_READ(f, f_inode, i_mode) & S_IFMT) != S_IFSOCK)
+		return 0;
+	return BPF_CORE_READ(f, private_data);
+}
+
 /* The file open as fd in task, or NULL. */
 static __always_inline struct file *task_file(struct task_struct *task, __u32 fd)
 {
@@ -390,25 +398,78 @@ static __always_inline __u64 stall_after(struct sock *sk)
 
 #define EAGAIN 11
 
-/* Whether the thread that read last got EAGAIN from a send since that read,
- * within the stall scan's time (the send watch; kernels with the
- * sock_send_length tracepoint, 6.3). Asleep so, it waits for room to write:
- * a proxy whose client is slow (tokio's copy reads one buffer and waits on
- * its write; Go's io.Copy, nats-server) reads on once its write goes
- * through; a wake-up would only make it read one buffer more and wait
- * again, which looks like nginx told 0. Past the scan's time it is woken
- * as any other (the scan would move it then anyway): nginx told 0 while its
- * client is slow waits that long at most. */
+/* SOCK_NOSPACE in a struct socket's flags (include/linux/net.h), the same
+ * bit on every kernel: a send found the buffer full, and its writer waits
+ * to be told of room (EPOLLOUT). */
+#define SOCK_NOSPACE_BIT 2
+
+/* How many of the reader's descriptors writer_blocked looks through. */
+#define FDS_LOOKED_AT 4096
+
+/* A socket whose writer waits for room now. TCP clears the bit once there
+ * is (sk_stream_write_space); AF_UNIX and UDP leave it set, so for them the
+ * buffer must still be full by AF_UNIX's measure (a quarter of SO_SNDBUF). */
+static __always_inline int waits_for_room(struct socket *sock)
+{
+	if (!(BPF_CORE_READ(sock, flags) & (1UL << SOCK_NOSPACE_BIT)))
+		return 0;
+	struct sock *sk = BPF_CORE_READ(sock, sk);
+	if (!sk)
+		return 0;
+	if (BPF_CORE_READ(sk, sk_protocol) == IPPROTO_TCP)
+		return 1;
+	__s64 held = BPF_CORE_READ(sk, sk_wmem_alloc.refs.counter);
+	return held * 4 > BPF_CORE_READ(sk, sk_sndbuf);
+}
+
+/* writer_blocked's walk of a descriptor table, for bpf_loop. */
+struct room_walk {
+	struct file **fds;
+	__u32 max_fds;
+	__u32 found;
+};
+
+static long room_step(__u64 i, struct room_walk *w)
+{
+	if (i >= w->max_fds)
+		return 1;
+	struct file *f = 0;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &w->fds[i]) || !f)
+		return 0;
+	struct socket *sock = file_socket(f);
+	if (sock && waits_for_room(sock)) {
+		w->found = 1;
+		return 1;
+	}
+	return 0;
+}
+
+/* Whether the process of the thread that read last waits for room to write
+ * on one of its sockets (the first FDS_LOOKED_AT descriptors), within the
+ * stall scan's time since the watch began. Asleep so, it waits for a write
+ * to go through: a proxy whose client is slow (tokio's copy reads one
+ * buffer and waits on its write; Go's io.Copy, nats-server) reads on once
+ * its write goes through; a wake-up would only make it read one buffer
+ * more and wait again, which looks like nginx told 0. Past the scan's time
+ * it is woken as any other (the scan would move it then anyway): nginx told
+ * 0 while a client of it is slow waits that long at most. Looked up here,
+ * when a reader seems stuck, not noted at every send of the host: a
+ * tracepoint on every send cost plain TCP streams of small writes ~10%,
+ * shunt's or not (docs/BENCHMARKS.md). */
 static __always_inline int writer_blocked(struct peer_ref *ref, __u64 now)
 {
 	struct task_struct *task = ref->reader_task;
-	if (!task)
+	if (!task || now - ref->watch_at >= cfg.scan_stall_ns)
 		return 0;
-	__u32 tid = BPF_CORE_READ(task, pid);
-	struct send_blocked *b = bpf_map_lookup_elem(&send_blocked, &tid);
-	if (!b || b->start_time != BPF_CORE_READ(task, start_time))
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt)
 		return 0;
-	return b->at >= ref->watch_at && now - b->at < cfg.scan_stall_ns;
+	struct room_walk w = {
+		.fds = BPF_CORE_READ(fdt, fd),
+		.max_fds = BPF_CORE_READ(fdt, max_fds),
+	};
+	bpf_loop(FDS_LOOKED_AT, room_step, &w, 0);
+	return w.found;
 }
 
 static __always_inline int stall_check(struct sock_key *key, struct peer_ref *ref, struct tcp_sock *tp)

@@ -216,21 +216,6 @@ struct {
 	__type(value, struct args_walk);
 } args_scratch SEC(".maps");
 
-/* Threads whose send got EAGAIN, by thread id (writer_blocked): a reader
- * asleep after such a send since its last read waits for room to write (a
- * proxy whose client is slow), not for an edge of the socket it read. */
-struct send_blocked {
-	__u64 start_time; /* the thread's: a thread id is used again */
-	__u64 at;         /* when the send got EAGAIN (bpf_ktime_get_ns) */
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, struct send_blocked);
-} send_blocked SEC(".maps");
-
 /* What the guard hears of (struct guard_event). */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);

@@ -91,6 +91,7 @@ struct socket_wq {
 };
 
 struct socket {
+	unsigned long flags; /* SOCK_NOSPACE: a send found the buffer full */
 	struct file *file;
 	struct sock *sk;
 	struct socket_wq wq;
@@ -108,6 +109,15 @@ struct socket_alloc {
 	struct inode vfs_inode;
 };
 
+/* include/linux/refcount.h; a socket's count of bytes its sends hold. */
+typedef struct {
+	int counter;
+} atomic_t;
+
+struct refcount_struct {
+	atomic_t refs;
+};
+
 struct sock {
 	struct sock_common __sk_common;
 	struct sock_cgroup_data sk_cgrp_data;
@@ -118,6 +128,7 @@ struct sock {
 	int sk_rcvbuf;
 	int sk_sndbuf;
 	int sk_wmem_queued;
+	struct refcount_struct sk_wmem_alloc;
 	long sk_rcvtimeo;
 	int sk_rcvlowat;
 	int sk_peek_off;
