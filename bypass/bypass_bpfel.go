@@ -264,6 +264,7 @@ const (
 	bypassMapKeptClients         = "kept_clients"
 	bypassMapPeerRefs            = "peer_refs"
 	bypassMapReaderPorts         = "reader_ports"
+	bypassMapRoomSeen            = "room_seen"
 	bypassMapShortcuts           = "shortcuts"
 	bypassMapSockHash            = "sock_hash"
 	bypassMapSockStates          = "sock_states"
@@ -362,6 +363,7 @@ type bypassMapSpecs struct {
 	KeptClients    *ebpf.MapSpec `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
+	RoomSeen       *ebpf.MapSpec `ebpf:"room_seen"`
 	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
@@ -414,6 +416,7 @@ type bypassMaps struct {
 	KeptClients    *ebpf.Map `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
+	RoomSeen       *ebpf.Map `ebpf:"room_seen"`
 	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
@@ -432,6 +435,7 @@ func (m *bypassMaps) Close() error {
 		m.KeptClients,
 		m.PeerRefs,
 		m.ReaderPorts,
+		m.RoomSeen,
 		m.Shortcuts,
 		m.SockHash,
 		m.SockStates,

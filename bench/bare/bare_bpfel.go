@@ -26,6 +26,7 @@ const (
 	bareMapKeptClients     = "kept_clients"
 	bareMapPeerRefs        = "peer_refs"
 	bareMapReaderPorts     = "reader_ports"
+	bareMapRoomSeen        = "room_seen"
 	bareMapShortcuts       = "shortcuts"
 	bareMapSockHash        = "sock_hash"
 	bareMapSockStates      = "sock_states"
@@ -92,6 +93,7 @@ type bareMapSpecs struct {
 	KeptClients    *ebpf.MapSpec `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
+	RoomSeen       *ebpf.MapSpec `ebpf:"room_seen"`
 	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
@@ -134,6 +136,7 @@ type bareMaps struct {
 	KeptClients    *ebpf.Map `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
+	RoomSeen       *ebpf.Map `ebpf:"room_seen"`
 	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
@@ -152,6 +155,7 @@ func (m *bareMaps) Close() error {
 		m.KeptClients,
 		m.PeerRefs,
 		m.ReaderPorts,
+		m.RoomSeen,
 		m.Shortcuts,
 		m.SockHash,
 		m.SockStates,

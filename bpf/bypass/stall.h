@@ -403,8 +403,12 @@ static __always_inline __u64 stall_after(struct sock *sk)
  * to be told of room (EPOLLOUT). */
 #define SOCK_NOSPACE_BIT 2
 
-/* How many of the reader's descriptors writer_blocked looks through. */
-#define FDS_LOOKED_AT 4096
+/* How many descriptor slots one look of writer_blocked reads (~0.3 ms at
+ * most), and how often a process is looked through at most: a process with
+ * many sockets stuck at once (nginx told 0 on each new upstream) pays one
+ * look per ROOM_LOOK_NS, not one per socket. */
+#define FDS_PER_LOOK 4096
+#define ROOM_LOOK_NS (10ULL * 1000 * 1000)
 
 /* A socket whose writer waits for room now. TCP clears the bit once there
  * is (sk_stream_write_space); AF_UNIX and UDP leave it set, so for them the
@@ -422,54 +426,102 @@ static __always_inline int waits_for_room(struct socket *sock)
 	return held * 4 > BPF_CORE_READ(sk, sk_sndbuf);
 }
 
-/* writer_blocked's walk of a descriptor table, for bpf_loop. */
+/* Whether descriptor fd of the table is a socket waiting for room. */
+static __always_inline int fd_waits_for_room(struct file **fds, __u32 fd)
+{
+	struct file *f = 0;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
+		return 0;
+	struct socket *sock = file_socket(f);
+	return sock && waits_for_room(sock);
+}
+
+/* writer_blocked's look through a descriptor table, for bpf_loop. */
 struct room_walk {
 	struct file **fds;
-	__u32 max_fds;
-	__u32 found;
+	__u32 from;
+	__u32 to;
+	__u32 found; /* 1 + the descriptor, or 0 */
 };
 
 static long room_step(__u64 i, struct room_walk *w)
 {
-	if (i >= w->max_fds)
+	__u32 fd = w->from + (__u32)i;
+	if (fd >= w->to)
 		return 1;
-	struct file *f = 0;
-	if (bpf_probe_read_kernel(&f, sizeof(f), &w->fds[i]) || !f)
-		return 0;
-	struct socket *sock = file_socket(f);
-	if (sock && waits_for_room(sock)) {
-		w->found = 1;
+	if (fd_waits_for_room(w->fds, fd)) {
+		w->found = fd + 1;
 		return 1;
 	}
 	return 0;
 }
 
 /* Whether the process of the thread that read last waits for room to write
- * on one of its sockets (the first FDS_LOOKED_AT descriptors), within the
+ * on one of its sockets, or may (not looked through whole yet), within the
  * stall scan's time since the watch began. Asleep so, it waits for a write
  * to go through: a proxy whose client is slow (tokio's copy reads one
  * buffer and waits on its write; Go's io.Copy, nats-server) reads on once
  * its write goes through; a wake-up would only make it read one buffer
  * more and wait again, which looks like nginx told 0. Past the scan's time
- * it is woken as any other (the scan would move it then anyway): nginx told
- * 0 while a client of it is slow waits that long at most. Looked up here,
- * when a reader seems stuck, not noted at every send of the host: a
- * tracepoint on every send cost plain TCP streams of small writes ~10%,
- * shunt's or not (docs/BENCHMARKS.md). */
+ * it is woken as any other (the scan would move it then anyway): nginx
+ * told 0 while a client of it is slow waits that long at most.
+ * Looked up only here, when a reader seems stuck: a tracepoint on every
+ * send of the host that noted each EAGAIN cost plain TCP streams of small
+ * writes 15-30%, shunt's or not (docs/BENCHMARKS.md). The socket found is
+ * looked at first next time (a slow client stays slow for a while). Else
+ * one look reads FDS_PER_LOOK descriptor slots, at most one a ROOM_LOOK_NS
+ * per process, the next going on where this one stopped: until a pass
+ * from slot 0 to the end has found none, the answer is "may", and a reader
+ * stuck for want of an edge (nginx told 0) in a process with more than
+ * FDS_PER_LOOK descriptors is woken a look or two later. */
 static __always_inline int writer_blocked(struct peer_ref *ref, __u64 now)
 {
 	struct task_struct *task = ref->reader_task;
 	if (!task || now - ref->watch_at >= cfg.scan_stall_ns)
 		return 0;
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct files_struct *files = BPF_CORE_READ(task, files);
+	if (!files)
+		return 0;
+	struct fdtable *fdt = BPF_CORE_READ(files, fdt);
 	if (!fdt)
 		return 0;
-	struct room_walk w = {
-		.fds = BPF_CORE_READ(fdt, fd),
-		.max_fds = BPF_CORE_READ(fdt, max_fds),
-	};
-	bpf_loop(FDS_LOOKED_AT, room_step, &w, 0);
-	return w.found;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	__u32 max_fds = BPF_CORE_READ(fdt, max_fds);
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+	struct room_seen *seen = bpf_map_lookup_elem(&room_seen, &tgid);
+	if (!seen || seen->files != (__u64)files) {
+		/* A process not looked at before, or a pid used again. */
+		struct room_seen fresh = { .files = (__u64)files };
+		bpf_map_update_elem(&room_seen, &tgid, &fresh, BPF_ANY);
+		seen = bpf_map_lookup_elem(&room_seen, &tgid);
+		if (!seen)
+			return 0;
+	}
+	__u32 last = seen->found;
+	if (last && last <= max_fds && fd_waits_for_room(fds, last - 1))
+		return 1;
+	if (seen->looked_at && now - seen->looked_at < ROOM_LOOK_NS)
+		return !seen->clear;
+	seen->looked_at = now;
+	struct room_walk w = { .fds = fds, .from = seen->next < max_fds ? seen->next : 0 };
+	w.to = max_fds - w.from > FDS_PER_LOOK ? w.from + FDS_PER_LOOK : max_fds;
+	if (!w.from)
+		seen->clean = 1;
+	bpf_loop(FDS_PER_LOOK, room_step, &w, 0);
+	seen->found = w.found;
+	if (w.found) {
+		seen->clean = 0;
+		seen->clear = 0;
+		seen->next = w.found < max_fds ? w.found : 0;
+		return 1;
+	}
+	if (w.to < max_fds) {
+		seen->next = w.to;
+		return !seen->clear;
+	}
+	seen->next = 0;
+	seen->clear = seen->clean;
+	return !seen->clear;
 }
 
 static __always_inline int stall_check(struct sock_key *key, struct peer_ref *ref, struct tcp_sock *tp)

@@ -216,6 +216,25 @@ struct {
 	__type(value, struct args_walk);
 } args_scratch SEC(".maps");
 
+/* Per process (tgid), where writer_blocked left off in its descriptors and
+ * the socket it last found waiting for room: a hint, raced over by the
+ * timers of the process's sockets. */
+struct room_seen {
+	__u64 files;     /* the descriptor table looked through; another starts over */
+	__u64 looked_at; /* when the last look through it began (bpf_ktime_get_ns) */
+	__u32 next;      /* the slot the next look starts at */
+	__u32 found;     /* 1 + the descriptor last found waiting for room, or 0 */
+	__u32 clean;     /* the looks since slot 0 found none */
+	__u32 clear;     /* the last whole pass, slot 0 to the end, found none */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct room_seen);
+} room_seen SEC(".maps");
+
 /* What the guard hears of (struct guard_event). */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
