@@ -41,6 +41,9 @@ func TestReaderWaitingToWriteKeepsTheBypass(t *testing.T) {
 		{"tcp4, client past 4,096 descriptors", "tcp4", 6000, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.clientFD != 0 {
+				mustDescriptorsUpTo(t, tc.clientFD)
+			}
 			readerKeepsTheBypass(t, tc.network, 128<<10, tc.maxWoken, func(fd, want int) ([]byte, int, error) {
 				return writeBlockedRead(fd, want, 8<<10, 300*time.Millisecond, tc.clientFD)
 			})
@@ -163,11 +166,12 @@ func TestToldZeroInAProcessWithManyDescriptorsIsWoken(t *testing.T) {
 		// buffer a wake-up, which no bound on time here would fit.
 		t.Skip("FIONREAD counts TCP's bytes here: no reader is told 0 for them")
 	}
+	const far = 6000 // past one look's 4,096 slots
+	mustDescriptorsUpTo(t, far)
 	null, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const far = 6000 // past one look's 4,096 slots
 	if err := unix.Dup3(null, far, unix.O_CLOEXEC); err != nil {
 		t.Fatal(err)
 	}
@@ -194,4 +198,26 @@ func TestToldZeroInAProcessWithManyDescriptorsIsWoken(t *testing.T) {
 	if took > 400*time.Millisecond {
 		t.Errorf("the reader took %v for 1 MiB: its stalls waited out the scan's time", took)
 	}
+}
+
+// mustDescriptorsUpTo raises the process's limit on descriptors past fd
+// for the test (a VM's init may leave it at 1,024 or 4,096).
+func mustDescriptorsUpTo(t *testing.T, fd int) {
+	t.Helper()
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if old.Cur > uint64(fd) {
+		return
+	}
+	raised := unix.Rlimit{Cur: uint64(fd) + 1, Max: max(old.Max, uint64(fd)+1)}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &raised); err != nil {
+		t.Fatalf("raise the limit on descriptors to %d: %v", raised.Cur, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+			t.Errorf("restore the limit on descriptors: %v", err)
+		}
+	})
 }
