@@ -403,10 +403,11 @@ static __always_inline __u64 stall_after(struct sock *sk)
  * to be told of room (EPOLLOUT). */
 #define SOCK_NOSPACE_BIT 2
 
-/* How many descriptor slots one look of writer_blocked reads (~0.3 ms at
- * most), and how often a process is looked through at most: a process with
- * many sockets stuck at once (nginx told 0 on each new upstream) pays one
- * look per ROOM_LOOK_NS, not one per socket. */
+/* How many descriptor slots one look of writer_blocked reads (a bpf_loop
+ * step each, a few fault-safe reads for a socket), and how often a process
+ * is looked through at most: a process with many sockets stuck at once
+ * (nginx told 0 on each new upstream) pays one look per ROOM_LOOK_NS, not
+ * one per socket. */
 #define FDS_PER_LOOK 4096
 #define ROOM_LOOK_NS (10ULL * 1000 * 1000)
 
@@ -467,7 +468,7 @@ static long room_step(__u64 i, struct room_walk *w)
  * told 0 while a client of it is slow waits that long at most.
  * Looked up only here, when a reader seems stuck: a tracepoint on every
  * send of the host that noted each EAGAIN cost plain TCP streams of small
- * writes 15-30%, shunt's or not (docs/BENCHMARKS.md). The socket found is
+ * writes 15-31%, shunt's or not (docs/BENCHMARKS.md). The socket found is
  * looked at first next time (a slow client stays slow for a while). Else
  * one look reads FDS_PER_LOOK descriptor slots, at most one a ROOM_LOOK_NS
  * per process, the next going on where this one stopped: until a pass
