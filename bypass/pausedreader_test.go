@@ -3,7 +3,6 @@ package bypass_test
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"runtime"
 	"testing"
 	"time"
@@ -43,7 +42,7 @@ func TestPausedReaderKeepsTheBypass(t *testing.T) {
 // it waits), lets read take them on its own terms, and wants them intact,
 // no stall rescued, the pair still in the sockhash and bypassed, and the
 // reader woken (the events it slept through) maxWoken times at most.
-func readerKeepsTheBypass(t *testing.T, network string, size, maxWoken int, read func(fd, want int) ([]byte, int, error)) (*bypass.Install, *bypass.Stats, *net.TCPConn, *net.TCPConn) {
+func readerKeepsTheBypass(t *testing.T, network string, size, maxWoken int, read func(fd, want int) ([]byte, int, error)) {
 	t.Helper()
 	in, c, s, said := guardedPairLog(t, network, bypass.Options{})
 	data := randomBytes(size, 9)
@@ -75,7 +74,6 @@ func readerKeepsTheBypass(t *testing.T, network string, size, maxWoken int, read
 		t.Errorf("%d sockets in the sockhash after the wait, want 2", n)
 	}
 	exchange(t, s, c, "still bypassed")
-	return in, &after, c, s
 }
 
 // pausedRead reads want bytes from fd as an edge-triggered event loop
