@@ -23,6 +23,8 @@ static __always_inline int may_wait(struct sock *sk, int flags)
 	return !(sock->file->f_flags & O_NONBLOCK);
 }
 
+#define EAGAIN 11
+
 /* A blocking read without SO_RCVTIMEO never fails with EAGAIN over TCP; on a
  * sockhash socket tcp_bpf_recvmsg returns it when its wait ends without data
  * (a signal, a stop, ptrace, where TCP restarts). Counted, and told to the

@@ -396,8 +396,6 @@ static __always_inline __u64 stall_after(struct sock *sk)
 	return cfg.stall_ns;
 }
 
-#define EAGAIN 11
-
 /* SOCK_NOSPACE in a struct socket's flags (include/linux/net.h), the same
  * bit on every kernel: a send found the buffer full, and its writer waits
  * to be told of room (EPOLLOUT). */
