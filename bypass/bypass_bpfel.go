@@ -269,6 +269,7 @@ const (
 	bypassMapSockHash            = "sock_hash"
 	bypassMapSockStates          = "sock_states"
 	bypassMapSplicePrograms      = "splice_programs"
+	bypassMapWakesDelivered      = "wakes_delivered"
 	bypassProgShuntFionread      = "shunt_fionread"
 	bypassProgShuntGetsockopt    = "shunt_getsockopt"
 	bypassProgShuntIterDrain     = "shunt_iter_drain"
@@ -368,6 +369,7 @@ type bypassMapSpecs struct {
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
 	SplicePrograms *ebpf.MapSpec `ebpf:"splice_programs"`
+	WakesDelivered *ebpf.MapSpec `ebpf:"wakes_delivered"`
 }
 
 // bypassVariableSpecs contains global variables before they are loaded into the kernel.
@@ -421,6 +423,7 @@ type bypassMaps struct {
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
 	SplicePrograms *ebpf.Map `ebpf:"splice_programs"`
+	WakesDelivered *ebpf.Map `ebpf:"wakes_delivered"`
 }
 
 func (m *bypassMaps) Close() error {
@@ -440,6 +443,7 @@ func (m *bypassMaps) Close() error {
 		m.SockHash,
 		m.SockStates,
 		m.SplicePrograms,
+		m.WakesDelivered,
 	)
 }
 

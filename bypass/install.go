@@ -82,6 +82,10 @@ const readerPortsMap = "reader_ports"
 // not in pinnedMaps: older installs have none).
 const shortcutsMap = "shortcuts"
 
+// wakesDeliveredMap holds when the guard last woke each socket's reader
+// (stalls.go; not in pinnedMaps: older installs have none).
+const wakesDeliveredMap = "wakes_delivered"
+
 // ReaderPortTTL is how long a server port whose reader needed TCP (a
 // blocking recv, MSG_WAITALL, a splice) keeps its new connections unpaired:
 // paired, each would be taken out again at its first read. After it, one
@@ -525,17 +529,18 @@ func PinPaths(dir string) Paths {
 
 func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
-		"sock_hash":      m.SockHash,
-		"sock_states":    m.SockStates,
-		"control":        m.Control,
-		"counters":       m.Counters,
-		"peer_refs":      m.PeerRefs,
-		"excluded_ports": m.ExcludedPorts,
-		"guard_events":   m.GuardEvents,
-		cgroupSendsMap:   m.CgroupSends,
-		isnHandshakesMap: m.IsnHandshakes,
-		readerPortsMap:   m.ReaderPorts,
-		shortcutsMap:     m.Shortcuts,
+		"sock_hash":       m.SockHash,
+		"sock_states":     m.SockStates,
+		"control":         m.Control,
+		"counters":        m.Counters,
+		"peer_refs":       m.PeerRefs,
+		"excluded_ports":  m.ExcludedPorts,
+		"guard_events":    m.GuardEvents,
+		cgroupSendsMap:    m.CgroupSends,
+		isnHandshakesMap:  m.IsnHandshakes,
+		readerPortsMap:    m.ReaderPorts,
+		shortcutsMap:      m.Shortcuts,
+		wakesDeliveredMap: m.WakesDelivered,
 	}
 }
 
@@ -559,7 +564,7 @@ func Open(dir string) (*Install, error) {
 	}
 	// Installs made before per-cgroup counts or pairing by sequence
 	// numbers lack those maps; they still open (and can be removed).
-	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap, shortcutsMap} {
+	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap, shortcutsMap, wakesDeliveredMap} {
 		if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil); err == nil {
 			in.maps[name] = m
 		}

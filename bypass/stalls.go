@@ -55,5 +55,20 @@ func (s *StallScan) Run() (int, error) {
 	return len(decodeKeys(buf)), nil
 }
 
+// WakeDelivered tells the stall watch that the guard has just woken the
+// reader of the socket with this cookie: a reader it woke is given its time
+// to answer from now, not from when it asked (the guard may have been
+// behind). An install made before this has nowhere to tell it: nil.
+func (in *Install) WakeDelivered(cookie uint64) error {
+	m, ok := in.maps[wakesDeliveredMap]
+	if !ok {
+		return nil
+	}
+	if err := m.Put(cookie, uint64(monotonicNow())); err != nil {
+		return fmt.Errorf("note the wake-up: %w", err)
+	}
+	return nil
+}
+
 // Close releases the scan's program.
 func (s *StallScan) Close() error { return s.prog.Close() }

@@ -102,7 +102,7 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 			report(fmt.Sprintf("pid %d (%s) peeks at %s (peer %s) again and again, reading nothing, at %d redirected bytes with more behind them by TCP that no peek reaches: it came to peek after those were queued, and shunt cannot join the two queues for it; restart it or exclude its port (shunt bypass enable --exclude-ports)",
 				ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread))
 		case bypass.StallRescued, bypass.Wake:
-			wake(ev, report)
+			wake(in, ev, report)
 		}
 	}
 	return nil
@@ -110,8 +110,8 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 
 // wake wakes the reader an event names, and says so for each connection
 // rescued (a Wake is routine: only its failure is reported).
-func wake(ev bypass.Event, report func(string)) {
-	err := Wake(ev.PID, ev.Inode, ev.Cookie)
+func wake(in *bypass.Install, ev bypass.Event, report func(string)) {
+	err := WakeReader(in, ev)
 	if errors.Is(err, os.ErrNotExist) {
 		err = nil // closed: nobody waits
 	}
@@ -124,6 +124,16 @@ func wake(ev bypass.Event, report func(string)) {
 	case err != nil:
 		report(fmt.Sprintf("pid %d (%s): waking the reader of %s (peer %s) failed: %v", ev.PID, ev.Command, ev.Local, ev.Remote, err))
 	}
+}
+
+// WakeReader wakes the reader a StallRescued or Wake event names and tells
+// the install when: a reader the stall watch woke is given its time to
+// answer from then.
+func WakeReader(in *bypass.Install, ev bypass.Event) error {
+	if err := Wake(ev.PID, ev.Inode, ev.Cookie); err != nil {
+		return err
+	}
+	return in.WakeDelivered(ev.Cookie)
 }
 
 // stallLine says who waited on what, and how the stall was found.

@@ -31,6 +31,7 @@ const (
 	bareMapSockHash        = "sock_hash"
 	bareMapSockStates      = "sock_states"
 	bareMapSplicePrograms  = "splice_programs"
+	bareMapWakesDelivered  = "wakes_delivered"
 	bareProgShuntSkMsgBare = "shunt_sk_msg_bare"
 )
 
@@ -98,6 +99,7 @@ type bareMapSpecs struct {
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
 	SplicePrograms *ebpf.MapSpec `ebpf:"splice_programs"`
+	WakesDelivered *ebpf.MapSpec `ebpf:"wakes_delivered"`
 }
 
 // bareVariableSpecs contains global variables before they are loaded into the kernel.
@@ -141,6 +143,7 @@ type bareMaps struct {
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
 	SplicePrograms *ebpf.Map `ebpf:"splice_programs"`
+	WakesDelivered *ebpf.Map `ebpf:"wakes_delivered"`
 }
 
 func (m *bareMaps) Close() error {
@@ -160,6 +163,7 @@ func (m *bareMaps) Close() error {
 		m.SockHash,
 		m.SockStates,
 		m.SplicePrograms,
+		m.WakesDelivered,
 	)
 }
 

@@ -523,6 +523,20 @@ static __always_inline int writer_blocked(struct peer_ref *ref, __u64 now)
 	return !seen->clear;
 }
 
+/* How much longer a reader woken by the stall watch (at ref->watch_at) is
+ * given to answer before it counts as waiting for something else: stall_ns
+ * from when the guard delivered the wake-up, and until then, looked at
+ * every stall_ns, the scan's time from the report. Counted from the report,
+ * a guard 60 ms behind made a reader that read at once look unheeding, left
+ * to the scan. 0: its time is up. */
+static __always_inline __u64 answer_time_left(struct peer_ref *ref, __u64 now)
+{
+	__u64 *delivered = bpf_map_lookup_elem(&wakes_delivered, &ref->cookie);
+	if (delivered && *delivered >= ref->watch_at)
+		return now - *delivered < cfg.stall_ns ? cfg.stall_ns - (now - *delivered) : 0;
+	return now - ref->watch_at < cfg.scan_stall_ns ? cfg.stall_ns : 0;
+}
+
 static __always_inline int stall_check(struct sock_key *key, struct peer_ref *ref, struct tcp_sock *tp)
 {
 	if (!(ref->reads & STATE_WATCHED))
@@ -596,10 +610,12 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		/* Woken, and nothing read: it waits for something else (its
 		 * own writes, held back by their reader), not for this
 		 * socket's edge, which it got. Given stall_ns to answer the
-		 * wake-up; then watched again from its next read, and the
-		 * stall scan still looks at it. */
-		if (now - ref->watch_at < cfg.stall_ns) {
-			bpf_timer_start(&ref->leave, cfg.stall_ns - (now - ref->watch_at), 0);
+		 * wake-up once the guard has delivered it (up to the scan's
+		 * time while it has not); then watched again from its next
+		 * read, and the stall scan still looks at it. */
+		__u64 wait_more = answer_time_left(ref, now);
+		if (wait_more) {
+			bpf_timer_start(&ref->leave, wait_more, 0);
 			return 0;
 		}
 		ref->unheeded = (now >> 20) | 1;

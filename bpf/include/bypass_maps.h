@@ -235,6 +235,17 @@ struct {
 	__type(value, struct room_seen);
 } room_seen SEC(".maps");
 
+/* When the guard delivered its last wake-up to a socket (socket cookie to
+ * bpf_ktime_get_ns), written by the guard: a reader the stall watch woke is
+ * given its time to answer from then, not from the report, since the guard
+ * may be behind (in a stall scan, or waiting for a CPU). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __u64);
+} wakes_delivered SEC(".maps");
+
 /* What the guard hears of (struct guard_event). */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
