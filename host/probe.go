@@ -215,7 +215,7 @@ func (f Features) Mechanisms() []Mechanism {
 		{"bypass: pairing", pick(f.SockOps && f.SkStorage, "sockops on the cgroup, socket storage")},
 		{"bypass: the peer's TCP state", peer},
 		{"bypass: reader watch", reads},
-		{"bypass: a reader waiting to write (stalls)", pick(f.BTF, "its process's sockets looked through when it seems stuck (4,096 descriptors at most): one whose send found its buffer full leaves the reader to its writes (0.5 s at most), not woken")},
+		{"bypass: a reader waiting to write (stalls)", pick(f.BTF, "its process's sockets looked through when it seems stuck (4,096 descriptors at most): one whose send found its buffer full gives the reader 20 ms more for its write before it is woken")},
 		{"bypass: splice(2) watch", pick(f.SpliceTracepoint, "tp_btf/tcp_rcv_space_adjust")},
 		{"bypass: finding held sockets", pick(f.FileIterator, "iter/task_file")},
 		{"bypass: splice(2) after recv", splice},

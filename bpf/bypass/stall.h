@@ -456,14 +456,17 @@ static long room_step(__u64 i, struct room_walk *w)
 }
 
 /* Whether the process of the thread that read last waits for room to write
- * on one of its sockets, or may (not looked through whole yet), within the
- * stall scan's time since the watch began. Asleep so, it waits for a write
- * to go through: a proxy whose client is slow (tokio's copy reads one
- * buffer and waits on its write; Go's io.Copy, nats-server) reads on once
- * its write goes through; a wake-up would only make it read one buffer
- * more and wait again, which looks like nginx told 0. Past the scan's time
- * it is woken as any other (the scan would move it then anyway): nginx
- * told 0 while a client of it is slow waits that long at most.
+ * on one of its sockets, or may (not looked through whole yet). Asleep so,
+ * it may wait for a write to go through: a proxy whose client is a moment
+ * slow (tokio's copy reads one buffer and waits on its write; Go's io.Copy,
+ * nats-server) reads on once it does; a wake-up would make it read one
+ * buffer more and wait again, which looks like nginx told 0, and moves it
+ * to TCP. So stall_check gives such a reader stall_ns more before it wakes
+ * it, once a watch: which of its sockets a process fills cannot be told
+ * apart here, and nginx told 0 while another client of its worker is slow
+ * waited the stall scan's time, twice, when this held it back until then
+ * (1.27 s for a 1 MiB download; a proxy whose client stays slow is moved to
+ * TCP, where it loses nothing: the client sets the pace).
  * Looked up only here, when a reader seems stuck: a tracepoint on every
  * send of the host that noted each EAGAIN cost plain TCP streams of small
  * writes 15-31%, shunt's or not (docs/BENCHMARKS.md). The socket found is
@@ -476,7 +479,7 @@ static long room_step(__u64 i, struct room_walk *w)
 static __always_inline int writer_blocked(struct peer_ref *ref, __u64 now)
 {
 	struct task_struct *task = ref->reader_task;
-	if (!task || now - ref->watch_at >= cfg.scan_stall_ns)
+	if (!task)
 		return 0;
 	struct files_struct *files = BPF_CORE_READ(task, files);
 	if (!files)
@@ -569,13 +572,13 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
 		return 0;
 	}
-	if (writer_blocked(ref, now)) {
-		/* Not woken, not moved: looked at again after stall_ns (and
-		 * the stall scan still looks at it). */
-		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
+	int woken = ref->reads & STATE_WOKEN;
+	if (!woken && now - ref->watch_at < wait + cfg.stall_ns && writer_blocked(ref, now)) {
+		/* Not woken yet, not moved: looked at again when its write has
+		 * had stall_ns more to go through. */
+		bpf_timer_start(&ref->leave, wait + cfg.stall_ns - (now - ref->watch_at), 0);
 		return 0;
 	}
-	int woken = ref->reads & STATE_WOKEN;
 	if (!woken && ref->unheeded && (__u32)((now >> 20) - ref->unheeded) < (UNHEEDED_QUIET_NS >> 20)) {
 		/* It let a wake-up pass a moment ago: it reads when what it
 		 * waits for comes. Not woken again within the quiet time (a
