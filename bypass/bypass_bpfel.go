@@ -135,6 +135,8 @@ type bypassGuardEvent struct {
 	Ino      uint64
 	Found    uint32
 	AsleepIn uint32
+	Fd       uint32
+	_        [4]byte
 }
 
 type bypassReaderPort struct {
@@ -263,6 +265,7 @@ const (
 	bypassMapIsnHandshakes       = "isn_handshakes"
 	bypassMapKeptClients         = "kept_clients"
 	bypassMapPeerRefs            = "peer_refs"
+	bypassMapReaderFds           = "reader_fds"
 	bypassMapReaderPorts         = "reader_ports"
 	bypassMapRoomSeen            = "room_seen"
 	bypassMapShortcuts           = "shortcuts"
@@ -363,6 +366,7 @@ type bypassMapSpecs struct {
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	KeptClients    *ebpf.MapSpec `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
+	ReaderFds      *ebpf.MapSpec `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
 	RoomSeen       *ebpf.MapSpec `ebpf:"room_seen"`
 	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
@@ -417,6 +421,7 @@ type bypassMaps struct {
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	KeptClients    *ebpf.Map `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
+	ReaderFds      *ebpf.Map `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
 	RoomSeen       *ebpf.Map `ebpf:"room_seen"`
 	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
@@ -437,6 +442,7 @@ func (m *bypassMaps) Close() error {
 		m.IsnHandshakes,
 		m.KeptClients,
 		m.PeerRefs,
+		m.ReaderFds,
 		m.ReaderPorts,
 		m.RoomSeen,
 		m.Shortcuts,

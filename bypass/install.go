@@ -83,8 +83,13 @@ const readerPortsMap = "reader_ports"
 const shortcutsMap = "shortcuts"
 
 // wakesDeliveredMap holds when the guard last woke each socket's reader
-// (stalls.go; not in pinnedMaps: older installs have none).
-const wakesDeliveredMap = "wakes_delivered"
+// (stalls.go), readerFDsMap the descriptor each was read through, which
+// the stall scan writes too (neither in pinnedMaps: older installs have
+// none).
+const (
+	wakesDeliveredMap = "wakes_delivered"
+	readerFDsMap      = "reader_fds"
+)
 
 // ReaderPortTTL is how long a server port whose reader needed TCP (a
 // blocking recv, MSG_WAITALL, a splice) keeps its new connections unpaired:
@@ -541,6 +546,7 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		readerPortsMap:    m.ReaderPorts,
 		shortcutsMap:      m.Shortcuts,
 		wakesDeliveredMap: m.WakesDelivered,
+		readerFDsMap:      m.ReaderFds,
 	}
 }
 
@@ -564,7 +570,7 @@ func Open(dir string) (*Install, error) {
 	}
 	// Installs made before per-cgroup counts or pairing by sequence
 	// numbers lack those maps; they still open (and can be removed).
-	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap, shortcutsMap, wakesDeliveredMap} {
+	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap, shortcutsMap, wakesDeliveredMap, readerFDsMap} {
 		if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil); err == nil {
 			in.maps[name] = m
 		}

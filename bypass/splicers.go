@@ -302,6 +302,7 @@ type Event struct {
 	Inode         uint64 // StallRescued, Wake: the socket's inode ("socket:[N]" in /proc/PID/fd)
 	Found         StallFound
 	AsleepIn      int // Found == FoundByWatch: the system call the reader slept in
+	FD            int // StallRescued, Wake: the descriptor its reader last read it through, a hint (-1: unknown)
 }
 
 // StallFound says how a stall was found (StallRescued, and a Wake of a
@@ -347,7 +348,7 @@ func (r *EventReader) Read(deadline time.Time) (Event, error) {
 	client := netip.AddrPortFrom(netip.AddrFrom16(t.ClientIp).Unmap(), t.ClientPort)
 	server := netip.AddrPortFrom(netip.AddrFrom16(t.ServerIp).Unmap(), t.ServerPort)
 	e := Event{Kind: EventKind(ev.Kind), Local: server, Remote: client, Netns: ev.Self.Netns, Cookie: ev.Cookie, Unread: ev.Unread, PID: int(ev.Pid), Command: commString(ev.Comm), Inode: ev.Ino,
-		Found: StallFound(ev.Found), AsleepIn: int(ev.AsleepIn)}
+		Found: StallFound(ev.Found), AsleepIn: int(ev.AsleepIn), FD: int(ev.Fd) - 1}
 	if ev.Self.Role == roleClient {
 		e.Local, e.Remote = client, server
 	}

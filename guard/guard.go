@@ -130,7 +130,7 @@ func wake(in *bypass.Install, ev bypass.Event, report func(string)) {
 // the install when: a reader the stall watch woke is given its time to
 // answer from then.
 func WakeReader(in *bypass.Install, ev bypass.Event) error {
-	if err := Wake(ev.PID, ev.Inode, ev.Cookie); err != nil {
+	if err := Wake(ev.PID, ev.FD, ev.Inode, ev.Cookie); err != nil {
 		return err
 	}
 	return in.WakeDelivered(ev.Cookie)

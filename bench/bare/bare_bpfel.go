@@ -25,6 +25,7 @@ const (
 	bareMapIsnHandshakes   = "isn_handshakes"
 	bareMapKeptClients     = "kept_clients"
 	bareMapPeerRefs        = "peer_refs"
+	bareMapReaderFds       = "reader_fds"
 	bareMapReaderPorts     = "reader_ports"
 	bareMapRoomSeen        = "room_seen"
 	bareMapShortcuts       = "shortcuts"
@@ -93,6 +94,7 @@ type bareMapSpecs struct {
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	KeptClients    *ebpf.MapSpec `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
+	ReaderFds      *ebpf.MapSpec `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
 	RoomSeen       *ebpf.MapSpec `ebpf:"room_seen"`
 	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
@@ -137,6 +139,7 @@ type bareMaps struct {
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	KeptClients    *ebpf.Map `ebpf:"kept_clients"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
+	ReaderFds      *ebpf.Map `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
 	RoomSeen       *ebpf.Map `ebpf:"room_seen"`
 	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
@@ -157,6 +160,7 @@ func (m *bareMaps) Close() error {
 		m.IsnHandshakes,
 		m.KeptClients,
 		m.PeerRefs,
+		m.ReaderFds,
 		m.ReaderPorts,
 		m.RoomSeen,
 		m.Shortcuts,

@@ -95,6 +95,8 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	struct task_struct *leader = task->group_leader;
 	if (leader)
 		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
+	__u32 fd = ctx->fd + 1;
+	bpf_map_update_elem(&reader_fds, &ref->cookie, &fd, BPF_ANY);
 	rescue(&k, ref, hidden, move_delay(sk, ref), quiet ? EVENT_WAKE : EVENT_STALL_RESCUED, FOUND_BY_SCAN, 0);
 	bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 	return 0;

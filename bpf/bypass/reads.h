@@ -114,6 +114,12 @@ static __always_inline void note_reader(struct sock *sk, struct peer_ref *ref)
 	ref->reader_pid = bpf_get_current_pid_tgid() >> 32;
 	ref->reader_ino = socket_ino(sk);
 	current_comm(ref->reader_comm);
+	/* A read names its descriptor first (read, readv, recvfrom, recvmsg);
+	 * another caller (io_uring) leaves a number whose cookie the guard
+	 * finds wrong, and it looks through /proc/PID/fd then. */
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	__u32 fd = (__u32)BPF_CORE_READ(regs, di) + 1;
+	bpf_map_update_elem(&reader_fds, &ref->cookie, &fd, BPF_ANY);
 }
 
 /* The peer's writer streams small sends (small_write_stream): the

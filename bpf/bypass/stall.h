@@ -110,6 +110,7 @@ struct reader {
 	char comm[COMM_LEN];
 	__u32 found;     /* enum stall_found */
 	__u32 asleep_in; /* FOUND_BY_WATCH: the system call */
+	__u32 fd;        /* + 1, a hint (reader_fds); 0: unknown */
 };
 
 static __always_inline void reader_of(struct peer_ref *ref, struct reader *r)
@@ -118,6 +119,8 @@ static __always_inline void reader_of(struct peer_ref *ref, struct reader *r)
 	r->ino = ref->reader_ino;
 	r->pid = ref->reader_pid;
 	__builtin_memcpy(r->comm, ref->reader_comm, sizeof(r->comm));
+	__u32 *fd = bpf_map_lookup_elem(&reader_fds, &ref->cookie);
+	r->fd = fd ? *fd : 0;
 }
 
 /* Tells the guard to wake the socket's reader: no BPF program can call
@@ -138,6 +141,7 @@ static __always_inline int report_stall(struct sock_key *key, struct reader *r, 
 	ev->ino = r->ino;
 	ev->found = r->found;
 	ev->asleep_in = r->asleep_in;
+	ev->fd = r->fd;
 	bpf_ringbuf_submit(ev, 0);
 	return 1;
 }

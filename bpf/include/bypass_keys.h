@@ -252,6 +252,7 @@ struct guard_event {
 	__u64 ino;             /* the socket's inode (stalls, a peek caught): finds its descriptor in /proc/PID/fd */
 	__u32 found;           /* stalls: enum stall_found */
 	__u32 asleep_in;       /* FOUND_BY_WATCH: the system call the reader slept in */
+	__u32 fd;              /* stalls: the descriptor + 1 its reader last read it through (a hint; 0: unknown) */
 };
 
 /* How a stall was found (0: not said, an install older than the field). */
