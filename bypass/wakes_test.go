@@ -50,8 +50,8 @@ func TestWokenReaderIsGivenItsTimeFromTheWakeUp(t *testing.T) {
 }
 
 // The guard is told which descriptor a stalled reader read through, and
-// wakes it without a walk of /proc/PID/fd (22 ms with 5,000 descriptors
-// open, against 12 us: BenchmarkWake). Found by the watch (at the reader's
+// wakes it without a walk of /proc/PID/fd (20 ms with 5,000 descriptors
+// open, against 6 us: BenchmarkWake). Found by the watch (at the reader's
 // read) and by the stall scan (FIONREAD asked before the first read, which
 // the watch never sees). Seen failing when the programs loaded apart each
 // wrote a map of their own (reader_fds not pinned): FD -1.

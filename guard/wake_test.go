@@ -13,7 +13,7 @@ import (
 // BenchmarkWake prices one wake-up of a reader in a process with 5,000 more
 // descriptors (nginx holding idle clients): the guard takes the socket's
 // descriptor and sets two options; told where it was read ("by
-// descriptor"), or finding it in /proc/PID/fd ("by walk": 22 ms).
+// descriptor"), or finding it in /proc/PID/fd ("by walk": 20 ms, against 6 us).
 func BenchmarkWake(b *testing.B) {
 	testenv.RequireRoot(b)
 	var files []int
