@@ -22,9 +22,9 @@ import (
 // with many open files, waiting for a CPU; the race detector's runtime
 // made the test's own guard so) made nginx, told 0, look as if it waited
 // for something else: it read at once, but was left alone for a second,
-// to the stall scan. Seen failing judged from the report: 1 MiB stalled
-// at 32-48 KiB (that test guard ran no scan); 127 ms judged from the
-// delivery (wakes_delivered), on 6.18.
+// to the stall scan. Seen failing judged from the report: 1 MiB in
+// 0.67-0.72 s, found by the scan (without one, stalled at 32-48 KiB);
+// 127-147 ms judged from the delivery (wakes_delivered), on 6.18.
 func TestWokenReaderIsGivenItsTimeFromTheWakeUp(t *testing.T) {
 	testenv.RequireRoot(t)
 	if host.Probe().FionreadCountsTCP {
@@ -42,7 +42,7 @@ func TestWokenReaderIsGivenItsTimeFromTheWakeUp(t *testing.T) {
 			c, s := testenv.ConnPair(t, network, side, addr, side, addr)
 			took := readMiBToldZero(t, c, s)
 			t.Logf("1 MiB in %v with each wake-up 60 ms late", took.Round(time.Millisecond))
-			if took > time.Second {
+			if took > 400*time.Millisecond {
 				t.Errorf("the reader took %v: a wake-up it answered at once counted as unheeded", took)
 			}
 		})
