@@ -587,7 +587,8 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		/* It let a wake-up pass a moment ago: it reads when what it
 		 * waits for comes. Not woken again within the quiet time (a
 		 * Go proxy pauses at each write to a slow client; each wake
-		 * costs the guard a look through its descriptors). */
+		 * costs the guard a few system calls, and a look through its
+		 * descriptors where it does not know which to take). */
 		__sync_fetch_and_and(&ref->reads, ~STATE_WATCHED);
 		return 0;
 	}
