@@ -625,19 +625,7 @@ func BenchmarkStallScan(b *testing.B) {
 		c, s := testenv.ConnPair(b, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
 		testenv.Warm(b, c, s)
 	}
-	var files []int
-	for i := 0; i < 14000; i++ {
-		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			b.Fatal(err)
-		}
-		files = append(files, fd)
-	}
-	b.Cleanup(func() {
-		for _, fd := range files {
-			unix.Close(fd)
-		}
-	})
+	testenv.MustOpenFiles(b, 14000)
 	scan, err := in.OpenStallScan()
 	if err != nil {
 		b.Fatal(err)

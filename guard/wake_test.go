@@ -16,19 +16,7 @@ import (
 // descriptor"), or finding it in /proc/PID/fd ("by walk": 20 ms, against 6 us).
 func BenchmarkWake(b *testing.B) {
 	testenv.RequireRoot(b)
-	var files []int
-	for i := 0; i < 5000; i++ {
-		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			b.Fatal(err)
-		}
-		files = append(files, fd)
-	}
-	b.Cleanup(func() {
-		for _, fd := range files {
-			unix.Close(fd)
-		}
-	})
+	testenv.MustOpenFiles(b, 5000)
 	c, _ := testenv.ConnPair(b, "tcp4", testenv.Side{}, "127.0.0.1:0", testenv.Side{}, "127.0.0.1:0")
 	var ino, cookie uint64
 	var sockFD int
