@@ -119,7 +119,11 @@ static __always_inline void note_reader(struct sock *sk, struct peer_ref *ref)
 	 * finds wrong, and it looks through /proc/PID/fd then. */
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 	__u32 fd = (__u32)BPF_CORE_READ(regs, di) + 1;
-	bpf_map_update_elem(&reader_fds, &ref->cookie, &fd, BPF_ANY);
+	/* Written only when it changed: an episode starts at most reads of a
+	 * stream on 6.1, and an LRU update takes a lock a lookup does not. */
+	__u32 *known = bpf_map_lookup_elem(&reader_fds, &ref->cookie);
+	if (!known || *known != fd)
+		bpf_map_update_elem(&reader_fds, &ref->cookie, &fd, BPF_ANY);
 }
 
 /* The peer's writer streams small sends (small_write_stream): the
