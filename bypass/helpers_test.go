@@ -79,8 +79,15 @@ func mapEntries(t *testing.T, in *bypass.Install, name string) int {
 // both in cg.
 func connPair(t *testing.T, cg host.Cgroup) (c, s *net.TCPConn) {
 	t.Helper()
+	return connPairOver(t, "tcp4", cg)
+}
+
+// connPairOver is connPair over network: tcp4 (127.0.0.1) or tcp6 (::1).
+func connPairOver(t *testing.T, network string, cg host.Cgroup) (c, s *net.TCPConn) {
+	t.Helper()
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
-	return testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
+	return testenv.ConnPair(t, network, side, addr, side, addr)
 }
 
 // warmPair is connPair after one round trip: both readers have been seen in

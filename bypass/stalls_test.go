@@ -358,9 +358,7 @@ func guardedPairLog(t *testing.T, network string, opts bypass.Options) (*bypass.
 		lines = append(lines, s)
 		mu.Unlock()
 	})
-	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
-	addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
-	c, s := testenv.ConnPair(t, network, side, addr, side, addr)
+	c, s := connPairOver(t, network, cg)
 	return in, c, s, func() []string {
 		mu.Lock()
 		defer mu.Unlock()

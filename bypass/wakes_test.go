@@ -37,9 +37,7 @@ func TestWokenReaderIsGivenItsTimeFromTheWakeUp(t *testing.T) {
 		t.Run(network, func(t *testing.T) {
 			in, cg := mustInstallWith(t, bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}})
 			runTestGuard(t, in, 60*time.Millisecond)
-			side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
-			addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
-			c, s := testenv.ConnPair(t, network, side, addr, side, addr)
+			c, s := connPairOver(t, network, cg)
 			took := readMiBToldZero(t, c, s)
 			t.Logf("1 MiB in %v with each wake-up 60 ms late", took.Round(time.Millisecond))
 			if took > 400*time.Millisecond {
@@ -71,8 +69,7 @@ func TestWakeNamesTheReadersDescriptor(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			in, cg := mustInstallWith(t, bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}})
 			events := runTestGuard(t, in, 0)
-			side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
-			c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+			c, s := connPair(t, cg)
 			fd := -1
 			rawFD(t, c, func(f int) { fd = f })
 			data := randomBytes(1<<20, 7)
