@@ -261,9 +261,11 @@ const (
 	bypassMapControl             = "control"
 	bypassMapCounters            = "counters"
 	bypassMapExcludedPorts       = "excluded_ports"
+	bypassMapFreeTimers          = "free_timers"
 	bypassMapGuardEvents         = "guard_events"
 	bypassMapIsnHandshakes       = "isn_handshakes"
 	bypassMapKeptClients         = "kept_clients"
+	bypassMapLeaveTimers         = "leave_timers"
 	bypassMapPeerRefs            = "peer_refs"
 	bypassMapReaderFds           = "reader_fds"
 	bypassMapReaderPorts         = "reader_ports"
@@ -272,6 +274,7 @@ const (
 	bypassMapSockHash            = "sock_hash"
 	bypassMapSockStates          = "sock_states"
 	bypassMapSplicePrograms      = "splice_programs"
+	bypassMapTimerPool           = "timer_pool"
 	bypassMapWakesDelivered      = "wakes_delivered"
 	bypassProgShuntFionread      = "shunt_fionread"
 	bypassProgShuntGetsockopt    = "shunt_getsockopt"
@@ -362,9 +365,11 @@ type bypassMapSpecs struct {
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
+	FreeTimers     *ebpf.MapSpec `ebpf:"free_timers"`
 	GuardEvents    *ebpf.MapSpec `ebpf:"guard_events"`
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	KeptClients    *ebpf.MapSpec `ebpf:"kept_clients"`
+	LeaveTimers    *ebpf.MapSpec `ebpf:"leave_timers"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderFds      *ebpf.MapSpec `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
@@ -373,6 +378,7 @@ type bypassMapSpecs struct {
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
 	SplicePrograms *ebpf.MapSpec `ebpf:"splice_programs"`
+	TimerPool      *ebpf.MapSpec `ebpf:"timer_pool"`
 	WakesDelivered *ebpf.MapSpec `ebpf:"wakes_delivered"`
 }
 
@@ -417,9 +423,11 @@ type bypassMaps struct {
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
+	FreeTimers     *ebpf.Map `ebpf:"free_timers"`
 	GuardEvents    *ebpf.Map `ebpf:"guard_events"`
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	KeptClients    *ebpf.Map `ebpf:"kept_clients"`
+	LeaveTimers    *ebpf.Map `ebpf:"leave_timers"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderFds      *ebpf.Map `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
@@ -428,6 +436,7 @@ type bypassMaps struct {
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
 	SplicePrograms *ebpf.Map `ebpf:"splice_programs"`
+	TimerPool      *ebpf.Map `ebpf:"timer_pool"`
 	WakesDelivered *ebpf.Map `ebpf:"wakes_delivered"`
 }
 
@@ -438,9 +447,11 @@ func (m *bypassMaps) Close() error {
 		m.Control,
 		m.Counters,
 		m.ExcludedPorts,
+		m.FreeTimers,
 		m.GuardEvents,
 		m.IsnHandshakes,
 		m.KeptClients,
+		m.LeaveTimers,
 		m.PeerRefs,
 		m.ReaderFds,
 		m.ReaderPorts,
@@ -449,6 +460,7 @@ func (m *bypassMaps) Close() error {
 		m.SockHash,
 		m.SockStates,
 		m.SplicePrograms,
+		m.TimerPool,
 		m.WakesDelivered,
 	)
 }

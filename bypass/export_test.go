@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -107,3 +108,24 @@ func (in *Install) ForgeISNClaims() (int, error) {
 // EvictBack removes the shortcut's entry for its b socket, as the map's LRU
 // does when more shortcuts are open than it holds.
 func (s *Shortcut) EvictBack() error { return s.m.Delete(s.bCookie) }
+
+// TimerSlots says how many timer slots the install ever handed out and how
+// many are back in the pool. It pops the pool and pushes it back: call it
+// while no connection opens or closes.
+func (in *Install) TimerSlots() (taken, free int, err error) {
+	var ever uint32 // struct timer_pool: taken
+	if err := in.maps[timerPoolMap].Lookup(uint32(0), &ever); err != nil {
+		return 0, 0, err
+	}
+	var slots []uint32
+	var slot uint32
+	for in.maps[freeTimersMap].LookupAndDelete(nil, &slot) == nil {
+		slots = append(slots, slot)
+	}
+	for i := len(slots) - 1; i >= 0; i-- {
+		if err := in.maps[freeTimersMap].Update(nil, slots[i], ebpf.UpdateAny); err != nil {
+			return 0, 0, err
+		}
+	}
+	return int(ever), len(slots), nil
+}

@@ -91,6 +91,16 @@ const (
 	readerFDsMap      = "reader_fds"
 )
 
+// The sockets' timers, a pool of slots (leave_timers), the slots given back
+// (free_timers) and how many were ever taken (timer_pool); peer_refs entries
+// name their slot. Not in pinnedMaps: older installs keep a timer in each
+// peer_refs entry instead.
+const (
+	leaveTimersMap = "leave_timers"
+	freeTimersMap  = "free_timers"
+	timerPoolMap   = "timer_pool"
+)
+
 // ReaderPortTTL is how long a server port whose reader needed TCP (a
 // blocking recv, MSG_WAITALL, a splice) keeps its new connections unpaired:
 // paired, each would be taken out again at its first read. After it, one
@@ -547,6 +557,9 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		shortcutsMap:      m.Shortcuts,
 		wakesDeliveredMap: m.WakesDelivered,
 		readerFDsMap:      m.ReaderFds,
+		leaveTimersMap:    m.LeaveTimers,
+		freeTimersMap:     m.FreeTimers,
+		timerPoolMap:      m.TimerPool,
 	}
 }
 
@@ -570,7 +583,7 @@ func Open(dir string) (*Install, error) {
 	}
 	// Installs made before per-cgroup counts or pairing by sequence
 	// numbers lack those maps; they still open (and can be removed).
-	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap, shortcutsMap, wakesDeliveredMap, readerFDsMap} {
+	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap, shortcutsMap, wakesDeliveredMap, readerFDsMap, leaveTimersMap, freeTimersMap, timerPoolMap} {
 		if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil); err == nil {
 			in.maps[name] = m
 		}

@@ -163,6 +163,31 @@ func TestDetachKeepsExistingFlows(t *testing.T) {
 		t.Fatalf("connection of a detached cgroup was bypassed: %+v", f)
 	}
 	assertNothingAttached(t, cg)
+
+	// Closed with no program left to see it, the flow's published refs
+	// stay until the next attach or detach sweeps them, and their timer
+	// slots go back to the pool.
+	c.Close()
+	s.Close()
+	if _, err := in.Detach(other.ID); err != nil {
+		t.Fatal(err)
+	}
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range st.Maps {
+		if m.Name == "peer_refs" && m.Entries != 0 {
+			t.Errorf("peer_refs holds %d entries after the sweep", m.Entries)
+		}
+	}
+	taken, free, err := in.TimerSlots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if taken != 2 || free != 2 {
+		t.Errorf("timer slots: %d handed out, %d back in the pool; want 2 and 2", taken, free)
+	}
 }
 
 // assertNothingAttached fails if any sockops program is attached to cg.
@@ -246,6 +271,15 @@ func TestShortConnectionsLeaveNoState(t *testing.T) {
 		if m.Entries != 0 {
 			t.Errorf("map %s holds %d stale entries", m.Name, m.Entries)
 		}
+	}
+	// Each socket's timer slot came back, and was used again: a
+	// connection at a time needs a few.
+	taken, free, err := in.TimerSlots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if free != taken || taken > 8 {
+		t.Errorf("timer slots: %d handed out, %d back in the pool; want all back, at most 8", taken, free)
 	}
 }
 

@@ -1,6 +1,7 @@
 package bypass
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 )
 
@@ -308,21 +310,59 @@ func countKeys(m *ebpf.Map) int {
 // sweep removes state the BPF programs could not: published refs of
 // sockets that closed after their cgroup was detached (the close callback runs only while attached). Attach and
 // Detach run it; readers do not, so tests see what the kernel left.
+// Their timer slots go back to the pool, as the close callback would have
+// given them.
 func (in *Install) sweep() {
 	_, _ = in.CgroupTraffic() // deletes the counts of cgroups that are gone
+	type stale struct {
+		key  bypassSockKey
+		slot uint32 // plus one; 0: none
+	}
+	refs := in.maps["peer_refs"]
+	slotAt, pooled := in.timerSlotOffset()
 	var key bypassSockKey
-	var gone []bypassSockKey
-	it := in.maps["peer_refs"].Iterate()
-	val := make([]byte, in.maps["peer_refs"].ValueSize())
+	var gone []stale
+	it := refs.Iterate()
+	val := make([]byte, refs.ValueSize())
 	for it.Next(&key, &val) {
 		var cookie uint64
 		if in.maps["sock_hash"].Lookup(key, &cookie) != nil {
-			gone = append(gone, key)
+			s := stale{key: key}
+			if pooled {
+				s.slot = binary.NativeEndian.Uint32(val[slotAt:])
+			}
+			gone = append(gone, s)
 		}
 	}
-	for _, k := range gone {
-		_ = in.maps["peer_refs"].Delete(k)
+	for _, s := range gone {
+		// Only the delete that succeeds gives the slot back (the
+		// programs' unpublish does the same).
+		if refs.Delete(s.key) == nil && s.slot != 0 {
+			_ = in.maps[freeTimersMap].Update(nil, s.slot-1, ebpf.UpdateAny)
+		}
 	}
+}
+
+// timerSlotOffset is where a peer_refs entry names its timer slot, if the
+// install keeps its timers in a pool laid out as this shunt's.
+func (in *Install) timerSlotOffset() (int, bool) {
+	if in.maps[freeTimersMap] == nil {
+		return 0, false
+	}
+	spec, err := loadBypass()
+	if err != nil || spec.Maps["peer_refs"].ValueSize != in.maps["peer_refs"].ValueSize() {
+		return 0, false
+	}
+	var ref *btf.Struct
+	if spec.Types.TypeByName("peer_ref", &ref) != nil {
+		return 0, false
+	}
+	for _, m := range ref.Members {
+		if m.Name == "timer" {
+			return int(m.Offset.Bytes()), true
+		}
+	}
+	return 0, false
 }
 
 // programs describes the install's programs from their pins.

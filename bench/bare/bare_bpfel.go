@@ -21,9 +21,11 @@ const (
 	bareMapControl         = "control"
 	bareMapCounters        = "counters"
 	bareMapExcludedPorts   = "excluded_ports"
+	bareMapFreeTimers      = "free_timers"
 	bareMapGuardEvents     = "guard_events"
 	bareMapIsnHandshakes   = "isn_handshakes"
 	bareMapKeptClients     = "kept_clients"
+	bareMapLeaveTimers     = "leave_timers"
 	bareMapPeerRefs        = "peer_refs"
 	bareMapReaderFds       = "reader_fds"
 	bareMapReaderPorts     = "reader_ports"
@@ -32,6 +34,7 @@ const (
 	bareMapSockHash        = "sock_hash"
 	bareMapSockStates      = "sock_states"
 	bareMapSplicePrograms  = "splice_programs"
+	bareMapTimerPool       = "timer_pool"
 	bareMapWakesDelivered  = "wakes_delivered"
 	bareProgShuntSkMsgBare = "shunt_sk_msg_bare"
 )
@@ -90,9 +93,11 @@ type bareMapSpecs struct {
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	ExcludedPorts  *ebpf.MapSpec `ebpf:"excluded_ports"`
+	FreeTimers     *ebpf.MapSpec `ebpf:"free_timers"`
 	GuardEvents    *ebpf.MapSpec `ebpf:"guard_events"`
 	IsnHandshakes  *ebpf.MapSpec `ebpf:"isn_handshakes"`
 	KeptClients    *ebpf.MapSpec `ebpf:"kept_clients"`
+	LeaveTimers    *ebpf.MapSpec `ebpf:"leave_timers"`
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderFds      *ebpf.MapSpec `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
@@ -101,6 +106,7 @@ type bareMapSpecs struct {
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
 	SockStates     *ebpf.MapSpec `ebpf:"sock_states"`
 	SplicePrograms *ebpf.MapSpec `ebpf:"splice_programs"`
+	TimerPool      *ebpf.MapSpec `ebpf:"timer_pool"`
 	WakesDelivered *ebpf.MapSpec `ebpf:"wakes_delivered"`
 }
 
@@ -135,9 +141,11 @@ type bareMaps struct {
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
 	ExcludedPorts  *ebpf.Map `ebpf:"excluded_ports"`
+	FreeTimers     *ebpf.Map `ebpf:"free_timers"`
 	GuardEvents    *ebpf.Map `ebpf:"guard_events"`
 	IsnHandshakes  *ebpf.Map `ebpf:"isn_handshakes"`
 	KeptClients    *ebpf.Map `ebpf:"kept_clients"`
+	LeaveTimers    *ebpf.Map `ebpf:"leave_timers"`
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderFds      *ebpf.Map `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
@@ -146,6 +154,7 @@ type bareMaps struct {
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
 	SockStates     *ebpf.Map `ebpf:"sock_states"`
 	SplicePrograms *ebpf.Map `ebpf:"splice_programs"`
+	TimerPool      *ebpf.Map `ebpf:"timer_pool"`
 	WakesDelivered *ebpf.Map `ebpf:"wakes_delivered"`
 }
 
@@ -156,9 +165,11 @@ func (m *bareMaps) Close() error {
 		m.Control,
 		m.Counters,
 		m.ExcludedPorts,
+		m.FreeTimers,
 		m.GuardEvents,
 		m.IsnHandshakes,
 		m.KeptClients,
+		m.LeaveTimers,
 		m.PeerRefs,
 		m.ReaderFds,
 		m.ReaderPorts,
@@ -167,6 +178,7 @@ func (m *bareMaps) Close() error {
 		m.SockHash,
 		m.SockStates,
 		m.SplicePrograms,
+		m.TimerPool,
 		m.WakesDelivered,
 	)
 }

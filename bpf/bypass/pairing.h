@@ -119,7 +119,54 @@ static __always_inline struct sock_state *new_state(struct bpf_sock *sk, struct 
 	return st;
 }
 
-static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref);
+static int leave_timer_cb(void *map, __u32 *slot, struct leave_timer *t);
+
+/* A timer slot for the socket self (its number plus one; 0: none left). A
+ * slot given back comes first, else the next never taken. */
+static __always_inline __u32 take_timer(struct sock_key *self)
+{
+	__u32 slot;
+	if (bpf_map_pop_elem(&free_timers, &slot)) {
+		__u32 zero = 0;
+		struct timer_pool *pool = bpf_map_lookup_elem(&timer_pool, &zero);
+		if (!pool || pool->taken >= MAX_SOCKETS)
+			return 0;
+		slot = __sync_fetch_and_add(&pool->taken, 1);
+		if (slot >= MAX_SOCKETS)
+			return 0;
+	}
+	struct leave_timer *t = bpf_map_lookup_elem(&leave_timers, &slot);
+	if (!t)
+		return 0;
+	t->owner = *self;
+	/* Made once per slot (-EBUSY after). The callback must belong to a
+	 * sockops program: only those (and iterators) may delete from a
+	 * sockhash. Set at each take: it is the slot's only way back. */
+	bpf_timer_init(&t->timer, &leave_timers, CLOCK_MONOTONIC);
+	bpf_timer_set_callback(&t->timer, leave_timer_cb);
+	return slot + 1;
+}
+
+/* Takes key's entry out of peer_refs and gives its timer slot back; only the
+ * one whose delete succeeds gives it, so a slot is never given twice. */
+static __always_inline void unpublish(struct sock_key *key)
+{
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, key);
+	__u32 slot = ref ? ref->timer : 0;
+	if (bpf_map_delete_elem(&peer_refs, key) || !slot)
+		return;
+	slot--;
+	bpf_map_push_elem(&free_timers, &slot, 0);
+}
+
+/* Runs the socket's timer after ns (or now). */
+static __always_inline void arm(struct peer_ref *ref, __u64 ns)
+{
+	__u32 slot = ref->timer - 1;
+	struct leave_timer *t = bpf_map_lookup_elem(&leave_timers, &slot);
+	if (t)
+		bpf_timer_start(&t->timer, ns, 0);
+}
 
 /* Make this socket visible to its peer's flow control, and ask for the
  * state change that will withdraw it when the socket closes. rcv_isn and
@@ -130,17 +177,26 @@ static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock 
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (!tp)
 		return;
-	struct peer_ref empty = {};
-	if (bpf_map_update_elem(&peer_refs, self, &empty, BPF_ANY))
-		return;
+	/* An entry of an earlier socket with this key (closed unseen, after
+	 * its cgroup was detached) hands its slot on. */
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, self);
+	__u32 slot = ref ? ref->timer : 0;
+	int taken = !slot;
+	if (taken)
+		slot = take_timer(self);
+	if (!slot)
+		return;
+	struct peer_ref empty = { .timer = slot };
+	if (bpf_map_update_elem(&peer_refs, self, &empty, BPF_ANY)) {
+		slot--;
+		if (taken)
+			bpf_map_push_elem(&free_timers, &slot, 0);
+		return;
+	}
+	ref = bpf_map_lookup_elem(&peer_refs, self);
 	if (!ref)
 		return;
 	ref->peer = *peer;
-	/* The callback must belong to a sockops program: only those (and
-	 * iterators) may delete from a sockhash. */
-	bpf_timer_init(&ref->leave, &peer_refs, CLOCK_MONOTONIC);
-	bpf_timer_set_callback(&ref->leave, leave_cb);
 	ref->tcp_copied = tp->copied_seq;
 	ref->rcv_origin = rcv_isn + 1;
 	ref->snd_origin = snd_isn + 1;
@@ -155,7 +211,7 @@ static __always_inline void withdraw(struct bpf_sock_ops *skops)
 		return;
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
 	if (st)
-		bpf_map_delete_elem(&peer_refs, &st->self);
+		unpublish(&st->self);
 }
 
 /* MSG_ZEROCOPY completions are never queued for a socket whose sends go
@@ -457,7 +513,7 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 static __always_inline void release_client(struct sock_key *client)
 {
 	bpf_map_delete_elem(&sock_hash, client);
-	bpf_map_delete_elem(&peer_refs, client);
+	unpublish(client);
 }
 
 static __always_inline void server_established(struct bpf_sock_ops *skops)

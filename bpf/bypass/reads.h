@@ -161,7 +161,7 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 		 * the watch records reads, the progress would hide, and each
 		 * wake wait stall_ns: one buffer per 20 ms. */
 		if (!PSOCK_COUNTS && !ingress_empty(sk))
-			bpf_timer_start(&ref->leave, 0, 0);
+			arm(ref, 0);
 		return;
 	}
 	if ((ref->reads & (STATE_SMALL_WRITES | STATE_TCP_READER)) == STATE_SMALL_WRITES) {
@@ -183,7 +183,7 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 	int hasten = ref->leaving && nothing_landing(sk, ref);
 	if (ref->reads & (STATE_WATCHED | STATE_TCP_READER)) {
 		if (hasten)
-			bpf_timer_start(&ref->leave, 0, 0);
+			arm(ref, 0);
 		return;
 	}
 	note_reader(sk, ref);
@@ -191,9 +191,9 @@ static __always_inline void watch_stall(struct sock *sk, struct sock_state *st)
 	if (old & (STATE_WATCHED | STATE_TCP_READER))
 		return;
 	if (hasten)
-		bpf_timer_start(&ref->leave, 0, 0);
+		arm(ref, 0);
 	else if (!ref->leaving)
-		bpf_timer_start(&ref->leave, stall_after(sk), 0);
+		arm(ref, stall_after(sk));
 }
 
 /* A socket's reader needs TCP: the next connections to its server port

@@ -278,7 +278,7 @@ static __always_inline struct sock_state *state_of(struct bpf_sock *sk)
 static __always_inline void start_leave(struct peer_ref *ref, __u64 delay)
 {
 	ref->leave_after = bpf_ktime_get_ns() + delay;
-	bpf_timer_start(&ref->leave, delay, 0);
+	arm(ref, delay);
 }
 
 #define TCP_NAGLE_OFF 1

@@ -134,7 +134,7 @@ int shunt_setsockopt(struct bpf_sockopt *ctx)
 	if (!sk)
 		return 1;
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-	/* In the sockhash while it has a peer_ref (leave_cb drops both). */
+	/* In the sockhash while it has a peer_ref (leave_timer_cb drops both). */
 	struct peer_ref *ref = st ? bpf_map_lookup_elem(&peer_refs, &st->self) : 0;
 	if (!st || !ref)
 		return 1;
@@ -203,7 +203,7 @@ int shunt_getsockopt(struct bpf_sockopt *ctx)
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
 	if (!st)
 		return 1;
-	/* In the sockhash while it has a peer_ref (leave_cb drops both). */
+	/* In the sockhash while it has a peer_ref (leave_timer_cb drops both). */
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
 	if (!ref)
 		return 1;

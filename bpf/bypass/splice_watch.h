@@ -133,7 +133,7 @@ int BPF_PROG(shunt_splices, struct sock *sk)
 	if (!(old & STATE_TCP_READER)) {
 		count(CNT_TCP_READER);
 		/* Unseen in recv: nothing was ever redirected to it. Else
-		 * wait for redirects decided before the mark (leave_cb
+		 * wait for redirects decided before the mark (leave_timer_cb
 		 * reports them if they land). */
 		start_leave(ref, (old & STATE_READS) ? cfg.settle_ns : 0);
 	}

@@ -181,7 +181,7 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
 	 * TCP bytes wait (a reader told 0 for them, as nginx by its FastCGI
 	 * upstream's socket while php-fpm's left, waited the settle out). */
 	if (now < ref->leave_after && !nothing_landing((struct sock *)tp, ref)) {
-		bpf_timer_start(&ref->leave, ref->leave_after - now, 0);
+		arm(ref, ref->leave_after - now);
 		return 0;
 	}
 	if (!ingress_empty((struct sock *)tp)) {
@@ -201,10 +201,10 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
 				ref->watch_progress = progress;
 				ref->watch_at = now;
 			}
-			bpf_timer_start(&ref->leave, DRAIN_WAKE_NS, 0);
+			arm(ref, DRAIN_WAKE_NS);
 			return 0;
 		}
-		bpf_timer_start(&ref->leave, cfg.settle_ns, 0);
+		arm(ref, cfg.settle_ns);
 		return 0;
 	}
 	struct peer_ref *peer = bpf_map_lookup_elem(&peer_refs, &ref->peer);
@@ -214,7 +214,7 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
 	 * (check_peer), or fail past the bound. */
 	if (peer && (peer->reads & (STATE_SPLICE | STATE_MAY_SPLICE)) && peer->sk &&
 	    !ingress_empty((struct sock *)peer->sk)) {
-		bpf_timer_start(&ref->leave, cfg.settle_ns, 0);
+		arm(ref, cfg.settle_ns);
 		return 0;
 	}
 	if (peer && !__sync_fetch_and_or(&peer->leaving, 1))
@@ -228,14 +228,14 @@ static __always_inline int leave(struct sock_key *key, struct peer_ref *ref, str
 	struct reader told = {};
 	if ((ref->reads & STATE_WATCHED) && queued) {
 		if (!guard_has_room()) {
-			bpf_timer_start(&ref->leave, cfg.settle_ns, 0);
+			arm(ref, cfg.settle_ns);
 			return 0;
 		}
 		reader_of(ref, &told);
 	}
 	/* Gone from peer_refs first: the peer's sends see no peer and take TCP. */
 	struct sock_key k = *key;
-	bpf_map_delete_elem(&peer_refs, &k);
+	unpublish(&k);
 	bpf_map_delete_elem(&sock_hash, &k);
 	count(CNT_LEFT);
 	if (told.pid)
@@ -564,23 +564,23 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		/* Read since, and some still hidden: watch on from now. */
 		ref->watch_progress = progress;
 		ref->watch_at = now;
-		bpf_timer_start(&ref->leave, wait, 0);
+		arm(ref, wait);
 		return 0;
 	}
 	if (now - ref->watch_at < wait) {
-		bpf_timer_start(&ref->leave, wait - (now - ref->watch_at), 0);
+		arm(ref, wait - (now - ref->watch_at));
 		return 0;
 	}
 	__u32 asleep_in = 0;
 	if (!waits_for_readiness(ref, sk, &asleep_in)) {
-		bpf_timer_start(&ref->leave, cfg.stall_ns, 0);
+		arm(ref, cfg.stall_ns);
 		return 0;
 	}
 	int woken = ref->reads & STATE_WOKEN;
 	if (!woken && now - ref->watch_at < wait + cfg.stall_ns && writer_blocked(ref, now)) {
 		/* Not woken yet, not moved: looked at again when its write has
 		 * had stall_ns more to go through. */
-		bpf_timer_start(&ref->leave, wait + cfg.stall_ns - (now - ref->watch_at), 0);
+		arm(ref, wait + cfg.stall_ns - (now - ref->watch_at));
 		return 0;
 	}
 	if (!woken && ref->unheeded && (__u32)((now >> 20) - ref->unheeded) < (UNHEEDED_QUIET_NS >> 20)) {
@@ -611,7 +611,7 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 			__sync_fetch_and_or(&ref->reads, STATE_WOKEN);
 		}
 		ref->watch_at = now;
-		bpf_timer_start(&ref->leave, wait, 0);
+		arm(ref, wait);
 		return 0;
 	}
 	if (progress == ref->woke_progress) {
@@ -623,7 +623,7 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 		 * read, and the stall scan still looks at it. */
 		__u64 wait_more = answer_time_left(ref, now);
 		if (wait_more) {
-			bpf_timer_start(&ref->leave, wait_more, 0);
+			arm(ref, wait_more);
 			return 0;
 		}
 		ref->unheeded = (now >> 20) | 1;
@@ -634,14 +634,18 @@ static __always_inline int stall_check(struct sock_key *key, struct peer_ref *re
 	return leave(key, ref, tp);
 }
 
-/* The peer_ref's timer: the leave once the socket's reader needs TCP (or
- * its peer left), else the stall watch. */
-static int leave_cb(void *map, struct sock_key *key, struct peer_ref *ref)
+/* A socket's timer: the leave once the socket's reader needs TCP (or its
+ * peer left), else the stall watch. Nothing if the slot changed hands. */
+static int leave_timer_cb(void *map, __u32 *slot, struct leave_timer *t)
 {
+	struct sock_key key = t->owner;
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &key);
+	if (!ref || ref->timer != *slot + 1)
+		return 0;
 	struct tcp_sock *tp = ref->sk;
 	if (!tp)
 		return 0;
 	if (ref->leaving || (ref->reads & STATE_TCP_READER))
-		return leave(key, ref, tp);
-	return stall_check(key, ref, tp);
+		return leave(&key, ref, tp);
+	return stall_check(&key, ref, tp);
 }

@@ -61,14 +61,15 @@ struct {
 
 /* Each paired socket publishes itself here, so its peer's sk_msg can see how
  * much redirected data it has not read yet (flow control) and how its reader
- * reads (reads: STATE_READS and STATE_TCP_READER, set by shunt_reads). The
- * timer takes the socket out of the sockhash when its reader needs plain TCP
- * (leave_cb; it deletes the entry as it does), and checks on a reader that
- * may be waiting for bytes it was told are not there (the stall watch). */
+ * reads (reads: STATE_READS and STATE_TCP_READER, set by shunt_reads). Its
+ * timer (leave_timers) takes the socket out of the sockhash when its reader
+ * needs plain TCP (leave_timer_cb; it deletes the entry as it does), and checks on
+ * a reader that may be waiting for bytes it was told are not there (the
+ * stall watch). */
 struct peer_ref {
 	struct tcp_sock __kptr_untrusted *sk;
 	struct sock_key peer;  /* the peer's key: it follows once this socket left */
-	struct bpf_timer leave;
+	__u32 timer;           /* its slot in leave_timers, plus one (0: none) */
 	__u32 reads;
 	__u32 leaving;         /* the leave timer was started by the peer's leave */
 	__u32 splicer_pid;     /* who spliced from it (STATE_SPLICE), for the caught event */
@@ -121,6 +122,47 @@ struct {
 	__type(key, struct sock_key);
 	__type(value, struct peer_ref);
 } peer_refs SEC(".maps");
+
+/* The sockets' timers, a pool: a timer in a peer_refs entry would be made at
+ * each pairing and freed at each close, and on 6.18 each free costs an
+ * interrupt to the freeing CPU (kfree_nolock from an RCU callback defers
+ * through irq_work: a VM exit on a virtual machine): a third of what shunt
+ * adds to a short connection's CPU. A slot's timer is made once, with the
+ * sockops program's callback, and lives as long as the map. owner: the
+ * socket it runs for now; a callback that finds the slot has changed hands
+ * (a close does not cancel: bpf_timer_cancel drops the callback) checks a
+ * socket that was never watched, which does nothing. */
+struct leave_timer {
+	struct bpf_timer timer;
+	struct sock_key owner;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SOCKETS);
+	__type(key, __u32);
+	__type(value, struct leave_timer);
+} leave_timers SEC(".maps");
+
+/* Slots given back (a stack: the latest, its timer warm in cache, first),
+ * and how many were ever taken: slots are handed out in order until all
+ * have been. */
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK);
+	__uint(max_entries, MAX_SOCKETS);
+	__uint(value_size, sizeof(__u32));
+} free_timers SEC(".maps");
+
+struct timer_pool {
+	__u32 taken;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct timer_pool);
+} timer_pool SEC(".maps");
 
 /* A kernel join's two sockets (shunt proxy --mode kernel) whose connections
  * bypass paired: a peer's sends to one go straight to the far peer of the
