@@ -16,7 +16,7 @@ func (l *Lab) connect(mode, topology string) (client, server int, err error) {
 	case ModeUnix:
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 		return fds[0], fds[1], err
-	case ModeTCP, ModeShunt, ModeBare, ModeTrust:
+	case ModeTCP, ModeShunt, ModeBare, ModeTrust, ModePaired:
 		if err := l.bypassMode(mode); err != nil {
 			return -1, -1, err
 		}

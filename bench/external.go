@@ -6,11 +6,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -139,10 +141,7 @@ func freePort() int { return 20000 + rand.IntN(12000) }
 // pairedCount is how many connections the lab's installs have paired.
 func (l *Lab) pairedCount() (uint64, error) {
 	var n uint64
-	for _, in := range []*bypass.Install{l.install, l.trust} {
-		if in == nil {
-			continue
-		}
+	for _, in := range append([]*bypass.Install{l.install}, slices.Collect(maps.Values(l.alt))...) {
 		st, err := in.Stats()
 		if err != nil {
 			return 0, err

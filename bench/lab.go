@@ -25,9 +25,17 @@ type Lab struct {
 	Client, Server *lab.NetNS
 	Cgroup         host.Cgroup
 	install        *bypass.Install
-	trust          *bypass.Install // made for the first shunt-trust run
-	trustAttached  bool
-	cleanup        []func() error
+	// Installs with other options (altOptions), made for a mode's first
+	// run; at most one is attached (attached names its mode).
+	alt      map[string]*bypass.Install
+	attached string
+	cleanup  []func() error
+}
+
+// altOptions are the modes whose connections another install pairs.
+var altOptions = map[string]bypass.Options{
+	ModeTrust:  {TrustReaders: true},
+	ModePaired: {PairBrief: true},
 }
 
 // NewLab builds the set-up; prefix names everything it makes.
@@ -38,7 +46,7 @@ func NewLab(prefix string) (l *Lab, err error) {
 	if err := host.Probe().Err(); err != nil {
 		return nil, err
 	}
-	l = &Lab{}
+	l = &Lab{alt: map[string]*bypass.Install{}}
 	defer func() {
 		if err != nil {
 			l.Close()
@@ -81,7 +89,7 @@ func NewLab(prefix string) (l *Lab, err error) {
 
 // Bypass turns shunt on or off for connections made from now on.
 func (l *Lab) Bypass(on bool) error {
-	if err := l.useTrust(false); err != nil {
+	if err := l.useAlt(""); err != nil {
 		return err
 	}
 	var err error
@@ -95,11 +103,11 @@ func (l *Lab) Bypass(on bool) error {
 
 // bypassMode sets up shunt for a TCP mode's connections made from now on.
 func (l *Lab) bypassMode(mode string) error {
-	if mode == ModeTrust {
+	if _, ok := altOptions[mode]; ok {
 		if _, err := l.install.Detach(l.Cgroup.ID); err != nil {
 			return err
 		}
-		return l.useTrust(true)
+		return l.useAlt(mode)
 	}
 	if err := l.Bypass(mode != ModeTCP); err != nil {
 		return err
@@ -107,19 +115,30 @@ func (l *Lab) bypassMode(mode string) error {
 	return bare.Use(l.install, mode == ModeBare)
 }
 
-// useTrust attaches the TrustReaders install to the lab's cgroup, or
-// detaches it; the lab's own install must be detached before it attaches.
-func (l *Lab) useTrust(on bool) error {
-	if on == l.trustAttached {
+// useAlt attaches the install of an altOptions mode to the lab's cgroup, or
+// with mode "" detaches the one attached; the lab's own install must be
+// detached before one attaches.
+func (l *Lab) useAlt(mode string) error {
+	if mode == l.attached {
 		return nil
 	}
-	if on && l.trust == nil {
-		pin := l.install.Dir() + "-trust"
-		in, err := bypass.Create(pin, bypass.Options{TrustReaders: true})
-		if err != nil {
+	if l.attached != "" {
+		if _, err := l.alt[l.attached].Detach(l.Cgroup.ID); err != nil {
 			return err
 		}
-		l.trust = in
+		l.attached = ""
+	}
+	if mode == "" {
+		return nil
+	}
+	in := l.alt[mode]
+	if in == nil {
+		pin := l.install.Dir() + "-" + mode
+		var err error
+		if in, err = bypass.Create(pin, altOptions[mode]); err != nil {
+			return err
+		}
+		l.alt[mode] = in
 		l.cleanup = append(l.cleanup, func() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -129,22 +148,17 @@ func (l *Lab) useTrust(on bool) error {
 			return bypass.RemoveLearned(pin, false)
 		})
 	}
-	var err error
-	if on {
-		_, err = l.trust.Attach(l.Cgroup)
-	} else {
-		_, err = l.trust.Detach(l.Cgroup.ID)
+	if _, err := in.Attach(l.Cgroup); err != nil {
+		return err
 	}
-	if err == nil {
-		l.trustAttached = on
-	}
-	return err
+	l.attached = mode
+	return nil
 }
 
 // installFor is the install a shunt mode's connections are paired by.
 func (l *Lab) installFor(mode string) *bypass.Install {
-	if mode == ModeTrust {
-		return l.trust
+	if in, ok := l.alt[mode]; ok {
+		return in
 	}
 	return l.install
 }

@@ -16,6 +16,10 @@ const (
 	// ModeTrust is shunt installed with TrustReaders: redirected from the
 	// first byte, before a reader has called recv.
 	ModeTrust = "shunt-trust"
+	// ModePaired is shunt installed with PairBrief: every connection is
+	// paired, also those to ports whose connections are brief, which the
+	// default install leaves unpaired (what a pairing costs them).
+	ModePaired = "shunt-pair-brief"
 )
 
 // Placements: where the two ends' threads run.

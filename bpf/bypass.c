@@ -61,6 +61,7 @@ const enum role *unused_role __attribute__((unused));
 const struct guard_event *unused_guard_event __attribute__((unused));
 const struct splice_program *unused_splice_program __attribute__((unused));
 const struct splice_seen *unused_splice_seen __attribute__((unused));
+const struct brief_port *unused_brief_port __attribute__((unused));
 const enum event_kind *unused_event_kind __attribute__((unused));
 const enum stall_found *unused_stall_found __attribute__((unused));
 
@@ -89,6 +90,10 @@ volatile const struct config {
 	__u32 small_mss;      /* ... on a path whose segment size is at least this (loopback's, not veth's) ... */
 	__u32 small_pad;
 	__u64 small_window_ns; /* ... within this long send their connection back to TCP */
+	__u32 brief_streak;   /* paired connections in a row to a server port, each closed brief, before the next stay unpaired (0: never) */
+	__u32 brief_sends;    /* brief: at most this many sends from each end */
+	__u32 brief_sample;   /* one connection in this many to a brief port is paired anyway, to see whether they still are */
+	__u32 brief_pad;
 } cfg = {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,

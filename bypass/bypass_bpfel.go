@@ -13,6 +13,15 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type bypassBriefPort struct {
+	_        structs.HostLayout
+	SeenNs   uint64
+	Arrivals uint64
+	Kept     uint64
+	Streak   uint32
+	Pad      uint32
+}
+
 type bypassCgroupTraffic struct {
 	_               structs.HostLayout
 	RedirectedBytes uint64
@@ -47,6 +56,10 @@ type bypassConfig struct {
 	SmallPad           uint32
 	_                  [4]byte
 	SmallWindowNs      uint64
+	BriefStreak        uint32
+	BriefSends         uint32
+	BriefSample        uint32
+	BriefPad           uint32
 }
 
 type bypassControlWord struct {
@@ -100,7 +113,8 @@ const (
 	bypassCounterCNT_URING_READER       bypassCounter = 39
 	bypassCounterCNT_READER_CLIENT      bypassCounter = 40
 	bypassCounterCNT_SMALL_WRITES       bypassCounter = 41
-	bypassCounterCNT_MAX                bypassCounter = 42
+	bypassCounterCNT_BRIEF_PORT         bypassCounter = 42
+	bypassCounterCNT_MAX                bypassCounter = 43
 )
 
 type bypassEventKind uint32
@@ -257,6 +271,7 @@ type bypassTuple struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	bypassMapArgsScratch         = "args_scratch"
+	bypassMapBriefPorts          = "brief_ports"
 	bypassMapCgroupSends         = "cgroup_sends"
 	bypassMapControl             = "control"
 	bypassMapCounters            = "counters"
@@ -289,6 +304,7 @@ const (
 	bypassProgShuntSockops       = "shunt_sockops"
 	bypassProgShuntSplices       = "shunt_splices"
 	bypassVarCfg                 = "cfg"
+	bypassVarUnusedBriefPort     = "unused_brief_port"
 	bypassVarUnusedCounter       = "unused_counter"
 	bypassVarUnusedEventKind     = "unused_event_kind"
 	bypassVarUnusedFlowRecord    = "unused_flow_record"
@@ -361,6 +377,7 @@ type bypassProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassMapSpecs struct {
 	ArgsScratch    *ebpf.MapSpec `ebpf:"args_scratch"`
+	BriefPorts     *ebpf.MapSpec `ebpf:"brief_ports"`
 	CgroupSends    *ebpf.MapSpec `ebpf:"cgroup_sends"`
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
@@ -387,6 +404,7 @@ type bypassMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassVariableSpecs struct {
 	Cfg                 *ebpf.VariableSpec `ebpf:"cfg"`
+	UnusedBriefPort     *ebpf.VariableSpec `ebpf:"unused_brief_port"`
 	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
 	UnusedEventKind     *ebpf.VariableSpec `ebpf:"unused_event_kind"`
 	UnusedFlowRecord    *ebpf.VariableSpec `ebpf:"unused_flow_record"`
@@ -419,6 +437,7 @@ func (o *bypassObjects) Close() error {
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassMaps struct {
 	ArgsScratch    *ebpf.Map `ebpf:"args_scratch"`
+	BriefPorts     *ebpf.Map `ebpf:"brief_ports"`
 	CgroupSends    *ebpf.Map `ebpf:"cgroup_sends"`
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
@@ -443,6 +462,7 @@ type bypassMaps struct {
 func (m *bypassMaps) Close() error {
 	return _BypassClose(
 		m.ArgsScratch,
+		m.BriefPorts,
 		m.CgroupSends,
 		m.Control,
 		m.Counters,
@@ -470,6 +490,7 @@ func (m *bypassMaps) Close() error {
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassVariables struct {
 	Cfg                 *ebpf.Variable `ebpf:"cfg"`
+	UnusedBriefPort     *ebpf.Variable `ebpf:"unused_brief_port"`
 	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
 	UnusedEventKind     *ebpf.Variable `ebpf:"unused_event_kind"`
 	UnusedFlowRecord    *ebpf.Variable `ebpf:"unused_flow_record"`

@@ -117,6 +117,20 @@ const ReaderPortTTL = 10 * time.Second
 // streak.
 const ReaderClientStreak = 2
 
+// A server port whose last BriefStreak bypassed connections in a row each
+// closed after at most BriefSends sends from either end leaves its next
+// connections unpaired, all but one in BriefSample (BriefPort): a pairing
+// costs more than a few redirected sends win back (a connection per request
+// behind nginx's stream proxy ran at 0.92x plain TCP paired).
+const (
+	BriefStreak = 16
+	BriefSends  = 4
+	BriefSample = 16
+)
+
+// briefPortsMap holds the ports (not in pinnedMaps: older installs have none).
+const briefPortsMap = "brief_ports"
+
 // learnedMap is pinned beside the install (LearnedDir), not in it, so what
 // shunt learned outlives a removal and applies to the next install.
 const learnedMap = "splice_programs"
@@ -146,6 +160,10 @@ type Options struct {
 	// A program that splices again without reading (HAProxy 2.6) has that
 	// splice let through, and is handled as without RefuseSplice.
 	RefuseSplice bool `json:"refuse_splice"`
+	// PairBrief pairs every connection, also those to ports whose
+	// connections were brief lately (BriefPort), which are otherwise left
+	// unpaired.
+	PairBrief bool `json:"pair_brief"`
 	// Mechanisms: the zero value uses the kernel's newest; tests set it
 	// to run an older kernel's ways on this one.
 	Mechanisms host.Mechanisms `json:"-"`
@@ -399,6 +417,9 @@ func newConfig(opts Options) bypassConfig {
 	if opts.TrustReaders {
 		cfg.TrustReaders = 1
 	}
+	if !opts.PairBrief {
+		cfg.BriefStreak, cfg.BriefSends, cfg.BriefSample = BriefStreak, BriefSends, BriefSample
+	}
 	if opts.Mechanisms.KernelReadsByProbe() {
 		cfg.ProbeReads = 1
 	}
@@ -560,6 +581,7 @@ func mapsOf(m *bypassMaps) map[string]*ebpf.Map {
 		leaveTimersMap:    m.LeaveTimers,
 		freeTimersMap:     m.FreeTimers,
 		timerPoolMap:      m.TimerPool,
+		briefPortsMap:     m.BriefPorts,
 	}
 }
 
@@ -583,7 +605,7 @@ func Open(dir string) (*Install, error) {
 	}
 	// Installs made before per-cgroup counts or pairing by sequence
 	// numbers lack those maps; they still open (and can be removed).
-	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap, shortcutsMap, wakesDeliveredMap, readerFDsMap, leaveTimersMap, freeTimersMap, timerPoolMap} {
+	for _, name := range []string{cgroupSendsMap, isnHandshakesMap, readerPortsMap, shortcutsMap, wakesDeliveredMap, readerFDsMap, leaveTimersMap, freeTimersMap, timerPoolMap, briefPortsMap} {
 		if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapsDir, name), nil); err == nil {
 			in.maps[name] = m
 		}

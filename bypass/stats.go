@@ -83,6 +83,9 @@ type Counters struct {
 	// process's reads of its connections to the same port needed TCP within
 	// ReaderPortTTL (Stats.ReaderPorts, Client set).
 	ReaderClient uint64 `json:"connections_reader_client" help:"Connections left on TCP unpaired: their client process read its last two connections to the same port in a way only TCP serves (blocking recv, MSG_WAITALL, io_uring) in the last 10 s."`
+	// BriefPort counts connections not paired because their server port's
+	// connections were brief lately (Stats.BriefPorts).
+	BriefPort uint64 `json:"connections_brief_port" help:"Connections left on TCP unpaired: their server port's last 16 bypassed connections in a row closed after at most 4 sends from each end, too few for the redirect to win back the pairing; one in 16 is still paired, to see whether they still are."`
 	// PresumedSplicers counts bypassed sockets sent back to TCP when their
 	// reader's program was learned splicing, before it spliced from them.
 	PresumedSplicers uint64 `json:"presumed_splicers" help:"Bypassed sockets sent back to TCP when their reader's program was first seen splicing (before it could splice from them)."`
@@ -150,6 +153,9 @@ type Stats struct {
 	// ReaderPorts are server ports whose readers needed TCP lately: their
 	// new connections are not paired until the entry expires.
 	ReaderPorts []ReaderPort `json:"reader_ports"`
+	// BriefPorts are server ports whose connections were brief lately:
+	// most of their new connections are not paired.
+	BriefPorts []BriefPort `json:"brief_ports"`
 	// Totals is what the held sockets sent since install, by redirect and
 	// by TCP; nil for an install made before per-cgroup counts.
 	Totals *Traffic `json:"totals,omitempty"`
@@ -181,6 +187,9 @@ func (in *Install) Stats() (Stats, error) {
 		return s, err
 	}
 	if s.ReaderPorts, err = in.ReaderPorts(); err != nil {
+		return s, err
+	}
+	if s.BriefPorts, err = in.BriefPorts(); err != nil {
 		return s, err
 	}
 	if s.Counters, err = in.Counters(); err != nil {
@@ -279,6 +288,7 @@ func (in *Install) Counters() (Counters, error) {
 		FionreadCorrected: sum(bypassCounterCNT_FIONREAD_CORRECTED),
 		Urgent:            sum(bypassCounterCNT_URGENT),
 		SmallWrites:       sum(bypassCounterCNT_SMALL_WRITES),
+		BriefPort:         sum(bypassCounterCNT_BRIEF_PORT),
 		ReceiveOptions:    sum(bypassCounterCNT_RECEIVE_OPTION),
 		URingReaders:      sum(bypassCounterCNT_URING_READER),
 	}, nil

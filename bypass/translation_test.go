@@ -367,10 +367,11 @@ func TestTranslatedLookAlikeNotPaired(t *testing.T) {
 // translated connection's entry ends with it, as without shunt (kube-proxy's
 // rules drop what conntrack calls invalid, and an entry left established
 // would hold the table for days). After 10,000 connections the router's
-// table holds what it holds after as many plain ones.
+// table holds what it holds after as many plain ones. Every one is paired
+// (PairBrief: they are brief).
 func TestTranslatedConnectionsEndInConntrack(t *testing.T) {
 	testenv.NeedProgram(t, "nft")
-	in, cg := mustInstall(t)
+	in, cg := mustInstallWith(t, bypass.Options{PairBrief: true})
 	plain := testenv.MustCgroup(t) // not enabled
 	conns := 10000
 	if testing.Short() {

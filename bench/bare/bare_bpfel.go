@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	bareMapArgsScratch     = "args_scratch"
+	bareMapBriefPorts      = "brief_ports"
 	bareMapCgroupSends     = "cgroup_sends"
 	bareMapControl         = "control"
 	bareMapCounters        = "counters"
@@ -89,6 +90,7 @@ type bareProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bareMapSpecs struct {
 	ArgsScratch    *ebpf.MapSpec `ebpf:"args_scratch"`
+	BriefPorts     *ebpf.MapSpec `ebpf:"brief_ports"`
 	CgroupSends    *ebpf.MapSpec `ebpf:"cgroup_sends"`
 	Control        *ebpf.MapSpec `ebpf:"control"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
@@ -137,6 +139,7 @@ func (o *bareObjects) Close() error {
 // It can be passed to loadBareObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bareMaps struct {
 	ArgsScratch    *ebpf.Map `ebpf:"args_scratch"`
+	BriefPorts     *ebpf.Map `ebpf:"brief_ports"`
 	CgroupSends    *ebpf.Map `ebpf:"cgroup_sends"`
 	Control        *ebpf.Map `ebpf:"control"`
 	Counters       *ebpf.Map `ebpf:"counters"`
@@ -161,6 +164,7 @@ type bareMaps struct {
 func (m *bareMaps) Close() error {
 	return _BareClose(
 		m.ArgsScratch,
+		m.BriefPorts,
 		m.CgroupSends,
 		m.Control,
 		m.Counters,

@@ -24,6 +24,45 @@ static __always_inline struct reader_port_seen *kept_port(__u64 netns, __u16 por
 	return s;
 }
 
+/* Whether a connection request to this server port is left unpaired: the
+ * port's connections were brief lately (brief_ports), and this is not the
+ * one in cfg.brief_sample paired to look. */
+static __always_inline int brief_port(__u64 netns, __u16 port)
+{
+	if (!cfg.brief_streak)
+		return 0;
+	struct reader_port k = { .netns = netns, .port = port };
+	struct brief_port *b = bpf_map_lookup_elem(&brief_ports, &k);
+	if (!b || b->streak < cfg.brief_streak ||
+	    bpf_ktime_get_ns() - b->seen_ns > (__u64)cfg.reader_port_ttl_s * 1000000000ULL)
+		return 0;
+	if (__sync_fetch_and_add(&b->arrivals, 1) % cfg.brief_sample == cfg.brief_sample - 1)
+		return 0;
+	__sync_fetch_and_add(&b->kept, 1);
+	return 1;
+}
+
+/* A server's paired socket closed, having sent sends times: brief ones
+ * lengthen its port's streak. (A send past cfg.brief_sends from either end
+ * ended it already: brief_over.) */
+static __always_inline void brief_close(struct sock_state *st)
+{
+	if (!cfg.brief_streak || st->self.role != ROLE_SERVER || st->tx_msgs + st->pass_msgs > cfg.brief_sends)
+		return;
+	struct reader_port k = { .netns = st->self.netns, .port = st->self.tuple.server_port };
+	__u64 now = bpf_ktime_get_ns();
+	struct brief_port *b = bpf_map_lookup_elem(&brief_ports, &k);
+	if (b) {
+		if (now - b->seen_ns > (__u64)cfg.reader_port_ttl_s * 1000000000ULL)
+			b->streak = 0;
+		b->streak++;
+		b->seen_ns = now;
+		return;
+	}
+	struct brief_port fresh = { .seen_ns = now, .streak = 1 };
+	bpf_map_update_elem(&brief_ports, &k, &fresh, BPF_NOEXIST);
+}
+
 /* The handshake's two initial sequence numbers, from the request socket
  * behind a TIMEOUT_INIT (which the sockops context does not expose): both
  * are chosen before the callback runs, and the SYN-ACK carries them. */
@@ -66,6 +105,10 @@ static __always_inline void register_request(struct bpf_sock_ops *skops)
 	if (kept) {
 		__sync_fetch_and_add(&kept->kept, 1);
 		count(CNT_READER_PORT);
+		return;
+	}
+	if (brief_port(netns, fresh.server.server_port)) {
+		count(CNT_BRIEF_PORT);
 		return;
 	}
 	struct isn_pair k;
@@ -148,15 +191,19 @@ static __always_inline __u32 take_timer(struct sock_key *self)
 }
 
 /* Takes key's entry out of peer_refs and gives its timer slot back; only the
- * one whose delete succeeds gives it, so a slot is never given twice. */
-static __always_inline void unpublish(struct sock_key *key)
+ * one whose delete succeeds gives it, so a slot is never given twice.
+ * Whether this call took it out. */
+static __always_inline int unpublish(struct sock_key *key)
 {
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, key);
 	__u32 slot = ref ? ref->timer : 0;
-	if (bpf_map_delete_elem(&peer_refs, key) || !slot)
-		return;
-	slot--;
-	bpf_map_push_elem(&free_timers, &slot, 0);
+	if (bpf_map_delete_elem(&peer_refs, key))
+		return 0;
+	if (slot) {
+		slot--;
+		bpf_map_push_elem(&free_timers, &slot, 0);
+	}
+	return 1;
 }
 
 /* Runs the socket's timer after ns (or now). */
@@ -210,8 +257,9 @@ static __always_inline void withdraw(struct bpf_sock_ops *skops)
 	if (!sk)
 		return;
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-	if (st)
-		unpublish(&st->self);
+	/* Still published: it never left for TCP, where its sends go uncounted. */
+	if (st && unpublish(&st->self))
+		brief_close(st);
 }
 
 /* MSG_ZEROCOPY completions are never queued for a socket whose sends go

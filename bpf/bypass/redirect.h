@@ -250,10 +250,24 @@ static __always_inline void count_send(struct sock_state *st, __u32 size, int re
 	}
 }
 
+/* Counted a send: the first past cfg.brief_sends ends the streak of brief
+ * connections of its server's port (brief_ports). */
+static __always_inline void brief_over(struct sock_state *st)
+{
+	if (!cfg.brief_streak || st->tx_msgs + st->pass_msgs != cfg.brief_sends + 1)
+		return;
+	struct sock_key *server = st->self.role == ROLE_SERVER ? &st->self : &st->peer;
+	struct reader_port k = { .netns = server->netns, .port = server->tuple.server_port };
+	struct brief_port *b = bpf_map_lookup_elem(&brief_ports, &k);
+	if (b)
+		b->streak = 0;
+}
+
 /* The send takes TCP. */
 static __always_inline int pass(struct sock_state *st, __u32 size)
 {
 	st->pass_msgs++;
+	brief_over(st);
 	count_send(st, size, 0);
 	return SK_PASS;
 }
@@ -457,6 +471,7 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 	}
 	st->tx_bytes += size;
 	st->tx_msgs++;
+	brief_over(st);
 	count_send(st, size, 1);
 	return SK_PASS;
 }

@@ -177,6 +177,7 @@ enum counter {
 	CNT_URING_READER,      /* directions kept on or sent back to TCP: the reader reads through io_uring, whose completions say whether bytes are left (a psock's never do) */
 	CNT_READER_CLIENT,     /* connections left unpaired: their client process's reads of its connections to that port needed TCP lately */
 	CNT_SMALL_WRITES,      /* connections sent back to TCP: a writer with Nagle's algorithm on streamed small sends over a loopback-sized path, which TCP gathers into large segments */
+	CNT_BRIEF_PORT,        /* connections left unpaired: their server port's connections were brief lately (a few sends each way) */
 	CNT_MAX,
 };
 
@@ -215,6 +216,16 @@ struct reader_port_seen {
 	__u32 pid;     /* that reader's process (tgid) */
 	__u32 streak;  /* a client process's: its connections to the port in a row whose reader needed TCP */
 	char comm[COMM_LEN];
+};
+
+/* A server port whose connections were brief lately (brief_ports, keyed by
+ * a reader_port with pid 0). */
+struct brief_port {
+	__u64 seen_ns;  /* bpf_ktime_get_ns() when a brief connection to it last closed */
+	__u64 arrivals; /* connection requests while its streak held */
+	__u64 kept;     /* ... of which left unpaired */
+	__u32 streak;   /* its paired connections in a row that closed brief */
+	__u32 _pad;
 };
 
 struct splice_seen {

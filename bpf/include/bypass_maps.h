@@ -217,6 +217,21 @@ struct {
 	__type(value, struct reader_port_seen);
 } reader_ports SEC(".maps");
 
+/* Server ports whose paired connections closed brief (at most
+ * cfg.brief_sends sends each way), cfg.brief_streak in a row: a pairing
+ * costs a short connection more than its few redirected sends win back
+ * (mini_httpd behind nginx's stream proxy, a connection per request: 0.92x
+ * plain TCP), so the port's next connections are left unpaired, all but one
+ * in cfg.brief_sample, which looks whether they still are. A send past
+ * cfg.brief_sends on any connection to the port ends its streak at once;
+ * forgotten cfg.reader_port_ttl_s after the last brief close. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_READER_PORTS);
+	__type(key, struct reader_port);
+	__type(value, struct brief_port);
+} brief_ports SEC(".maps");
+
 /* Client sockets whose process's reads of its connections to the same port
  * needed TCP lately (reader_ports with its pid), marked at connect, where
  * the process is known, for the handshake's end, where it is not. */

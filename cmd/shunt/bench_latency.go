@@ -29,18 +29,21 @@ from /proc/stat, divided by round trips. A run that meets a stall (a round
 trip over 10 ms, or max over 100x p50) is marked STALL.
 
 --new-conn makes each round trip a new connection (connect, request,
-response, the server closes): what a short connection costs. Mode
-shunt-trust is shunt installed with --trust-readers, which redirects a
-connection's first request and response too, and keeps readers that block
-in recv (sockperf's) on the bypass.`,
+response, the server closes): what a short connection costs. Such
+connections are brief, so after the first 16 the default install leaves
+all but one in 16 unpaired; mode shunt-pair-brief (installed with
+--pair-brief) pairs each, which prices the pairing. Mode shunt-trust is
+shunt installed with --trust-readers, which redirects a connection's first
+request and response too, and keeps readers that block in recv (sockperf's)
+on the bypass.`,
 		Example: `  shunt bench latency --sizes 14,1K,16K,64K --rounds 5 --out /tmp/lat
-  shunt bench latency --new-conn --modes tcp,shunt,shunt-trust --count 2000 --warmup 100`,
+  shunt bench latency --new-conn --modes tcp,shunt,shunt-pair-brief,shunt-trust --count 2000 --warmup 100`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if withSockperf {
 				m.modes += "," + bench.ModeSockperfTCP + "," + bench.ModeSockperfShunt
 			}
-			mx, err := m.matrix("--sizes", bench.ModeTCP, bench.ModeShunt, bench.ModeUnix, bench.ModeBare, bench.ModeTrust, bench.ModeSockperfTCP, bench.ModeSockperfShunt)
+			mx, err := m.matrix("--sizes", bench.ModeTCP, bench.ModeShunt, bench.ModeUnix, bench.ModeBare, bench.ModeTrust, bench.ModePaired, bench.ModeSockperfTCP, bench.ModeSockperfShunt)
 			if err != nil {
 				return err
 			}
@@ -53,7 +56,7 @@ in recv (sockperf's) on the bypass.`,
 			}, printLatency, report.Latency)
 		},
 	}
-	m.register(c.Flags(), "sizes", "14", "tcp,shunt,unix", "same-cpu,cross-cpu", "tcp, shunt, unix, shunt-bare (shunt's pairing, redirect without checks), shunt-trust (installed with --trust-readers), sockperf-tcp, sockperf-shunt-trust (sockperf reads with blocking calls, which the default install keeps on TCP)")
+	m.register(c.Flags(), "sizes", "14", "tcp,shunt,unix", "same-cpu,cross-cpu", "tcp, shunt, unix, shunt-bare (shunt's pairing, redirect without checks), shunt-trust (installed with --trust-readers), shunt-pair-brief (installed with --pair-brief: short connections paired too), sockperf-tcp, sockperf-shunt-trust (sockperf reads with blocking calls, which the default install keeps on TCP)")
 	c.Flags().IntVar(&cfg.Count, "count", 20000, "round trips measured per run")
 	c.Flags().DurationVar(&cfg.MaxTime, "duration", 2*time.Second, "a run stops early after this long")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 1000, "round trips before measuring")

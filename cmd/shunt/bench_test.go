@@ -58,13 +58,13 @@ func TestBenchLatencyTiny(t *testing.T) {
 func TestBenchLatencyNewConnTiny(t *testing.T) {
 	testenv.RequireRoot(t)
 	out, stderr, code := runShunt(t, nil, "bench", "latency", "--json", "--new-conn", "--rounds", "1", "--count", "50",
-		"--warmup", "5", "--modes", "tcp,shunt,shunt-trust,shunt-bare", "--placement", "same-cpu")
+		"--warmup", "5", "--modes", "tcp,shunt,shunt-trust,shunt-bare,shunt-pair-brief", "--placement", "same-cpu")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	var res []bench.LatencyResult
-	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res) != 4 {
-		t.Fatalf("want 4 modes: %v %s", err, out)
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res) != 5 {
+		t.Fatalf("want 5 modes: %v %s", err, out)
 	}
 	for _, r := range res {
 		if r.Dist.Count != 50 || r.Dist.P50 <= 0 {

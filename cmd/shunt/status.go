@@ -159,7 +159,7 @@ func printStatus(e *env, r statusReport) {
 		fmt.Fprintf(w, "connections:\t%d paired (%d through address translation), %d local peers not paired, %d ambiguous handshakes, %d registry full, %d insert failures\n",
 			c.Paired, c.Translated, c.Unpaired, c.Ambiguous, c.RegistryFull, c.InsertFailed)
 		fmt.Fprintf(w, "fallbacks:\t%d directions moved to the TCP path, %d throttled by flow control\n", c.FallenBack, c.Throttled)
-		fmt.Fprintf(w, "kept on TCP:\t%d connections with an SO_ZEROCOPY end, %d to excluded ports, %d directions whose reader blocks or uses MSG_WAITALL, MSG_OOB or MSG_TRUNC, %d read through io_uring (its completions say whether bytes are left), %d connections that carried urgent data, %d whose writer streamed small sends with Nagle's algorithm on over loopback (TCP gathers them into large segments), %d for a receive option only TCP honours (SO_RCVLOWAT, TCP_INQ, SO_PEEK_OFF, timestamps) (%d sockets back on plain TCP), %d connections not paired to ports whose reader needed TCP, %d not paired from client processes whose reads of their connections to the same port did, %d MPTCP connections (an upper layer on their subflows), %d for transmit timestamps, %d with a TCP_ZEROCOPY_RECEIVE reader (%d caught with redirected bytes queued: reset by the guard), %d whose reader peeked in mid-stream\n", c.Zerocopy, c.Excluded, c.TCPReaders, c.URingReaders, c.Urgent, c.SmallWrites, c.ReceiveOptions, c.Left, c.ReaderPort, c.ReaderClient, c.UpperLayer, c.TxTimestamps, c.ZerocopyReceive, c.ZerocopyCaught, c.PeekReaders)
+		fmt.Fprintf(w, "kept on TCP:\t%d connections with an SO_ZEROCOPY end, %d to excluded ports, %d directions whose reader blocks or uses MSG_WAITALL, MSG_OOB or MSG_TRUNC, %d read through io_uring (its completions say whether bytes are left), %d connections that carried urgent data, %d whose writer streamed small sends with Nagle's algorithm on over loopback (TCP gathers them into large segments), %d for a receive option only TCP honours (SO_RCVLOWAT, TCP_INQ, SO_PEEK_OFF, timestamps) (%d sockets back on plain TCP), %d connections not paired to ports whose reader needed TCP, %d not paired from client processes whose reads of their connections to the same port did, %d not paired to ports whose connections are brief (a pairing costs them more than it wins), %d MPTCP connections (an upper layer on their subflows), %d for transmit timestamps, %d with a TCP_ZEROCOPY_RECEIVE reader (%d caught with redirected bytes queued: reset by the guard), %d whose reader peeked in mid-stream\n", c.Zerocopy, c.Excluded, c.TCPReaders, c.URingReaders, c.Urgent, c.SmallWrites, c.ReceiveOptions, c.Left, c.ReaderPort, c.ReaderClient, c.BriefPort, c.UpperLayer, c.TxTimestamps, c.ZerocopyReceive, c.ZerocopyCaught, c.PeekReaders)
 		fmt.Fprintf(w, "stalls:\t%d readers found waiting with bytes queued that FIONREAD or a short read did not show, or with the peer's end unread: sent back to TCP and woken by the guard; %d readers found peeking again and again at redirected bytes with TCP bytes behind them out of a peek's reach (logged by the guard)\n", c.StallsRescued, c.PeekStuck)
 		if r.Stats.FionreadCorrected {
 			fmt.Fprintf(w, "FIONREAD:\t%d answers corrected (the kernel's left queued bytes out)\n", c.FionreadCorrected)
@@ -182,6 +182,10 @@ func printStatus(e *env, r statusReport) {
 			}
 			fmt.Fprintf(w, "reader port %d:\tpid %d (%s) needed TCP to read it %s ago (netns cookie %d): new connections stay unpaired for %s more, %d so far\n",
 				p.Port, p.PID, p.Command, time.Since(p.Seen).Round(time.Second), p.Netns, time.Until(p.Expires).Round(time.Second), p.Kept)
+		}
+		for _, p := range r.Stats.BriefPorts {
+			fmt.Fprintf(w, "brief port %d:	its last %d bypassed connections in a row closed after at most %d sends each way, the last %s ago (netns cookie %d): new connections stay unpaired but one in %d, for %s more unless one of those sends more, %d so far\n",
+				p.Port, bypass.BriefStreak, bypass.BriefSends, time.Since(p.Seen).Round(time.Second), p.Netns, bypass.BriefSample, time.Until(p.Expires).Round(time.Second), p.Kept)
 		}
 		if c.EventsLost > 0 {
 			fmt.Fprintf(w, "guard events lost:\t%d attempts found no room in the guard's ring (no guard ran, or it fell behind): reports of caught connections and wake-ups of leaving sockets are tried again until they fit\n", c.EventsLost)
@@ -265,6 +269,9 @@ func describeOptions(o bypass.Options) string {
 	}
 	if o.RefuseSplice {
 		readers += ", --refuse-splice"
+	}
+	if o.PairBrief {
+		readers += ", --pair-brief"
 	}
 	return fmt.Sprintf("--max-backlog %s, %s", formatSize(uint64(o.MaxBacklog)), readers)
 }
