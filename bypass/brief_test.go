@@ -34,27 +34,17 @@ func TestBriefPortLeftUnpaired(t *testing.T) {
 			connect := func(exchanges int) bool {
 				t.Helper()
 				before := counters().Paired
-				var d net.Dialer
-				side.Make(t, func() {
-					cc, err := d.Dial(network, ln.Addr().String())
-					if err != nil {
-						t.Fatal(err)
-					}
-					c := cc.(*net.TCPConn)
-					s, err := ln.AcceptTCP()
-					if err != nil {
-						t.Fatal(err)
-					}
-					for range exchanges {
-						exchange(t, c, s, "request")
-						exchange(t, s, c, "response")
-					}
-					c.Close()
-					if _, err := io.ReadAll(s); err != nil {
-						t.Fatal(err)
-					}
-					s.Close()
-				})
+				c := testenv.Dial(t, side, network, ln.Addr().String(), nil)
+				s := testenv.Accept(t, ln)
+				for range exchanges {
+					exchange(t, c, s, "request")
+					exchange(t, s, c, "response")
+				}
+				c.Close()
+				if _, err := io.ReadAll(s); err != nil {
+					t.Fatal(err)
+				}
+				s.Close()
 				return counters().Paired > before
 			}
 
