@@ -120,12 +120,14 @@ const ReaderClientStreak = 2
 // A server port whose last BriefStreak bypassed connections in a row each
 // closed after at most BriefSends sends from either end leaves its next
 // connections unpaired, all but one in BriefSample (BriefPort): a pairing
-// costs more than a few redirected sends win back (a connection per request
-// behind nginx's stream proxy ran at 0.92x plain TCP paired).
+// costs more than a few redirected sends win back (ab without keep-alive
+// against nginx ran at 0.60x of plain TCP with each connection paired; a
+// connection per request behind nginx's stream proxy at 0.92x). The one in
+// BriefSample paired to look costs the port about 1/BriefSample of that.
 const (
 	BriefStreak = 16
 	BriefSends  = 4
-	BriefSample = 16
+	BriefSample = 64
 )
 
 // briefPortsMap holds the ports (not in pinnedMaps: older installs have none).

@@ -31,7 +31,7 @@ trip over 10 ms, or max over 100x p50) is marked STALL.
 --new-conn makes each round trip a new connection (connect, request,
 response, the server closes): what a short connection costs. Such
 connections are brief, so after the first 16 the default install leaves
-all but one in 16 unpaired; mode shunt-pair-brief (installed with
+all but one in 64 unpaired; mode shunt-pair-brief (installed with
 --pair-brief) pairs each, which prices the pairing. Mode shunt-trust is
 shunt installed with --trust-readers, which redirects a connection's first
 request and response too, and keeps readers that block in recv (sockperf's)
