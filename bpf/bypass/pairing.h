@@ -42,9 +42,9 @@ static __always_inline int brief_port(__u64 netns, __u16 port)
 	return 1;
 }
 
-/* A server's paired socket closed, having sent sends times: brief ones
- * lengthen its port's streak. (A send past cfg.brief_sends from either end
- * ended it already: brief_over.) */
+/* A server's paired socket closed: one that sent at most cfg.brief_sends
+ * times lengthens its port's streak. (A send past that from either end
+ * ended the streak already: brief_over.) */
 static __always_inline void brief_close(struct sock_state *st)
 {
 	if (!cfg.brief_streak || st->self.role != ROLE_SERVER || st->tx_msgs + st->pass_msgs > cfg.brief_sends)
@@ -225,22 +225,19 @@ static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock 
 	if (!tp)
 		return;
 	/* An entry of an earlier socket with this key (closed unseen, after
-	 * its cgroup was detached) hands its slot on. */
-	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, self);
-	__u32 slot = ref ? ref->timer : 0;
-	int taken = !slot;
-	if (taken)
-		slot = take_timer(self);
+	 * its cgroup was detached) goes first, its slot given back: its timer
+	 * may still run and give it back itself. */
+	unpublish(self);
+	__u32 slot = take_timer(self);
 	if (!slot)
 		return;
 	struct peer_ref empty = { .timer = slot };
-	if (bpf_map_update_elem(&peer_refs, self, &empty, BPF_ANY)) {
+	if (bpf_map_update_elem(&peer_refs, self, &empty, BPF_NOEXIST)) {
 		slot--;
-		if (taken)
-			bpf_map_push_elem(&free_timers, &slot, 0);
+		bpf_map_push_elem(&free_timers, &slot, 0);
 		return;
 	}
-	ref = bpf_map_lookup_elem(&peer_refs, self);
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, self);
 	if (!ref)
 		return;
 	ref->peer = *peer;
