@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/internal/testenv"
@@ -73,6 +74,26 @@ func TestBriefPortLeftUnpaired(t *testing.T) {
 			}
 			if len(ports) != 1 || int(ports[0].Port) != ln.Addr().(*net.TCPAddr).Port {
 				t.Fatalf("brief ports %+v, want the listener's", ports)
+			}
+
+			// Forgotten after the TTL with no brief close: the next is
+			// paired, and the streak starts again.
+			if err := in.AgeBriefPorts(bypass.ReaderPortTTL + time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if !connect(1) {
+				t.Fatalf("a brief connection %v after the port's last brief close was not paired", bypass.ReaderPortTTL+time.Second)
+			}
+			for range bypass.BriefStreak {
+				connect(1)
+			}
+			// (The streak's last close may come a moment after the next
+			// request: two tries.)
+			kept := counters().BriefPort
+			connect(1)
+			connect(1)
+			if counters().BriefPort == kept {
+				t.Fatal("the port was not learned brief again")
 			}
 
 			// Longer connections: the first paired one (to look) ends the

@@ -70,6 +70,31 @@ func (in *Install) setReaderPortsSeen(seen func(uint64) uint64) error {
 	return nil
 }
 
+// AgeBriefPorts moves every brief port's last brief close back by d, as if
+// d had passed.
+func (in *Install) AgeBriefPorts(d time.Duration) error {
+	m := in.maps[briefPortsMap]
+	var k bypassReaderPort
+	var v bypassBriefPort
+	var keys []bypassReaderPort
+	var vals []bypassBriefPort
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		v.SeenNs -= uint64(d)
+		keys = append(keys, k)
+		vals = append(vals, v)
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for i := range keys {
+		if err := m.Put(keys[i], vals[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // ForgeISNClaims marks every registration by sequence numbers still
 // unclaimed as claimed by a client that is not there (netns 0xdead), with
 // its nonce bound, as a forger that held a handshake's numbers and claimed
