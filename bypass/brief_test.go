@@ -29,13 +29,16 @@ func TestBriefPortLeftUnpaired(t *testing.T) {
 				}
 				return c
 			}
-			// connect makes one connection with exchanges round trips and
-			// closes it, the client first, the server once it read the end;
-			// it says whether the connection was paired.
-			connect := func(exchanges int) bool {
+			// connectFrom makes one connection from local (nil: any) with
+			// exchanges round trips and closes it, the client first, the
+			// server once it read the end; it says whether the connection
+			// was paired.
+			var connectFrom func(local *net.TCPAddr, exchanges int) bool
+			connect := func(exchanges int) bool { return connectFrom(nil, exchanges) }
+			connectFrom = func(local *net.TCPAddr, exchanges int) bool {
 				t.Helper()
 				before := counters().Paired
-				c := testenv.Dial(t, side, network, ln.Addr().String(), nil)
+				c := testenv.Dial(t, side, network, ln.Addr().String(), local)
 				s := testenv.Accept(t, ln)
 				for range exchanges {
 					exchange(t, c, s, "request")
@@ -72,8 +75,12 @@ func TestBriefPortLeftUnpaired(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(ports) != 1 || int(ports[0].Port) != ln.Addr().(*net.TCPAddr).Port {
-				t.Fatalf("brief ports %+v, want the listener's", ports)
+			if len(ports) != 1 || int(ports[0].Port) != ln.Addr().(*net.TCPAddr).Port || !ports[0].Client.IsLoopback() {
+				t.Fatalf("brief ports %+v, want the listener's, from the loopback address", ports)
+			}
+			// Learned for that client address only: another is paired.
+			if network == "tcp4" && !connectFrom(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, 1) {
+				t.Error("a connection from 127.0.0.2 to a port learned brief from 127.0.0.1 was not paired")
 			}
 
 			// Forgotten after the TTL with no brief close: the next is

@@ -13,6 +13,14 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type bypassBriefKey struct {
+	_        structs.HostLayout
+	Netns    uint64
+	ClientIp [16]uint8
+	Port     uint16
+	Pad      [3]uint16
+}
+
 type bypassBriefPort struct {
 	_        structs.HostLayout
 	SeenNs   uint64

@@ -74,9 +74,9 @@ func (in *Install) setReaderPortsSeen(seen func(uint64) uint64) error {
 // d had passed.
 func (in *Install) AgeBriefPorts(d time.Duration) error {
 	m := in.maps[briefPortsMap]
-	var k bypassReaderPort
+	var k bypassBriefKey
 	var v bypassBriefPort
-	var keys []bypassReaderPort
+	var keys []bypassBriefKey
 	var vals []bypassBriefPort
 	it := m.Iterate()
 	for it.Next(&k, &v) {

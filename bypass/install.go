@@ -117,9 +117,9 @@ const ReaderPortTTL = 10 * time.Second
 // streak.
 const ReaderClientStreak = 2
 
-// A server port whose last BriefStreak bypassed connections in a row each
-// closed after at most BriefSends sends from either end leaves its next
-// connections unpaired, all but one in BriefSample (BriefPort): a pairing
+// A server port whose last BriefStreak bypassed connections from one client
+// address in a row each closed after at most BriefSends sends from either
+// end leaves its next connections from there unpaired, all but one in BriefSample (BriefPort): a pairing
 // costs more than a few redirected sends win back (ab without keep-alive
 // against nginx ran at 0.60x of plain TCP with each connection paired; a
 // connection per request behind nginx's stream proxy at 0.92x). The one in

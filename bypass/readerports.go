@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -61,21 +62,23 @@ func (in *Install) ReaderPorts() ([]ReaderPort, error) {
 }
 
 // BriefPort is a server port whose last BriefStreak bypassed connections in
-// a row closed brief (at most BriefSends sends from each end): a pairing
+// a row from one client address closed brief (at most BriefSends sends from
+// each end): a pairing
 // costs such a connection more than its redirected sends win back, so its
 // new connections are left unpaired, all but one in BriefSample, which is
 // paired to see whether they still are. A send past BriefSends on any
 // connection to the port ends it; so does ReaderPortTTL with no brief close.
 type BriefPort struct {
-	Netns   uint64    `json:"netns_cookie"` // the server's network namespace (SO_NETNS_COOKIE)
-	Port    uint16    `json:"port"`
-	Seen    time.Time `json:"last_seen"` // when a brief connection to it last closed
-	Expires time.Time `json:"expires"`
-	Kept    uint64    `json:"kept"` // connections left unpaired since its streak began
+	Netns   uint64     `json:"netns_cookie"` // the server's network namespace (SO_NETNS_COOKIE)
+	Port    uint16     `json:"port"`
+	Client  netip.Addr `json:"client"`    // the clients' address, as the server sees it
+	Seen    time.Time  `json:"last_seen"` // when a brief connection to it last closed
+	Expires time.Time  `json:"expires"`
+	Kept    uint64     `json:"kept"` // connections left unpaired since its streak began
 }
 
-// BriefPorts lists the server ports whose new connections are left unpaired
-// now, soonest to expire first. An install from before them has none.
+// BriefPorts lists the server ports (by client address) whose new
+// connections are left unpaired now, soonest to expire first. An install from before them has none.
 func (in *Install) BriefPorts() ([]BriefPort, error) {
 	out := []BriefPort{}
 	m, ok := in.maps[briefPortsMap]
@@ -84,12 +87,13 @@ func (in *Install) BriefPorts() ([]BriefPort, error) {
 	}
 	wall := bootOffset()
 	now := time.Now()
-	var k bypassReaderPort
+	var k bypassBriefKey
 	var v bypassBriefPort
 	it := m.Iterate()
 	for it.Next(&k, &v) {
 		seen := wall(v.SeenNs)
-		p := BriefPort{Netns: k.Netns, Port: k.Port, Seen: seen, Expires: seen.Add(ReaderPortTTL), Kept: v.Kept}
+		p := BriefPort{Netns: k.Netns, Port: k.Port, Client: netip.AddrFrom16(k.ClientIp).Unmap(),
+			Seen: seen, Expires: seen.Add(ReaderPortTTL), Kept: v.Kept}
 		if v.Streak >= BriefStreak && p.Expires.After(now) {
 			out = append(out, p)
 		}
@@ -98,7 +102,7 @@ func (in *Install) BriefPorts() ([]BriefPort, error) {
 		return nil, fmt.Errorf("read %s: %w", briefPortsMap, err)
 	}
 	slices.SortFunc(out, func(a, b BriefPort) int {
-		return cmp.Or(a.Expires.Compare(b.Expires), cmp.Compare(a.Port, b.Port))
+		return cmp.Or(a.Expires.Compare(b.Expires), cmp.Compare(a.Port, b.Port), a.Client.Compare(b.Client))
 	})
 	return out, nil
 }

@@ -85,7 +85,7 @@ type Counters struct {
 	ReaderClient uint64 `json:"connections_reader_client" help:"Connections left on TCP unpaired: their client process read its last two connections to the same port in a way only TCP serves (blocking recv, MSG_WAITALL, io_uring) in the last 10 s."`
 	// BriefPort counts connections not paired because their server port's
 	// connections were brief lately (Stats.BriefPorts).
-	BriefPort uint64 `json:"connections_brief_port" help:"Connections left on TCP unpaired: their server port's last 16 bypassed connections in a row closed after at most 4 sends from each end, too few for the redirect to win back the pairing; one in 64 is still paired, to see whether they still are."`
+	BriefPort uint64 `json:"connections_brief_port" help:"Connections left on TCP unpaired: their server port's last 16 bypassed connections from the same client address in a row closed after at most 4 sends from each end, too few for the redirect to win back the pairing; one in 64 is still paired, to see whether they still are."`
 	// PresumedSplicers counts bypassed sockets sent back to TCP when their
 	// reader's program was learned splicing, before it spliced from them.
 	PresumedSplicers uint64 `json:"presumed_splicers" help:"Bypassed sockets sent back to TCP when their reader's program was first seen splicing (before it could splice from them)."`

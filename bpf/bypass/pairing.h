@@ -24,14 +24,16 @@ static __always_inline struct reader_port_seen *kept_port(__u64 netns, __u16 por
 	return s;
 }
 
-/* Whether a connection request to this server port is left unpaired: the
- * port's connections were brief lately (brief_ports), and this is not the
- * one in cfg.brief_sample paired to look. */
-static __always_inline int brief_port(__u64 netns, __u16 port)
+/* Whether a connection request (t, as the server sees it) is left
+ * unpaired: the port's connections from its client address were brief
+ * lately (brief_ports), and this is not the one in cfg.brief_sample paired
+ * to look. */
+static __always_inline int brief_port(__u64 netns, struct tuple *t)
 {
 	if (!cfg.brief_streak)
 		return 0;
-	struct reader_port k = { .netns = netns, .port = port };
+	struct brief_key k = { .netns = netns, .port = t->server_port };
+	__builtin_memcpy(k.client_ip, t->client_ip, sizeof(k.client_ip));
 	struct brief_port *b = bpf_map_lookup_elem(&brief_ports, &k);
 	if (!b || b->streak < cfg.brief_streak ||
 	    bpf_ktime_get_ns() - b->seen_ns > (__u64)cfg.reader_port_ttl_s * 1000000000ULL)
@@ -49,7 +51,8 @@ static __always_inline void brief_close(struct sock_state *st)
 {
 	if (!cfg.brief_streak || st->self.role != ROLE_SERVER || st->tx_msgs + st->pass_msgs > cfg.brief_sends)
 		return;
-	struct reader_port k = { .netns = st->self.netns, .port = st->self.tuple.server_port };
+	struct brief_key k = { .netns = st->self.netns, .port = st->self.tuple.server_port };
+	__builtin_memcpy(k.client_ip, st->self.tuple.client_ip, sizeof(k.client_ip));
 	__u64 now = bpf_ktime_get_ns();
 	struct brief_port *b = bpf_map_lookup_elem(&brief_ports, &k);
 	if (b) {
@@ -107,7 +110,7 @@ static __always_inline void register_request(struct bpf_sock_ops *skops)
 		count(CNT_READER_PORT);
 		return;
 	}
-	if (brief_port(netns, fresh.server.server_port)) {
+	if (brief_port(netns, &fresh.server)) {
 		count(CNT_BRIEF_PORT);
 		return;
 	}

@@ -251,13 +251,14 @@ static __always_inline void count_send(struct sock_state *st, __u32 size, int re
 }
 
 /* Counted a send: the first past cfg.brief_sends ends the streak of brief
- * connections of its server's port (brief_ports). */
+ * connections to its server's port from its client's address (brief_ports). */
 static __always_inline void brief_over(struct sock_state *st)
 {
 	if (!cfg.brief_streak || st->tx_msgs + st->pass_msgs != cfg.brief_sends + 1)
 		return;
 	struct sock_key *server = st->self.role == ROLE_SERVER ? &st->self : &st->peer;
-	struct reader_port k = { .netns = server->netns, .port = server->tuple.server_port };
+	struct brief_key k = { .netns = server->netns, .port = server->tuple.server_port };
+	__builtin_memcpy(k.client_ip, server->tuple.client_ip, sizeof(k.client_ip));
 	struct brief_port *b = bpf_map_lookup_elem(&brief_ports, &k);
 	if (b)
 		b->streak = 0;

@@ -218,8 +218,16 @@ struct reader_port_seen {
 	char comm[COMM_LEN];
 };
 
-/* A server port whose connections were brief lately (brief_ports, keyed by
- * a reader_port with pid 0). */
+/* A server port's connections from one client address (as the server
+ * sees it: a pod's own, behind a Service's translation), in brief_ports. */
+struct brief_key {
+	__u64 netns;          /* the server's */
+	__u8 client_ip[16];
+	__u16 port;           /* host byte order */
+	__u16 _pad[3];
+};
+
+/* Such connections were brief lately. */
 struct brief_port {
 	__u64 seen_ns;  /* bpf_ktime_get_ns() when a brief connection to it last closed */
 	__u64 arrivals; /* connection requests while its streak held */

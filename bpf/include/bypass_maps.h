@@ -217,8 +217,10 @@ struct {
 	__type(value, struct reader_port_seen);
 } reader_ports SEC(".maps");
 
-/* Server ports whose paired connections closed brief (at most
- * cfg.brief_sends sends each way), cfg.brief_streak in a row: a pairing
+/* Server ports whose paired connections from one client address closed
+ * brief (at most cfg.brief_sends sends each way), cfg.brief_streak in a
+ * row (keyed by client address so that one pod's brief connections leave
+ * another's long ones to the same port bypassed): a pairing
  * costs a short connection more than its few redirected sends win back
  * (mini_httpd behind nginx's stream proxy, a connection per request: 0.92x
  * plain TCP), so the port's next connections are left unpaired, all but one
@@ -228,7 +230,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MAX_READER_PORTS);
-	__type(key, struct reader_port);
+	__type(key, struct brief_key);
 	__type(value, struct brief_port);
 } brief_ports SEC(".maps");
 

@@ -118,7 +118,7 @@ machine, shunt's own included. Say so explicitly; no cgroup is a mistake.`,
 	c.Flags().StringVar(&excludePorts, "exclude-ports", "", "server ports whose new connections stay on TCP, comma-separated, or none (replaces the list)")
 	c.Flags().StringVar(&maxBacklog, "max-backlog", "8M", "unread redirected bytes a receiver may hold before its writer moves to TCP (applies when shunt is first installed)")
 	c.Flags().BoolVar(&refuseSplice, "refuse-splice", false, "where the kernel runs BPF LSM programs, fail a splice(2) from a bypassed socket with EINVAL before it reads, for applications that then read instead (Go's io.Copy): they stay bypassed; one that splices again without reading (HAProxy 2.6) has that splice let through, as without this flag (applies when shunt is first installed)")
-	c.Flags().BoolVar(&pairBrief, "pair-brief", false, "pair every connection, also to server ports whose connections are brief (16 in a row closed after at most 4 sends each way), whose new connections are otherwise left on TCP but one in 64: a pairing costs them more than it wins (applies when shunt is first installed)")
+	c.Flags().BoolVar(&pairBrief, "pair-brief", false, "pair every connection, also to server ports whose connections from one client address are brief (16 in a row closed after at most 4 sends each way), whose new connections are otherwise left on TCP but one in 64: a pairing costs them more than it wins (applies when shunt is first installed)")
 	c.Flags().BoolVar(&trustReaders, "trust-readers", false, "redirect before a reader has called recv, and to blocking readers: first exchanges and blocking programs are bypassed too; breaks splice(2) readers, and a signal in a blocking read returns EAGAIN (applies when shunt is first installed)")
 	return c
 }

@@ -184,8 +184,8 @@ func printStatus(e *env, r statusReport) {
 				p.Port, p.PID, p.Command, time.Since(p.Seen).Round(time.Second), p.Netns, time.Until(p.Expires).Round(time.Second), p.Kept)
 		}
 		for _, p := range r.Stats.BriefPorts {
-			fmt.Fprintf(w, "brief port %d:	its last %d bypassed connections in a row closed after at most %d sends each way, the last %s ago (netns cookie %d): new connections stay unpaired but one in %d, for %s more unless one of those sends more, %d so far\n",
-				p.Port, bypass.BriefStreak, bypass.BriefSends, time.Since(p.Seen).Round(time.Second), p.Netns, bypass.BriefSample, time.Until(p.Expires).Round(time.Second), p.Kept)
+			fmt.Fprintf(w, "brief port %d from %s:\tits last %d bypassed connections from there in a row closed after at most %d sends each way, the last %s ago (netns cookie %d): new ones stay unpaired but one in %d, for %s more unless one of those sends more, %d so far\n",
+				p.Port, p.Client, bypass.BriefStreak, bypass.BriefSends, time.Since(p.Seen).Round(time.Second), p.Netns, bypass.BriefSample, time.Until(p.Expires).Round(time.Second), p.Kept)
 		}
 		if c.EventsLost > 0 {
 			fmt.Fprintf(w, "guard events lost:\t%d attempts found no room in the guard's ring (no guard ran, or it fell behind): reports of caught connections and wake-ups of leaving sockets are tried again until they fit\n", c.EventsLost)
