@@ -48,39 +48,24 @@ func (in *Install) AgeReaderPorts(d time.Duration) error {
 }
 
 func (in *Install) setReaderPortsSeen(seen func(uint64) uint64) error {
-	m := in.maps[readerPortsMap]
-	var k bypassReaderPort
-	var v bypassReaderPortSeen
-	var keys []bypassReaderPort
-	var vals []bypassReaderPortSeen
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		v.SeenNs = seen(v.SeenNs)
-		keys = append(keys, k)
-		vals = append(vals, v)
-	}
-	if err := it.Err(); err != nil {
-		return err
-	}
-	for i := range keys {
-		if err := m.Put(keys[i], vals[i]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return rewrite[bypassReaderPort](in.maps[readerPortsMap], func(v *bypassReaderPortSeen) { v.SeenNs = seen(v.SeenNs) })
 }
 
 // AgeBriefPorts moves every brief port's last brief close back by d, as if
 // d had passed.
 func (in *Install) AgeBriefPorts(d time.Duration) error {
-	m := in.maps[briefPortsMap]
-	var k bypassBriefKey
-	var v bypassBriefPort
-	var keys []bypassBriefKey
-	var vals []bypassBriefPort
+	return rewrite[bypassBriefKey](in.maps[briefPortsMap], func(v *bypassBriefPort) { v.SeenNs -= uint64(d) })
+}
+
+// rewrite changes every entry of m with change; K is m's key type.
+func rewrite[K, V any](m *ebpf.Map, change func(*V)) error {
+	var k K
+	var v V
+	var keys []K
+	var vals []V
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		v.SeenNs -= uint64(d)
+		change(&v)
 		keys = append(keys, k)
 		vals = append(vals, v)
 	}
