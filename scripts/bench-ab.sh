@@ -8,7 +8,8 @@
 #   join: the kernel join (bench proxy --modes shunt-kernel): 64 B and 16 KiB
 #     request/response, 16 KiB and 2 MiB bulk.
 #   newconn: short connections (bench latency --new-conn: connect, one 14 B
-#     exchange, close), same and cross CPU: what pairing costs.
+#     exchange, close), same and cross CPU, every connection paired: what
+#     pairing costs.
 #   streams: one-way throughput, 1K to 256K writes, same and cross CPU, plain
 #     TCP and shunt in each run: each binary's shunt/tcp ratio per run too.
 #   small: as streams, for writes of 74 B to 64 KiB from a writer with Nagle's
@@ -67,7 +68,11 @@ run() { # binary tag round
     return
   fi
   if [ "$what" = newconn ]; then
-    "$1" bench latency --new-conn --sizes 14 --modes shunt --placement same-cpu,cross-cpu --rounds 1 \
+    # The default install leaves most of these connections unpaired (brief
+    # ports); shunt-pair-brief pairs each, as builds before it did in shunt.
+    mode=shunt
+    "$1" bench latency --help 2>&1 | grep -q shunt-pair-brief && mode=shunt-pair-brief
+    "$1" bench latency --new-conn --sizes 14 --modes $mode --placement same-cpu,cross-cpu --rounds 1 \
       --count 3000 --warmup 200 --json > "$out/$2-lat-$3.json"
     echo '[]' > "$out/$2-tput-$3.json"
     return
