@@ -62,6 +62,7 @@ const struct guard_event *unused_guard_event __attribute__((unused));
 const struct splice_program *unused_splice_program __attribute__((unused));
 const struct splice_seen *unused_splice_seen __attribute__((unused));
 const struct brief_port *unused_brief_port __attribute__((unused));
+const struct recv_program *unused_recv_program __attribute__((unused));
 const enum event_kind *unused_event_kind __attribute__((unused));
 const enum stall_found *unused_stall_found __attribute__((unused));
 
@@ -94,6 +95,9 @@ volatile const struct config {
 	__u32 brief_sends;    /* brief: at most this many sends from each end */
 	__u32 brief_sample;   /* one connection in this many to a brief port is paired anyway, to see whether they still are */
 	__u32 brief_pad;
+	__u32 probation_reads; /* a program's readers wait on TCP while one of them, its probe, has read fewer times than this since it first read ... (0: no probation) */
+	__u32 probation_pad;
+	__u64 probation_ns;   /* ... for at most this long from the first probe */
 } cfg = {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,

@@ -68,6 +68,9 @@ type bypassConfig struct {
 	BriefSends         uint32
 	BriefSample        uint32
 	BriefPad           uint32
+	ProbationReads     uint32
+	ProbationPad       uint32
+	ProbationNs        uint64
 }
 
 type bypassControlWord struct {
@@ -122,7 +125,8 @@ const (
 	bypassCounterCNT_READER_CLIENT      bypassCounter = 40
 	bypassCounterCNT_SMALL_WRITES       bypassCounter = 41
 	bypassCounterCNT_BRIEF_PORT         bypassCounter = 42
-	bypassCounterCNT_MAX                bypassCounter = 43
+	bypassCounterCNT_READER_HELD        bypassCounter = 43
+	bypassCounterCNT_MAX                bypassCounter = 44
 )
 
 type bypassEventKind uint32
@@ -264,6 +268,8 @@ const (
 	bypassStateFlagsSTATE_EOF_SEEN       bypassStateFlags = 8192
 	bypassStateFlagsSTATE_PEEKED         bypassStateFlags = 16384
 	bypassStateFlagsSTATE_SMALL_WRITES   bypassStateFlags = 32768
+	bypassStateFlagsSTATE_PROBE          bypassStateFlags = 65536
+	bypassStateFlagsSTATE_HELD           bypassStateFlags = 131072
 )
 
 type bypassTuple struct {
@@ -292,6 +298,7 @@ const (
 	bypassMapPeerRefs            = "peer_refs"
 	bypassMapReaderFds           = "reader_fds"
 	bypassMapReaderPorts         = "reader_ports"
+	bypassMapRecvPrograms        = "recv_programs"
 	bypassMapRoomSeen            = "room_seen"
 	bypassMapShortcuts           = "shortcuts"
 	bypassMapSockHash            = "sock_hash"
@@ -317,6 +324,7 @@ const (
 	bypassVarUnusedEventKind     = "unused_event_kind"
 	bypassVarUnusedFlowRecord    = "unused_flow_record"
 	bypassVarUnusedGuardEvent    = "unused_guard_event"
+	bypassVarUnusedRecvProgram   = "unused_recv_program"
 	bypassVarUnusedRole          = "unused_role"
 	bypassVarUnusedSpliceProgram = "unused_splice_program"
 	bypassVarUnusedSpliceSeen    = "unused_splice_seen"
@@ -398,6 +406,7 @@ type bypassMapSpecs struct {
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderFds      *ebpf.MapSpec `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
+	RecvPrograms   *ebpf.MapSpec `ebpf:"recv_programs"`
 	RoomSeen       *ebpf.MapSpec `ebpf:"room_seen"`
 	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
@@ -417,6 +426,7 @@ type bypassVariableSpecs struct {
 	UnusedEventKind     *ebpf.VariableSpec `ebpf:"unused_event_kind"`
 	UnusedFlowRecord    *ebpf.VariableSpec `ebpf:"unused_flow_record"`
 	UnusedGuardEvent    *ebpf.VariableSpec `ebpf:"unused_guard_event"`
+	UnusedRecvProgram   *ebpf.VariableSpec `ebpf:"unused_recv_program"`
 	UnusedRole          *ebpf.VariableSpec `ebpf:"unused_role"`
 	UnusedSpliceProgram *ebpf.VariableSpec `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.VariableSpec `ebpf:"unused_splice_seen"`
@@ -458,6 +468,7 @@ type bypassMaps struct {
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderFds      *ebpf.Map `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
+	RecvPrograms   *ebpf.Map `ebpf:"recv_programs"`
 	RoomSeen       *ebpf.Map `ebpf:"room_seen"`
 	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
@@ -483,6 +494,7 @@ func (m *bypassMaps) Close() error {
 		m.PeerRefs,
 		m.ReaderFds,
 		m.ReaderPorts,
+		m.RecvPrograms,
 		m.RoomSeen,
 		m.Shortcuts,
 		m.SockHash,
@@ -503,6 +515,7 @@ type bypassVariables struct {
 	UnusedEventKind     *ebpf.Variable `ebpf:"unused_event_kind"`
 	UnusedFlowRecord    *ebpf.Variable `ebpf:"unused_flow_record"`
 	UnusedGuardEvent    *ebpf.Variable `ebpf:"unused_guard_event"`
+	UnusedRecvProgram   *ebpf.Variable `ebpf:"unused_recv_program"`
 	UnusedRole          *ebpf.Variable `ebpf:"unused_role"`
 	UnusedSpliceProgram *ebpf.Variable `ebpf:"unused_splice_program"`
 	UnusedSpliceSeen    *ebpf.Variable `ebpf:"unused_splice_seen"`

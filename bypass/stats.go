@@ -86,6 +86,9 @@ type Counters struct {
 	// BriefPort counts connections not paired because their server port's
 	// connections were brief lately (Stats.BriefPorts).
 	BriefPort uint64 `json:"connections_brief_port" help:"Connections left on TCP unpaired: their server port's last 16 bypassed connections from the same client address in a row closed after at most 4 sends from each end, too few for the redirect to win back the pairing; one in 64 is still paired, to see whether they still are."`
+	// ReaderHeld counts readers whose peer's sends took TCP while another
+	// reader of their program was its probe (ProbationReads).
+	ReaderHeld uint64 `json:"readers_held" help:"Readers seen reading without blocking whose peer's sends kept to TCP for a while: another reader of the same program (command and command line) and role was its probe, the one connection per role (accepted, connected) of a program new to the install that takes redirected bytes until its reader has read 16 times without splicing, or 1 s passed."`
 	// PresumedSplicers counts bypassed sockets sent back to TCP when their
 	// reader's program was learned splicing, before it spliced from them.
 	PresumedSplicers uint64 `json:"presumed_splicers" help:"Bypassed sockets sent back to TCP when their reader's program was first seen splicing (before it could splice from them)."`
@@ -289,6 +292,7 @@ func (in *Install) Counters() (Counters, error) {
 		Urgent:            sum(bypassCounterCNT_URGENT),
 		SmallWrites:       sum(bypassCounterCNT_SMALL_WRITES),
 		BriefPort:         sum(bypassCounterCNT_BRIEF_PORT),
+		ReaderHeld:        sum(bypassCounterCNT_READER_HELD),
 		ReceiveOptions:    sum(bypassCounterCNT_RECEIVE_OPTION),
 		URingReaders:      sum(bypassCounterCNT_URING_READER),
 	}, nil

@@ -2,6 +2,7 @@ package guard_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -153,6 +154,78 @@ func spliceCaughtThenLearned(t *testing.T, serve func(*net.TCPConn) (int64, erro
 	}
 	if st, err = in.Stats(); err != nil || st.Counters.LearnedReaders == 0 || st.Counters.SpliceCaught != 1 {
 		t.Fatalf("after a learned connection: %+v %v", st.Counters, err)
+	}
+}
+
+// A program that reads a header and then splices, with many connections
+// at once before shunt learned it (HAProxy with 20 concurrent clients):
+// one connection, its probe, may be caught; the others wait on TCP until
+// the program is learned and splice every byte. Seen failing with every
+// reader admitted at once (ProbationReads 0): 20 of 20 caught.
+func TestConcurrentSplicerIsCaughtOnce(t *testing.T) {
+	in, side, reports := guarded(t)
+	const n = 20
+	body := strings.Repeat("spliced body ", 5000)
+	type pair struct{ c, s *net.TCPConn }
+	pairs := make([]pair, n)
+	for i := range pairs {
+		c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+		for _, conn := range []*net.TCPConn{c, s} {
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+		}
+		testenv.Warm(t, c, s) // each server's reader seen in recv
+		pairs[i] = pair{c, s}
+	}
+	results := make(chan error, n)
+	for _, p := range pairs {
+		go func() { _, err := testenv.HeaderThenSplice(p.s); results <- err }()
+		go func() {
+			if _, err := p.c.Write([]byte("HEAD" + body)); err != nil {
+				results <- err
+				return
+			}
+			// The end after the echo: a splice caught with the end
+			// queued returns it first (cut short, another test's).
+			got := make([]byte, len(body))
+			n, err := io.ReadFull(p.c, got)
+			got = got[:n]
+			p.c.CloseWrite()
+			switch {
+			case errors.Is(err, syscall.ECONNRESET):
+				results <- err
+			case err != nil || string(got) != body:
+				results <- fmt.Errorf("read %d of %d bytes back, intact %v: %v", len(got), len(body), string(got) == body, err)
+			default:
+				results <- nil
+			}
+		}()
+	}
+	var aborted, reset int
+	for range 2 * n {
+		switch err := <-results; {
+		case errors.Is(err, syscall.ECONNABORTED):
+			aborted++
+		case errors.Is(err, syscall.ECONNRESET):
+			reset++
+		case err != nil:
+			t.Error(err)
+		}
+	}
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d connections: %d caught, %d readers held for the probe", n, st.Counters.SpliceCaught, st.Counters.ReaderHeld)
+	if st.Counters.SpliceCaught > 1 || aborted != int(st.Counters.SpliceCaught) || reset != aborted {
+		t.Fatalf("caught %d (splices aborted %d, clients reset %d); want the probe's alone at most", st.Counters.SpliceCaught, aborted, reset)
+	}
+	if st.Counters.SpliceCaught == 0 {
+		return // the probe read its body before it spliced
+	}
+	select {
+	case <-reports:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the guard reported nothing of the caught connection")
 	}
 }
 

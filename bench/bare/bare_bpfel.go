@@ -30,6 +30,7 @@ const (
 	bareMapPeerRefs        = "peer_refs"
 	bareMapReaderFds       = "reader_fds"
 	bareMapReaderPorts     = "reader_ports"
+	bareMapRecvPrograms    = "recv_programs"
 	bareMapRoomSeen        = "room_seen"
 	bareMapShortcuts       = "shortcuts"
 	bareMapSockHash        = "sock_hash"
@@ -103,6 +104,7 @@ type bareMapSpecs struct {
 	PeerRefs       *ebpf.MapSpec `ebpf:"peer_refs"`
 	ReaderFds      *ebpf.MapSpec `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.MapSpec `ebpf:"reader_ports"`
+	RecvPrograms   *ebpf.MapSpec `ebpf:"recv_programs"`
 	RoomSeen       *ebpf.MapSpec `ebpf:"room_seen"`
 	Shortcuts      *ebpf.MapSpec `ebpf:"shortcuts"`
 	SockHash       *ebpf.MapSpec `ebpf:"sock_hash"`
@@ -152,6 +154,7 @@ type bareMaps struct {
 	PeerRefs       *ebpf.Map `ebpf:"peer_refs"`
 	ReaderFds      *ebpf.Map `ebpf:"reader_fds"`
 	ReaderPorts    *ebpf.Map `ebpf:"reader_ports"`
+	RecvPrograms   *ebpf.Map `ebpf:"recv_programs"`
 	RoomSeen       *ebpf.Map `ebpf:"room_seen"`
 	Shortcuts      *ebpf.Map `ebpf:"shortcuts"`
 	SockHash       *ebpf.Map `ebpf:"sock_hash"`
@@ -177,6 +180,7 @@ func (m *bareMaps) Close() error {
 		m.PeerRefs,
 		m.ReaderFds,
 		m.ReaderPorts,
+		m.RecvPrograms,
 		m.RoomSeen,
 		m.Shortcuts,
 		m.SockHash,

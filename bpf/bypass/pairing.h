@@ -251,14 +251,37 @@ static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock 
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 }
 
+/* The program a socket's reader runs, as admit_reader (reads.h) keyed it. */
+static __always_inline struct recv_program *reader_program(struct sock_state *st, struct peer_ref *ref)
+{
+	struct recv_key k = { .prog.args = ref->reader_args, .role = st->self.role };
+	__builtin_memcpy(k.prog.comm, ref->reader_comm, sizeof(k.prog.comm));
+	return bpf_map_lookup_elem(&recv_programs, &k);
+}
+
+/* A probe that closes before it proved its program lets the program's
+ * next reader be the probe. */
+static __always_inline void end_probe(struct sock_state *st, __u64 cookie)
+{
+	if (!(st->flags & STATE_PROBE))
+		return;
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	struct recv_program *rp = ref ? reader_program(st, ref) : 0;
+	if (rp)
+		__sync_val_compare_and_swap(&rp->probe, cookie, 0);
+}
+
 static __always_inline void withdraw(struct bpf_sock_ops *skops)
 {
 	struct bpf_sock *sk = skops->sk;
 	if (!sk)
 		return;
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
+	if (!st)
+		return;
+	end_probe(st, bpf_get_socket_cookie(skops));
 	/* Still published: it never left for TCP, where its sends go uncounted. */
-	if (st && unpublish(&st->self))
+	if (unpublish(&st->self))
 		brief_close(st);
 }
 

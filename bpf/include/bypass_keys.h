@@ -113,6 +113,8 @@ enum state_flags {
 	STATE_EOF_SEEN = 8192, /* a recv returned 0 with the end come and nothing queued: its reader was told of the peer's end (peer_refs only) */
 	STATE_PEEKED = 16384,  /* its reader peeked at every redirected byte queued with TCP bytes behind them, and has not read since (watch_boundary_peek; sock_state only) */
 	STATE_SMALL_WRITES = 32768, /* its peer's writer streams small sends TCP would gather: its reader's next read sends the connection back to TCP (peer_refs only) */
+	STATE_PROBE = 65536,   /* its reader is its program's probe: the program's other readers wait on TCP until it has read a while (admit_reader; sock_state only) */
+	STATE_HELD = 131072,   /* its reader waited for its program's probe (counted once; sock_state only) */
 };
 
 /* Record written by the flows iterator. */
@@ -178,6 +180,7 @@ enum counter {
 	CNT_READER_CLIENT,     /* connections left unpaired: their client process's reads of its connections to that port needed TCP lately */
 	CNT_SMALL_WRITES,      /* connections sent back to TCP: a writer with Nagle's algorithm on streamed small sends over a loopback-sized path, which TCP gathers into large segments */
 	CNT_BRIEF_PORT,        /* connections left unpaired: their server port's connections were brief lately (a few sends each way) */
+	CNT_READER_HELD,       /* readers whose peer's sends took TCP while another reader of their program was on probation (admit_reader) */
 	CNT_MAX,
 };
 
@@ -233,6 +236,23 @@ struct brief_port {
 	__u64 arrivals; /* connection requests while its streak held */
 	__u64 kept;     /* ... of which left unpaired */
 	__u32 streak;   /* its paired connections in a row that closed brief */
+	__u32 _pad;
+};
+
+/* A program's readers of one role (a proxy's accepted and connected
+ * sockets are each on probation apart: admit_reader). */
+struct recv_key {
+	struct splice_program prog;
+	__u32 role; /* enum role */
+	__u32 _pad;
+};
+
+/* A program's readers and redirected bytes (recv_programs). */
+struct recv_program {
+	__u64 probe;    /* socket cookie of the reader on probation (0: none now) */
+	__u64 since_ns; /* bpf_ktime_get_ns() when the first probe began */
+	__u64 held;     /* its readers kept waiting on TCP meanwhile */
+	__u32 proven;   /* 1: a probe read cfg.probation_reads times without splicing, or cfg.probation_ns passed */
 	__u32 _pad;
 };
 

@@ -74,6 +74,7 @@ struct peer_ref {
 	__u32 leaving;         /* the leave timer was started by the peer's leave */
 	__u32 splicer_pid;     /* who spliced from it (STATE_SPLICE), for the caught event */
 	__u32 unheeded;        /* when its reader last read nothing after a stall watch wake-up (bpf_ktime_get_ns >> 20; 0: never) */
+	__u32 probe_reads;     /* reads its reader made as its program's probe (admit_reader) */
 	__u64 cookie;          /* its socket cookie, once it spliced */
 	char splicer_comm[COMM_LEN];
 	/* Kernels whose psock does not count its queue (no msg_tot_len):
@@ -243,6 +244,19 @@ struct {
 	__type(key, int);
 	__type(value, __u32);
 } kept_clients SEC(".maps");
+
+/* Programs whose readers take redirected bytes: until one of a program's
+ * readers of a role (its probe) has read a while without splicing, its
+ * other readers of that role wait on TCP (admit_reader in
+ * bpf/bypass/reads.h). */
+#define MAX_RECV_PROGRAMS 1024
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_RECV_PROGRAMS);
+	__type(key, struct recv_key);
+	__type(value, struct recv_program);
+} recv_programs SEC(".maps");
 
 /* Programs seen splicing from TCP sockets. Pinned beside the install, not
  * in it, so what shunt learned outlives `disable --all`. */
