@@ -95,9 +95,9 @@ volatile const struct config {
 	__u32 brief_sends;    /* brief: at most this many sends from each end */
 	__u32 brief_sample;   /* one connection in this many to a brief port is paired anyway, to see whether they still are */
 	__u32 brief_pad;
-	__u32 probation_reads; /* a program's readers wait on TCP while one of them, its probe, has read fewer times than this since it first read ... (0: no probation) */
+	__u32 probation_reads; /* a program's readers read by TCP until one of them, its probe, read this many times ... (0: no probation) */
 	__u32 probation_pad;
-	__u64 probation_ns;   /* ... for at most this long from the first probe */
+	__u64 probation_ns;   /* ... or this long passed since the first probe began */
 } cfg = {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,

@@ -25,14 +25,6 @@ func WithSmallWriteWindow(o Options, d time.Duration) Options {
 	return o
 }
 
-// WithoutProbation is o with every reader admitted at once (noProbation):
-// for tests whose ends, and proxy, are all this one process, which the
-// probation would take for one program's many connections.
-func WithoutProbation(o Options) Options {
-	o.noProbation = true
-	return o
-}
-
 // CgroupCounted says whether cgroup_sends holds an entry for the cgroup id.
 func (in *Install) CgroupCounted(id uint64) bool {
 	var v []bypassCgroupTraffic

@@ -23,10 +23,21 @@ func mustInstall(t *testing.T) (*bypass.Install, host.Cgroup) {
 	return mustInstallWith(t, bypass.Options{})
 }
 
-// mustInstallWith is mustInstall with install options.
+// mustInstallWith is mustInstall with install options, and no probation:
+// every end in these tests is this one process, whose readers a new install
+// keeps on TCP until one of them read 16 times (ProbationReads). The
+// probation's own tests install with mustInstallNew.
 func mustInstallWith(t *testing.T, opts bypass.Options) (*bypass.Install, host.Cgroup) {
 	t.Helper()
+	opts.NoProbation = true
 	return bypasstest.MustEnabled(t, opts)
+}
+
+// mustInstallNew is mustInstall as a user's install is: programs new to it
+// on probation.
+func mustInstallNew(t *testing.T) (*bypass.Install, host.Cgroup) {
+	t.Helper()
+	return bypasstest.MustEnabled(t, bypass.Options{})
 }
 
 // flowOf finds the flow whose client or server socket has the cookie.

@@ -130,20 +130,21 @@ const (
 	BriefSample = 64
 )
 
-// A program's readers take redirected bytes one connection at a time (its
-// probe) until the probe has read ProbationReads times without splicing, or
-// ProbationTime passed since the program's first probe began: a program
-// that reads a header and then splices (HAProxy's splice-response) has its
-// probe caught and is learned, where with every reader admitted at once
-// each of its connections holding redirected bytes then was caught too
+// A program new to the install reads by TCP on all its connections of a
+// role (accepted, connected) until the first of them, its probe, has read
+// ProbationReads times without splicing, or ProbationTime passed since the
+// probe began: a program that reads a header and then splices (HAProxy's
+// splice-response, a Go proxy's io.Copy) splices within that from a socket
+// holding nothing splice cannot read, and is learned with no connection
+// caught, where each of its connections holding redirected bytes then was
 // (HAProxy, 20 concurrent connections: 2 and 4 resets in 2 of 14 runs).
-// Its other readers read by TCP meanwhile (ReaderHeld).
+// Counted: Counters.ReaderHeld.
 const (
 	ProbationReads = 16
 	ProbationTime  = time.Second
 )
 
-// recvProgramsMap holds the programs on probation or proven (not in
+// recvProgramsMap holds the programs on probation or past it (not in
 // pinnedMaps: older installs have none).
 const recvProgramsMap = "recv_programs"
 
@@ -183,13 +184,16 @@ type Options struct {
 	// connections were brief lately (BriefPort), which are otherwise left
 	// unpaired.
 	PairBrief bool `json:"pair_brief"`
+	// NoProbation admits every reader at its first non-blocking read, also
+	// of programs new to the install (ProbationReads): for hosts where no
+	// program reads a header and then splices, and for tests whose every
+	// end is one process.
+	NoProbation bool `json:"no_probation"`
 	// Mechanisms: the zero value uses the kernel's newest; tests set it
 	// to run an older kernel's ways on this one.
 	Mechanisms host.Mechanisms `json:"-"`
 	// settle replaces redirectSettle in the programs (tests only).
 	settle time.Duration
-	// noProbation admits every reader at once (tests only: ProbationReads).
-	noProbation bool
 	// smallWindow replaces smallWriteWindow in the programs (tests only:
 	// a kernel under qemu sends 64 times in 1 ms seldom).
 	smallWindow time.Duration
@@ -441,7 +445,7 @@ func newConfig(opts Options) bypassConfig {
 	if !opts.PairBrief {
 		cfg.BriefStreak, cfg.BriefSends, cfg.BriefSample = BriefStreak, BriefSends, BriefSample
 	}
-	if !opts.noProbation {
+	if !opts.NoProbation {
 		cfg.ProbationReads, cfg.ProbationNs = ProbationReads, uint64(ProbationTime)
 	}
 	if opts.Mechanisms.KernelReadsByProbe() {

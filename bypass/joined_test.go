@@ -150,7 +150,7 @@ func TestKernelJoinInsideAnEnabledCgroup(t *testing.T) {
 // sent by TCP is still on its way through the join; a PROXY header the
 // proxy wrote first stays first. Every byte arrives once and in order.
 func TestShortcutPassesTheJoinBy(t *testing.T) {
-	in, cg := mustInstallWith(t, bypass.WithoutProbation(bypass.Options{}))
+	in, cg := mustInstall(t)
 	sp := mustSplicerHere(t)
 	cases := []struct {
 		name      string
@@ -199,7 +199,7 @@ func TestShortcutPassesTheJoinBy(t *testing.T) {
 // join (every byte still arrives), and Close says its count is lost rather
 // than reporting 0 bytes passed by as if that were true.
 func TestShortcutSaysWhenItsCountsAreLost(t *testing.T) {
-	in, cg := mustInstallWith(t, bypass.WithoutProbation(bypass.Options{}))
+	in, cg := mustInstall(t)
 	sp := mustSplicerHere(t)
 	p := mustProxied(t, cg, sp, "tcp4", "127.0.0.1:0", nil, true)
 	sc, err := in.NewShortcut(p.front, p.back, p.added)
@@ -234,7 +234,7 @@ func TestShortcutSaysWhenItsCountsAreLost(t *testing.T) {
 // while the upstream holds 64 KiB unread): each switch back to the shortcut
 // must wait until the upstream has read everything that took the join.
 func TestShortcutKeepsOrderAcrossPaths(t *testing.T) {
-	in, cg := mustInstallWith(t, bypass.WithoutProbation(bypass.Options{MaxBacklog: 64 << 10}))
+	in, cg := mustInstallWith(t, bypass.Options{MaxBacklog: 64 << 10})
 	sp := mustSplicerHere(t)
 	for i, fam := range loopbacks {
 		t.Run(fam.network, func(t *testing.T) {

@@ -89,7 +89,7 @@ func TestEnableDisableUnderTraffic(t *testing.T) {
 	}
 	// Every connection here is this process's: one program, whose many
 	// connections a new install would admit one by one (its probation).
-	in, err := bypass.Create(pin, bypass.WithoutProbation(bypass.Options{}))
+	in, err := bypass.Create(pin, bypass.Options{NoProbation: true})
 	if err != nil {
 		t.Fatal(err)
 	}

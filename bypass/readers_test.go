@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -251,8 +252,8 @@ func TestLeaveUnderTrafficBothWays(t *testing.T) {
 // An install reports the options it was created with, also through a handle
 // opened later from the pins.
 func TestOptionsReadBack(t *testing.T) {
-	for _, want := range []bypass.Options{{MaxBacklog: bypass.DefaultMaxBacklog}, {MaxBacklog: 1 << 20, TrustReaders: true}} {
-		in, _ := mustInstallWith(t, want)
+	for _, want := range []bypass.Options{{MaxBacklog: bypass.DefaultMaxBacklog}, {MaxBacklog: 1 << 20, TrustReaders: true}, {MaxBacklog: bypass.DefaultMaxBacklog, NoProbation: true}} {
+		in, _ := bypasstest.MustEnabled(t, want)
 		again, err := bypass.Open(in.Dir())
 		if err != nil {
 			t.Fatal(err)

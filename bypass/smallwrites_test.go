@@ -25,8 +25,7 @@ import (
 func TestSmallWriteStreamGoesBackToTCP(t *testing.T) {
 	// Under qemu (-short) a send takes 5 to 20 times longer: a wider
 	// window, and a trickle slower by as much.
-	// Both ends are this process: one program, past its probation.
-	opts, pace := bypass.WithoutProbation(bypass.Options{}), 100*time.Microsecond
+	opts, pace := bypass.Options{}, 100*time.Microsecond
 	if testing.Short() {
 		opts, pace = bypass.WithSmallWriteWindow(opts, 200*time.Millisecond), 10*time.Millisecond
 	}

@@ -295,9 +295,7 @@ func spliceNothing(t *testing.T, s *net.TCPConn) {
 // order. On the old code each idle connection's first splice was caught
 // (and, with no guard here, hung until its deadline).
 func TestLearningSendsTheProgramsOtherSocketsBack(t *testing.T) {
-	// Every reader admitted at once, as a program's are once it is past
-	// its probation, which this process here is not.
-	in, cg := mustInstallWith(t, bypass.WithoutProbation(bypass.Options{}))
+	in, cg := mustInstall(t)
 	const idle = 3
 	type pair struct{ c, s *net.TCPConn }
 	var pairs []pair

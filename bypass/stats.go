@@ -86,9 +86,9 @@ type Counters struct {
 	// BriefPort counts connections not paired because their server port's
 	// connections were brief lately (Stats.BriefPorts).
 	BriefPort uint64 `json:"connections_brief_port" help:"Connections left on TCP unpaired: their server port's last 16 bypassed connections from the same client address in a row closed after at most 4 sends from each end, too few for the redirect to win back the pairing; one in 64 is still paired, to see whether they still are."`
-	// ReaderHeld counts readers whose peer's sends took TCP while another
-	// reader of their program was its probe (ProbationReads).
-	ReaderHeld uint64 `json:"readers_held" help:"Readers seen reading without blocking whose peer's sends kept to TCP for a while: another reader of the same program (command and command line) and role was its probe, the one connection per role (accepted, connected) of a program new to the install that takes redirected bytes until its reader has read 16 times without splicing, or 1 s passed."`
+	// ReaderHeld counts readers that read by TCP while their program was
+	// on probation (ProbationReads).
+	ReaderHeld uint64 `json:"readers_held" help:"Readers that read by TCP while their program (command and command line) was new to the install: its readers of a role (accepted, connected) take no redirected bytes until the first of them has read 16 times without splicing, or 1 s passed, so a program that reads a header and then splices is learned with no connection caught."`
 	// PresumedSplicers counts bypassed sockets sent back to TCP when their
 	// reader's program was learned splicing, before it spliced from them.
 	PresumedSplicers uint64 `json:"presumed_splicers" help:"Bypassed sockets sent back to TCP when their reader's program was first seen splicing (before it could splice from them)."`

@@ -567,7 +567,7 @@ func TestListenerOlderThanEnablePairsThroughTranslation(t *testing.T) {
 	testenv.NeedProgram(t, "nft")
 	testenv.RequireRoot(t)
 	testenv.WatchKernelLog(t)
-	in, err := bypass.Create(bypasstest.MustPinDir(t), bypass.Options{})
+	in, err := bypass.Create(bypasstest.MustPinDir(t), bypass.Options{NoProbation: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,8 +25,18 @@ func installed(t *testing.T) (*bypass.Install, testenv.Side) {
 	return installedWith(t, bypass.Options{})
 }
 
-// installedWith is installed with install options.
+// installedWith is installed with install options, and no probation:
+// these tests catch what a program past it (one that read by recv a while
+// before it spliced) meets; TestConcurrentSplicerIsNeverCaught installs as
+// a user does.
 func installedWith(t *testing.T, opts bypass.Options) (*bypass.Install, testenv.Side) {
+	t.Helper()
+	opts.NoProbation = true
+	return installedAsIs(t, opts)
+}
+
+// installedAsIs is installedWith with opts as they are.
+func installedAsIs(t *testing.T, opts bypass.Options) (*bypass.Install, testenv.Side) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	pin := bypasstest.MustPinDir(t)
@@ -53,7 +63,13 @@ func guarded(t *testing.T) (*bypass.Install, testenv.Side, <-chan string) {
 func runGuard(t *testing.T, in *bypass.Install) <-chan string {
 	t.Helper()
 	reports := make(chan string, 16)
-	bypasstest.RunGuard(t, in, func(s string) { reports <- s })
+	bypasstest.RunGuard(t, in, func(s string) {
+		select {
+		case reports <- s:
+		default: // past 16 unread: a test that failed already; the guard goes on
+			t.Logf("guard (not read by the test): %s", s)
+		}
+	})
 	return reports
 }
 
@@ -157,13 +173,15 @@ func spliceCaughtThenLearned(t *testing.T, serve func(*net.TCPConn) (int64, erro
 	}
 }
 
-// A program that reads a header and then splices, with many connections
-// at once before shunt learned it (HAProxy with 20 concurrent clients):
-// one connection, its probe, may be caught; the others wait on TCP until
-// the program is learned and splice every byte. Seen failing with every
-// reader admitted at once (ProbationReads 0): 20 of 20 caught.
-func TestConcurrentSplicerIsCaughtOnce(t *testing.T) {
-	in, side, reports := guarded(t)
+// A program new to the install that reads a header and then splices, with
+// many connections at once (HAProxy with 20 concurrent clients): it reads
+// by TCP while on probation, so its first splice finds nothing it cannot
+// read, and is learned there; no connection is caught, every byte arrives.
+// Seen failing without the probation (ProbationReads 0): 7, 15, 18 and 20
+// of 20 caught.
+func TestConcurrentSplicerIsNeverCaught(t *testing.T) {
+	in, side := installedAsIs(t, bypass.Options{})
+	reports := runGuard(t, in)
 	const n = 20
 	body := strings.Repeat("spliced body ", 5000)
 	type pair struct{ c, s *net.TCPConn }
@@ -215,17 +233,17 @@ func TestConcurrentSplicerIsCaughtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d connections: %d caught, %d readers held for the probe", n, st.Counters.SpliceCaught, st.Counters.ReaderHeld)
-	if st.Counters.SpliceCaught > 1 || aborted != int(st.Counters.SpliceCaught) || reset != aborted {
-		t.Fatalf("caught %d (splices aborted %d, clients reset %d); want the probe's alone at most", st.Counters.SpliceCaught, aborted, reset)
+	t.Logf("%d connections: %d caught, %d readers held on probation, %d programs learned", n, st.Counters.SpliceCaught, st.Counters.ReaderHeld, len(st.SplicePrograms))
+	if st.Counters.SpliceCaught != 0 || aborted != 0 || reset != 0 {
+		t.Fatalf("caught %d (splices aborted %d, clients reset %d); want none", st.Counters.SpliceCaught, aborted, reset)
 	}
-	if st.Counters.SpliceCaught == 0 {
-		return // the probe read its body before it spliced
+	if len(st.SplicePrograms) != 1 {
+		t.Fatalf("programs learned: %+v; want this one", st.SplicePrograms)
 	}
 	select {
-	case <-reports:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the guard reported nothing of the caught connection")
+	case msg := <-reports:
+		t.Fatalf("the guard reported %q", msg)
+	default:
 	}
 }
 

@@ -22,7 +22,7 @@ import (
 // --mode kernel` in an enabled cgroup: TestProxyCommandPassesTheJoinBy, about
 // 1 run in 8 under -race).
 func TestSendRedirectedWhileJoiningIsRead(t *testing.T) {
-	in, cg := bypasstest.MustEnabled(t, bypass.Options{})
+	in, cg := bypasstest.MustEnabled(t, bypass.Options{NoProbation: true}) // every end is this process: one program
 	s := mustSplicer(t, splice.Options{LostAfter: time.Second})
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
 	for i, fam := range families {

@@ -254,8 +254,8 @@ static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock 
 /* The program a socket's reader runs, as admit_reader (reads.h) keyed it. */
 static __always_inline struct recv_program *reader_program(struct sock_state *st, struct peer_ref *ref)
 {
-	struct recv_key k = { .prog.args = ref->reader_args, .role = st->self.role };
-	__builtin_memcpy(k.prog.comm, ref->reader_comm, sizeof(k.prog.comm));
+	struct recv_key k = { .role = st->self.role };
+	__builtin_memcpy(k.comm, ref->reader_comm, sizeof(k.comm));
 	return bpf_map_lookup_elem(&recv_programs, &k);
 }
 

@@ -341,28 +341,35 @@ static __always_inline void watch_boundary_peek(struct sock *sk, struct sock_sta
 	bpf_ringbuf_submit(ev, 0);
 }
 
-/* Whether a reader, seen reading without blocking for the first time, may
- * take redirected bytes now. A program's readers of one role (accepted,
- * connected) do so one connection at a time (its probe) until the probe has read cfg.probation_reads times since
- * without splicing, or cfg.probation_ns passed since its first probe began:
- * a program that reads a header and then splices (HAProxy's splice-response,
- * a Go proxy's io.Copy) is caught on its probe alone and learned, where with
- * every reader admitted at once each of its connections holding redirected
- * bytes at that moment was caught too (HAProxy, 20 concurrent connections:
- * 2 and 4 resets in 2 of 14 runs). A reader kept waiting reads by TCP, and
- * is asked again at its next read. */
-static __always_inline int admit_reader(struct sock *sk, struct sock_state *st, struct splice_program *prog)
+/* Whether a reader seen reading without blocking may take redirected bytes
+ * (be marked STATE_READS). Not while its program (by command name) is new
+ * to the install: its readers of one role (accepted, connected) read by TCP until the first of
+ * them, its probe, has read cfg.probation_reads times without splicing, or
+ * cfg.probation_ns passed since the probe began. A program that reads a
+ * header and then splices (HAProxy, a Go proxy's io.Copy) splices within
+ * that, from a socket holding nothing splice cannot read: learned at that
+ * splice with no connection caught, where each of its connections holding
+ * redirected bytes then was (HAProxy, 20 concurrent connections: 2 and 4
+ * resets in 2 of 14 runs; 15-20 of 20 in a test). A reader kept waiting is
+ * asked again at its next read. */
+static __always_inline int admit_reader(struct sock *sk, struct sock_state *st, struct peer_ref *ref,
+					struct splice_program *prog, int ret)
 {
 	if (!cfg.probation_reads)
 		return 1;
 	__u64 now = bpf_ktime_get_ns();
 	__u64 cookie = bpf_get_socket_cookie(sk);
-	struct recv_key k = { .prog = *prog, .role = st->self.role };
+	struct recv_key k = { .role = st->self.role };
+	__builtin_memcpy(k.comm, prog->comm, sizeof(k.comm));
 	struct recv_program *rp = bpf_map_lookup_elem(&recv_programs, &k);
 	if (!rp) {
 		struct recv_program fresh = { .probe = cookie, .since_ns = now };
-		if (!bpf_map_update_elem(&recv_programs, &k, &fresh, BPF_NOEXIST))
+		if (!bpf_map_update_elem(&recv_programs, &k, &fresh, BPF_NOEXIST)) {
+			rp = bpf_map_lookup_elem(&recv_programs, &k);
+			if (!rp)
+				return 1;
 			goto probe;
+		}
 		rp = bpf_map_lookup_elem(&recv_programs, &k);
 		if (!rp)
 			return 1;
@@ -376,30 +383,28 @@ static __always_inline int admit_reader(struct sock *sk, struct sock_state *st, 
 		return 1;
 	}
 	/* The last probe closed before it read enough. */
-	if (!rp->probe && !__sync_val_compare_and_swap(&rp->probe, 0, cookie))
+	if (!rp->probe && !__sync_val_compare_and_swap(&rp->probe, 0, cookie)) {
+		rp->reads = 0;
 		goto probe;
+	}
+	goto held;
+probe:
+	if (!(st->flags & STATE_PROBE)) {
+		/* Its command, for end_probe at its close. */
+		__builtin_memcpy(ref->reader_comm, prog->comm, sizeof(ref->reader_comm));
+		__sync_fetch_and_or(&st->flags, STATE_PROBE);
+	}
+	if (ret > 0 && __sync_fetch_and_add(&rp->reads, 1) + 1 >= cfg.probation_reads) {
+		rp->proven = 1;
+		return 1;
+	}
+held:
 	if (!(st->flags & STATE_HELD)) {
 		__sync_fetch_and_or(&st->flags, STATE_HELD);
 		__sync_fetch_and_add(&rp->held, 1);
 		count(CNT_READER_HELD);
 	}
 	return 0;
-probe:
-	if (!(st->flags & STATE_PROBE))
-		__sync_fetch_and_or(&st->flags, STATE_PROBE);
-	return 1;
-}
-
-/* A probe's read: enough of them without a splice prove its program. */
-static __always_inline void probe_read(struct sock_state *st)
-{
-	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
-	if (!ref || __sync_fetch_and_add(&ref->probe_reads, 1) + 1 != cfg.probation_reads)
-		return;
-	__sync_fetch_and_and(&st->flags, ~STATE_PROBE);
-	struct recv_program *rp = reader_program(st, ref);
-	if (rp)
-		rp->proven = 1;
 }
 
 /* Runs after every recvmsg on the host (read, recv, recvmsg, io_uring recv):
@@ -447,11 +452,8 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 		uring = 1;
 	}
 	if (st->flags & mark) {
-		if (mark == STATE_READS && ret > 0) {
-			if (st->flags & STATE_PROBE)
-				probe_read(st);
+		if (mark == STATE_READS && ret > 0)
 			watch_stall(sk, st);
-		}
 		return 0;
 	}
 	struct splice_program prog = {};
@@ -461,11 +463,11 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 		mark = STATE_TCP_READER;
 		count(CNT_LEARNED_READER);
 	}
-	if (mark == STATE_READS && !cfg.trust_readers && !admit_reader(sk, st, &prog))
-		return 0; /* its peer's sends take TCP for now */
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
 	if (!ref)
 		return 0; /* left already, or closing */
+	if (mark == STATE_READS && !cfg.trust_readers && !admit_reader(sk, st, ref, &prog, ret))
+		return 0; /* its peer's sends take TCP for now */
 	if (mark == STATE_READS) {
 		/* Who reads it, for presume_splicer: set before the mark, so a
 		 * learn that sees the mark sees them. */

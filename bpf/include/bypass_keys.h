@@ -113,8 +113,8 @@ enum state_flags {
 	STATE_EOF_SEEN = 8192, /* a recv returned 0 with the end come and nothing queued: its reader was told of the peer's end (peer_refs only) */
 	STATE_PEEKED = 16384,  /* its reader peeked at every redirected byte queued with TCP bytes behind them, and has not read since (watch_boundary_peek; sock_state only) */
 	STATE_SMALL_WRITES = 32768, /* its peer's writer streams small sends TCP would gather: its reader's next read sends the connection back to TCP (peer_refs only) */
-	STATE_PROBE = 65536,   /* its reader is its program's probe: the program's other readers wait on TCP until it has read a while (admit_reader; sock_state only) */
-	STATE_HELD = 131072,   /* its reader waited for its program's probe (counted once; sock_state only) */
+	STATE_PROBE = 65536,   /* its reader is its program's probe: its reads tell whether the program splices after recv (admit_reader; sock_state only) */
+	STATE_HELD = 131072,   /* its reader read by TCP while its program was on probation (counted once; sock_state only) */
 };
 
 /* Record written by the flows iterator. */
@@ -180,7 +180,7 @@ enum counter {
 	CNT_READER_CLIENT,     /* connections left unpaired: their client process's reads of its connections to that port needed TCP lately */
 	CNT_SMALL_WRITES,      /* connections sent back to TCP: a writer with Nagle's algorithm on streamed small sends over a loopback-sized path, which TCP gathers into large segments */
 	CNT_BRIEF_PORT,        /* connections left unpaired: their server port's connections were brief lately (a few sends each way) */
-	CNT_READER_HELD,       /* readers whose peer's sends took TCP while another reader of their program was on probation (admit_reader) */
+	CNT_READER_HELD,       /* readers whose peer's sends took TCP while their program was on probation (admit_reader) */
 	CNT_MAX,
 };
 
@@ -240,20 +240,23 @@ struct brief_port {
 };
 
 /* A program's readers of one role (a proxy's accepted and connected
- * sockets are each on probation apart: admit_reader). */
+ * sockets are each on probation apart: admit_reader), by command name
+ * alone: a server that writes its title over its command line per
+ * connection (PostgreSQL's backends: "postgres: user db 127.0.0.1(53412)")
+ * would be a new program at each. */
 struct recv_key {
-	struct splice_program prog;
+	char comm[COMM_LEN];
 	__u32 role; /* enum role */
 	__u32 _pad;
 };
 
 /* A program's readers and redirected bytes (recv_programs). */
 struct recv_program {
-	__u64 probe;    /* socket cookie of the reader on probation (0: none now) */
+	__u64 probe;    /* socket cookie of the reader whose reads count (0: none now) */
 	__u64 since_ns; /* bpf_ktime_get_ns() when the first probe began */
-	__u64 held;     /* its readers kept waiting on TCP meanwhile */
+	__u64 held;     /* its readers kept on TCP meanwhile, the probes too */
+	__u32 reads;    /* the probe's reads so far */
 	__u32 proven;   /* 1: a probe read cfg.probation_reads times without splicing, or cfg.probation_ns passed */
-	__u32 _pad;
 };
 
 struct splice_seen {

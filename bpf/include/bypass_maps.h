@@ -74,7 +74,6 @@ struct peer_ref {
 	__u32 leaving;         /* the leave timer was started by the peer's leave */
 	__u32 splicer_pid;     /* who spliced from it (STATE_SPLICE), for the caught event */
 	__u32 unheeded;        /* when its reader last read nothing after a stall watch wake-up (bpf_ktime_get_ns >> 20; 0: never) */
-	__u32 probe_reads;     /* reads its reader made as its program's probe (admit_reader) */
 	__u64 cookie;          /* its socket cookie, once it spliced */
 	char splicer_comm[COMM_LEN];
 	/* Kernels whose psock does not count its queue (no msg_tot_len):
@@ -246,8 +245,8 @@ struct {
 } kept_clients SEC(".maps");
 
 /* Programs whose readers take redirected bytes: until one of a program's
- * readers of a role (its probe) has read a while without splicing, its
- * other readers of that role wait on TCP (admit_reader in
+ * readers of a role (its probe) has read a while by TCP without splicing,
+ * all its readers of that role read by TCP (admit_reader in
  * bpf/bypass/reads.h). */
 #define MAX_RECV_PROGRAMS 1024
 

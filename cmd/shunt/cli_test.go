@@ -30,7 +30,9 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
 
-	out, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin)
+	// Both ends below are this test's process: one program, which a new
+	// install keeps on TCP for its first 16 reads (--no-probation).
+	out, stderr, code := runShunt(t, nil, "bypass", "enable", "--no-probation", "--cgroup", cg.Path, "--pin-dir", pin)
 	if code != 0 || !strings.Contains(out, "bypass enabled for cgroup "+cg.Path) {
 		t.Fatalf("enable: exit %d, %q %q", code, out, stderr)
 	}
@@ -221,7 +223,7 @@ func TestDisableWaitsForUnreadBytes(t *testing.T) {
 	testenv.WatchKernelLog(t)
 	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
-	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
+	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--no-probation", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
 		t.Fatal(stderr)
 	}
 	ns := testenv.MustNetNS(t)
@@ -342,7 +344,7 @@ func TestGuardResetsCaughtSplicer(t *testing.T) {
 	testenv.RequireRoot(t)
 	pin := bypasstest.MustPinDir(t)
 	cg := testenv.MustCgroup(t)
-	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
+	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--no-probation", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
 		t.Fatalf("enable: %s", stderr)
 	}
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}

@@ -76,7 +76,7 @@ func TestGuardFollowsAReplacedInstall(t *testing.T) {
 	pin := bypasstest.MustPinDir(t)
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: testenv.MustCgroup(t)}
 	install := func() *bypass.Install {
-		in, err := bypass.Create(pin, bypass.Options{})
+		in, err := bypass.Create(pin, bypass.Options{NoProbation: true})
 		if err != nil {
 			t.Fatal(err)
 		}

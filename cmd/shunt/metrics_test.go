@@ -77,7 +77,7 @@ func TestMetricsFollowBypassAndIndex(t *testing.T) {
 	if value(t, fams, "shunt_bypass_enabled") != 0 || value(t, fams, "shunt_index_enabled") != 0 {
 		t.Fatal("bypass or the index enabled before either was")
 	}
-	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--no-guard", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
+	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--no-guard", "--no-probation", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
 		t.Fatalf("enable: exit %d: %s", code, stderr)
 	}
 	if _, stderr, code := runShunt(t, nil, "index", "enable", "--cgroup", cg.Path, "--index-dir", indexDir); code != 0 {

@@ -165,7 +165,7 @@ func printStatus(e *env, r statusReport) {
 			fmt.Fprintf(w, "FIONREAD:\t%d answers corrected (the kernel's left queued bytes out)\n", c.FionreadCorrected)
 		}
 		fmt.Fprintf(w, "differences:\t%d blocking reads failed with EAGAIN where TCP would have restarted them (a signal), %d setsockopt(SO_ZEROCOPY) refused with EOPNOTSUPP, %d setsockopt(TCP_ULP) (kernel TLS) refused with ENOENT (docs/TRANSPARENCY.md)\n", c.EAGAIN, c.ZerocopyRefused, c.ULPRefused)
-		fmt.Fprintf(w, "splice readers:\t%d splices refused with EINVAL (the application read instead), %d let through after a refused one (the application did not read instead), %d sockets sent back to TCP when their reader spliced, %d caught with redirected bytes queued (reset by the guard; %d of them cut short: their peer's end of stream came first and the splice returned it), %d readers kept on TCP because their program splices, %d sockets sent back to TCP when their program was learned (%d of them with redirected bytes queued), %d readers that read by TCP while their program's probe showed whether it splices (one connection per role of a program new to shunt takes redirected bytes until its reader read 16 times, or 1 s passed)\n", c.SplicesRefused, c.SplicesRetried, c.SpliceReaders, c.SpliceCaught, c.SpliceTruncated, c.LearnedReaders, c.PresumedSplicers, c.PresumedQueued, c.ReaderHeld)
+		fmt.Fprintf(w, "splice readers:\t%d splices refused with EINVAL (the application read instead), %d let through after a refused one (the application did not read instead), %d sockets sent back to TCP when their reader spliced, %d caught with redirected bytes queued (reset by the guard; %d of them cut short: their peer's end of stream came first and the splice returned it), %d readers kept on TCP because their program splices, %d sockets sent back to TCP when their program was learned (%d of them with redirected bytes queued), %d readers that read by TCP while their program was new to shunt (until one of its readers read 16 times without splicing, or 1 s passed)\n", c.SplicesRefused, c.SplicesRetried, c.SpliceReaders, c.SpliceCaught, c.SpliceTruncated, c.LearnedReaders, c.PresumedSplicers, c.PresumedQueued, c.ReaderHeld)
 		for _, p := range r.Stats.SplicePrograms {
 			line := "any command line (taught by name)"
 			if !p.ByName {
@@ -272,6 +272,9 @@ func describeOptions(o bypass.Options) string {
 	}
 	if o.PairBrief {
 		readers += ", --pair-brief"
+	}
+	if o.NoProbation {
+		readers += ", --no-probation"
 	}
 	return fmt.Sprintf("--max-backlog %s, %s", formatSize(uint64(o.MaxBacklog)), readers)
 }
