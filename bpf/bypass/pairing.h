@@ -259,8 +259,8 @@ static __always_inline struct recv_program *reader_program(struct sock_state *st
 	return bpf_map_lookup_elem(&recv_programs, &k);
 }
 
-/* A probe that closes before it proved its program lets the program's
- * next reader be the probe. */
+/* A probe that closes, splices or leaves for TCP before it proved its
+ * program lets the program's next reader be the probe. */
 static __always_inline void end_probe(struct sock_state *st, __u64 cookie)
 {
 	if (!(st->flags & STATE_PROBE))

@@ -485,6 +485,7 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	}
 	if (old & mark)
 		return 0;
+	end_probe(st, bpf_get_socket_cookie(sk)); /* it reads as its program's probe no more */
 	count(uring ? CNT_URING_READER : CNT_TCP_READER);
 	/* A discard is mostly a drain before close (HAProxy's), no habit
 	 * of the port's other readers. */

@@ -117,6 +117,9 @@ int BPF_PROG(shunt_splices, struct sock *sk)
 		__builtin_memcpy(ref->splicer_comm, learning.prog.comm, sizeof(learning.prog.comm));
 		ref->splicer_args = learning.prog.args;
 		__sync_fetch_and_or(&ref->reads, STATE_SPLICE);
+		/* A probe that splices proves nothing for another program
+		 * of its command name: the next reader is the probe. */
+		end_probe(st, ref->cookie);
 	}
 	if (learned) {
 		/* Once per program: its other sockets (this one is marked). */
