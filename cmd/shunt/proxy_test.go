@@ -178,7 +178,7 @@ func openFDs(t *testing.T, pid int) int {
 // the join carries (and counts) every byte.
 func TestProxyCommandPassesTheJoinBy(t *testing.T) {
 	testenv.RequireRoot(t)
-	in, cg := bypasstest.MustEnabled(t, bypass.Options{})
+	in, cg := bypasstest.MustEnabled(t, bypass.Options{NoProbation: true}) // client and upstream: this process, past its probation
 	pin := in.Dir()
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
