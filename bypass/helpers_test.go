@@ -33,11 +33,11 @@ func mustInstallWith(t *testing.T, opts bypass.Options) (*bypass.Install, host.C
 	return bypasstest.MustEnabled(t, opts)
 }
 
-// mustInstallNew is mustInstall as a user's install is: programs new to it
-// on probation.
-func mustInstallNew(t *testing.T) (*bypass.Install, host.Cgroup) {
+// mustInstallNew is mustInstallWith as a user's install is: programs new
+// to it on probation.
+func mustInstallNew(t *testing.T, opts bypass.Options) (*bypass.Install, host.Cgroup) {
 	t.Helper()
-	return bypasstest.MustEnabled(t, bypass.Options{})
+	return bypasstest.MustEnabled(t, opts)
 }
 
 // flowOf finds the flow whose client or server socket has the cookie.

@@ -194,6 +194,9 @@ type Options struct {
 	Mechanisms host.Mechanisms `json:"-"`
 	// settle replaces redirectSettle in the programs (tests only).
 	settle time.Duration
+	// probationTime replaces ProbationTime in the programs (tests only:
+	// under qemu a test's few round trips can outlast a second).
+	probationTime time.Duration
 	// smallWindow replaces smallWriteWindow in the programs (tests only:
 	// a kernel under qemu sends 64 times in 1 ms seldom).
 	smallWindow time.Duration
@@ -446,7 +449,7 @@ func newConfig(opts Options) bypassConfig {
 		cfg.BriefStreak, cfg.BriefSends, cfg.BriefSample = BriefStreak, BriefSends, BriefSample
 	}
 	if !opts.NoProbation {
-		cfg.ProbationReads, cfg.ProbationNs = ProbationReads, uint64(ProbationTime)
+		cfg.ProbationReads, cfg.ProbationNs = ProbationReads, uint64(cmp.Or(opts.probationTime, ProbationTime))
 	}
 	if opts.Mechanisms.KernelReadsByProbe() {
 		cfg.ProbeReads = 1
