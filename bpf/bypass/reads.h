@@ -343,15 +343,15 @@ static __always_inline void watch_boundary_peek(struct sock *sk, struct sock_sta
 
 /* Whether a reader seen reading without blocking may take redirected bytes
  * (be marked STATE_READS). Not while its program (by command name) is new
- * to the install: its readers of one role (accepted, connected) read by TCP until the first of
- * them, its probe, has read cfg.probation_reads times without splicing, or
- * cfg.probation_ns passed since the probe began. A program that reads a
- * header and then splices (HAProxy, a Go proxy's io.Copy) splices within
- * that, from a socket holding nothing splice cannot read: learned at that
- * splice with no connection caught, where each of its connections holding
- * redirected bytes then was (HAProxy, 20 concurrent connections: 2 and 4
- * resets in 2 of 14 runs; 15-20 of 20 in a test). A reader kept waiting is
- * asked again at its next read. */
+ * to the install: its readers of one role (accepted, connected) read by
+ * TCP until the first of them, its probe, has read cfg.probation_reads
+ * times without splicing, or cfg.probation_ns passed since the probe
+ * began. A program that reads a header and then splices (HAProxy, a Go
+ * proxy's io.Copy) splices within that, from a socket holding nothing
+ * splice cannot read: learned at that splice with no connection caught,
+ * where each of its connections holding redirected bytes then was (HAProxy,
+ * 20 concurrent connections: 2 and 4 resets in 2 of 14 runs; 7-20 of 20 in
+ * a test). A reader kept waiting is asked again at its next read. */
 static __always_inline int admit_reader(struct sock *sk, struct sock_state *st, struct peer_ref *ref,
 					struct splice_program *prog, int ret)
 {
@@ -382,7 +382,7 @@ static __always_inline int admit_reader(struct sock *sk, struct sock_state *st, 
 		rp->proven = 1;
 		return 1;
 	}
-	/* The last probe closed before it read enough. */
+	/* The last probe closed, spliced or left before it read enough. */
 	if (!rp->probe && !__sync_val_compare_and_swap(&rp->probe, 0, cookie)) {
 		rp->reads = 0;
 		goto probe;
