@@ -92,7 +92,8 @@ func waitEmpty(t *testing.T, ix *sockindex.Index) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d entries left for closed sockets, first %+v", len(left), left[0])
+			c, _ := ix.Counters()
+			t.Fatalf("%d entries left for closed sockets, first %+v; counters %+v", len(left), left[0], c)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

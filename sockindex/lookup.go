@@ -1,6 +1,7 @@
 package sockindex
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -127,14 +128,22 @@ type Counters struct {
 	Removed uint64 `json:"removed" help:"Sockets removed from the index (closed, or reconnected elsewhere)."`
 	Full    uint64 `json:"not_indexed_map_full" help:"Sockets the index could not take: a map was full (a reap by index may miss them)."`
 	Filled  uint64 `json:"udp_local_learnt" help:"Connected UDP sockets whose local address was learnt at their first send."`
+	// NotRemoved entries stay in the index after their socket closed; a
+	// reap by index finds them and destroys nothing.
+	NotRemoved uint64 `json:"not_removed_lock_failed" help:"Closed sockets whose entry stayed in the index: the map's lock refused its removal four times."`
 }
 
 // Counters sums the per-CPU counters.
 func (ix *Index) Counters() (Counters, error) {
 	var c Counters
-	for i, dst := range []*uint64{&c.Added, &c.Removed, &c.Full, &c.Filled} {
+	for i, dst := range []*uint64{&c.Added, &c.Removed, &c.Full, &c.Filled, &c.NotRemoved} {
 		var per []uint64
-		if err := ix.maps.IndexCounters.Lookup(uint32(i), &per); err != nil {
+		err := ix.maps.IndexCounters.Lookup(uint32(i), &per)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			// An index enabled by an older shunt counts less.
+			continue
+		}
+		if err != nil {
 			return c, fmt.Errorf("read counters: %w", err)
 		}
 		for _, v := range per {

@@ -69,5 +69,6 @@ enum index_counter {
 	ICNT_REMOVED,
 	ICNT_FULL,     /* a socket could not be indexed: a map was full */
 	ICNT_FILLED,   /* UDP local addresses learnt on first send */
+	ICNT_NOT_REMOVED, /* a closed socket's entry stayed: its delete failed four times */
 	ICNT_MAX,
 };

@@ -209,6 +209,9 @@ func printStatus(e *env, r statusReport) {
 		fmt.Fprintf(w, "index:\tenabled for %s, pinned at %s\n", cg, ix.Dir)
 		fmt.Fprintf(w, "indexed:\t%d sockets, %d backends seen; %d added, %d removed, %d not indexed (full)\n",
 			ix.Sockets, ix.Backends, ix.Counters.Added, ix.Counters.Removed, ix.Counters.Full)
+		if n := ix.Counters.NotRemoved; n > 0 {
+			fmt.Fprintf(w, "index:\t%d entries of closed sockets stayed (the map's lock refused their removal); 'shunt index disable' and enable again clears them\n", n)
+		}
 	}
 	printPolicyStatus(w, r.Policy)
 	f := r.Features
