@@ -182,6 +182,22 @@ type bypassReaderPortSeen struct {
 	Comm   [16]int8
 }
 
+type bypassRecvKey struct {
+	_    structs.HostLayout
+	Comm [16]int8
+	Role uint32
+	Pad  uint32
+}
+
+type bypassRecvProgram struct {
+	_       structs.HostLayout
+	Probe   uint64
+	SinceNs uint64
+	Held    uint64
+	Reads   uint32
+	Proven  uint32
+}
+
 type bypassRole uint32
 
 const (

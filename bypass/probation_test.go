@@ -2,6 +2,8 @@ package bypass_test
 
 import (
 	"net"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,6 +78,7 @@ func TestProbationKeepsANewProgramOnTCPUntilItsProbeRead(t *testing.T) {
 				if st.Counters.ReaderHeld != 4 {
 					t.Fatalf("readers held %d, want the 4", st.Counters.ReaderHeld)
 				}
+				wantNewPrograms(t, in, false, 2)
 			}
 
 			tc.end(t, a1, a2, b1, b2)
@@ -91,6 +94,31 @@ func TestProbationKeepsANewProgramOnTCPUntilItsProbeRead(t *testing.T) {
 			if fb.Client.TxMsgs == 0 || fb.Server.TxMsgs == 0 {
 				t.Fatalf("b after the probation ended (%v): %d and %d sends redirected, want the last at least", elapsed, fb.Client.TxMsgs, fb.Server.TxMsgs)
 			}
+			wantNewPrograms(t, in, true, 2)
 		})
+	}
+}
+
+// wantNewPrograms checks that the install lists this process's program,
+// once a role, admitted or not, with the readers it held.
+func wantNewPrograms(t *testing.T, in *bypass.Install, admitted bool, held uint64) {
+	t.Helper()
+	comm, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := in.NewPrograms()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := map[string]bool{}
+	for _, p := range ps {
+		if p.Command != strings.TrimSpace(string(comm)) || p.Admitted != admitted || p.Held != held {
+			t.Fatalf("new program %+v: want %q, admitted %v, %d held", p, comm, admitted, held)
+		}
+		roles[p.Role] = true
+	}
+	if len(ps) != 2 || !roles["accepted"] || !roles["connected"] {
+		t.Fatalf("new programs %+v: want one a role", ps)
 	}
 }

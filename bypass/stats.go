@@ -151,6 +151,9 @@ type Stats struct {
 	// SplicePrograms were seen splicing from TCP sockets: their readers
 	// stay on TCP.
 	SplicePrograms []SpliceProgram `json:"splice_programs"`
+	// NewPrograms are the programs the install met reading, and whether
+	// their probation is over.
+	NewPrograms []NewProgram `json:"new_programs"`
 	// ExcludedPorts are server ports whose connections stay on TCP.
 	ExcludedPorts []uint16 `json:"excluded_ports"`
 	// ReaderPorts are server ports whose readers needed TCP lately: their
@@ -187,6 +190,9 @@ func (in *Install) Stats() (Stats, error) {
 		s.ExcludedPorts = []uint16{}
 	}
 	if s.SplicePrograms, err = in.SplicePrograms(); err != nil {
+		return s, err
+	}
+	if s.NewPrograms, err = in.NewPrograms(); err != nil {
 		return s, err
 	}
 	if s.ReaderPorts, err = in.ReaderPorts(); err != nil {

@@ -174,6 +174,13 @@ func printStatus(e *env, r statusReport) {
 			fmt.Fprintf(w, "splicer %s:\t%s, seen %s, %d splices, %d caught, running as %s (shunt bypass forget %s)\n",
 				p.Command, line, p.First.Format(time.RFC3339), p.Splices, p.Caught, pidList(p.PIDs), p.Command)
 		}
+		for _, p := range r.Stats.NewPrograms {
+			if p.Admitted {
+				continue
+			}
+			fmt.Fprintf(w, "new program %s (%s connections):\tits readers read by TCP until one of them has read %d times without splicing (%d so far) or %s passed (began %s ago); %d readers held so far\n",
+				p.Command, p.Role, bypass.ProbationReads, p.ProbeReads, bypass.ProbationTime, time.Since(p.Since).Round(time.Millisecond), p.Held)
+		}
 		for _, p := range r.Stats.ReaderPorts {
 			if p.Client {
 				fmt.Fprintf(w, "reader client %d (%s):\tneeded TCP to read its connections to port %d %s ago (netns cookie %d): the ones it makes stay unpaired for %s more, %d so far\n",
