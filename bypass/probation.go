@@ -45,7 +45,7 @@ func (in *Install) NewPrograms() ([]NewProgram, error) {
 	it := m.Iterate()
 	for it.Next(&k, &v) {
 		p := NewProgram{Command: commString(k.Comm), Role: roleName(k.Role), Since: wall(v.SinceNs),
-			Admitted: v.Proven != 0 || now.Sub(wall(v.SinceNs)) > time.Duration(cfg.ProbationNs),
+			Admitted:   v.Proven != 0 || now.Sub(wall(v.SinceNs)) > time.Duration(cfg.ProbationNs),
 			ProbeReads: v.Reads, Held: v.Held}
 		out = append(out, p)
 	}
