@@ -14,11 +14,15 @@ import (
 )
 
 // pinThread locks the calling goroutine to its OS thread and that thread to
-// one CPU. The returned unpin restores the thread's CPUs before unlocking it:
-// a thread handed back to Go still pinned would run unrelated goroutines on
-// that CPU, and pass the one-CPU mask on to any process forked from it.
+// one CPU (any for -1: locked alone). The returned unpin restores the
+// thread's CPUs before unlocking it: a thread handed back to Go still pinned
+// would run unrelated goroutines on that CPU, and pass the one-CPU mask on to
+// any process forked from it.
 func pinThread(cpu int) (unpin func(), err error) {
 	runtime.LockOSThread()
+	if cpu < 0 {
+		return runtime.UnlockOSThread, nil
+	}
 	var old, set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &old); err != nil {
 		runtime.UnlockOSThread()

@@ -34,3 +34,28 @@ func TestPinThreadRestoresAffinity(t *testing.T) {
 		t.Errorf("unpin left the thread on %d CPUs, it had %d", after.Count(), before.Count())
 	}
 }
+
+// any-cpu leaves the thread's CPUs as they were: the scheduler places it.
+func TestPinThreadAnyLeavesAffinity(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var before, during unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &before); err != nil {
+		t.Fatal(err)
+	}
+	client, server := cpusFor(AnyCPU)
+	if client != -1 || server != -1 {
+		t.Fatalf("any-cpu gives CPUs %d and %d, want -1 (none)", client, server)
+	}
+	unpin, err := pinThread(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unpin()
+	if err := unix.SchedGetaffinity(0, &during); err != nil {
+		t.Fatal(err)
+	}
+	if during != before {
+		t.Errorf("any-cpu thread runs on %d CPUs, it had %d", during.Count(), before.Count())
+	}
+}

@@ -56,8 +56,11 @@ func ExternalMode(mode string) (tool string, bypass bool, ok bool) {
 // toolCmd runs a tool inside a namespace and the lab's cgroup, pinned to cpu.
 func (l *Lab) toolCmd(ctx context.Context, ns *lab.NetNS, cpu int, tool string, args ...string) *exec.Cmd {
 	script := `echo $$ > "$1/cgroup.procs" && shift && exec "$@"`
-	full := append([]string{"-c", script, "sh", l.Cgroup.Path, "ip", "netns", "exec", ns.Name,
-		"taskset", "-c", strconv.Itoa(cpu), tool}, args...)
+	full := []string{"-c", script, "sh", l.Cgroup.Path, "ip", "netns", "exec", ns.Name}
+	if cpu >= 0 {
+		full = append(full, "taskset", "-c", strconv.Itoa(cpu))
+	}
+	full = append(append(full, tool), args...)
 	return exec.CommandContext(ctx, "sh", full...)
 }
 

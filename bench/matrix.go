@@ -26,6 +26,9 @@ const (
 const (
 	SameCPU  = "same-cpu"  // both on CPU 1
 	CrossCPU = "cross-cpu" // client (sender) on CPU 0, server (receiver) on CPU 1
+	// AnyCPU leaves both to the scheduler, as unpinned programs are: it
+	// moves them, and a sync wake-up draws a reader to its writer's CPU.
+	AnyCPU = "any-cpu"
 )
 
 // Topologies: where the two TCP sockets live.
@@ -34,9 +37,13 @@ const (
 	Loopback = "loopback" // one namespace, over 127.0.0.1
 )
 
+// cpusFor gives the CPU of each end; -1 for any.
 func cpusFor(placement string) (client, server int) {
-	if placement == SameCPU {
+	switch placement {
+	case SameCPU:
 		return 1, 1
+	case AnyCPU:
+		return -1, -1
 	}
 	return 0, 1
 }

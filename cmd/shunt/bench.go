@@ -39,7 +39,7 @@ type matrixFlags struct {
 func (m *matrixFlags) register(fs *pflag.FlagSet, sizeName, sizes, modes, placements, modeHelp string) {
 	fs.StringVar(&m.sizes, sizeName, sizes, "comma-separated sizes in bytes; K and M suffixes are powers of 1024")
 	fs.StringVar(&m.modes, "modes", modes, "modes to compare: "+modeHelp)
-	fs.StringVar(&m.placements, "placement", placements, "CPU placement: same-cpu (both on CPU 1), cross-cpu (client/sender on 0, server/receiver on 1)")
+	fs.StringVar(&m.placements, "placement", placements, "CPU placement: same-cpu (both on CPU 1), cross-cpu (client/sender on 0, server/receiver on 1), any-cpu (neither pinned: where the scheduler puts them)")
 	fs.StringVar(&m.topology, "topology", bench.Veth, "veth (two namespaces joined by veth) or loopback (one namespace, 127.0.0.1)")
 	fs.IntVar(&m.rounds, "rounds", 5, "interleaved rounds")
 	m.output.flags(fs, "also write JSON, a markdown table and PNG plots to this directory")
@@ -54,7 +54,7 @@ func (m *matrixFlags) matrix(sizeFlag string, modes ...string) (bench.Matrix, er
 	if mx.Modes, err = oneOf("--modes", m.modes, modes...); err != nil {
 		return mx, err
 	}
-	if mx.Placements, err = oneOf("--placement", m.placements, bench.SameCPU, bench.CrossCPU); err != nil {
+	if mx.Placements, err = oneOf("--placement", m.placements, bench.SameCPU, bench.CrossCPU, bench.AnyCPU); err != nil {
 		return mx, err
 	}
 	mx.Topology, mx.Rounds = m.topology, m.rounds

@@ -84,7 +84,7 @@ func TestBenchThroughputTiny(t *testing.T) {
 	// shunt run's fresh connection once redirected nothing yet (its reader
 	// had not caught up with the first TCP bytes) and the bench refused it.
 	out, stderr, code := runShunt(t, nil, "bench", "throughput", "--json", "--rounds", "1", "--duration", "300ms",
-		"--placement", "same-cpu,cross-cpu", "--out", dir)
+		"--placement", "same-cpu,cross-cpu,any-cpu", "--out", dir)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -92,15 +92,15 @@ func TestBenchThroughputTiny(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	if len(res) != 6 {
-		t.Fatalf("want 3 modes x 2 placements, got %d", len(res))
+	if len(res) != 9 {
+		t.Fatalf("want 3 modes x 3 placements, got %d", len(res))
 	}
 	for _, r := range res {
 		if r.MedianGbps <= 0 || r.CPUSecPerGB <= 0 {
 			t.Errorf("%s %s: implausible %+v", r.Placement, r.Mode, r)
 		}
 	}
-	requireFiles(t, dir, "throughput.json", "throughput.md", "throughput-same-cpu.png", "throughput-cross-cpu.png")
+	requireFiles(t, dir, "throughput.json", "throughput.md", "throughput-same-cpu.png", "throughput-cross-cpu.png", "throughput-any-cpu.png")
 }
 
 func requireFiles(t *testing.T, dir string, names ...string) {
@@ -118,7 +118,7 @@ func TestDemoTiny(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	for _, want := range []string{"Latency", "same-cpu", "cross-cpu", "Throughput", "shunt", "removed"} {
+	for _, want := range []string{"Latency", "same-cpu", "cross-cpu", "any-cpu", "Throughput", "shunt", "removed"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}

@@ -50,14 +50,14 @@ Ctrl-C or failure. For the full method see 'shunt bench --help'.`,
 
 			thr, err := bench.RunThroughput(c.Context(), l, bench.ThroughputConfig{
 				Matrix: bench.Matrix{Rounds: rounds, Sizes: []int{64 << 10}, Topology: bench.Veth, Progress: p,
-					Modes: []string{bench.ModeTCP, bench.ModeShunt}, Placements: []string{bench.CrossCPU}},
+					Modes: []string{bench.ModeTCP, bench.ModeShunt}, Placements: []string{bench.CrossCPU, bench.AnyCPU}},
 				Duration: duration,
 			})
 			clearProgress(e, p)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(e.stdout, "\nThroughput: one-way stream, sender on CPU 0, receiver on CPU 1")
+			fmt.Fprintln(e.stdout, "\nThroughput: one-way stream of 64 KiB writes; cross-cpu: sender on CPU 0, receiver on CPU 1;\nany-cpu: neither pinned, where the scheduler puts them (as programs run)")
 			printThroughput(e.stdout, thr)
 			fmt.Fprintln(e.stdout, "\nEverything the demo made is removed. Turn bypass on for real: shunt bypass enable --help")
 			return nil
