@@ -78,7 +78,14 @@ func TestProbationKeepsANewProgramOnTCPUntilItsProbeRead(t *testing.T) {
 				if st.Counters.ReaderHeld != 4 {
 					t.Fatalf("readers held %d, want the 4", st.Counters.ReaderHeld)
 				}
-				wantNewPrograms(t, in, false, 2)
+				ps := wantNewPrograms(t, in, 2)
+				// Admitted by time once the limit passed: not yet if it
+				// has not passed now.
+				for _, p := range ps {
+					if p.Admitted && time.Since(start) < tc.limit {
+						t.Fatalf("new program %+v admitted on probation", p)
+					}
+				}
 			}
 
 			tc.end(t, a1, a2, b1, b2)
@@ -94,14 +101,18 @@ func TestProbationKeepsANewProgramOnTCPUntilItsProbeRead(t *testing.T) {
 			if fb.Client.TxMsgs == 0 || fb.Server.TxMsgs == 0 {
 				t.Fatalf("b after the probation ended (%v): %d and %d sends redirected, want the last at least", elapsed, fb.Client.TxMsgs, fb.Server.TxMsgs)
 			}
-			wantNewPrograms(t, in, true, 2)
+			for _, p := range wantNewPrograms(t, in, 2) {
+				if !p.Admitted {
+					t.Fatalf("new program %+v not admitted after its probation", p)
+				}
+			}
 		})
 	}
 }
 
 // wantNewPrograms checks that the install lists this process's program,
-// once a role, admitted or not, with the readers it held.
-func wantNewPrograms(t *testing.T, in *bypass.Install, admitted bool, held uint64) {
+// once a role, with the readers it held, and returns the two.
+func wantNewPrograms(t *testing.T, in *bypass.Install, held uint64) []bypass.NewProgram {
 	t.Helper()
 	comm, err := os.ReadFile("/proc/self/comm")
 	if err != nil {
@@ -113,12 +124,13 @@ func wantNewPrograms(t *testing.T, in *bypass.Install, admitted bool, held uint6
 	}
 	roles := map[string]bool{}
 	for _, p := range ps {
-		if p.Command != strings.TrimSpace(string(comm)) || p.Admitted != admitted || p.Held != held {
-			t.Fatalf("new program %+v: want %q, admitted %v, %d held", p, comm, admitted, held)
+		if p.Command != strings.TrimSpace(string(comm)) || p.Held != held {
+			t.Fatalf("new program %+v: want %q, %d held", p, strings.TrimSpace(string(comm)), held)
 		}
 		roles[p.Role] = true
 	}
 	if len(ps) != 2 || !roles["accepted"] || !roles["connected"] {
 		t.Fatalf("new programs %+v: want one a role", ps)
 	}
+	return ps
 }
