@@ -30,6 +30,22 @@ const DefaultMaxInflight = 4 << 20
 // DefaultMaxPairs is how many pairs one Splicer can hold at once.
 const DefaultMaxPairs = 1 << 15
 
+// maxPairsLimit bounds MaxPairs: each pair takes two slots of maps sized up
+// front.
+const maxPairsLimit = 1 << 20
+
+// pairSlots resolves a MaxPairs option (0: DefaultMaxPairs) to the map
+// slots its pairs take, two each.
+func pairSlots(maxPairs int) (uint32, error) {
+	if maxPairs == 0 {
+		maxPairs = DefaultMaxPairs
+	}
+	if maxPairs < 1 || maxPairs > maxPairsLimit {
+		return 0, fmt.Errorf("splice: max pairs %d out of range 1..%d", maxPairs, maxPairsLimit)
+	}
+	return uint32(2 * maxPairs), nil
+}
+
 // ErrFull means every pair slot is in use.
 var ErrFull = errors.New("splice: too many joined pairs")
 
@@ -75,17 +91,14 @@ func New(opts Options) (*Splicer, error) {
 	if opts.MaxInflight == 0 {
 		opts.MaxInflight = DefaultMaxInflight
 	}
-	if opts.MaxPairs == 0 {
-		opts.MaxPairs = DefaultMaxPairs
-	}
-	if opts.MaxPairs < 1 || opts.MaxPairs > 1<<20 {
-		return nil, fmt.Errorf("splice: max pairs %d out of range 1..%d", opts.MaxPairs, 1<<20)
+	slots, err := pairSlots(opts.MaxPairs)
+	if err != nil {
+		return nil, err
 	}
 	spec, err := loadSplice()
 	if err != nil {
 		return nil, err
 	}
-	slots := uint32(2 * opts.MaxPairs)
 	for _, name := range []string{"socks", "dirs", "slots"} {
 		spec.Maps[name].MaxEntries = slots
 	}
@@ -112,7 +125,7 @@ func New(opts Options) (*Splicer, error) {
 		s.objs.Close()
 		return nil, fmt.Errorf("map splice state: %w", err)
 	}
-	s.free = freeIndices(opts.MaxPairs, nil)
+	s.free = freeIndices(int(slots/2), nil)
 	return s, nil
 }
 

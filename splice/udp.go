@@ -55,18 +55,16 @@ func NewUDP(opts UDPOptions) (*UDPSplicer, error) {
 	if opts.MaxQueue == 0 {
 		opts.MaxQueue = DefaultUDPMaxQueue
 	}
-	if opts.MaxPairs == 0 {
-		opts.MaxPairs = DefaultMaxPairs
-	}
-	if opts.MaxPairs < 1 || opts.MaxPairs > 1<<20 {
-		return nil, fmt.Errorf("splice: max pairs %d out of range 1..%d", opts.MaxPairs, 1<<20)
+	slots, err := pairSlots(opts.MaxPairs)
+	if err != nil {
+		return nil, err
 	}
 	spec, err := loadSpliceudp()
 	if err != nil {
 		return nil, err
 	}
 	for _, name := range []string{"udp_socks", "udp_dirs", "udp_slots"} {
-		spec.Maps[name].MaxEntries = uint32(2 * opts.MaxPairs)
+		spec.Maps[name].MaxEntries = slots
 	}
 	var cfg spliceudpSpliceUdpConfig
 	if opts.Mechanisms.KernelReadsByProbe() {
@@ -84,7 +82,7 @@ func NewUDP(opts UDPOptions) (*UDPSplicer, error) {
 		s.objs.Close()
 		return nil, host.Explain(fmt.Errorf("attach UDP splice verdict: %w", err), "joining sockets in the kernel", host.MinKernel)
 	}
-	s.free = freeIndices(opts.MaxPairs, nil)
+	s.free = freeIndices(int(slots/2), nil)
 	return s, nil
 }
 
