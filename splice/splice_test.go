@@ -601,3 +601,22 @@ func TestRetransmissionsThroughTheKernel(t *testing.T) {
 		t.Fatalf("the kernel forwarded nothing of the lossy direction: %+v", ab)
 	}
 }
+
+// A pair bound out of range is refused before anything is loaded, by the
+// TCP and the UDP splicer alike.
+func TestMaxPairsOutOfRange(t *testing.T) {
+	for _, n := range []int{-1, 1<<20 + 1} {
+		if s, err := splice.New(splice.Options{MaxPairs: n}); err == nil || !strings.Contains(err.Error(), "out of range") {
+			if s != nil {
+				s.Close()
+			}
+			t.Errorf("New with %d pairs: %v, want out of range", n, err)
+		}
+		if s, err := splice.NewUDP(splice.UDPOptions{MaxPairs: n}); err == nil || !strings.Contains(err.Error(), "out of range") {
+			if s != nil {
+				s.Close()
+			}
+			t.Errorf("NewUDP with %d pairs: %v, want out of range", n, err)
+		}
+	}
+}
