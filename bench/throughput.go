@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -16,7 +17,14 @@ type ThroughputConfig struct {
 	// never sets TCP_NODELAY has it: TCP then gathers small writes into
 	// segments while earlier ones are unacknowledged.
 	Nagle bool
+	// ReadSize is the receiver's buffer, what one read may take (0:
+	// DefaultReadSize). A redirect's reader copies under its socket's
+	// lock, which the writer's next redirect waits for.
+	ReadSize int
 }
+
+// DefaultReadSize is the throughput receiver's buffer.
+const DefaultReadSize = 256 << 10
 
 // ThroughputResult is one cell over all rounds.
 type ThroughputResult struct {
@@ -24,6 +32,7 @@ type ThroughputResult struct {
 	Placement   string    `json:"placement"`
 	Mode        string    `json:"mode"`
 	WriteSize   int       `json:"write_size"`
+	ReadSize    int       `json:"read_size,omitempty"` // the receiver's buffer (none for iperf3's modes: its own)
 	RoundGbps   []float64 `json:"round_gbit_per_s"`
 	MedianGbps  float64   `json:"median_gbit_per_s"`
 	CPUSecPerGB float64   `json:"machine_cpu_s_per_gb"`
@@ -83,6 +92,9 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 			CPUSecPerGB:   a.cpu.Seconds() / (float64(a.bytes) / 1e9),
 			PeakTCPMemMiB: float64(a.peak) / (1 << 20),
 		}
+		if _, _, ext := ExternalMode(c.Mode); !ext {
+			r.ReadSize = cmp.Or(cfg.ReadSize, DefaultReadSize)
+		}
 		base[c] = r.MedianGbps
 		out = append(out, r)
 	}
@@ -128,7 +140,7 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 			return
 		}
 		defer unpin()
-		buf := make([]byte, 256<<10)
+		buf := make([]byte, cmp.Or(cfg.ReadSize, DefaultReadSize))
 		var n int64
 		for {
 			m, err := readSome(sfd, buf)

@@ -84,7 +84,7 @@ func TestBenchThroughputTiny(t *testing.T) {
 	// shunt run's fresh connection once redirected nothing yet (its reader
 	// had not caught up with the first TCP bytes) and the bench refused it.
 	out, stderr, code := runShunt(t, nil, "bench", "throughput", "--json", "--rounds", "1", "--duration", "300ms",
-		"--placement", "same-cpu,cross-cpu,any-cpu", "--out", dir)
+		"--placement", "same-cpu,cross-cpu,any-cpu", "--read-size", "64K", "--out", dir)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -96,8 +96,8 @@ func TestBenchThroughputTiny(t *testing.T) {
 		t.Fatalf("want 3 modes x 3 placements, got %d", len(res))
 	}
 	for _, r := range res {
-		if r.MedianGbps <= 0 || r.CPUSecPerGB <= 0 {
-			t.Errorf("%s %s: implausible %+v", r.Placement, r.Mode, r)
+		if r.MedianGbps <= 0 || r.CPUSecPerGB <= 0 || r.ReadSize != 64<<10 {
+			t.Errorf("%s %s: implausible %+v (want reads of 64 KiB)", r.Placement, r.Mode, r)
 		}
 	}
 	requireFiles(t, dir, "throughput.json", "throughput.md", "throughput-same-cpu.png", "throughput-cross-cpu.png", "throughput-any-cpu.png")

@@ -18,6 +18,7 @@ func newBenchThroughputCmd(e *env) *cobra.Command {
 		m         matrixFlags
 		cfg       bench.ThroughputConfig
 		withIperf bool
+		readSize  string
 	)
 	c := &cobra.Command{
 		Use:   "throughput",
@@ -38,6 +39,14 @@ AF_UNIX socketpair. CPU is the whole machine's, from /proc/stat, per GB.`,
 			if cfg.Duration <= 0 {
 				return usageError{fmt.Errorf("--duration must be positive")}
 			}
+			rs, err := parseSizes("--read-size", readSize)
+			if err != nil {
+				return err
+			}
+			if len(rs) != 1 || rs[0] > 64<<20 {
+				return usageError{fmt.Errorf("--read-size: one size up to 64M, not %q", readSize)}
+			}
+			cfg.ReadSize = rs[0]
 			cfg.Matrix = mx
 			return runBench(c.Context(), e, &m, &cfg.Matrix, func(ctx context.Context, l *bench.Lab) ([]bench.ThroughputResult, error) {
 				return bench.RunThroughput(ctx, l, cfg)
@@ -47,6 +56,7 @@ AF_UNIX socketpair. CPU is the whole machine's, from /proc/stat, per GB.`,
 	m.register(c.Flags(), "write-sizes", "64K", "tcp,shunt,unix", "cross-cpu", "tcp, shunt, unix, shunt-bare (redirect without checks or flow control), iperf3-tcp, iperf3-shunt-trust (iperf3 reads with blocking calls, which the default install keeps on TCP)")
 	c.Flags().BoolVar(&withIperf, "with-iperf3", false, "also measure with iperf3 (modes iperf3-tcp, iperf3-shunt-trust; whole seconds)")
 	c.Flags().DurationVar(&cfg.Duration, "duration", time.Second, "how long the sender writes, per run")
+	c.Flags().StringVar(&readSize, "read-size", formatSize(bench.DefaultReadSize), "the receiver's buffer: the most one read takes (not for iperf3 modes)")
 	c.Flags().BoolVar(&cfg.Nagle, "nagle", false, "leave Nagle's algorithm on at the TCP writer (programs that never set TCP_NODELAY); by default it sets TCP_NODELAY")
 	return c
 }
@@ -67,6 +77,10 @@ func printThroughput(w io.Writer, res []bench.ThroughputResult) {
 	}
 	tw.Flush()
 	if len(res) > 0 {
-		fmt.Fprintf(w, "\n%s topology, %d rounds per row.\n", res[0].Topology, len(res[0].RoundGbps))
+		reads := ""
+		if n := res[0].ReadSize; n > 0 {
+			reads = ", reads of up to " + formatSize(uint64(n))
+		}
+		fmt.Fprintf(w, "\n%s topology, %d rounds per row%s.\n", res[0].Topology, len(res[0].RoundGbps), reads)
 	}
 }
