@@ -2,13 +2,10 @@ package bypass
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/cilium/ebpf"
 )
 
 // NewProgram is a program the install met reading its connections of one
@@ -30,8 +27,7 @@ type NewProgram struct {
 // probation first. Empty for an install made before the probation.
 func (in *Install) NewPrograms() ([]NewProgram, error) {
 	out := []NewProgram{}
-	m, ok := in.maps[recvProgramsMap]
-	if !ok {
+	if _, ok := in.maps[recvProgramsMap]; !ok {
 		return out, nil
 	}
 	cfg, err := in.config()
@@ -40,17 +36,13 @@ func (in *Install) NewPrograms() ([]NewProgram, error) {
 	}
 	wall := bootOffset()
 	now := time.Now()
-	var k bypassRecvKey
-	var v bypassRecvProgram
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		p := NewProgram{Command: commString(k.Comm), Role: roleName(k.Role), Since: wall(v.SinceNs),
+	err = eachEntry(in, recvProgramsMap, func(k *bypassRecvKey, v *bypassRecvProgram) {
+		out = append(out, NewProgram{Command: commString(k.Comm), Role: roleName(k.Role), Since: wall(v.SinceNs),
 			Admitted:   v.Proven != 0 || now.Sub(wall(v.SinceNs)) > time.Duration(cfg.ProbationNs),
-			ProbeReads: v.Reads, Held: v.Held}
-		out = append(out, p)
-	}
-	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
-		return nil, fmt.Errorf("read %s: %w", recvProgramsMap, err)
+			ProbeReads: v.Reads, Held: v.Held})
+	})
+	if err != nil {
+		return nil, err
 	}
 	slices.SortFunc(out, func(a, b NewProgram) int {
 		if a.Admitted != b.Admitted {

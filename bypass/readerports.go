@@ -34,16 +34,9 @@ type ReaderPort struct {
 // forgets them as it needs room). An install from before them has none.
 func (in *Install) ReaderPorts() ([]ReaderPort, error) {
 	out := []ReaderPort{}
-	m, ok := in.maps[readerPortsMap]
-	if !ok {
-		return out, nil
-	}
 	wall := bootOffset()
 	now := time.Now()
-	var k bypassReaderPort
-	var v bypassReaderPortSeen
-	it := m.Iterate()
-	for it.Next(&k, &v) {
+	err := eachEntry(in, readerPortsMap, func(k *bypassReaderPort, v *bypassReaderPortSeen) {
 		seen := wall(v.SeenNs)
 		p := ReaderPort{Netns: k.Netns, Port: k.Port, Client: k.Pid != 0, PID: int(v.Pid), Command: commString(v.Comm),
 			Seen: seen, Expires: seen.Add(ReaderPortTTL), Kept: v.Kept}
@@ -51,9 +44,9 @@ func (in *Install) ReaderPorts() ([]ReaderPort, error) {
 		if p.Expires.After(now) && (!p.Client || v.Streak >= ReaderClientStreak) {
 			out = append(out, p)
 		}
-	}
-	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
-		return nil, fmt.Errorf("read %s: %w", readerPortsMap, err)
+	})
+	if err != nil {
+		return nil, err
 	}
 	slices.SortFunc(out, func(a, b ReaderPort) int {
 		return cmp.Or(a.Expires.Compare(b.Expires), cmp.Compare(a.Port, b.Port), cmp.Compare(a.PID, b.PID))
@@ -81,28 +74,41 @@ type BriefPort struct {
 // connections are left unpaired now, soonest to expire first. An install from before them has none.
 func (in *Install) BriefPorts() ([]BriefPort, error) {
 	out := []BriefPort{}
-	m, ok := in.maps[briefPortsMap]
-	if !ok {
-		return out, nil
-	}
 	wall := bootOffset()
 	now := time.Now()
-	var k bypassBriefKey
-	var v bypassBriefPort
-	it := m.Iterate()
-	for it.Next(&k, &v) {
+	err := eachEntry(in, briefPortsMap, func(k *bypassBriefKey, v *bypassBriefPort) {
 		seen := wall(v.SeenNs)
 		p := BriefPort{Netns: k.Netns, Port: k.Port, Client: netip.AddrFrom16(k.ClientIp).Unmap(),
 			Seen: seen, Expires: seen.Add(ReaderPortTTL), Kept: v.Kept}
 		if v.Streak >= BriefStreak && p.Expires.After(now) {
 			out = append(out, p)
 		}
-	}
-	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
-		return nil, fmt.Errorf("read %s: %w", briefPortsMap, err)
+	})
+	if err != nil {
+		return nil, err
 	}
 	slices.SortFunc(out, func(a, b BriefPort) int {
 		return cmp.Or(a.Expires.Compare(b.Expires), cmp.Compare(a.Port, b.Port), a.Client.Compare(b.Client))
 	})
 	return out, nil
+}
+
+// eachEntry calls fn with every entry of the install's map name. A map the
+// install lacks (made by an older shunt) has none.
+func eachEntry[K, V any](in *Install, name string, fn func(*K, *V)) error {
+	m, ok := in.maps[name]
+	if !ok {
+		return nil
+	}
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		fn(&k, &v)
+	}
+	// Entries deleted meanwhile can end a walk early: what was read stands.
+	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	return nil
 }
