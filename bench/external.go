@@ -53,7 +53,8 @@ func ExternalMode(mode string) (tool string, bypass bool, ok bool) {
 	return "", false, false
 }
 
-// toolCmd runs a tool inside a namespace and the lab's cgroup, pinned to cpu.
+// toolCmd runs a tool inside a namespace and the lab's cgroup, pinned to cpu
+// (unpinned for -1).
 func (l *Lab) toolCmd(ctx context.Context, ns *lab.NetNS, cpu int, tool string, args ...string) *exec.Cmd {
 	script := `echo $$ > "$1/cgroup.procs" && shift && exec "$@"`
 	full := []string{"-c", script, "sh", l.Cgroup.Path, "ip", "netns", "exec", ns.Name}
