@@ -101,6 +101,16 @@ func TestBenchThroughputTiny(t *testing.T) {
 		}
 	}
 	requireFiles(t, dir, "throughput.json", "throughput.md", "throughput-same-cpu.png", "throughput-cross-cpu.png", "throughput-any-cpu.png")
+	for _, bad := range []struct{ args, want string }{
+		{"--read-size 0", `"0" is not a size`},
+		{"--read-size 1K,2K", "one size up to 64M"},
+		{"--read-size 128M", "one size up to 64M"},
+	} {
+		_, stderr, code = runShunt(t, nil, append([]string{"bench", "throughput"}, strings.Fields(bad.args)...)...)
+		if code != 2 || !strings.Contains(stderr, bad.want) {
+			t.Errorf("%s: exit %d, %q", bad.args, code, stderr)
+		}
+	}
 }
 
 func requireFiles(t *testing.T, dir string, names ...string) {
