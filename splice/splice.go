@@ -46,6 +46,35 @@ func pairSlots(maxPairs int) (uint32, error) {
 	return uint32(2 * maxPairs), nil
 }
 
+// loadSized loads one splice object's spec with slots for maxPairs pairs in
+// each of the named maps and cfg as its configuration; it returns the slots.
+func loadSized[C any](load func() (*ebpf.CollectionSpec, error), maxPairs int, cfg C, names ...string) (*ebpf.CollectionSpec, uint32, error) {
+	slots, err := pairSlots(maxPairs)
+	if err != nil {
+		return nil, 0, err
+	}
+	spec, err := load()
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, name := range names {
+		spec.Maps[name].MaxEntries = slots
+	}
+	if err := spec.Variables["cfg"].Set(cfg); err != nil {
+		return nil, 0, fmt.Errorf("splice: configure BPF: %w", err)
+	}
+	return spec, slots, nil
+}
+
+// probeReads is the configuration's ProbeReads for mech: 1 where the kernel
+// reads a socket only by probe.
+func probeReads(mech host.Mechanisms) uint32 {
+	if mech.KernelReadsByProbe() {
+		return 1
+	}
+	return 0
+}
+
 // ErrFull means every pair slot is in use.
 var ErrFull = errors.New("splice: too many joined pairs")
 
@@ -91,23 +120,10 @@ func New(opts Options) (*Splicer, error) {
 	if opts.MaxInflight == 0 {
 		opts.MaxInflight = DefaultMaxInflight
 	}
-	slots, err := pairSlots(opts.MaxPairs)
+	cfg := spliceSpliceConfig{ProbeReads: probeReads(opts.Mechanisms)}
+	spec, slots, err := loadSized(loadSplice, opts.MaxPairs, cfg, "socks", "dirs", "slots")
 	if err != nil {
 		return nil, err
-	}
-	spec, err := loadSplice()
-	if err != nil {
-		return nil, err
-	}
-	for _, name := range []string{"socks", "dirs", "slots"} {
-		spec.Maps[name].MaxEntries = slots
-	}
-	var cfg spliceSpliceConfig
-	if opts.Mechanisms.KernelReadsByProbe() {
-		cfg.ProbeReads = 1
-	}
-	if err := spec.Variables["cfg"].Set(cfg); err != nil {
-		return nil, fmt.Errorf("splice: configure BPF: %w", err)
 	}
 	s := &Splicer{maxInflight: opts.MaxInflight, lost: opts.LostAfter, pairs: map[uint32]*Pair{}}
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {

@@ -55,23 +55,10 @@ func NewUDP(opts UDPOptions) (*UDPSplicer, error) {
 	if opts.MaxQueue == 0 {
 		opts.MaxQueue = DefaultUDPMaxQueue
 	}
-	slots, err := pairSlots(opts.MaxPairs)
+	cfg := spliceudpSpliceUdpConfig{ProbeReads: probeReads(opts.Mechanisms)}
+	spec, slots, err := loadSized(loadSpliceudp, opts.MaxPairs, cfg, "udp_socks", "udp_dirs", "udp_slots")
 	if err != nil {
 		return nil, err
-	}
-	spec, err := loadSpliceudp()
-	if err != nil {
-		return nil, err
-	}
-	for _, name := range []string{"udp_socks", "udp_dirs", "udp_slots"} {
-		spec.Maps[name].MaxEntries = slots
-	}
-	var cfg spliceudpSpliceUdpConfig
-	if opts.Mechanisms.KernelReadsByProbe() {
-		cfg.ProbeReads = 1
-	}
-	if err := spec.Variables["cfg"].Set(cfg); err != nil {
-		return nil, fmt.Errorf("splice: configure BPF: %w", err)
 	}
 	s := &UDPSplicer{maxQueue: opts.MaxQueue, pairs: map[uint32]*UDPPair{}}
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
