@@ -607,15 +607,7 @@ func testUnrulyPeers(t *testing.T, path fanout.Path) {
 	u2.Close()
 	l.stop()
 	l.stop = nil
-	// Other tests' goroutines may still be closing (or briefly opening)
-	// descriptors of their own: wait for the count to settle.
-	after := openFDs(t)
-	for deadline := time.Now().Add(3 * time.Second); after != fdsBefore && time.Now().Before(deadline); after = openFDs(t) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if after != fdsBefore {
-		t.Errorf("%d descriptors open after the forwarder closed, %d before: %v", after, fdsBefore, fdTargets(t))
-	}
+	expectFDs(t, fdsBefore)
 }
 
 // fdTargets says what each open descriptor is.
@@ -837,15 +829,7 @@ func TestKernelPathNoLeak(t *testing.T) {
 	u.Close()
 	l.stop()
 	l.stop = nil
-	// Other tests' goroutines may still be closing (or briefly opening)
-	// descriptors of their own: wait for the count to settle.
-	after := openFDs(t)
-	for deadline := time.Now().Add(3 * time.Second); after != fdsBefore && time.Now().Before(deadline); after = openFDs(t) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if after != fdsBefore {
-		t.Errorf("%d descriptors open after the forwarder closed, %d before: %v", after, fdsBefore, fdTargets(t))
-	}
+	expectFDs(t, fdsBefore)
 }
 
 // The zero-copy path really sends without copying (the kernel reports each
@@ -993,4 +977,18 @@ func memTotal(t *testing.T) uint64 {
 		t.Fatalf("/proc/meminfo: %v", err)
 	}
 	return kb << 10
+}
+
+// expectFDs fails the test unless the process's descriptor count comes back
+// to before within 3 s: other tests' goroutines may still be closing (or
+// briefly opening) descriptors of their own.
+func expectFDs(t *testing.T, before int) {
+	t.Helper()
+	after := openFDs(t)
+	for deadline := time.Now().Add(3 * time.Second); after != before && time.Now().Before(deadline); after = openFDs(t) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if after != before {
+		t.Errorf("%d descriptors open after the forwarder closed, %d before: %v", after, before, fdTargets(t))
+	}
 }
