@@ -2,11 +2,17 @@ package bypass
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
+	"strconv"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 
 	"github.com/shunt-project/shunt/host"
+	"github.com/shunt-project/shunt/internal/pin"
 )
 
 // CgroupTraffic is what the sockets shunt holds in one cgroup have sent
@@ -134,4 +140,115 @@ func (in *Install) retire(t Traffic) error {
 	perCPU[0].TcpBytes += t.TCPBytes
 	perCPU[0].TcpSends += t.TCPSends
 	return m.Update(uint64(retiredID), perCPU, ebpf.UpdateAny)
+}
+
+// Attach enables bypass for sockets of a cgroup and its descendants. It
+// returns false if the cgroup was enabled already. Listeners in it older
+// than the attach pair their new connections too (each connection request
+// registers, whatever its listener's age).
+func (in *Install) Attach(cg host.Cgroup) (bool, error) {
+	in.sweep()
+	if err := in.setDraining(false); err != nil {
+		return false, err
+	}
+	where := in.cgroupPin(cg.ID)
+	if _, err := os.Stat(where); err == nil {
+		return false, nil
+	}
+	// The sockopt hooks go first: a cgroup must never have sockops
+	// (sockets in the sockhash) without them.
+	if err := in.attachSockopts(cg); err != nil {
+		return false, err
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: ebpf.AttachCGroupSockOps, Program: in.sockops})
+	if err != nil {
+		err = fmt.Errorf("attach sockops to %s: %w", cg.Path, err)
+		return false, errors.Join(err, in.detachSockopts(cg.ID))
+	}
+	defer l.Close()
+	// Pin under a temporary name, then rename: a racing enable of the same
+	// cgroup loses the rename and its link detaches when closed.
+	tmp := where + "-new-" + strconv.Itoa(os.Getpid())
+	if err := l.Pin(tmp); err != nil {
+		return false, errors.Join(fmt.Errorf("pin cgroup link: %w", err), in.detachSockopts(cg.ID))
+	}
+	if err := pin.RenameNoReplace(tmp, where); err != nil {
+		os.Remove(tmp)
+		if errors.Is(err, os.ErrExist) {
+			return false, nil // the racing enable pinned both
+		}
+		return false, errors.Join(fmt.Errorf("pin cgroup link: %w", err), in.detachSockopts(cg.ID))
+	}
+	return true, nil
+}
+
+// Detach disables bypass for new connections of a cgroup. Connections
+// already bypassed keep working. It returns false if the cgroup was not
+// enabled.
+func (in *Install) Detach(cgroupID uint64) (bool, error) {
+	in.sweep()
+	pin := in.cgroupPin(cgroupID)
+	l, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("open cgroup link: %w", err)
+	}
+	defer l.Close()
+	if err := l.Unpin(); err != nil {
+		return false, fmt.Errorf("unpin cgroup link: %w", err)
+	}
+	// After sockops: no new socket of the cgroup joins the sockhash now.
+	if err := in.detachSockopts(cgroupID); err != nil {
+		return true, err
+	}
+	return true, nil
+}
+
+func (in *Install) cgroupPin(id uint64) string {
+	return filepath.Join(in.dir, cgroupsDir, strconv.FormatUint(id, 10))
+}
+
+// IsEnabled says whether bypass is enabled for the cgroup with this id.
+func (in *Install) IsEnabled(cgroupID uint64) bool {
+	_, err := os.Stat(in.cgroupPin(cgroupID))
+	return err == nil
+}
+
+// EnabledCgroup is a cgroup whose new connections are bypassed.
+type EnabledCgroup struct {
+	ID   uint64 `json:"id"`
+	Path string `json:"path"` // "" if the cgroup was removed
+}
+
+// Cgroups lists the enabled cgroups.
+func (in *Install) Cgroups() ([]EnabledCgroup, error) {
+	ids, err := in.CgroupIDs()
+	if err != nil {
+		return nil, err
+	}
+	var out []EnabledCgroup
+	for _, id := range ids {
+		out = append(out, EnabledCgroup{ID: id, Path: host.CgroupPathByID(id)})
+	}
+	return out, nil
+}
+
+// CgroupIDs lists the ids of the enabled cgroups (without the walk of the
+// hierarchy that finds their paths).
+func (in *Install) CgroupIDs() ([]uint64, error) {
+	ents, err := os.ReadDir(filepath.Join(in.dir, cgroupsDir))
+	if err != nil {
+		return nil, err
+	}
+	var out []uint64
+	for _, e := range ents {
+		id, err := strconv.ParseUint(e.Name(), 10, 64)
+		if err != nil {
+			continue // a pin still being renamed into place
+		}
+		out = append(out, id)
+	}
+	return out, nil
 }
