@@ -28,7 +28,8 @@ for r in $(seq "$rounds"); do
       perf script -i "$out/perf.data" -F comm,ip,sym 2>/dev/null | awk -v RS= -v comm="$comm" '
         $1 == comm {
           w = "other (Go runtime, timers)"
-          if ($0 ~ /__lock_sock/) w = "writer: the receiving socket'"'"'s lock"
+          if ($0 ~ /__lock_sock/ && $0 ~ /recvmsg/) w = "reader: its socket'"'"'s lock"
+          else if ($0 ~ /__lock_sock/) w = "writer: the receiving socket'"'"'s lock"
           else if ($0 ~ /sk_stream_wait_memory/) w = "writer: send buffer full"
           else if ($0 ~ /unix_wait_for_peer|sock_alloc_send_pskb/) w = "writer: unix peer full"
           else if ($0 ~ /do_sys_poll/) w = "reader: poll"
