@@ -359,3 +359,29 @@ func TestBenchUDPTiny(t *testing.T) {
 		t.Errorf("bad --modes: exit %d, %q", code, stderr)
 	}
 }
+
+// The throughput table explains a bypass row below TCP, and says nothing
+// when none is.
+func TestThroughputTableExplainsARowBelowTCP(t *testing.T) {
+	row := func(mode string, ratio float64) bench.ThroughputResult {
+		return bench.ThroughputResult{Topology: bench.Veth, Placement: bench.CrossCPU, Mode: mode, WriteSize: 64 << 10,
+			RoundGbps: []float64{10}, MedianGbps: 10, RatioToTCP: ratio}
+	}
+	for _, tc := range []struct {
+		name string
+		res  []bench.ThroughputResult
+		want bool
+	}{
+		{"shunt ahead", []bench.ThroughputResult{row(bench.ModeTCP, 1), row(bench.ModeShunt, 1.2), row(bench.ModeUnix, 0.9)}, false},
+		{"shunt behind", []bench.ThroughputResult{row(bench.ModeTCP, 1), row(bench.ModeShunt, 0.88)}, true},
+		{"only the bare redirect behind", []bench.ThroughputResult{row(bench.ModeTCP, 1), row(bench.ModeBare, 0.7), row(bench.ModeShunt, 1.0)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out strings.Builder
+			printThroughput(&out, tc.res)
+			if got := strings.Contains(out.String(), "Where shunt is below tcp"); got != tc.want {
+				t.Errorf("note printed %v, want %v:\n%s", got, tc.want, out.String())
+			}
+		})
+	}
+}

@@ -83,4 +83,19 @@ func printThroughput(w io.Writer, res []bench.ThroughputResult) {
 		}
 		fmt.Fprintf(w, "\n%s topology, %d rounds per row%s.\n", res[0].Topology, len(res[0].RoundGbps), reads)
 	}
+	if shuntBehindTCP(res) {
+		fmt.Fprintln(w, "Where shunt is below tcp: each redirected send is its own message that wakes the reader, and\n"+
+			"across CPUs the writer waits while the reader copies under its socket lock; TCP gathers writes\n"+
+			"into segments and queues without that lock (docs/BENCHMARKS.md, \"One-way throughput\").")
+	}
+}
+
+// shuntBehindTCP says whether a bypass row moved fewer bytes than TCP's.
+func shuntBehindTCP(res []bench.ThroughputResult) bool {
+	for _, r := range res {
+		if r.Mode == bench.ModeShunt && r.RatioToTCP > 0 && r.RatioToTCP < 1 {
+			return true
+		}
+	}
+	return false
 }
