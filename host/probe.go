@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -284,20 +285,7 @@ func FionreadCountsTCP() bool {
 // redirected into it (sk_psock.msg_tot_len): FIONREAD counts them there,
 // and shunt's flow control reads the count; before it (6.1) shunt counts.
 func PsockCountsQueue() bool {
-	spec, err := btf.LoadKernelSpec()
-	if err != nil {
-		return false
-	}
-	var psock *btf.Struct
-	if spec.TypeByName("sk_psock", &psock) != nil {
-		return false
-	}
-	for _, m := range psock.Members {
-		if m.Name == "msg_tot_len" {
-			return true
-		}
-	}
-	return false
+	return kernelStructHas("sk_psock", "msg_tot_len")
 }
 
 // CanRefuseSplice says whether a BPF LSM program attaches to
@@ -357,12 +345,45 @@ func scratchSkMsg() (*ebpf.Map, *ebpf.Program, error) {
 // kernelHasFunc says whether the kernel's BTF has a function of this name
 // (a kfunc, for instance).
 func kernelHasFunc(name string) bool {
-	spec, err := btf.LoadKernelSpec()
-	if err != nil {
+	return kernelBTFSays("func "+name, func(spec *btf.Spec) bool {
+		var fn *btf.Func
+		return spec.TypeByName(name, &fn) == nil
+	})
+}
+
+// kernelStructHas says whether the kernel's BTF has a struct of this name
+// with a member of that name.
+func kernelStructHas(name, member string) bool {
+	return kernelBTFSays("struct "+name+"."+member, func(spec *btf.Spec) bool {
+		var st *btf.Struct
+		if spec.TypeByName(name, &st) != nil {
+			return false
+		}
+		for _, m := range st.Members {
+			if m.Name == member {
+				return true
+			}
+		}
 		return false
+	})
+}
+
+// kernelAnswers holds what the running kernel's BTF said, by question: it
+// cannot change while shunt runs, and decoding it for each question took
+// 20 ms on the host and seconds under qemu without KVM, several times an
+// install.
+var kernelAnswers sync.Map
+
+// kernelBTFSays asks the kernel's BTF once per process; without BTF every
+// answer is no.
+func kernelBTFSays(question string, ask func(*btf.Spec) bool) bool {
+	if v, ok := kernelAnswers.Load(question); ok {
+		return v.(bool)
 	}
-	var fn *btf.Func
-	return spec.TypeByName(name, &fn) == nil
+	spec, err := btf.LoadKernelSpec()
+	yes := err == nil && ask(spec)
+	kernelAnswers.Store(question, yes)
+	return yes
 }
 
 // canLoadTracing loads (and drops) a do-nothing tracing program of this
