@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
@@ -276,7 +277,7 @@ func RemoveLearned(dir string, onlyIfEmpty bool) error {
 // creates and pins it there.
 func openLearned(dir string) (*ebpf.Map, error) {
 	where := filepath.Join(LearnedDir(dir), learnedMap)
-	spec, err := loadBypass()
+	spec, err := newSpec()
 	if err != nil {
 		return nil, fmt.Errorf("load BPF spec: %w", err)
 	}
@@ -312,7 +313,7 @@ func openLearned(dir string) (*ebpf.Map, error) {
 }
 
 func build(dir string, opts Options, learned *ebpf.Map) error {
-	spec, err := loadBypass()
+	spec, err := newSpec()
 	if err != nil {
 		return fmt.Errorf("load BPF spec: %w", err)
 	}
@@ -331,8 +332,11 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 		SkMsg      *ebpf.Program `ebpf:"shunt_sk_msg"`
 		Splices    *ebpf.Program `ebpf:"shunt_splices"`
 	}
+	// One decode of the kernel's BTF for every load of this install (each
+	// load made its own: seconds under qemu without KVM).
+	cache := btf.NewCache()
 	replace := map[string]*ebpf.Map{learnedMap: learned}
-	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace}); err != nil {
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace, Cache: cache}); err != nil {
 		return host.Explain(fmt.Errorf("load BPF programs: %w", err), "shunt bypass", host.MinKernel)
 	}
 	defer objs.Sockops.Close()
@@ -343,7 +347,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	defer objs.bypassMaps.Close()
 	shared := mapsOf(&objs.bypassMaps)
 	shared[learnedMap] = learned
-	reads, err := loadReaderWatch(spec, shared)
+	reads, err := loadReaderWatch(spec, shared, cache)
 	if err != nil {
 		return err
 	}
@@ -387,7 +391,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 		return err
 	}
 	if cfg.FionreadCorrected != 0 {
-		if err := attachFionreadFix(dir, spec, &objs.bypassMaps); err != nil {
+		if err := attachFionreadFix(dir, spec, &objs.bypassMaps, cache); err != nil {
 			return err
 		}
 	}
@@ -397,7 +401,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if !host.CanRefuseSplice() {
 		return ErrNoSpliceRefusal
 	}
-	return attachSpliceRefusal(dir, spec, &objs.bypassMaps)
+	return attachSpliceRefusal(dir, spec, &objs.bypassMaps, cache)
 }
 
 // A writer with Nagle's algorithm on whose sends of at most smallWriteSize
@@ -472,8 +476,8 @@ func newConfig(opts Options) bypassConfig {
 // (6.3), or where that is missing as fexit on tcp_bpf_recvmsg (kernels
 // whose fexit programs load; not these VMs, locked down). Errors name the
 // tracepoint, the mechanism shunt prefers.
-func loadReaderWatch(spec *ebpf.CollectionSpec, maps map[string]*ebpf.Map) (*ebpf.Program, error) {
-	opts := &ebpf.CollectionOptions{MapReplacements: maps}
+func loadReaderWatch(spec *ebpf.CollectionSpec, maps map[string]*ebpf.Map, cache *btf.Cache) (*ebpf.Program, error) {
+	opts := &ebpf.CollectionOptions{MapReplacements: maps, Cache: cache}
 	var tp struct {
 		Reads *ebpf.Program `ebpf:"shunt_reads"`
 	}
@@ -506,12 +510,12 @@ func pinLink(dir, name string, l link.Link, err error, what string) error {
 
 // attachSpliceRefusal loads and attaches the LSM program that refuses a
 // splice from a bypassed socket (kernels that run BPF LSM programs).
-func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps) error {
+func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps, cache *btf.Cache) error {
 	var objs struct {
 		Refuse *ebpf.Program `ebpf:"shunt_refuse_splice"`
 	}
 	replace := map[string]*ebpf.Map{"sock_states": maps.SockStates, "counters": maps.Counters}
-	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace}); err != nil {
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace, Cache: cache}); err != nil {
 		return fmt.Errorf("load the splice refusal (lsm/file_permission): %w", err)
 	}
 	defer objs.Refuse.Close()
@@ -532,12 +536,12 @@ func (in *Install) FionreadCorrected() bool {
 
 // attachFionreadFix attaches the FIONREAD correction to the ioctl system
 // call's exit tracepoint (tracefs names it: mounted if it is not).
-func attachFionreadFix(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps) error {
+func attachFionreadFix(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps, cache *btf.Cache) error {
 	var objs struct {
 		Fionread *ebpf.Program `ebpf:"shunt_fionread"`
 	}
 	replace := map[string]*ebpf.Map{"counters": maps.Counters}
-	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace}); err != nil {
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace, Cache: cache}); err != nil {
 		return fmt.Errorf("load the FIONREAD correction (tracepoint syscalls/sys_exit_ioctl): %w", err)
 	}
 	defer objs.Fionread.Close()

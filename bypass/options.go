@@ -27,7 +27,7 @@ func (in *Install) Options() (Options, error) {
 // config reads the configuration the install's programs were loaded with.
 func (in *Install) config() (bypassConfig, error) {
 	var cfg bypassConfig
-	spec, err := loadBypass()
+	spec, err := newSpec()
 	if err != nil {
 		return cfg, err
 	}

@@ -153,7 +153,7 @@ func (in *Install) loadIterators() (*iterators, error) {
 // (a program that reads past an older value is refused by the verifier).
 // vars sets constants of the program's own (as the listener watch).
 func (in *Install) loadBound(objs any, vars map[string]any) error {
-	spec, err := loadBypass()
+	spec, err := newSpec()
 	if err != nil {
 		return err
 	}

@@ -30,7 +30,7 @@ func (in *Install) OpenStallScan() (*StallScan, error) {
 		Stalls *ebpf.Program `ebpf:"shunt_iter_stalls"`
 	}
 	if err := in.loadBound(&objs, nil); err != nil {
-		if spec, serr := loadBypass(); serr == nil && in.maps["peer_refs"].ValueSize() != spec.Maps["peer_refs"].ValueSize {
+		if spec, serr := newSpec(); serr == nil && in.maps["peer_refs"].ValueSize() != spec.Maps["peer_refs"].ValueSize {
 			return nil, ErrNoStallScan
 		}
 		return nil, fmt.Errorf("load the stall scan: %w", err)

@@ -369,7 +369,7 @@ func (in *Install) timerSlotOffset() (int, bool) {
 	if in.maps[freeTimersMap] == nil {
 		return 0, false
 	}
-	spec, err := loadBypass()
+	spec, err := newSpec()
 	if err != nil || spec.Maps["peer_refs"].ValueSize != in.maps["peer_refs"].ValueSize() {
 		return 0, false
 	}
