@@ -27,6 +27,9 @@ while read -r pkg pattern skip; do
   else
     [ "$skip" = '^$' ] && skip= || skip=" (left out: $skip)"
     echo "ok    $pkg $pattern: $passed passed, ${secs}s$skip"
+    # The row's slowest tests: what to move when a row nears its 15 minutes.
+    printf '%s\n' "$out" | sed -n 's/^--- PASS: \([^ ]*\) (\([0-9.]*\)s)$/\2 \1/p' | sort -rn | head -3 |
+      awk '{printf "%s%s %.0fs", (NR > 1 ? ", " : "      slowest: "), $2, $1} END {if (NR) print ""}'
   fi
 done < /tmp/shunt-kernel-rows
 exit $status
