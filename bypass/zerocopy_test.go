@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -111,12 +112,19 @@ func zerocopyPair(t *testing.T, side testenv.Side, who string) (c, s *net.TCPCon
 // arrived and which completions the error queue reported.
 func zerocopyExchange(t *testing.T, tr *transcript, sender, receiver *net.TCPConn) {
 	msgs := []string{"zero ", "copy ", "please"}
+	// The kernel reads a zerocopy send's pages until its completion (over
+	// loopback, when the receiver has taken them): the buffers must live
+	// and stay unchanged until then. A temporary one was freed and reused
+	// once under qemu (6.1): plain TCP's receiver read "zero \x80X\xbe...".
+	bufs := make([][]byte, len(msgs))
 	rawFD(t, sender, func(fd int) {
-		for _, m := range msgs {
-			_, err := unix.SendmsgN(fd, []byte(m), nil, nil, unix.MSG_ZEROCOPY)
+		for i, m := range msgs {
+			bufs[i] = []byte(m)
+			_, err := unix.SendmsgN(fd, bufs[i], nil, nil, unix.MSG_ZEROCOPY)
 			tr.add("send %q err=%v", m, errName(err))
 		}
 	})
+	defer runtime.KeepAlive(bufs)
 	receiver.SetReadDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, len("zero copy please"))
 	n, err := io.ReadFull(receiver, buf)
