@@ -346,14 +346,14 @@ func startMariaDB(t testing.TB, e *env) (port, sock string) {
 	return port, sock
 }
 
-// waitSocketFile waits up to 10 s for a server to make its unix socket.
+// waitSocketFile waits up to startupWait for a server to make its unix socket.
 func waitSocketFile(t testing.TB, path string) {
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(startupWait); ; time.Sleep(20 * time.Millisecond) {
 		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no unix socket at %s after 10 s", path)
+			t.Fatalf("no unix socket at %s after %v", path, startupWait)
 		}
 	}
 }
