@@ -25,13 +25,6 @@ func WithSmallWriteWindow(o Options, d time.Duration) Options {
 	return o
 }
 
-// WithProbationTime is o with the probation's time limit (ProbationTime)
-// set to d.
-func WithProbationTime(o Options, d time.Duration) Options {
-	o.probationTime = d
-	return o
-}
-
 // CgroupCounted says whether cgroup_sends holds an entry for the cgroup id.
 func (in *Install) CgroupCounted(id uint64) bool {
 	var v []bypassCgroupTraffic

@@ -191,11 +191,12 @@ type Options struct {
 	// Mechanisms: the zero value uses the kernel's newest; tests set it
 	// to run an older kernel's ways on this one.
 	Mechanisms host.Mechanisms `json:"-"`
+	// ProbationLimit replaces ProbationTime in the programs; 0 keeps it.
+	// Tests under qemu set it longer: there setting up a few connections
+	// can outlast a second, and end a probation before its probe splices.
+	ProbationLimit time.Duration `json:"-"`
 	// settle replaces redirectSettle in the programs (tests only).
 	settle time.Duration
-	// probationTime replaces ProbationTime in the programs (tests only:
-	// under qemu a test's few round trips can outlast a second).
-	probationTime time.Duration
 	// smallWindow replaces smallWriteWindow in the programs (tests only:
 	// a kernel under qemu sends 64 times in 1 ms seldom).
 	smallWindow time.Duration
@@ -451,7 +452,7 @@ func newConfig(opts Options) bypassConfig {
 		cfg.BriefStreak, cfg.BriefSends, cfg.BriefSample = BriefStreak, BriefSends, BriefSample
 	}
 	if !opts.NoProbation {
-		cfg.ProbationReads, cfg.ProbationNs = ProbationReads, uint64(cmp.Or(opts.probationTime, ProbationTime))
+		cfg.ProbationReads, cfg.ProbationNs = ProbationReads, uint64(cmp.Or(opts.ProbationLimit, ProbationTime))
 	}
 	if opts.Mechanisms.KernelReadsByProbe() {
 		cfg.ProbeReads = 1

@@ -47,7 +47,7 @@ func TestProbationKeepsANewProgramOnTCPUntilItsProbeRead(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			in, cg := mustInstallNew(t, bypass.WithProbationTime(bypass.Options{}, tc.limit))
+			in, cg := mustInstallNew(t, bypass.Options{ProbationLimit: tc.limit})
 			a1, a2 := connPair(t, cg)
 			b1, b2 := connPair(t, cg)
 			start := time.Now()
