@@ -4,7 +4,8 @@
 #
 #   scripts/kernels.sh setup            install qemu, virtme-ng and the kernels of scripts/kernels/matrix
 #   scripts/kernels.sh run NAME CMD     run CMD (a shell command) as root on kernel NAME
-#   scripts/kernels.sh test [NAME...]   the selection of scripts/kernels/tests on each kernel (default: all)
+#   scripts/kernels.sh test [NAME...]   the selection of scripts/kernels/tests on each kernel (default: all);
+#                                       ROWS=ci runs only the rows tagged :ci (CI's), ROWS=rest the others
 #   scripts/kernels.sh clean            remove the cache and the kernels' modules
 #
 # The cache (kernels, the virtme-ng venv, apt lists) is $SHUNT_KERNEL_CACHE,
@@ -140,12 +141,14 @@ test)
   names=("$@")
   [ ${#names[@]} -gt 0 ] || mapfile -t names < <(matrix | awk '{print $1}')
   bins="$repo/bin/kernel-tests"
+  rows=${ROWS:-all}
+  case $rows in all|ci|rest) ;; *) die "ROWS=$rows: want all, ci or rest" ;; esac
   "$here/kernels/build-tests.sh" "$bins"
   failed=()
   for name in "${names[@]}"; do
     echo "== kernel $name ($(cat "$cache/$name/version" 2>/dev/null || echo not set up))"
     start=$(date +%s)
-    if run "$name" "sh $here/kernels/guest-tests.sh $bins $name"; then
+    if run "$name" "sh $here/kernels/guest-tests.sh $bins $name $rows"; then
       echo "== kernel $name: passed in $(( $(date +%s) - start )) s"
     else
       echo "== kernel $name: FAILED after $(( $(date +%s) - start )) s"

@@ -1,11 +1,17 @@
 #!/bin/sh
 # Runs inside a kernel under qemu (scripts/kernels.sh test): the rows of
-# scripts/kernels/tests for kernel NAME, from the test binaries in DIR.
+# scripts/kernels/tests for kernel NAME, from the test binaries in DIR;
+# ROWS: all (default), ci (the rows tagged :ci) or rest (the others).
 # Exits non-zero if any failed, or if one ran no test at all.
-dir=$1 name=$2
+dir=$1 name=$2 rows=${3:-all}
 here=$(dirname "$0")
 status=0
-grep -v '^#' "$here/tests" | awk -v k="$name" 'NF >= 3 && ($1 == "all" || $1 == k) {print $2, $3, ($4 == "" ? "^$" : $4)}' > /tmp/shunt-kernel-rows
+grep -v '^#' "$here/tests" | awk -v k="$name" -v rows="$rows" '
+  NF >= 3 {
+    split($1, tag, ":"); ci = (tag[2] == "ci")
+    if ((tag[1] == "all" || tag[1] == k) && (rows == "all" || (rows == "ci") == ci))
+      print $2, $3, ($4 == "" ? "^$" : $4)
+  }' > /tmp/shunt-kernel-rows
 while read -r pkg pattern skip; do
   bin="$dir/$(echo "$pkg" | tr / _).test"
   start=$(date +%s)
