@@ -96,8 +96,8 @@ volatile const struct config {
 	__u32 brief_sample;   /* one connection in this many to a brief port is paired anyway, to see whether they still are */
 	__u32 brief_pad;
 	__u32 probation_reads; /* a program's readers read by TCP until one of them, its probe, read this many times ... (0: no probation) */
-	__u32 probation_pad;
-	__u64 probation_ns;   /* ... or this long passed since the first probe began */
+	__u32 probation_time_reads; /* ... or the probe read this many times (0: any) ... */
+	__u64 probation_ns;   /* ... and this long passed since the first probe began */
 } cfg = {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,

@@ -69,7 +69,7 @@ type bypassConfig struct {
 	BriefSample        uint32
 	BriefPad           uint32
 	ProbationReads     uint32
-	ProbationPad       uint32
+	ProbationTimeReads uint32
 	ProbationNs        uint64
 }
 

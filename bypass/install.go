@@ -132,15 +132,18 @@ const (
 // A program new to the install reads by TCP on all its connections of a
 // role (accepted, connected) until the first of them, its probe, has read
 // ProbationReads times without splicing, or ProbationTime passed since the
-// probe began: a program that reads a header and then splices (HAProxy's
-// splice-response, a Go proxy's io.Copy) splices within that from a socket
-// holding nothing splice cannot read, and is learned with no connection
-// caught, where each of its connections holding redirected bytes then was
-// (HAProxy, 20 concurrent connections: 2 and 4 resets in 2 of 14 runs).
-// Counted: Counters.ReaderHeld.
+// probe began and the probe read ProbationTimeReads times: a program that
+// reads a header and then splices (HAProxy's splice-response, a Go proxy's
+// io.Copy) splices within that from a socket holding nothing splice cannot
+// read, and is learned with no connection caught, where each of its
+// connections holding redirected bytes then was (HAProxy, 20 concurrent
+// connections: 2 and 4 resets in 2 of 14 runs). Time alone proves nothing:
+// a probe that read its header and waits for a slow upstream's body before
+// it splices has read once. Counted: Counters.ReaderHeld.
 const (
-	ProbationReads = 16
-	ProbationTime  = time.Second
+	ProbationReads     = 16
+	ProbationTime      = time.Second
+	ProbationTimeReads = 2
 )
 
 // recvProgramsMap holds the programs on probation or past it (not in
@@ -453,6 +456,7 @@ func newConfig(opts Options) bypassConfig {
 	}
 	if !opts.NoProbation {
 		cfg.ProbationReads, cfg.ProbationNs = ProbationReads, uint64(cmp.Or(opts.ProbationLimit, ProbationTime))
+		cfg.ProbationTimeReads = ProbationTimeReads
 	}
 	if opts.Mechanisms.KernelReadsByProbe() {
 		cfg.ProbeReads = 1

@@ -134,3 +134,51 @@ func wantNewPrograms(t *testing.T, in *bypass.Install, held uint64) []bypass.New
 	}
 	return ps
 }
+
+// Time alone does not end a probation: past ProbationTime a program's
+// readers are still held while its probe has read once (a proxy's probe
+// that read a header and waits for the body it will splice), and admitted
+// once the probe reads again without splicing (guard's
+// TestSlowUpstreamSplicerIsNeverCaught). Seen failing when the limit alone
+// admitted: "b past the limit, its probe read once: 1 and 1 sends redirected".
+func TestProbationTimeWaitsForTheProbesSecondRead(t *testing.T) {
+	const limit = 300 * time.Millisecond
+	in, cg := mustInstallNew(t, bypass.Options{ProbationLimit: limit})
+	a1, a2 := connPair(t, cg)
+	b1, b2 := connPair(t, cg)
+	exchange(t, a1, a2, "w") // a's readers: the probes, one read each
+	exchange(t, a2, a1, "w")
+	time.Sleep(limit + 100*time.Millisecond)
+	for range 2 {
+		exchange(t, b1, b2, "held")
+		exchange(t, b2, b1, "held")
+	}
+	fb := flowOf(t, in, testenv.Cookie(t, b1))
+	if fb == nil || fb.Client == nil || fb.Server == nil {
+		t.Fatalf("b is not a bypassed flow: %+v", fb)
+	}
+	if fb.Client.TxMsgs+fb.Server.TxMsgs != 0 {
+		t.Fatalf("b past the limit, its probe read once: %d and %d sends redirected, want 0", fb.Client.TxMsgs, fb.Server.TxMsgs)
+	}
+	for _, p := range wantNewPrograms(t, in, 2) {
+		if p.Admitted {
+			t.Fatalf("new program %+v admitted by time alone", p)
+		}
+	}
+
+	exchange(t, a1, a2, "again") // the probes' second reads, past the limit
+	exchange(t, a2, a1, "again")
+	for range 2 {
+		exchange(t, b1, b2, "now")
+		exchange(t, b2, b1, "now")
+	}
+	fb = flowOf(t, in, testenv.Cookie(t, b1))
+	if fb.Client.TxMsgs == 0 || fb.Server.TxMsgs == 0 {
+		t.Fatalf("b after the probes read again: %d and %d sends redirected, want the last at least", fb.Client.TxMsgs, fb.Server.TxMsgs)
+	}
+	for _, p := range wantNewPrograms(t, in, 2) {
+		if !p.Admitted {
+			t.Fatalf("new program %+v not admitted after its probe's second read", p)
+		}
+	}
+}

@@ -88,7 +88,7 @@ type Counters struct {
 	BriefPort uint64 `json:"connections_brief_port" help:"Connections left on TCP unpaired: their server port's last 16 bypassed connections from the same client address in a row closed after at most 4 sends from each end, too few for the redirect to win back the pairing; one in 64 is still paired, to see whether they still are."`
 	// ReaderHeld counts readers that read by TCP while their program was
 	// on probation (ProbationReads).
-	ReaderHeld uint64 `json:"readers_held" help:"Readers that read by TCP while their program (by command name) was new to the install: its readers of a role (accepted, connected) take no redirected bytes until the first of them has read 16 times without splicing, or 1 s passed, so a program that reads a header and then splices is learned with no connection caught."`
+	ReaderHeld uint64 `json:"readers_held" help:"Readers that read by TCP while their program (by command name) was new to the install: its readers of a role (accepted, connected) take no redirected bytes until the first of them has read 16 times without splicing, or twice and 1 s passed, so a program that reads a header and then splices is learned with no connection caught."`
 	// PresumedSplicers counts bypassed sockets sent back to TCP when their
 	// reader's program was learned splicing, before it spliced from them.
 	PresumedSplicers uint64 `json:"presumed_splicers" help:"Bypassed sockets sent back to TCP when their reader's program was first seen splicing (before it could splice from them)."`

@@ -346,12 +346,22 @@ static __always_inline void watch_boundary_peek(struct sock *sk, struct sock_sta
  * to the install: its readers of one role (accepted, connected) read by
  * TCP until the first of them, its probe, has read cfg.probation_reads
  * times without splicing, or cfg.probation_ns passed since the probe
- * began. A program that reads a header and then splices (HAProxy, a Go
- * proxy's io.Copy) splices within that, from a socket holding nothing
- * splice cannot read: learned at that splice with no connection caught,
- * where each of its connections holding redirected bytes then was (HAProxy,
- * 20 concurrent connections: 2 and 4 resets in 2 of 14 runs; 7-20 of 20 in
- * a test). A reader kept waiting is asked again at its next read. */
+ * began and the probe read cfg.probation_time_reads times (two: again
+ * after its first read).
+ * A program that reads a header and then splices (HAProxy, a Go proxy's
+ * io.Copy) splices within that, from a socket holding nothing splice cannot
+ * read: learned at that splice with no connection caught, where each of its
+ * connections holding redirected bytes then was (HAProxy, 20 concurrent
+ * connections: 2 and 4 resets in 2 of 14 runs; 7-20 of 20 in a test). Time
+ * alone proves nothing: a probe that read its header and waits for a slow
+ * upstream's body has not shown it reads rather than splices, and another
+ * connection admitted then would be caught at its splice. A reader kept
+ * waiting is asked again at its next read. */
+static __always_inline int proven_by_time(struct recv_program *rp, __u32 reads, __u64 now)
+{
+	return reads >= cfg.probation_time_reads && now - rp->since_ns > cfg.probation_ns;
+}
+
 static __always_inline int admit_reader(struct sock *sk, struct sock_state *st, struct peer_ref *ref,
 					struct splice_program *prog, int ret)
 {
@@ -378,7 +388,7 @@ static __always_inline int admit_reader(struct sock *sk, struct sock_state *st, 
 		return 1;
 	if (rp->probe == cookie)
 		goto probe;
-	if (now - rp->since_ns > cfg.probation_ns) {
+	if (proven_by_time(rp, rp->reads, now)) {
 		rp->proven = 1;
 		return 1;
 	}
@@ -394,9 +404,12 @@ probe:
 		__builtin_memcpy(ref->reader_comm, prog->comm, sizeof(ref->reader_comm));
 		__sync_fetch_and_or(&st->flags, STATE_PROBE);
 	}
-	if (ret > 0 && __sync_fetch_and_add(&rp->reads, 1) + 1 >= cfg.probation_reads) {
-		rp->proven = 1;
-		return 1;
+	if (ret > 0) {
+		__u32 reads = __sync_fetch_and_add(&rp->reads, 1) + 1;
+		if (reads >= cfg.probation_reads || proven_by_time(rp, reads, now)) {
+			rp->proven = 1;
+			return 1;
+		}
 	}
 held:
 	if (!(st->flags & STATE_HELD)) {

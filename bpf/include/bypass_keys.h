@@ -256,7 +256,7 @@ struct recv_program {
 	__u64 since_ns; /* bpf_ktime_get_ns() when the first probe began */
 	__u64 held;     /* its readers kept on TCP meanwhile, the probes too */
 	__u32 reads;    /* the probe's reads so far */
-	__u32 proven;   /* 1: a probe read cfg.probation_reads times without splicing, or cfg.probation_ns passed */
+	__u32 proven;   /* 1: a probe read cfg.probation_reads times without splicing, or cfg.probation_time_reads times and cfg.probation_ns passed */
 };
 
 struct splice_seen {

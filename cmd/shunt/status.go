@@ -165,7 +165,7 @@ func printStatus(e *env, r statusReport) {
 			fmt.Fprintf(w, "FIONREAD:\t%d answers corrected (the kernel's left queued bytes out)\n", c.FionreadCorrected)
 		}
 		fmt.Fprintf(w, "differences:\t%d blocking reads failed with EAGAIN where TCP would have restarted them (a signal), %d setsockopt(SO_ZEROCOPY) refused with EOPNOTSUPP, %d setsockopt(TCP_ULP) (kernel TLS) refused with ENOENT (docs/TRANSPARENCY.md)\n", c.EAGAIN, c.ZerocopyRefused, c.ULPRefused)
-		fmt.Fprintf(w, "splice readers:\t%d splices refused with EINVAL (the application read instead), %d let through after a refused one (the application did not read instead), %d sockets sent back to TCP when their reader spliced, %d caught with redirected bytes queued (reset by the guard; %d of them cut short: their peer's end of stream came first and the splice returned it), %d readers kept on TCP because their program splices, %d sockets sent back to TCP when their program was learned (%d of them with redirected bytes queued), %d readers that read by TCP while their program was new to shunt (until one of its readers read 16 times without splicing, or 1 s passed)\n", c.SplicesRefused, c.SplicesRetried, c.SpliceReaders, c.SpliceCaught, c.SpliceTruncated, c.LearnedReaders, c.PresumedSplicers, c.PresumedQueued, c.ReaderHeld)
+		fmt.Fprintf(w, "splice readers:\t%d splices refused with EINVAL (the application read instead), %d let through after a refused one (the application did not read instead), %d sockets sent back to TCP when their reader spliced, %d caught with redirected bytes queued (reset by the guard; %d of them cut short: their peer's end of stream came first and the splice returned it), %d readers kept on TCP because their program splices, %d sockets sent back to TCP when their program was learned (%d of them with redirected bytes queued), %d readers that read by TCP while their program was new to shunt (until one of its readers read 16 times without splicing, or twice and 1 s passed)\n", c.SplicesRefused, c.SplicesRetried, c.SpliceReaders, c.SpliceCaught, c.SpliceTruncated, c.LearnedReaders, c.PresumedSplicers, c.PresumedQueued, c.ReaderHeld)
 		for _, p := range r.Stats.SplicePrograms {
 			line := "any command line (taught by name)"
 			if !p.ByName {
@@ -178,8 +178,8 @@ func printStatus(e *env, r statusReport) {
 			if p.Admitted {
 				continue
 			}
-			fmt.Fprintf(w, "new program %s (%s connections):\tits readers read by TCP until one of them has read %d times without splicing (%d so far) or %s passed (began %s ago); %d readers held so far\n",
-				p.Command, p.Role, bypass.ProbationReads, p.ProbeReads, bypass.ProbationTime, time.Since(p.Since).Round(time.Millisecond), p.Held)
+			fmt.Fprintf(w, "new program %s (%s connections):\tits readers read by TCP until one of them has read %d times without splicing (%d so far), or %d times and %s passed (began %s ago); %d readers held so far\n",
+				p.Command, p.Role, bypass.ProbationReads, p.ProbeReads, bypass.ProbationTimeReads, bypass.ProbationTime, time.Since(p.Since).Round(time.Millisecond), p.Held)
 		}
 		for _, p := range r.Stats.ReaderPorts {
 			if p.Client {
