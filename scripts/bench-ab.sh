@@ -14,6 +14,8 @@
 #     TCP and shunt in each run: each binary's shunt/tcp ratio per run too.
 #   small: as streams, for writes of 74 B to 64 KiB from a writer with Nagle's
 #     algorithm on (--nagle), over loopback (64 KiB segments).
+#   readers: as streams, for 64 KiB writes to a reader slower than its
+#     writer (4 KiB and 16 KiB a read, as a download's).
 #   host: plain TCP outside any enabled cgroup while the binary's install
 #     is in place (for an empty cgroup): what the install costs the host's
 #     other programs. 74 B (Nagle on) and 1 KiB (TCP_NODELAY) writes.
@@ -23,9 +25,9 @@
 # Build a commit's binary with:
 #   git worktree add /tmp/old COMMIT && (cd /tmp/old && go build -o /tmp/shunt-old ./cmd/shunt)
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams|small|host]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams|small|readers|host]" >&2; exit 2; }
 a=$1 b=$2 rounds=${3:-7} what=${4:-bypass}
-case $what in bypass|join|newconn|streams|small|host) ;; *) echo "$0: what to compare: bypass, join, newconn, streams, small or host, not $what" >&2; exit 2 ;; esac
+case $what in bypass|join|newconn|streams|small|readers|host) ;; *) echo "$0: what to compare: bypass, join, newconn, streams, small, readers or host, not $what" >&2; exit 2 ;; esac
 out=$(mktemp -d /tmp/shunt-bench-ab-XXXXXX)
 cg=$(awk '$9 == "cgroup2" {print $5; exit}' /proc/self/mountinfo)/shunt-test-bench-host
 pin=/sys/fs/bpf/shunt-test-bench-host
@@ -59,6 +61,14 @@ run() { # binary tag round
     echo '[]' > "$out/$2-lat-$3.json"
     "$1" bench throughput --nagle --topology loopback --write-sizes 74,1K,4K,16K,32K,64K --modes tcp,shunt \
       --placement same-cpu,cross-cpu --rounds 1 --duration 1s --json > "$out/$2-tput-$3.json"
+    return
+  fi
+  if [ "$what" = readers ]; then
+    echo '[]' > "$out/$2-lat-$3.json"
+    "$1" bench throughput --write-sizes 64K --read-size 4K --modes tcp,shunt --placement same-cpu,cross-cpu \
+      --rounds 1 --duration 1s --json > "$out/$2-tput-$3.json"
+    "$1" bench throughput --write-sizes 64K --read-size 16K --modes tcp,shunt --placement same-cpu,cross-cpu \
+      --rounds 1 --duration 1s --json > "$out/$2-tput2-$3.json"
     return
   fi
   if [ "$what" = streams ]; then
@@ -112,13 +122,15 @@ for tag in "AB":
         tput = [json.load(open(f)) for f in (f"{out}/{tag}-tput-{r}.json", f"{out}/{tag}-tput2-{r}.json") if os.path.exists(f)]
         for e in (e for runs in tput for e in runs):
             key = f"throughput {e['write_size']} B writes {e['placement']}"
+            if what == "readers":
+                key += f" {e['read_size']} B reads"
             if e.get("mode", "shunt") != "shunt":
                 if e["mode"] == "tcp":
                     rows.setdefault((key, "Gbit/s plain TCP"), {}).setdefault(tag, []).append(e["median_gbit_per_s"])
                     if what == "host":
                         rows.setdefault((key, "CPU s/GB plain TCP"), {}).setdefault(tag, []).append(e["machine_cpu_s_per_gb"])
                 continue
-            if "ratio_to_tcp" in e and what in ("streams", "small"):
+            if "ratio_to_tcp" in e and what in ("streams", "small", "readers"):
                 rows.setdefault((key, "shunt / tcp"), {}).setdefault(tag, []).append(e["ratio_to_tcp"])
             rows.setdefault((key, "Gbit/s"), {}).setdefault(tag, []).append(e["median_gbit_per_s"])
             rows.setdefault((key, "CPU s/GB"), {}).setdefault(tag, []).append(e["machine_cpu_s_per_gb"])
