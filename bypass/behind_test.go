@@ -1,0 +1,121 @@
+package bypass_test
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/shunt-project/shunt/bypass"
+	"github.com/shunt-project/shunt/internal/testenv"
+)
+
+// A reader slower than its writer, whose stream began by TCP (the writer's
+// first bytes came before the reader's first read, as a download's do),
+// never reads every TCP byte before the next send, so no send may be
+// redirected; over the sockhash such a pair ran at 0.62-0.75x plain TCP.
+// Past BehindBytes of such sends in a row the connection goes back to TCP,
+// every byte in order; so does one whose reader kept up for its first
+// sends, until flow control throttled them (a run longer than all it
+// redirected). A reader that starts late but is faster than its writer
+// catches up and keeps the bypass. Seen failing
+// with the rule off (WithBehindBytes ^0): "connections sent back behind
+// their reader: 0, want 1".
+func TestReaderBehindGoesBackToTCP(t *testing.T) {
+	const behind = 4 << 20
+	// Flow control throttles at 1 MiB, well before the 4 MiB run.
+	in, cg := mustInstallWith(t, bypass.WithBehindBytes(bypass.Options{MaxBacklog: 1 << 20}, behind))
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	cases := []struct {
+		name     string
+		late     time.Duration // the reader's start after the writer's
+		step     int           // the reader's bytes a read
+		pace     time.Duration // the writer's pause after each 64 KiB
+		sentBack bool
+	}{
+		{name: "slow-reader", late: 50 * time.Millisecond, step: 4 << 10, sentBack: true},
+		{name: "slow-reader-redirected-first", step: 4 << 10, sentBack: true},
+		{name: "reader-catches-up", late: 50 * time.Millisecond, step: 256 << 10, pace: 200 * time.Microsecond},
+	}
+	for i, fam := range loopbacks {
+		for j, tc := range cases {
+			if !onDiagonal(i, j) && !tc.sentBack {
+				continue
+			}
+			t.Run(fam.network+"/"+tc.name, func(t *testing.T) {
+				c, s := testenv.ConnPair(t, fam.network, side, fam.addr, side, fam.addr)
+				before, err := in.Counters()
+				if err != nil {
+					t.Fatal(err)
+				}
+				stream := numbered(4 * behind / sendSize)
+				done := make(chan error, 1)
+				go func() {
+					time.Sleep(tc.late)
+					done <- readInSteps(c, stream, tc.step)
+				}()
+				rawFD(t, s, func(fd int) {
+					for k := 0; k < len(stream); k += 64 << 10 {
+						writeAll(t, fd, stream[k:min(k+64<<10, len(stream))])
+						time.Sleep(tc.pace)
+					}
+				})
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+				after, err := in.Counters()
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := before.BehindReader
+				if tc.sentBack {
+					want++
+				}
+				if after.BehindReader != want {
+					t.Fatalf("connections sent back behind their reader: %d, want %d", after.BehindReader-before.BehindReader, want-before.BehindReader)
+				}
+				if tc.sentBack {
+					waitLeft(t, in)
+				} else if f := flowOf(t, in, testenv.Cookie(t, c)); f == nil || !f.Server.Redirecting || f.Server.TxMsgs == 0 {
+					t.Fatalf("the connection left the bypass: %+v", f)
+				}
+				exchange(t, c, s, "after")
+				exchange(t, s, c, "and back")
+			})
+		}
+	}
+}
+
+// readInSteps reads want from c, at most step bytes a read, and says where
+// it differs.
+func readInSteps(c *net.TCPConn, want []byte, step int) error {
+	if err := c.SetReadDeadline(time.Now().Add(60 * time.Second)); err != nil {
+		return err
+	}
+	got := make([]byte, 0, len(want))
+	buf := make([]byte, step)
+	for len(got) < len(want) {
+		n, err := c.Read(buf[:min(step, len(want)-len(got))])
+		if err != nil {
+			return fmt.Errorf("after %d of %d bytes: %w", len(got), len(want), err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if i := firstDifference(got, want); i >= 0 {
+		return fmt.Errorf("byte %d of %d differs: the stream lost, doubled or reordered bytes", i, len(want))
+	}
+	return nil
+}
+
+func firstDifference(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
