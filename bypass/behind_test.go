@@ -64,24 +64,8 @@ func TestReaderBehindGoesBackToTCP(t *testing.T) {
 				if err := <-done; err != nil {
 					t.Fatal(err)
 				}
-				after, err := in.Counters()
-				if err != nil {
-					t.Fatal(err)
-				}
-				want := before.BehindReader
-				if tc.sentBack {
-					want++
-				}
-				if after.BehindReader != want {
-					t.Fatalf("connections sent back behind their reader: %d, want %d", after.BehindReader-before.BehindReader, want-before.BehindReader)
-				}
-				if tc.sentBack {
-					waitLeft(t, in)
-				} else if f := flowOf(t, in, testenv.Cookie(t, c)); f == nil || !f.Server.Redirecting || f.Server.TxMsgs == 0 {
-					t.Fatalf("the connection left the bypass: %+v", f)
-				}
-				exchange(t, c, s, "after")
-				exchange(t, s, c, "and back")
+				requireSentBack(t, in, c, s, before, "behind their reader", func(n bypass.Counters) uint64 { return n.BehindReader }, tc.sentBack,
+					func(f *bypass.Flow) *bypass.Endpoint { return f.Server })
 			})
 		}
 	}
