@@ -71,8 +71,6 @@ type bypassConfig struct {
 	ProbationReads     uint32
 	ProbationTimeReads uint32
 	ProbationNs        uint64
-	BehindBytes        uint32
-	BehindPad          uint32
 }
 
 type bypassControlWord struct {
@@ -128,8 +126,7 @@ const (
 	bypassCounterCNT_SMALL_WRITES       bypassCounter = 41
 	bypassCounterCNT_BRIEF_PORT         bypassCounter = 42
 	bypassCounterCNT_READER_HELD        bypassCounter = 43
-	bypassCounterCNT_BEHIND_READER      bypassCounter = 44
-	bypassCounterCNT_MAX                bypassCounter = 45
+	bypassCounterCNT_MAX                bypassCounter = 44
 )
 
 type bypassEventKind uint32
@@ -243,7 +240,7 @@ type bypassSockState struct {
 	}
 	SmallSince uint64
 	SmallRun   uint32
-	BehindRun  uint32
+	Pad        uint32
 }
 
 type bypassSpliceProgram struct {

@@ -25,13 +25,6 @@ func WithSmallWriteWindow(o Options, d time.Duration) Options {
 	return o
 }
 
-// WithBehindBytes is o with the TCP bytes in a row behind a reader that send
-// its connection back to TCP (BehindBytes) set to n; ^0: never.
-func WithBehindBytes(o Options, n uint32) Options {
-	o.behindBytes = n
-	return o
-}
-
 // CgroupCounted says whether cgroup_sends holds an entry for the cgroup id.
 func (in *Install) CgroupCounted(id uint64) bool {
 	var v []bypassCgroupTraffic

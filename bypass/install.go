@@ -146,18 +146,6 @@ const (
 	ProbationTimeReads = 2
 )
 
-// BehindBytes is how many bytes in a row a socket may send by TCP because
-// its peer's reader is behind (it has not read every byte TCP carried, or
-// the redirected ones are past the bound) before the connection goes back
-// to TCP: a reader slower than its writer never catches up, and over the
-// sockhash the pair then ran at 0.62-0.75x plain TCP (reads of 4 KiB a
-// wake-up under 64 KiB writes). A throttle a reader recovers from sends a
-// few MiB by TCP (its send buffer and receive window: 1.9 MiB an episode,
-// docs/BENCHMARKS.md), and a run must also be longer than all the direction
-// redirected: a stream that moved GBs by redirect keeps it through a long
-// throttle. Counted: Counters.BehindReader.
-const BehindBytes = 32 << 20
-
 // recvProgramsMap holds the programs on probation or past it (not in
 // pinnedMaps: older installs have none).
 const recvProgramsMap = "recv_programs"
@@ -215,9 +203,6 @@ type Options struct {
 	// smallWindow replaces smallWriteWindow in the programs (tests only:
 	// a kernel under qemu sends 64 times in 1 ms seldom).
 	smallWindow time.Duration
-	// behindBytes replaces BehindBytes in the programs (tests only; ^0:
-	// never).
-	behindBytes uint32
 }
 
 // ErrNoSpliceRefusal: RefuseSplice asked on a kernel that runs no BPF LSM
@@ -468,13 +453,6 @@ func newConfig(opts Options) bypassConfig {
 	}
 	if !opts.PairBrief {
 		cfg.BriefStreak, cfg.BriefSends, cfg.BriefSample = BriefStreak, BriefSends, BriefSample
-	}
-	switch opts.behindBytes {
-	case 0:
-		cfg.BehindBytes = BehindBytes
-	case ^uint32(0):
-	default:
-		cfg.BehindBytes = opts.behindBytes
 	}
 	if !opts.NoProbation {
 		cfg.ProbationReads, cfg.ProbationNs = ProbationReads, uint64(cmp.Or(opts.ProbationLimit, ProbationTime))
