@@ -79,7 +79,9 @@ func TestUDPJoin(t *testing.T) {
 				for i := 0; i < n; i++ {
 					// A deadline per datagram: under qemu (6.1, CI) the
 					// 3,000 of a direction outlasted one of 10 s for all.
-					to.SetReadDeadline(time.Now().Add(10 * time.Second))
+					if err := to.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+						t.Fatal(err)
+					}
 					want := datagram(i, sizeOf(i))
 					if _, err := from.Write(want); err != nil {
 						t.Fatal(err)
