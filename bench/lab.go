@@ -191,10 +191,11 @@ func (l *Lab) Close() error {
 	return nil
 }
 
-// smallWritesSentBack is how many connections the mode's install has sent
-// back to TCP for streaming small writes with Nagle's algorithm on; 0 for
-// modes without one.
-func (l *Lab) smallWritesSentBack(mode string) (uint64, error) {
+// sentBackToTCP is how many connections the mode's install has sent back
+// to TCP by a rule that judges TCP faster for them: small writes streamed
+// with Nagle's algorithm on, or a reader that stayed behind its writer; 0
+// for modes without one.
+func (l *Lab) sentBackToTCP(mode string) (uint64, error) {
 	if mode != ModeShunt && mode != ModeTrust {
 		return 0, nil
 	}
@@ -202,7 +203,7 @@ func (l *Lab) smallWritesSentBack(mode string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return st.Counters.SmallWrites, nil
+	return st.Counters.SmallWrites + st.Counters.BehindReader, nil
 }
 
 // requireBypassed fails unless the client socket fd is a bypassed flow that

@@ -118,9 +118,10 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 			return 0, 0, 0, fmt.Errorf("nagle on: %w", err)
 		}
 	}
-	// With Nagle's algorithm on, a stream of small writes over loopback is
-	// sent back to TCP (bypass's small-writes rule): a run may end there.
-	sentBack, err := l.smallWritesSentBack(c.Mode)
+	// A stream of small writes with Nagle's algorithm on over loopback, or
+	// one whose reader stays behind its writer, is sent back to TCP: a run
+	// may end there, as a user's connection would.
+	sentBack, err := l.sentBackToTCP(c.Mode)
 	if err != nil {
 		unix.Close(cfd)
 		return 0, 0, 0, err
@@ -174,10 +175,8 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 				return err
 			}
 		}
-		if cfg.Nagle {
-			if n, err := l.smallWritesSentBack(c.Mode); err != nil || n > sentBack {
-				return err
-			}
+		if n, err := l.sentBackToTCP(c.Mode); err != nil || n > sentBack {
+			return err
 		}
 		return l.requireBypassed(c.Mode, cfd)
 	}()

@@ -98,6 +98,8 @@ volatile const struct config {
 	__u32 probation_reads; /* a program's readers read by TCP until one of them, its probe, read this many times ... (0: no probation) */
 	__u32 probation_time_reads; /* ... or the probe read this many times (0: any) ... */
 	__u64 probation_ns;   /* ... and this long passed since the first probe began */
+	__u32 behind_bytes;   /* a socket's sends that took TCP in a row because its peer's reader was behind: past this many bytes the connection goes back to TCP (0: never) ... */
+	__u32 behind_sends;   /* ... once the socket made this many sends */
 } cfg = {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,

@@ -71,6 +71,8 @@ type bypassConfig struct {
 	ProbationReads     uint32
 	ProbationTimeReads uint32
 	ProbationNs        uint64
+	BehindBytes        uint32
+	BehindSends        uint32
 }
 
 type bypassControlWord struct {
@@ -126,7 +128,8 @@ const (
 	bypassCounterCNT_SMALL_WRITES       bypassCounter = 41
 	bypassCounterCNT_BRIEF_PORT         bypassCounter = 42
 	bypassCounterCNT_READER_HELD        bypassCounter = 43
-	bypassCounterCNT_MAX                bypassCounter = 44
+	bypassCounterCNT_BEHIND_READER      bypassCounter = 44
+	bypassCounterCNT_MAX                bypassCounter = 45
 )
 
 type bypassEventKind uint32
@@ -240,7 +243,7 @@ type bypassSockState struct {
 	}
 	SmallSince uint64
 	SmallRun   uint32
-	Pad        uint32
+	BehindRun  uint32
 }
 
 type bypassSpliceProgram struct {

@@ -25,6 +25,14 @@ func WithSmallWriteWindow(o Options, d time.Duration) Options {
 	return o
 }
 
+// WithBehindReader is o with the TCP bytes in a row behind a reader that
+// send its connection back to TCP (BehindBytes) set to bytes, judged once a
+// socket made sends (BehindSends; 0 keeps it); bytes ^0: never.
+func WithBehindReader(o Options, bytes, sends uint32) Options {
+	o.behindBytes, o.behindSends = bytes, sends
+	return o
+}
+
 // CgroupCounted says whether cgroup_sends holds an entry for the cgroup id.
 func (in *Install) CgroupCounted(id uint64) bool {
 	var v []bypassCgroupTraffic

@@ -169,3 +169,30 @@ func removeLeavesNoProgram(t *testing.T, in *bypass.Install, id uint32, what str
 		}
 	}
 }
+
+// requireSentBack fails unless a rule that sends connections back to TCP
+// (count reads its counter) sent c's back when sentBack, and otherwise kept
+// it, its writer's end (writer picks it) still redirecting; then both ends
+// still talk.
+func requireSentBack(t *testing.T, in *bypass.Install, c, s *net.TCPConn, before bypass.Counters, rule string,
+	count func(bypass.Counters) uint64, sentBack bool, writer func(*bypass.Flow) *bypass.Endpoint) {
+	t.Helper()
+	after, err := in.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := uint64(0)
+	if sentBack {
+		want = 1
+	}
+	if got := count(after) - count(before); got != want {
+		t.Fatalf("connections sent back %s: %d, want %d", rule, got, want)
+	}
+	if sentBack {
+		waitLeft(t, in)
+	} else if f := flowOf(t, in, testenv.Cookie(t, c)); f == nil || !writer(f).Redirecting || writer(f).TxMsgs == 0 {
+		t.Fatalf("the connection left the bypass: %+v", f)
+	}
+	exchange(t, c, s, "after")
+	exchange(t, s, c, "and back")
+}

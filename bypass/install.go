@@ -146,6 +146,26 @@ const (
 	ProbationTimeReads = 2
 )
 
+// BehindBytes is how many bytes in a row a socket may send by TCP because
+// its peer's reader is behind (it has not read every byte TCP carried, or
+// the redirected ones are past the bound) before the connection goes back
+// to TCP: a reader slower than its writer never catches up, and over the
+// sockhash the pair then ran at 0.62-0.75x plain TCP (reads of 4 KiB a
+// wake-up under 64 KiB writes). A throttle a reader recovers from sends a
+// few MiB by TCP (its send buffer and receive window: 1.9 MiB an episode,
+// docs/BENCHMARKS.md), and a run must also be longer than all the direction
+// redirected: a stream that moved GBs by redirect keeps it through a long
+// throttle. Counted: Counters.BehindReader.
+const BehindBytes = 32 << 20
+
+// BehindSends is how many sends a socket makes before BehindBytes applies
+// to it: in a stream's first moments a fast reader on its writer's CPU can
+// trail 32 MiB of TCP sends and still catch up (256 KiB writes and reads
+// were sent back in 4-5 of 6 one-second runs, at 1.0x TCP instead of
+// 1.2-1.5x; judged after 4096 sends, in none, while slow readers still were).
+// 4096 sends are 256 MiB of 64 KiB writes.
+const BehindSends = 4096
+
 // recvProgramsMap holds the programs on probation or past it (not in
 // pinnedMaps: older installs have none).
 const recvProgramsMap = "recv_programs"
@@ -203,6 +223,9 @@ type Options struct {
 	// smallWindow replaces smallWriteWindow in the programs (tests only:
 	// a kernel under qemu sends 64 times in 1 ms seldom).
 	smallWindow time.Duration
+	// behindBytes and behindSends replace BehindBytes and BehindSends in
+	// the programs (tests only; behindBytes ^0: never).
+	behindBytes, behindSends uint32
 }
 
 // ErrNoSpliceRefusal: RefuseSplice asked on a kernel that runs no BPF LSM
@@ -453,6 +476,10 @@ func newConfig(opts Options) bypassConfig {
 	}
 	if !opts.PairBrief {
 		cfg.BriefStreak, cfg.BriefSends, cfg.BriefSample = BriefStreak, BriefSends, BriefSample
+	}
+	if opts.behindBytes != ^uint32(0) {
+		cfg.BehindBytes = cmp.Or(opts.behindBytes, BehindBytes)
+		cfg.BehindSends = cmp.Or(opts.behindSends, BehindSends)
 	}
 	if !opts.NoProbation {
 		cfg.ProbationReads, cfg.ProbationNs = ProbationReads, uint64(cmp.Or(opts.ProbationLimit, ProbationTime))

@@ -79,24 +79,8 @@ func TestSmallWriteStreamGoesBackToTCP(t *testing.T) {
 				if err := <-done; err != nil {
 					t.Fatal(err)
 				}
-				after, err := in.Counters()
-				if err != nil {
-					t.Fatal(err)
-				}
-				want := before.SmallWrites
-				if tc.sentBack {
-					want++
-				}
-				if after.SmallWrites != want {
-					t.Fatalf("connections sent back for small writes: %d, want %d", after.SmallWrites-before.SmallWrites, want-before.SmallWrites)
-				}
-				if tc.sentBack {
-					waitLeft(t, in)
-				} else if f := flowOf(t, in, testenv.Cookie(t, c)); f == nil || !f.Client.Redirecting || f.Client.TxMsgs == 0 {
-					t.Fatalf("the connection left the bypass: %+v", f)
-				}
-				exchange(t, c, s, "after")
-				exchange(t, s, c, "and back")
+				requireSentBack(t, in, c, s, before, "for small writes", func(n bypass.Counters) uint64 { return n.SmallWrites }, tc.sentBack,
+					func(f *bypass.Flow) *bypass.Endpoint { return f.Client })
 			})
 		}
 	}

@@ -378,13 +378,52 @@ static __always_inline int urgent_send(struct control_word *ctl)
 /* ref's reader needs what only TCP gives (urgent data, a receive option a
  * psock ignores): its connection goes back to TCP, counted once under
  * counter. Redirects decided before the mark may still land: the leave
- * waits for them. */
-static __always_inline void leave_for_tcp(struct peer_ref *ref, __u32 counter)
+ * waits for them, the settle, unless it sees none can (nothing_landing)
+ * when it first looks, after look_ns. */
+static __always_inline void leave_for_tcp_at(struct peer_ref *ref, __u32 counter, __u64 look_ns)
 {
 	if (__sync_fetch_and_or(&ref->reads, STATE_TCP_READER) & STATE_TCP_READER)
 		return;
 	count(counter);
-	start_leave(ref, cfg.settle_ns);
+	ref->leave_after = bpf_ktime_get_ns() + cfg.settle_ns;
+	arm(ref, look_ns);
+}
+
+static __always_inline void leave_for_tcp(struct peer_ref *ref, __u32 counter)
+{
+	leave_for_tcp_at(ref, counter, cfg.settle_ns);
+}
+
+/* A reader behind its writer has TCP bytes queued and, mostly, no
+ * redirected ones: nothing can be landing, and its leave goes at the first
+ * look. At the writer's pace a settle's wait took 125-250 MB more through
+ * the sockhash. */
+#define BEHIND_LOOK_NS (1000ULL * 1000)
+
+/* A send takes TCP because its peer's reader is behind: it has not read
+ * every byte TCP carried (a stream whose first bytes came before its first
+ * read), or the redirected ones are past the bound. A reader slower than
+ * its writer never catches up, and every send of the pair then runs the
+ * sockhash's send and receive paths on top of TCP's: 0.62-0.75x plain TCP
+ * for a reader of 4 KiB a wake-up (docs/BENCHMARKS.md). Past
+ * cfg.behind_bytes in a row the connection goes back to TCP for good.
+ * Only once the run is longer than all the direction ever redirected: a
+ * reader that took more by redirect kept up before, and its throttles (flow
+ * control) end when it catches up, however late; sending those back cost
+ * bulk streams 10-40%. A download's reader that caught up for a few sends
+ * at its start has not. And only once the socket made cfg.behind_sends:
+ * a fast reader on its writer's CPU can trail a stream's first 32 MiB
+ * (sent back in 4-5 of 6 one-second runs of 256 KiB writes, none after
+ * 4096 sends). */
+static __always_inline void reader_behind(struct sock_state *st, struct peer_ref *ref, __u32 size)
+{
+	if (!cfg.behind_bytes || !ref)
+		return;
+	__u32 run = st->behind_run + size;
+	st->behind_run = run < st->behind_run ? ~0U : run;
+	if (st->behind_run >= cfg.behind_bytes && st->behind_run > st->tx_bytes &&
+	    st->tx_msgs + st->pass_msgs >= cfg.behind_sends)
+		leave_for_tcp_at(ref, CNT_BEHIND_READER, BEHIND_LOOK_NS);
 }
 
 SEC("sk_msg")
@@ -424,6 +463,10 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 	switch (check) {
 	case REDIRECT_OK:
 		break;
+	case REDIRECT_TCP_UNREAD:
+		if (!via)
+			reader_behind(st, ref, size);
+		return pass(st, size);
 	case REDIRECT_REFUSE:
 		count(CNT_REFUSED_SENDS);
 		return SK_DROP; /* sendmsg fails with EACCES */
@@ -438,6 +481,8 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 		 * before: the stall watch looks at such reads (hidden_bytes). */
 		if (ref && !(ref->reads & STATE_TCP_BEHIND))
 			__sync_fetch_and_or(&ref->reads, STATE_TCP_BEHIND);
+		if (!via)
+			reader_behind(st, ref, size);
 		/* fall through */
 	default:
 		return pass(st, size);
@@ -464,6 +509,7 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 		return pass(st, size);
 	if (st->flags & STATE_THROTTLED)
 		__sync_fetch_and_and(&st->flags, ~STATE_THROTTLED);
+	st->behind_run = 0;
 	if (!PSOCK_COUNTS && ref) /* REDIRECT_OK: ref is set */
 		__sync_fetch_and_add(&ref->redirected_in, size);
 	if (via) {

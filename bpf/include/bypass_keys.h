@@ -84,7 +84,7 @@ struct sock_state {
 	struct isn_pair claim; /* a client's handshake, the key of its claim */
 	__u64 small_since; /* when its run of small sends began */
 	__u32 small_run;   /* small sends TCP would gather, in a row, no read between */
-	__u32 pad;
+	__u32 behind_run;  /* bytes sent by TCP in a row while its peer's reader was behind (reader_behind) */
 };
 
 /* What one cgroup's bypassed sockets sent, per CPU. Sends of its sockets
@@ -181,6 +181,7 @@ enum counter {
 	CNT_SMALL_WRITES,      /* connections sent back to TCP: a writer with Nagle's algorithm on streamed small sends over a loopback-sized path, which TCP gathers into large segments */
 	CNT_BRIEF_PORT,        /* connections left unpaired: their server port's connections were brief lately (a few sends each way) */
 	CNT_READER_HELD,       /* readers whose peer's sends took TCP while their program was on probation (admit_reader) */
+	CNT_BEHIND_READER,     /* connections sent back to TCP: their reader stayed behind a writer's TCP sends for cfg.behind_bytes in a row */
 	CNT_MAX,
 };
 
