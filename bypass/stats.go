@@ -122,8 +122,9 @@ type Counters struct {
 	// path: TCP gathers those into large segments, a redirect cannot.
 	SmallWrites uint64 `json:"connections_small_writes" help:"Connections sent back to TCP because a writer with Nagle's algorithm on (no TCP_NODELAY) or TCP_CORK streamed small sends (64 of at most 16 KiB within 1 ms, no read between) over a path with loopback's large segments: TCP gathers such sends into large segments and moves more bytes than a redirect of each."`
 	// BehindReader counts connections sent back to TCP because their
-	// reader stayed behind its writer's TCP sends for BehindBytes in a row.
-	BehindReader uint64 `json:"connections_behind_reader" help:"Connections sent back to TCP because their reader stayed behind its writer for 32 MiB of sends in a row (it had not read every byte TCP carried, or the redirected bytes were past the bound): a reader slower than its writer never catches up, and the pair runs faster as plain TCP."`
+	// reader stayed behind its writer's TCP sends for BehindBytes in a row,
+	// once the writer made BehindSends.
+	BehindReader uint64 `json:"connections_behind_reader" help:"Connections sent back to TCP because their reader stayed behind its writer for 32 MiB of sends in a row once its writer made 4096 sends (it had not read every byte TCP carried, or the redirected bytes were past the bound): a reader slower than its writer never catches up, and the pair runs faster as plain TCP."`
 	// ReceiveOptions counts sockets kept on TCP (or sent back) because
 	// their reader set a receive option only TCP honours.
 	ReceiveOptions uint64 `json:"receive_options" help:"Connections kept on TCP, or sent back to it, because an end set a receive option only TCP's receive path honours (SO_RCVLOWAT above 1, TCP_INQ, SO_PEEK_OFF, receive timestamps)."`
