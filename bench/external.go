@@ -249,7 +249,7 @@ func parseSockperf(out []byte) (Dist, error) {
 
 // iperfRun runs an iperf3 client for cfg.Duration and returns bytes received
 // and the receiver's duration.
-func iperfRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, time.Duration, error) {
+func iperfRun(l *Lab, c Cell, cfg ThroughputConfig) (runOutcome, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration+30*time.Second)
 	defer cancel()
 	ccpu, scpu := cpusFor(c.Placement)
@@ -293,7 +293,7 @@ func iperfRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, time.
 		n, wall = r.End.SumReceived.Bytes, time.Duration(r.End.SumReceived.Seconds*float64(time.Second))
 		return nil
 	})
-	return n, wall, cpu, err
+	return runOutcome{bytes: n, wall: wall, cpu: cpu}, err
 }
 
 func lastLine(b []byte) string {

@@ -191,46 +191,70 @@ func (l *Lab) Close() error {
 	return nil
 }
 
-// sentBackToTCP is how many connections the mode's install has sent back
-// to TCP by a rule that judges TCP faster for them: small writes streamed
-// with Nagle's algorithm on, or a reader that stayed behind its writer; 0
-// for modes without one.
-func (l *Lab) sentBackToTCP(mode string) (uint64, error) {
+// tally is what a mode's install has counted so far; zero for modes
+// without one.
+type tally struct {
+	// sentBack counts connections sent back to TCP by a rule that judges
+	// TCP faster for them: small writes streamed with Nagle's algorithm on,
+	// or a reader that stayed behind its writer.
+	sentBack uint64
+	// redirected counts bytes its sockets sent by redirect.
+	redirected uint64
+}
+
+func (l *Lab) tally(mode string) (tally, error) {
 	if mode != ModeShunt && mode != ModeTrust {
-		return 0, nil
+		return tally{}, nil
 	}
-	st, err := l.installFor(mode).Stats()
+	in := l.installFor(mode)
+	c, err := in.Counters()
 	if err != nil {
-		return 0, err
+		return tally{}, err
 	}
-	return st.Counters.SmallWrites + st.Counters.BehindReader, nil
+	t, err := in.Totals()
+	if err != nil {
+		return tally{}, err
+	}
+	return tally{sentBack: c.SmallWrites + c.BehindReader, redirected: t.RedirectedBytes}, nil
 }
 
 // requireBypassed fails unless the client socket fd is a bypassed flow that
 // redirected sends and never fell back to TCP; for other modes it does
 // nothing.
 func (l *Lab) requireBypassed(mode string, fd int) error {
+	f, err := l.requireHeld(mode, fd)
+	if err != nil || f == nil {
+		return err
+	}
+	if f.Client.TxMsgs == 0 {
+		return fmt.Errorf("connection was paired but no send was redirected (reader %s)", f.Server.Reader)
+	}
+	return nil
+}
+
+// requireHeld fails unless the client socket fd is a paired flow that never
+// fell back to TCP, and returns it; for other modes it does nothing. Its
+// sends may all have taken TCP, as a user's would behind a reader slower
+// than its writer that never caught up with the stream's first TCP bytes.
+func (l *Lab) requireHeld(mode string, fd int) (*bypass.Flow, error) {
 	if mode != ModeShunt && mode != ModeTrust {
-		return nil
+		return nil, nil
 	}
 	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	flows, err := l.installFor(mode).Flows()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, f := range flows {
 		if f.Client != nil && f.Client.Cookie == cookie {
 			if !f.Client.Redirecting || f.Server == nil || !f.Server.Redirecting {
-				return fmt.Errorf("connection fell back to TCP during the run")
+				return nil, fmt.Errorf("connection fell back to TCP during the run")
 			}
-			if f.Client.TxMsgs == 0 {
-				return fmt.Errorf("connection was paired but no send was redirected (reader %s)", f.Server.Reader)
-			}
-			return nil
+			return &f, nil
 		}
 	}
-	return fmt.Errorf("connection was not bypassed")
+	return nil, fmt.Errorf("connection was not bypassed")
 }

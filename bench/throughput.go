@@ -40,6 +40,32 @@ type ThroughputResult struct {
 	// start of a run (max over rounds): bytes sent but not yet read.
 	PeakTCPMemMiB float64 `json:"peak_tcp_mem_mib"`
 	RatioToTCP    float64 `json:"ratio_to_tcp,omitempty"`
+	// Bypass says how the install treated the rounds' connections; nil
+	// for modes without one.
+	Bypass *RoundsBypassed `json:"bypass,omitempty"`
+}
+
+// RoundsBypassed is what an install did with a cell's connections.
+type RoundsBypassed struct {
+	// RedirectedShare is the share of the bytes read that the writer sent
+	// by redirect, over all rounds; the rest took TCP (flow control, a
+	// reader behind, a connection sent back).
+	RedirectedShare float64 `json:"redirected_share"`
+	// SentBackRuns counts the rounds whose connection a rule sent back to
+	// plain TCP (a reader behind its writer, small writes with Nagle's
+	// algorithm on), as a user's would be.
+	SentBackRuns int `json:"sent_back_runs"`
+}
+
+// runOutcome is what one run measured.
+type runOutcome struct {
+	bytes int64         // the receiver read
+	wall  time.Duration // from the first write until the receiver read the last byte
+	cpu   time.Duration // the whole machine's, meanwhile
+	// redirected of the bytes went by redirect, and the install sent the
+	// connection back to TCP (modes with an install).
+	redirected int64
+	sentBack   bool
 }
 
 // RunThroughput streams one way for cfg.Duration per run; throughput counts
@@ -49,10 +75,12 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		return nil, err
 	}
 	type acc struct {
-		gbps  []float64
-		cpu   time.Duration
-		bytes int64
-		peak  int64
+		gbps       []float64
+		cpu        time.Duration
+		bytes      int64
+		peak       int64
+		redirected int64
+		sentBack   int
 	}
 	accs := map[Cell]*acc{}
 	err := cfg.run(ctx, func(c Cell) error {
@@ -64,7 +92,7 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		if err != nil {
 			return err
 		}
-		n, wall, cpu, err := run(l, c, cfg)
+		o, err := run(l, c, cfg)
 		peak, merr := mem.Stop()
 		if err != nil {
 			return err
@@ -73,10 +101,14 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 			return merr
 		}
 		a := pool(accs, c)
-		a.gbps = append(a.gbps, float64(n)*8/wall.Seconds()/1e9)
-		a.cpu += cpu
-		a.bytes += n
+		a.gbps = append(a.gbps, float64(o.bytes)*8/o.wall.Seconds()/1e9)
+		a.cpu += o.cpu
+		a.bytes += o.bytes
 		a.peak = max(a.peak, peak)
+		a.redirected += o.redirected
+		if o.sentBack {
+			a.sentBack++
+		}
 		return nil
 	})
 	if err != nil {
@@ -95,6 +127,9 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		if _, _, ext := ExternalMode(c.Mode); !ext {
 			r.ReadSize = cmp.Or(cfg.ReadSize, DefaultReadSize)
 		}
+		if c.Mode == ModeShunt || c.Mode == ModeTrust {
+			r.Bypass = &RoundsBypassed{RedirectedShare: float64(a.redirected) / float64(a.bytes), SentBackRuns: a.sentBack}
+		}
 		base[c] = r.MedianGbps
 		out = append(out, r)
 	}
@@ -106,25 +141,23 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 	return out, nil
 }
 
-func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, time.Duration, error) {
+func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (runOutcome, error) {
+	var o runOutcome
 	cfd, sfd, err := l.connect(c.Mode, cfg.Topology)
 	if err != nil {
-		return 0, 0, 0, err
+		return o, err
 	}
 	defer unix.Close(sfd)
 	if cfg.Nagle {
 		if err := unix.SetsockoptInt(cfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 0); err != nil && c.Mode != ModeUnix {
 			unix.Close(cfd)
-			return 0, 0, 0, fmt.Errorf("nagle on: %w", err)
+			return o, fmt.Errorf("nagle on: %w", err)
 		}
 	}
-	// A stream of small writes with Nagle's algorithm on over loopback, or
-	// one whose reader stays behind its writer, is sent back to TCP: a run
-	// may end there, as a user's connection would.
-	sentBack, err := l.sentBackToTCP(c.Mode)
+	before, err := l.tally(c.Mode)
 	if err != nil {
 		unix.Close(cfd)
-		return 0, 0, 0, err
+		return o, err
 	}
 	ccpu, scpu := cpusFor(c.Placement)
 
@@ -159,7 +192,7 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 
 	clock, err := startCPU()
 	if err != nil {
-		return 0, 0, 0, err
+		return o, err
 	}
 	start := time.Now()
 	werr := func() error {
@@ -175,21 +208,26 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (int64, time.Duration, 
 				return err
 			}
 		}
-		if n, err := l.sentBackToTCP(c.Mode); err != nil || n > sentBack {
+		after, err := l.tally(c.Mode)
+		if err != nil {
 			return err
 		}
-		return l.requireBypassed(c.Mode, cfd)
+		o.redirected = int64(after.redirected - before.redirected)
+		// A stream of small writes with Nagle's algorithm on over
+		// loopback, or one whose reader stays behind its writer, is sent
+		// back to TCP: a run may end there, as a user's connection would.
+		// The row says how much went by redirect.
+		if o.sentBack = after.sentBack > before.sentBack; o.sentBack {
+			return nil
+		}
+		_, err = l.requireHeld(c.Mode, cfd)
+		return err
 	}()
 	r := <-got
 	cpu, cerr := clock.elapsed()
-	if werr != nil {
-		return 0, 0, 0, werr
+	if err := cmp.Or(werr, cerr, r.err); err != nil {
+		return o, err
 	}
-	if cerr != nil {
-		return 0, 0, 0, cerr
-	}
-	if r.err != nil {
-		return 0, 0, 0, r.err
-	}
-	return r.n, r.end.Sub(start), cpu, nil
+	o.bytes, o.wall, o.cpu = r.n, r.end.Sub(start), cpu
+	return o, nil
 }

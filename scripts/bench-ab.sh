@@ -20,7 +20,7 @@
 #     is in place (for an empty cgroup): what the install costs the host's
 #     other programs. 74 B (Nagle on) and 1 KiB (TCP_NODELAY) writes.
 #
-#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams|small|host]
+#   scripts/bench-ab.sh OLD_BINARY NEW_BINARY [ROUNDS] [bypass|join|newconn|streams|small|readers|host]
 #
 # Build a commit's binary with:
 #   git worktree add /tmp/old COMMIT && (cd /tmp/old && go build -o /tmp/shunt-old ./cmd/shunt)
@@ -134,9 +134,19 @@ for tag in "AB":
                 rows.setdefault((key, "shunt / tcp"), {}).setdefault(tag, []).append(e["ratio_to_tcp"])
             rows.setdefault((key, "Gbit/s"), {}).setdefault(tag, []).append(e["median_gbit_per_s"])
             rows.setdefault((key, "CPU s/GB"), {}).setdefault(tag, []).append(e["machine_cpu_s_per_gb"])
+            if "bypass" in e:  # builds before 2026-12-01 do not say
+                rows.setdefault((key, "% by redirect"), {}).setdefault(tag, []).append(100 * e["bypass"]["redirected_share"])
+                rows.setdefault((key, "runs sent back"), {}).setdefault(tag, []).append(e["bypass"]["sent_back_runs"])
 print("| what | metric | A (median) | B (median) | B / A |")
 print("|---|---|---|---|---|")
 for (key, metric), v in rows.items():
-    ma, mb = statistics.median(v["A"]), statistics.median(v["B"])
-    print(f"| {key} | {metric} | {ma:.2f} | {mb:.2f} | {mb / ma:.3f} |")
+    if metric == "runs sent back":  # a count over all rounds, not a median
+        a, b = (f"{sum(v[t])} of {rounds}" if t in v else "-" for t in "AB")
+        print(f"| {key} | {metric} | {a} | {b} | - |")
+        continue
+    ma, mb = (statistics.median(v[t]) if t in v else None for t in "AB")
+    if ma is None or mb is None:
+        print(f"| {key} | {metric} | {'-' if ma is None else f'{ma:.2f}'} | {'-' if mb is None else f'{mb:.2f}'} | - |")
+        continue
+    print(f"| {key} | {metric} | {ma:.2f} | {mb:.2f} | {mb / ma:.3f} |" if ma else f"| {key} | {metric} | {ma:.2f} | {mb:.2f} | - |")
 EOF

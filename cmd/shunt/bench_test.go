@@ -99,6 +99,11 @@ func TestBenchThroughputTiny(t *testing.T) {
 		if r.MedianGbps <= 0 || r.CPUSecPerGB <= 0 || r.ReadSize != 64<<10 {
 			t.Errorf("%s %s: implausible %+v (want reads of 64 KiB)", r.Placement, r.Mode, r)
 		}
+		// Every shunt row says how much went by redirect (some, with a
+		// 64 KiB reader); the others have no install to ask.
+		if b := r.Bypass; (r.Mode == bench.ModeShunt) != (b != nil) || b != nil && (b.RedirectedShare <= 0 || b.RedirectedShare > 1) {
+			t.Errorf("%s %s: bypass %+v", r.Placement, r.Mode, b)
+		}
 	}
 	requireFiles(t, dir, "throughput.json", "throughput.md", "throughput-same-cpu.png", "throughput-cross-cpu.png", "throughput-any-cpu.png")
 	for _, bad := range []struct{ args, want string }{
