@@ -82,7 +82,7 @@ func TestBenchThroughputTiny(t *testing.T) {
 	dir := t.TempDir()
 	// 300 ms a run: in 50 ms, under -race beside other packages' tests, a
 	// shunt run's fresh connection once redirected nothing yet (its reader
-	// had not caught up with the first TCP bytes) and the bench refused it.
+	// had not caught up with the first TCP bytes), which its row now says.
 	out, stderr, code := runShunt(t, nil, "bench", "throughput", "--json", "--rounds", "1", "--duration", "300ms",
 		"--placement", "same-cpu,cross-cpu,any-cpu", "--read-size", "64K", "--out", dir)
 	if code != 0 {
