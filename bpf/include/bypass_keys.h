@@ -181,7 +181,7 @@ enum counter {
 	CNT_SMALL_WRITES,      /* connections sent back to TCP: a writer with Nagle's algorithm on streamed small sends over a loopback-sized path, which TCP gathers into large segments */
 	CNT_BRIEF_PORT,        /* connections left unpaired: their server port's connections were brief lately (a few sends each way) */
 	CNT_READER_HELD,       /* readers whose peer's sends took TCP while their program was on probation (admit_reader) */
-	CNT_BEHIND_READER,     /* connections sent back to TCP: their reader stayed behind a writer's TCP sends for cfg.behind_bytes in a row */
+	CNT_BEHIND_READER,     /* connections sent back to TCP: their reader stayed behind a writer's TCP sends for cfg.behind_bytes in a row, once it made cfg.behind_sends */
 	CNT_MAX,
 };
 
