@@ -2,8 +2,11 @@ package bypass_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -191,8 +194,27 @@ func requireSentBack(t *testing.T, in *bypass.Install, c, s *net.TCPConn, before
 	if sentBack {
 		waitLeft(t, in)
 	} else if f := flowOf(t, in, testenv.Cookie(t, c)); f == nil || !writer(f).Redirecting || writer(f).TxMsgs == 0 {
-		t.Fatalf("the connection left the bypass: %+v", f)
+		// The stall watch may take it first: a slow reader that slept
+		// 20 ms with bytes hidden behind a drained psock (a loaded host).
+		// The rule under test did not fire; that is what is asserted.
+		if after.StallsRescued == before.StallsRescued {
+			t.Fatalf("the connection left the bypass: %+v (counters that moved: %s)", f, countersMoved(before, after))
+		}
+		t.Logf("the stall watch sent the connection back (counters that moved: %s)", countersMoved(before, after))
 	}
 	exchange(t, c, s, "after")
 	exchange(t, s, c, "and back")
+}
+
+// countersMoved names the counters that differ between two reads, for a
+// failure to say which rule acted.
+func countersMoved(before, after bypass.Counters) string {
+	var moved []string
+	b, a := reflect.ValueOf(before), reflect.ValueOf(after)
+	for i := range a.NumField() {
+		if x, y := b.Field(i), a.Field(i); x.CanUint() && x.Uint() != y.Uint() {
+			moved = append(moved, fmt.Sprintf("%s +%d", a.Type().Field(i).Name, y.Uint()-x.Uint()))
+		}
+	}
+	return strings.Join(moved, ", ")
 }

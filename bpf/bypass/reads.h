@@ -425,13 +425,20 @@ held:
  * A reader that blocks or asks for MSG_WAITALL (MSG_OOB, MSG_TRUNC), or
  * reads through io_uring, sends its connection back to TCP; event-loop
  * readers (non-blocking) keep the bypass.
- * Sockets shunt does not hold have no storage and cost one pointer test. */
+ * Sockets shunt does not hold have no storage and cost one pointer test;
+ * those it sent back to TCP, a psock test more. */
 static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 {
 	if (flags & MSG_ERRQUEUE)
 		return 0; /* completions and errors, not the stream */
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
 	if (!st)
+		return 0;
+	/* Out of the sockhash (sent back to TCP, or never in it): plain TCP,
+	 * nothing left to record. A connection sent back behind a slow reader
+	 * paid the whole watch on each read: 130-170 ns a run against 78-86
+	 * (bpf_stats, 4 KiB reads). */
+	if (!sock_psock(sk))
 		return 0;
 	note_regs_at();
 	/* A read ends its socket's run of small sends (small_write_stream). */
