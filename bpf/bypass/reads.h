@@ -426,8 +426,9 @@ held:
  * reads through io_uring, sends its connection back to TCP; event-loop
  * readers (non-blocking) keep the bypass.
  * Sockets shunt does not hold have no storage and cost one pointer test;
- * those it sent back to TCP, a psock test more. */
-static __always_inline int watch_read(struct sock *sk, int ret, int flags)
+ * those it sent back to TCP, a psock test more where the entry can see them
+ * (any_socket). */
+static __always_inline int watch_read(struct sock *sk, int ret, int flags, const int any_socket)
 {
 	if (flags & MSG_ERRQUEUE)
 		return 0; /* completions and errors, not the stream */
@@ -438,7 +439,7 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 	 * nothing left to record. A connection sent back behind a slow reader
 	 * paid the whole watch on each read: 130-170 ns a run against 78-86
 	 * (bpf_stats, 4 KiB reads). */
-	if (!sock_psock(sk))
+	if (any_socket && !sock_psock(sk))
 		return 0;
 	note_regs_at();
 	/* A read ends its socket's run of small sends (small_write_stream). */
@@ -520,15 +521,16 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags)
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(shunt_reads, struct sock *sk, int ret, int flags)
 {
-	return watch_read(sk, ret, flags);
+	return watch_read(sk, ret, flags, 1);
 }
 
 /* Kernels before 6.3 have no sock_recv_length tracepoint. Every read of a
  * socket in the sockhash (with sk_msg only, as shunt's) goes through
  * tcp_bpf_recvmsg, with the flags recvmsg got (MSG_DONTWAIT included):
- * watched on its way out where fexit programs load. */
+ * watched on its way out where fexit programs load. Only a socket with a
+ * psock reads through it: no psock test (a probe read on those kernels). */
 SEC("fexit/tcp_bpf_recvmsg")
 int BPF_PROG(shunt_reads_fexit, struct sock *sk, void *msg, __u64 len, int flags, int *addr_len, int ret)
 {
-	return watch_read(sk, ret, flags);
+	return watch_read(sk, ret, flags, 0);
 }
