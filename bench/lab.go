@@ -200,6 +200,9 @@ type tally struct {
 	sentBack uint64
 	// redirected counts bytes its sockets sent by redirect.
 	redirected uint64
+	// throttled counts the times flow control moved a direction's sends
+	// to TCP (its reader's redirected bytes past the bound).
+	throttled uint64
 }
 
 func (l *Lab) tally(mode string) (tally, error) {
@@ -215,7 +218,7 @@ func (l *Lab) tally(mode string) (tally, error) {
 	if err != nil {
 		return tally{}, err
 	}
-	return tally{sentBack: c.SmallWrites + c.BehindReader, redirected: t.RedirectedBytes}, nil
+	return tally{sentBack: c.SmallWrites + c.BehindReader, redirected: t.RedirectedBytes, throttled: c.Throttled}, nil
 }
 
 // requireBypassed fails unless the client socket fd is a bypassed flow that

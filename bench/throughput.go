@@ -55,6 +55,10 @@ type RoundsBypassed struct {
 	// plain TCP (a reader behind its writer, small writes with Nagle's
 	// algorithm on), as a user's would be.
 	SentBackRuns int `json:"sent_back_runs"`
+	// ThrottlesPerRun is the median over rounds of the times flow control
+	// moved the stream to TCP (its reader past the bound); each time the
+	// stream stays there until the reader has read every TCP byte.
+	ThrottlesPerRun float64 `json:"throttles_per_run"`
 }
 
 // runOutcome is what one run measured.
@@ -66,6 +70,7 @@ type runOutcome struct {
 	// connection back to TCP (modes with an install).
 	redirected int64
 	sentBack   bool
+	throttles  uint64
 }
 
 // RunThroughput streams one way for cfg.Duration per run; throughput counts
@@ -81,6 +86,7 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		peak       int64
 		redirected int64
 		sentBack   int
+		throttles  []float64
 	}
 	accs := map[Cell]*acc{}
 	err := cfg.run(ctx, func(c Cell) error {
@@ -106,6 +112,7 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 		a.bytes += o.bytes
 		a.peak = max(a.peak, peak)
 		a.redirected += o.redirected
+		a.throttles = append(a.throttles, float64(o.throttles))
 		if o.sentBack {
 			a.sentBack++
 		}
@@ -128,7 +135,7 @@ func RunThroughput(ctx context.Context, l *Lab, cfg ThroughputConfig) ([]Through
 			r.ReadSize = cmp.Or(cfg.ReadSize, DefaultReadSize)
 		}
 		if c.Mode == ModeShunt || c.Mode == ModeTrust {
-			r.Bypass = &RoundsBypassed{RedirectedShare: float64(a.redirected) / float64(a.bytes), SentBackRuns: a.sentBack}
+			r.Bypass = &RoundsBypassed{RedirectedShare: float64(a.redirected) / float64(a.bytes), SentBackRuns: a.sentBack, ThrottlesPerRun: median(a.throttles)}
 		}
 		base[c] = r.MedianGbps
 		out = append(out, r)
@@ -213,6 +220,7 @@ func throughputRun(l *Lab, c Cell, cfg ThroughputConfig) (runOutcome, error) {
 			return err
 		}
 		o.redirected = int64(after.redirected - before.redirected)
+		o.throttles = after.throttled - before.throttled
 		// A stream of small writes with Nagle's algorithm on over
 		// loopback, or one whose reader stays behind its writer, is sent
 		// back to TCP: a run may end there, as a user's connection would.

@@ -137,6 +137,8 @@ for tag in "AB":
             if "bypass" in e:  # builds before 2026-12-01 do not say
                 rows.setdefault((key, "% by redirect"), {}).setdefault(tag, []).append(100 * e["bypass"]["redirected_share"])
                 rows.setdefault((key, "runs sent back"), {}).setdefault(tag, []).append(e["bypass"]["sent_back_runs"])
+                if "throttles_per_run" in e["bypass"]:  # builds before 2026-12-02 do not say
+                    rows.setdefault((key, "throttles a run"), {}).setdefault(tag, []).append(e["bypass"]["throttles_per_run"])
 print("| what | metric | A (median) | B (median) | B / A |")
 print("|---|---|---|---|---|")
 for (key, metric), v in rows.items():

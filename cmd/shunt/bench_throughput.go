@@ -63,7 +63,7 @@ AF_UNIX socketpair. CPU is the whole machine's, from /proc/stat, per GB.`,
 
 func printThroughput(w io.Writer, res []bench.ThroughputResult) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "write size\tplacement\tmode\tGbit/s (median)\tmin\tmax\tCPU s/GB\tpeak TCP mem MiB\tvs tcp\tby redirect\tsent back\t")
+	fmt.Fprintln(tw, "write size\tplacement\tmode\tGbit/s (median)\tmin\tmax\tCPU s/GB\tpeak TCP mem MiB\tvs tcp\tby redirect\tsent back\tthrottles a run\t")
 	for _, r := range res {
 		lo, hi := r.RoundGbps[0], r.RoundGbps[0]
 		for _, g := range r.RoundGbps {
@@ -73,11 +73,12 @@ func printThroughput(w io.Writer, res []bench.ThroughputResult) {
 		if r.RatioToTCP > 0 {
 			ratio = fmt.Sprintf("%.2f", r.RatioToTCP)
 		}
-		share, sentBack := "-", "-"
+		share, sentBack, throttles := "-", "-", "-"
 		if b := r.Bypass; b != nil {
 			share, sentBack = fmt.Sprintf("%.0f%%", 100*b.RedirectedShare), fmt.Sprintf("%d of %d", b.SentBackRuns, len(r.RoundGbps))
+			throttles = fmt.Sprintf("%.0f", b.ThrottlesPerRun)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%s\t%s\t%s\t\n", r.WriteSize, r.Placement, r.Mode, r.MedianGbps, lo, hi, r.CPUSecPerGB, r.PeakTCPMemMiB, ratio, share, sentBack)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%s\t%s\t%s\t%s\t\n", r.WriteSize, r.Placement, r.Mode, r.MedianGbps, lo, hi, r.CPUSecPerGB, r.PeakTCPMemMiB, ratio, share, sentBack, throttles)
 	}
 	tw.Flush()
 	if len(res) > 0 {
