@@ -117,14 +117,16 @@ func checkTranslated(t *testing.T, in *bypass.Install, cg host.Cgroup, tr transl
 	}
 
 	testenv.Warm(t, c, s)
-	up, down := streamBothWays(t, c, s, 4<<20)
+	streamBothWays(t, c, s, 4<<20)
 	f := flowOf(t, in, testenv.Cookie(t, c))
 	if f == nil || f.Client == nil || f.Server == nil {
 		st, _ := in.Stats()
 		t.Fatalf("not bypassed: flow %+v; counters %+v", f, st.Counters)
 	}
-	if f.Client.TxBytes < uint64(up.Size)/2 || f.Server.TxBytes < uint64(down.Size)/2 {
-		t.Errorf("redirected %d bytes up and %d down of %d each: the rest crossed TCP", f.Client.TxBytes, f.Server.TxBytes, up.Size)
+	// Flow control lets each reader fall 1 MiB behind at least before its
+	// writer's sends take TCP: that much goes by redirect whatever the pace.
+	if least := uint64(1 << 20); f.Client.TxBytes < least || f.Server.TxBytes < least {
+		t.Errorf("redirected %d bytes up and %d down of 4 MiB each, want at least %d each way", f.Client.TxBytes, f.Server.TxBytes, least)
 	}
 	after, _ := in.Stats()
 	if n := after.Counters.Translated - before.Counters.Translated; n != 1 {

@@ -127,6 +127,18 @@ static __always_inline void peer_buffer(struct peer_ref *ref, unsigned long ud, 
 	b->rcvbuf = peer->sk_rcvbuf;
 }
 
+/* Unless the reader set SO_RCVBUF, its redirected bytes are also bounded by
+ * a quarter of its TCP receive buffer (not under MIN_BACKLOG, never over
+ * the install's limit), which TCP grows up to tcp_rmem[2] as it carries
+ * the stream. With 8 MiB unread against a tcp_rmem[2] of 6 MiB (6.1's and
+ * 6.12's default; 6.18's is 32 MiB), a throttled stream's TCP segments were
+ * dropped at the reader (RcvPruned, BeyondWindow) and sent again after
+ * RTOs: 256 KiB writes on one CPU moved 0.13x TCP's bytes, 1.04x with a
+ * quarter; 32 MiB against 32 MiB collapsed too, 8 did not (docs/BENCHMARKS.md,
+ * "Flow control against TCP's receive buffer"). */
+#define RCVBUF_SHARE 4
+#define MIN_BACKLOG (1U << 20)
+
 /* sent: the end of what the peer's TCP sender (the sending socket, or the
  * far socket of a join) has queued for TCP. */
 static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
@@ -167,6 +179,11 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 	__u32 limit = cfg.max_backlog;
 	if (buf.rcvbuf_locked)
 		limit = buf.rcvbuf;
+	else if (MIN_BACKLOG < limit) {
+		__u32 share = buf.rcvbuf / RCVBUF_SHARE;
+		if (share < limit)
+			limit = share > MIN_BACKLOG ? share : MIN_BACKLOG;
+	}
 	__u32 unread = buf.unread;
 	if (splicer) {
 		/* A splice reads the TCP queue alone. With nothing redirected

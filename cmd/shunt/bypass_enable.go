@@ -36,7 +36,8 @@ this command exits. Enabling a cgroup twice is harmless.
 
 Flow control: a receiving socket may hold at most --max-backlog redirected
 bytes its reader has not read (or its SO_RCVBUF, if the application set
-one); past that its writer's sends take the TCP path, where TCP slows the
+one), and at most a quarter of its TCP receive buffer (not under 1 MiB),
+which TCP grows as it carries the stream; past that its writer's sends take the TCP path, where TCP slows the
 writer as usual, until the reader has caught up. No byte is lost or
 reordered by the switch.
 
