@@ -1,7 +1,9 @@
 package bypass_test
 
 import (
+	"fmt"
 	"io"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,7 +30,10 @@ func (c counting) Write(b []byte) (int, error) {
 // Flow control: a reader that stops reading bounds what its writer can hand
 // over, the writer blocks as over TCP, no byte is lost or reordered, and the
 // flow returns to the redirect path once the reader has caught up. A reader
-// that set SO_RCVBUF is held to that instead of the install's limit.
+// that set SO_RCVBUF is held to that instead of the install's limit, and
+// one whose netns lets TCP grow its buffer less (tcp_rmem[2] of 6 MiB, 6.1's
+// and 6.12's default) to a quarter of that: with the install's 8 MiB there,
+// a throttled stream's TCP segments were dropped and resent after RTOs.
 func TestFlowControlBoundsBacklog(t *testing.T) {
 	flowControlBoundsBacklog(t, bypass.Options{})
 }
@@ -47,21 +52,31 @@ func flowControlBoundsBacklog(t *testing.T, opts bypass.Options) {
 	for _, tc := range []struct {
 		name   string
 		rcvbuf int // 0: leave the receiver's buffer to the kernel
+		rmem   int // 0: the netns's tcp_rmem as it comes
 		bound  int64
 	}{
 		// The install's limit, one send more, and what TCP itself buffers
 		// once sends take it (send queue and receive queue).
-		{"install limit", 0, bypass.DefaultMaxBacklog + 8<<20},
+		{"install limit", 0, 0, bypass.DefaultMaxBacklog + 8<<20},
 		// Below the install's limit alone: only the receiver's own
 		// SO_RCVBUF can have stopped the redirect this early.
-		{"receiver SO_RCVBUF", 256 << 10, bypass.DefaultMaxBacklog},
+		{"receiver SO_RCVBUF", 256 << 10, 0, bypass.DefaultMaxBacklog},
+		{"netns tcp_rmem 6 MiB", 0, 6 << 20, bypass.DefaultMaxBacklog + 8<<20},
 	} {
-		t.Run(tc.name, func(t *testing.T) { boundedBacklog(t, in, cg, tc.rcvbuf, tc.bound) })
+		t.Run(tc.name, func(t *testing.T) { boundedBacklog(t, in, cg, tc.rcvbuf, tc.rmem, tc.bound) })
 	}
 }
 
-func boundedBacklog(t *testing.T, in *bypass.Install, cg host.Cgroup, rcvbuf int, bound int64) {
+func boundedBacklog(t *testing.T, in *bypass.Install, cg host.Cgroup, rcvbuf, rmem int, bound int64) {
 	ns := testenv.MustNetNS(t)
+	if rmem > 0 {
+		setting := fmt.Sprintf("4096 131072 %d", rmem)
+		ns.Do(t, func() {
+			if err := os.WriteFile("/proc/sys/net/ipv4/tcp_rmem", []byte(setting), 0); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 	side := testenv.Side{NS: ns, CG: cg}
 	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
 	if rcvbuf > 0 {
@@ -89,7 +104,11 @@ func boundedBacklog(t *testing.T, in *bypass.Install, cg host.Cgroup, rcvbuf int
 	if f == nil || f.Client == nil || !f.Client.Throttled || f.Client.TxBytes == 0 {
 		t.Fatalf("flow not shown throttled after a redirected start: %+v", f.Client)
 	}
-	t.Logf("held %.1f MiB with the reader stopped (%d MiB by redirect)", float64(held)/(1<<20), f.Client.TxBytes>>20)
+	t.Logf("held %.1f MiB with the reader stopped (%.1f MiB by redirect)", float64(held)/(1<<20), float64(f.Client.TxBytes)/(1<<20))
+	// A quarter of what TCP may grow the buffer to, and one send more.
+	if most := uint64(rmem/4 + 64<<10); rmem > 0 && f.Client.TxBytes > most {
+		t.Fatalf("redirected %d bytes to a stopped reader whose tcp_rmem[2] is %d: want at most %d", f.Client.TxBytes, rmem, most)
+	}
 
 	if err := stream.Check(s, false); err != nil {
 		t.Fatal(err)

@@ -101,6 +101,7 @@ struct peer_buffer {
 	__u32 unread;        /* redirected bytes its reader has not read */
 	__u32 rcvbuf;
 	int rcvbuf_locked;   /* the reader set SO_RCVBUF: its bound, not ours */
+	int rmem_max;        /* its netns's tcp_rmem[2]: how far TCP grows rcvbuf */
 };
 
 static __always_inline void peer_buffer(struct peer_ref *ref, unsigned long ud, struct peer_buffer *b)
@@ -118,6 +119,7 @@ static __always_inline void peer_buffer(struct peer_ref *ref, unsigned long ud, 
 		/* A 4-bit field before 6.5ish, a byte after: read it as either. */
 		b->rcvbuf_locked = BPF_CORE_READ_BITFIELD_PROBED(peer, sk_userlocks) & SOCK_RCVBUF_LOCK;
 		b->rcvbuf = BPF_CORE_READ(peer, sk_rcvbuf);
+		b->rmem_max = BPF_CORE_READ(peer, __sk_common.skc_net.net, ipv4.sysctl_tcp_rmem[2]);
 		return;
 	}
 	struct sock *peer = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
@@ -125,19 +127,19 @@ static __always_inline void peer_buffer(struct peer_ref *ref, unsigned long ud, 
 	b->unread = psock->msg_tot_len;
 	b->rcvbuf_locked = peer->sk_userlocks & SOCK_RCVBUF_LOCK;
 	b->rcvbuf = peer->sk_rcvbuf;
+	struct net *net = bpf_rdonly_cast(peer->__sk_common.skc_net.net, bpf_core_type_id_kernel(struct net));
+	b->rmem_max = net->ipv4.sysctl_tcp_rmem[2];
 }
 
 /* Unless the reader set SO_RCVBUF, its redirected bytes are also bounded by
- * a quarter of its TCP receive buffer (not under MIN_BACKLOG, never over
- * the install's limit), which TCP grows up to tcp_rmem[2] as it carries
- * the stream. With 8 MiB unread against a tcp_rmem[2] of 6 MiB (6.1's and
- * 6.12's default; 6.18's is 32 MiB), a throttled stream's TCP segments were
- * dropped at the reader (RcvPruned, BeyondWindow) and sent again after
- * RTOs: 256 KiB writes on one CPU moved 0.13x TCP's bytes, 1.04x with a
- * quarter; 32 MiB against 32 MiB collapsed too, 8 did not (docs/BENCHMARKS.md,
+ * a quarter of the most TCP grows its receive buffer to (its netns's
+ * tcp_rmem[2]). With 8 MiB unread against a tcp_rmem[2] of 6 MiB (6.1's
+ * and 6.12's default; 6.18's is 32 MiB), a throttled stream's TCP segments
+ * were dropped at the reader (RcvPruned, BeyondWindow) and sent again after
+ * RTOs: 256 KiB writes on one CPU moved 0.13x TCP's bytes; 32 MiB against
+ * 32 MiB collapsed too, 8 did not, nor did 1.5 against 6 (docs/BENCHMARKS.md,
  * "Flow control against TCP's receive buffer"). */
-#define RCVBUF_SHARE 4
-#define MIN_BACKLOG (1U << 20)
+#define RMEM_SHARE 4
 
 /* sent: the end of what the peer's TCP sender (the sending socket, or the
  * far socket of a join) has queued for TCP. */
@@ -179,11 +181,8 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 	__u32 limit = cfg.max_backlog;
 	if (buf.rcvbuf_locked)
 		limit = buf.rcvbuf;
-	else if (MIN_BACKLOG < limit) {
-		__u32 share = buf.rcvbuf / RCVBUF_SHARE;
-		if (share < limit)
-			limit = share > MIN_BACKLOG ? share : MIN_BACKLOG;
-	}
+	else if (buf.rmem_max > 0 && (__u32)buf.rmem_max / RMEM_SHARE < limit)
+		limit = (__u32)buf.rmem_max / RMEM_SHARE;
 	__u32 unread = buf.unread;
 	if (splicer) {
 		/* A splice reads the TCP queue alone. With nothing redirected

@@ -37,9 +37,14 @@ struct ns_common {
 	unsigned int inum;
 };
 
+struct netns_ipv4 {
+	int sysctl_tcp_rmem[3];
+};
+
 struct net {
 	struct ns_common ns;
 	__u64 net_cookie;
+	struct netns_ipv4 ipv4;
 };
 
 typedef struct {

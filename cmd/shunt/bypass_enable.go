@@ -36,9 +36,10 @@ this command exits. Enabling a cgroup twice is harmless.
 
 Flow control: a receiving socket may hold at most --max-backlog redirected
 bytes its reader has not read (or its SO_RCVBUF, if the application set
-one), and at most a quarter of its TCP receive buffer (not under 1 MiB),
-which TCP grows as it carries the stream; past that its writer's sends take the TCP path, where TCP slows the
-writer as usual, until the reader has caught up. No byte is lost or
+one), and at most a quarter of the most TCP grows its buffer to
+(tcp_rmem[2]: 1.5 MiB where that is 6 MiB, as on 6.1 and 6.12); past
+that its writer's sends take the TCP path, where TCP slows the writer as
+usual, until the reader has caught up. No byte is lost or
 reordered by the switch.
 
 Readers: only non-blocking recv/read (event loops: epoll, poll, Go) are
