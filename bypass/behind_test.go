@@ -71,6 +71,12 @@ func TestReaderBehindGoesBackToTCP(t *testing.T) {
 						done <- readInSteps(c, stream, tc.step, tc.rest)
 					}()
 					time.Sleep(tc.wait)
+					if tc.wait > 0 {
+						// The stream is to start by redirect: its reader
+						// read first (a slow guest may take longer than
+						// the wait to get there).
+						waitReading(t, in, c)
+					}
 					rawFD(t, s, func(fd int) {
 						for k := 0; k < len(stream); k += 64 << 10 {
 							writeAll(t, fd, stream[k:min(k+64<<10, len(stream))])
@@ -84,6 +90,21 @@ func TestReaderBehindGoesBackToTCP(t *testing.T) {
 						func(f *bypass.Flow) *bypass.Endpoint { return f.Server })
 				})
 			}
+		}
+	}
+}
+
+// waitReading waits until c's reader has been seen reading without
+// blocking, so that its peer's sends may be redirected.
+func waitReading(t *testing.T, in *bypass.Install, c *net.TCPConn) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		f := flowOf(t, in, testenv.Cookie(t, c))
+		if f != nil && f.Client != nil && f.Client.Reader == bypass.ReaderRecv {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the reader was not seen reading in 10 s: %+v", f)
 		}
 	}
 }

@@ -198,6 +198,9 @@ func requireSentBack(t *testing.T, in *bypass.Install, c, s *net.TCPConn, before
 		// 20 ms with bytes hidden behind a drained psock (a loaded host).
 		// The rule under test did not fire; that is what is asserted.
 		if after.StallsRescued == before.StallsRescued {
+			if f != nil && writer(f).Redirecting {
+				t.Fatalf("the connection kept the bypass but redirected no send (counters that moved: %s)", countersMoved(before, after))
+			}
 			t.Fatalf("the connection left the bypass: %+v (counters that moved: %s)", f, countersMoved(before, after))
 		}
 		t.Logf("the stall watch sent the connection back (counters that moved: %s)", countersMoved(before, after))
