@@ -73,6 +73,8 @@ type bypassConfig struct {
 	ProbationNs        uint64
 	BehindBytes        uint32
 	BehindSends        uint32
+	RmemShare          uint32
+	_                  [4]byte
 }
 
 type bypassControlWord struct {
@@ -338,6 +340,7 @@ const (
 	bypassProgShuntSockops       = "shunt_sockops"
 	bypassProgShuntSplices       = "shunt_splices"
 	bypassVarCfg                 = "cfg"
+	bypassVarStatesMapId         = "states_map_id"
 	bypassVarUnusedBriefPort     = "unused_brief_port"
 	bypassVarUnusedCounter       = "unused_counter"
 	bypassVarUnusedEventKind     = "unused_event_kind"
@@ -440,6 +443,7 @@ type bypassMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassVariableSpecs struct {
 	Cfg                 *ebpf.VariableSpec `ebpf:"cfg"`
+	StatesMapId         *ebpf.VariableSpec `ebpf:"states_map_id"`
 	UnusedBriefPort     *ebpf.VariableSpec `ebpf:"unused_brief_port"`
 	UnusedCounter       *ebpf.VariableSpec `ebpf:"unused_counter"`
 	UnusedEventKind     *ebpf.VariableSpec `ebpf:"unused_event_kind"`
@@ -529,6 +533,7 @@ func (m *bypassMaps) Close() error {
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassVariables struct {
 	Cfg                 *ebpf.Variable `ebpf:"cfg"`
+	StatesMapId         *ebpf.Variable `ebpf:"states_map_id"`
 	UnusedBriefPort     *ebpf.Variable `ebpf:"unused_brief_port"`
 	UnusedCounter       *ebpf.Variable `ebpf:"unused_counter"`
 	UnusedEventKind     *ebpf.Variable `ebpf:"unused_event_kind"`

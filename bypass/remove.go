@@ -167,6 +167,16 @@ func (in *Install) loadBound(objs any, vars map[string]any) error {
 			return fmt.Errorf("configure %s: %w", name, err)
 		}
 	}
+	// The iterators over files find shunt's storage of a socket by its
+	// map's id (iter.h, held_state).
+	info, err := in.maps[bypassMapSockStates].Info()
+	if err != nil {
+		return fmt.Errorf("read the socket storage map's id: %w", err)
+	}
+	id, _ := info.ID()
+	if err := spec.Variables["states_map_id"].Set(uint32(id)); err != nil {
+		return fmt.Errorf("configure states_map_id: %w", err)
+	}
 	for name, m := range in.maps {
 		ms, ok := spec.Maps[name]
 		if !ok || ms.Compatible(m) == nil {

@@ -5,20 +5,72 @@
  * Part of bypass.c, which includes the parts in order: each uses what the
  * ones before it define. */
 
+/* The id of the install's sock_states map: Go sets it when it loads the
+ * iterators (loadBound). */
+volatile const __u32 states_map_id;
+
+/* Storages a socket may have before shunt's is found: one per socket
+ * storage map that stored on it (shunt has two). */
+#define STORAGE_WALK 8
+
+/* The socket behind an open file, if shunt holds it (its storage, and a
+ * psock: in the sockhash; a client whose server declined, release_client,
+ * keeps its storage until it closes but has no psock), with its bypass
+ * state copied into *st. A socket several processes hold is seen once per
+ * process: user space counts it once.
+ *
+ * The socket of bpf_sock_from_file is not trusted, and newer verifiers (a
+ * 6.18.44 build these machines ran from 2026-12-02) make the sock it points
+ * to an untrusted pointer, which no socket helper takes (bpf_sk_storage_get,
+ * bpf_get_socket_cookie). So the storage is found as the kernel finds it,
+ * in the socket's list of storages, by its map's id, and copied with probe
+ * reads; the returned socket is for reading only. The copy is as current as
+ * a lookup's: its counters are written without a lock either way. */
+static __always_inline struct sock *held_state(struct file *f, struct sock_state *st)
+{
+	if (!f)
+		return 0;
+	struct socket *sock = bpf_sock_from_file(f);
+	if (!sock)
+		return 0;
+	struct sock *sk = sock->sk;
+	if (!sk || !BPF_CORE_READ(sk, sk_user_data))
+		return 0;
+	struct bpf_local_storage *ls = BPF_CORE_READ(sk, sk_bpf_storage);
+	if (!ls)
+		return 0;
+	struct hlist_node *n = BPF_CORE_READ(ls, list.first);
+	for (int i = 0; i < STORAGE_WALK && n; i++) {
+		void *e = (void *)n - bpf_core_field_offset(struct bpf_local_storage_elem, snode);
+		struct bpf_local_storage_map *m = BPF_CORE_READ((struct bpf_local_storage_elem *)e, sdata.smap);
+		if (m && BPF_CORE_READ(m, map.id) == states_map_id) {
+			void *data = e + bpf_core_field_offset(struct bpf_local_storage_elem, sdata) +
+				     bpf_core_field_offset(struct bpf_local_storage_data, data);
+			return bpf_probe_read_kernel(st, sizeof(*st), data) ? 0 : sk;
+		}
+		n = BPF_CORE_READ(n, next);
+	}
+	return 0;
+}
+
+/* Made at pairing (publish); read, as the socket is not trusted here. */
+static __always_inline __u64 held_cookie(struct sock *sk)
+{
+	return BPF_CORE_READ(sk, __sk_common.skc_cookie.counter);
+}
+
 /* One record per socket shunt holds that some process has open. A server
  * socket its listener has not accepted yet has no file and is not listed. */
 SEC("iter/task_file")
 int shunt_iter_flows(struct bpf_iter__task_file *ctx)
 {
-	struct sock *sk = 0;
-	struct sock_state *st = held_socket(ctx->file, &sk);
-	if (!st || !sk)
-		return 0;
 	struct flow_record r = {};
-	r.cookie = bpf_get_socket_cookie(sk);
+	struct sock *sk = held_state(ctx->file, &r.state);
+	if (!sk)
+		return 0;
+	r.cookie = held_cookie(sk);
 	r.cgroup_id = BPF_CORE_READ(sk, sk_cgrp_data.cgroup, kn, id);
 	r.tcp_state = BPF_CORE_READ(sk, __sk_common.skc_state);
-	__builtin_memcpy(&r.state, st, sizeof(r.state));
 	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
 	return 0;
 }
@@ -29,11 +81,11 @@ int shunt_iter_flows(struct bpf_iter__task_file *ctx)
 SEC("iter/task_file")
 int shunt_iter_drain(struct bpf_iter__task_file *ctx)
 {
-	struct sock *sk = 0;
-	struct sock_state *st = held_socket(ctx->file, &sk);
-	if (!st || !sk)
+	struct sock_state st;
+	struct sock *sk = held_state(ctx->file, &st);
+	if (!sk)
 		return 0;
-	struct sock_key k = st->self;
+	struct sock_key k = st.self;
 	if (!ingress_empty(sk)) {
 		bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 		return 0;
@@ -57,12 +109,12 @@ int shunt_iter_drain(struct bpf_iter__task_file *ctx)
 SEC("iter/task_file")
 int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 {
-	struct sock *sk = 0;
-	struct sock_state *st = held_socket(ctx->file, &sk);
+	struct sock_state st;
+	struct sock *sk = held_state(ctx->file, &st);
 	struct task_struct *task = ctx->task;
-	if (!st || !sk || !task)
+	if (!sk || !task)
 		return 0;
-	struct sock_key k = st->self;
+	struct sock_key k = st.self;
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &k);
 	if (!ref || ref->leaving || (ref->reads & STATE_TCP_READER))
 		return 0;
@@ -89,7 +141,7 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	}
 	if (now - ref->scan_at < cfg.scan_stall_ns)
 		return 0;
-	ref->cookie = bpf_get_socket_cookie(sk);
+	ref->cookie = held_cookie(sk);
 	ref->reader_pid = task->tgid;
 	ref->reader_ino = socket_ino(sk);
 	struct task_struct *leader = task->group_leader;

@@ -248,6 +248,9 @@ static __always_inline void publish(struct bpf_sock_ops *skops, struct bpf_sock 
 	ref->rcv_origin = rcv_isn + 1;
 	ref->snd_origin = snd_isn + 1;
 	ref->sk = tp;
+	/* Its cookie exists from now on: the stall scan reads it from the
+	 * socket (iter.h), as it cannot ask for one. */
+	bpf_get_socket_cookie(skops);
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 }
 

@@ -96,50 +96,52 @@ static __always_inline int ingress_empty(struct sock *sk)
 	return BPF_CORE_READ(psock, ingress_msg.next) == head && !BPF_CORE_READ(psock, ingress_skb.qlen);
 }
 
-/* What the peer's receive side holds for flow control. */
-struct peer_buffer {
-	__u32 unread;        /* redirected bytes its reader has not read */
-	__u32 rcvbuf;
-	int rcvbuf_locked;   /* the reader set SO_RCVBUF: its bound, not ours */
-	int rmem_max;        /* its netns's tcp_rmem[2]: how far TCP grows rcvbuf */
-};
-
-static __always_inline void peer_buffer(struct peer_ref *ref, unsigned long ud, struct peer_buffer *b)
+/* Redirected bytes the peer's reader has not read. */
+static __always_inline __u32 peer_unread(struct peer_ref *ref, unsigned long ud)
 {
-	void *sk = ref->sk;
 	if (cfg.probe_reads) {
-		struct sock *peer = sk;
-		/* Through a local: an access through b would be relocated
-		 * against a kernel type named peer_buffer. */
-		struct sk_psock *psock = (struct sk_psock *)ud;
 		if (PSOCK_COUNTS)
-			b->unread = BPF_CORE_READ(psock, msg_tot_len);
-		else
-			b->unread = counted_unread(ref);
-		/* A 4-bit field before 6.5ish, a byte after: read it as either. */
-		b->rcvbuf_locked = BPF_CORE_READ_BITFIELD_PROBED(peer, sk_userlocks) & SOCK_RCVBUF_LOCK;
-		b->rcvbuf = BPF_CORE_READ(peer, sk_rcvbuf);
-		b->rmem_max = BPF_CORE_READ(peer, __sk_common.skc_net.net, ipv4.sysctl_tcp_rmem[2]);
-		return;
+			return BPF_CORE_READ((struct sk_psock *)ud, msg_tot_len);
+		return counted_unread(ref);
 	}
-	struct sock *peer = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
 	struct sk_psock *psock = bpf_rdonly_cast((void *)ud, bpf_core_type_id_kernel(struct sk_psock));
-	b->unread = psock->msg_tot_len;
-	b->rcvbuf_locked = peer->sk_userlocks & SOCK_RCVBUF_LOCK;
-	b->rcvbuf = peer->sk_rcvbuf;
-	struct net *net = bpf_rdonly_cast(peer->__sk_common.skc_net.net, bpf_core_type_id_kernel(struct net));
-	b->rmem_max = net->ipv4.sysctl_tcp_rmem[2];
+	return psock->msg_tot_len;
 }
 
-/* Unless the reader set SO_RCVBUF, its redirected bytes are also bounded by
- * a quarter of the most TCP grows its receive buffer to (its netns's
- * tcp_rmem[2]). With 8 MiB unread against a tcp_rmem[2] of 6 MiB (6.1's
- * and 6.12's default; 6.18's is 32 MiB), a throttled stream's TCP segments
- * were dropped at the reader (RcvPruned, BeyondWindow) and sent again after
+/* Unless the reader set SO_RCVBUF (its bound then), its redirected bytes
+ * are bounded by --max-backlog and by a share (cfg.rmem_share: a quarter)
+ * of the most TCP grows its receive buffer to, its netns's tcp_rmem[2].
+ * With 8 MiB unread against a tcp_rmem[2] of 6 MiB (6.1's and 6.12's
+ * default; 6.18's is 32 MiB), a throttled stream's TCP segments were
+ * dropped at the reader (RcvPruned, BeyondWindow) and sent again after
  * RTOs: 256 KiB writes on one CPU moved 0.13x TCP's bytes; 32 MiB against
  * 32 MiB collapsed too, 8 did not, nor did 1.5 against 6 (docs/BENCHMARKS.md,
- * "Flow control against TCP's receive buffer"). */
-#define RMEM_SHARE 4
+ * "Flow control against TCP's receive buffer"). Read only once bytes are
+ * unread: a reader that keeps up never needs it. */
+static __always_inline __u32 peer_limit(void *sk)
+{
+	__u32 limit = cfg.max_backlog;
+	int locked, rmem_max;
+	__u32 rcvbuf;
+	if (cfg.probe_reads) {
+		struct sock *peer = sk;
+		/* A 4-bit field before 6.5ish, a byte after: read it as either. */
+		locked = BPF_CORE_READ_BITFIELD_PROBED(peer, sk_userlocks) & SOCK_RCVBUF_LOCK;
+		rcvbuf = BPF_CORE_READ(peer, sk_rcvbuf);
+		rmem_max = BPF_CORE_READ(peer, __sk_common.skc_net.net, ipv4.sysctl_tcp_rmem[2]);
+	} else {
+		struct sock *peer = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+		locked = peer->sk_userlocks & SOCK_RCVBUF_LOCK;
+		rcvbuf = peer->sk_rcvbuf;
+		struct net *net = bpf_rdonly_cast(peer->__sk_common.skc_net.net, bpf_core_type_id_kernel(struct net));
+		rmem_max = net->ipv4.sysctl_tcp_rmem[2];
+	}
+	if (locked)
+		return rcvbuf;
+	if (rmem_max > 0 && cfg.rmem_share && (__u32)rmem_max / cfg.rmem_share < limit)
+		limit = (__u32)rmem_max / cfg.rmem_share;
+	return limit;
+}
 
 /* sent: the end of what the peer's TCP sender (the sending socket, or the
  * far socket of a join) has queued for TCP. */
@@ -176,14 +178,7 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 	/* Redirected bytes are bounded only by tcp_mem, not the receiver's
 	 * buffer: without this a slow reader lets a fast writer fill memory.
 	 * Over TCP the writer blocks or gets EAGAIN as TCP decides. */
-	struct peer_buffer buf = {};
-	peer_buffer(ref, psock, &buf);
-	__u32 limit = cfg.max_backlog;
-	if (buf.rcvbuf_locked)
-		limit = buf.rcvbuf;
-	else if (buf.rmem_max > 0 && (__u32)buf.rmem_max / RMEM_SHARE < limit)
-		limit = (__u32)buf.rmem_max / RMEM_SHARE;
-	__u32 unread = buf.unread;
+	__u32 unread = peer_unread(ref, psock);
 	if (splicer) {
 		/* A splice reads the TCP queue alone. With nothing redirected
 		 * left unread, TCP is in order and the splice reads it. Else a
@@ -192,7 +187,7 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 		 * caught; the guard resets it), and refuse past the bound. */
 		if (!unread)
 			return REDIRECT_READER;
-		return unread > limit ? REDIRECT_REFUSE : REDIRECT_OK;
+		return unread > peer_limit(peer) ? REDIRECT_REFUSE : REDIRECT_OK;
 	}
 	/* Its reader's program was just learned splicing (presume_splicer), or
 	 * it reads by zerocopy receive or peeks in mid-stream: each sees one
@@ -203,7 +198,7 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 	 * then), then take TCP. */
 	if (behind_only && !unread && (PSOCK_COUNTS || ingress_empty((struct sock *)peer)))
 		return REDIRECT_READER; /* shunt's own count is an estimate: the queue says */
-	if (unread > limit && !may_splice)
+	if (unread && !may_splice && unread > peer_limit(peer))
 		return REDIRECT_BACKLOG;
 	return REDIRECT_OK;
 }

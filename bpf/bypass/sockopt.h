@@ -8,9 +8,9 @@
 
 /* The socket behind an open file and its bypass state, if shunt holds it
  * (in the sockhash: a client whose server declined, release_client, keeps
- * its storage until it closes but has no psock). A socket several processes
- * hold is seen once per process by the iterators: user space counts it
- * once. */
+ * its storage until it closes but has no psock). The LSM hook's: a verifier
+ * that makes the socket untrusted refuses it (the iterators walk the
+ * storage instead: iter.h, held_state). */
 static __always_inline struct sock_state *held_socket(struct file *f, struct sock **skp)
 {
 	if (!f)

@@ -123,7 +123,40 @@ struct refcount_struct {
 	atomic_t refs;
 };
 
+struct hlist_node {
+	struct hlist_node *next;
+};
+
+struct hlist_head {
+	struct hlist_node *first;
+};
+
+struct bpf_map {
+	__u32 id;
+};
+
+/* Socket storage (bpf_sk_storage), walked with probe reads where the
+ * socket is not trusted (the bypass iterators over files). */
+struct bpf_local_storage_map {
+	struct bpf_map map;
+};
+
+struct bpf_local_storage_data {
+	struct bpf_local_storage_map *smap;
+	__u8 data[];
+};
+
+struct bpf_local_storage_elem {
+	struct hlist_node snode; /* in its socket's bpf_local_storage list */
+	struct bpf_local_storage_data sdata;
+};
+
+struct bpf_local_storage {
+	struct hlist_head list;
+};
+
 struct sock {
+	struct bpf_local_storage *sk_bpf_storage;
 	struct sock_common __sk_common;
 	struct sock_cgroup_data sk_cgrp_data;
 	void *sk_user_data;
