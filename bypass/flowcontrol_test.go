@@ -105,8 +105,9 @@ func boundedBacklog(t *testing.T, in *bypass.Install, cg host.Cgroup, rcvbuf, rm
 		t.Fatalf("flow not shown throttled after a redirected start: %+v", f.Client)
 	}
 	t.Logf("held %.1f MiB with the reader stopped (%.1f MiB by redirect)", float64(held)/(1<<20), float64(f.Client.TxBytes)/(1<<20))
-	// A quarter of what TCP may grow the buffer to, and one send more.
-	if most := uint64(rmem/4 + 64<<10); rmem > 0 && f.Client.TxBytes > most {
+	// A quarter of what TCP may grow the buffer to (as bypass.BacklogBound
+	// says: shunt status prints it), and one send more.
+	if most := bypass.BacklogBound(bypass.DefaultMaxBacklog, uint64(rmem)) + 64<<10; rmem > 0 && f.Client.TxBytes > most {
 		t.Fatalf("redirected %d bytes to a stopped reader whose tcp_rmem[2] is %d: want at most %d", f.Client.TxBytes, rmem, most)
 	}
 

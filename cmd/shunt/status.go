@@ -30,6 +30,15 @@ type statusReport struct {
 	// Mechanisms says, per feature, how this kernel gives it.
 	Mechanisms []host.Mechanism `json:"mechanisms"`
 	Guard      *guardStatus     `json:"guard,omitempty"` // absent when bypass is not enabled
+	// FlowControl is the bound on a reader's unread redirected bytes in
+	// shunt's own network namespace; absent when bypass is not enabled.
+	FlowControl *flowControl `json:"flow_control,omitempty"`
+}
+
+// flowControl says what bounds a reader's unread redirected bytes here.
+type flowControl struct {
+	Bound      uint64 `json:"bound"`        // min(max_backlog, tcp_rmem_max / 4)
+	TCPRmemMax uint64 `json:"tcp_rmem_max"` // this netns's tcp_rmem[2]
 }
 
 // guardStatus says whether a guard watches the install (bypass guard).
@@ -67,6 +76,9 @@ func newStatusCmd(e *env, g *globals) *cobra.Command {
 				}
 				rep.Stats = &st
 				rep.Guard = &guardStatus{Running: guard.Running(g.pinDir), Log: guard.LogPath(g.pinDir)}
+				if rmem, err := bypass.TCPRmemMax(); err == nil {
+					rep.FlowControl = &flowControl{Bound: bypass.BacklogBound(st.Options.MaxBacklog, rmem), TCPRmemMax: rmem}
+				}
 			}
 			ix, err := sockindex.Open(g.indexDir)
 			switch {
@@ -141,6 +153,10 @@ func printStatus(e *env, r statusReport) {
 			fmt.Fprintf(w, "cgroup:\t%s (id %d)\n", p, cg.ID)
 		}
 		fmt.Fprintf(w, "options:\t%s\n", describeOptions(r.Stats.Options))
+		if fc := r.FlowControl; fc != nil {
+			fmt.Fprintf(w, "flow control:\ta reader here may hold %s unread by redirect before its writer's sends take TCP (the least of --max-backlog and a quarter of tcp_rmem[2], %s; in other network namespaces by their own tcp_rmem[2]; its SO_RCVBUF where the reader set one)\n",
+				humanBytes(fc.Bound), humanBytes(fc.TCPRmemMax))
+		}
 		for _, p := range r.Stats.Programs {
 			fmt.Fprintf(w, "program %s:\tid %d, attached to %s (links %v)\n", p.Name, p.ID, p.Attached, p.Links)
 		}
