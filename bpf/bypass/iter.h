@@ -28,13 +28,8 @@ volatile const __u32 states_map_id;
  * a lookup's: its counters are written without a lock either way. */
 static __always_inline struct sock *held_state(struct file *f, struct sock_state *st)
 {
-	if (!f)
-		return 0;
-	struct socket *sock = bpf_sock_from_file(f);
-	if (!sock)
-		return 0;
-	struct sock *sk = sock->sk;
-	if (!sk || !BPF_CORE_READ(sk, sk_user_data))
+	struct sock *sk = file_psock_sock(f);
+	if (!sk)
 		return 0;
 	struct bpf_local_storage *ls = BPF_CORE_READ(sk, sk_bpf_storage);
 	if (!ls)

@@ -6,12 +6,9 @@
  * Part of bypass.c, which includes the parts in order: each uses what the
  * ones before it define. */
 
-/* The socket behind an open file and its bypass state, if shunt holds it
- * (in the sockhash: a client whose server declined, release_client, keeps
- * its storage until it closes but has no psock). The LSM hook's: a verifier
- * that makes the socket untrusted refuses it (the iterators walk the
- * storage instead: iter.h, held_state). */
-static __always_inline struct sock_state *held_socket(struct file *f, struct sock **skp)
+/* The socket behind an open file, if it is one with a psock (in a sockhash
+ * or sockmap). */
+static __always_inline struct sock *file_psock_sock(struct file *f)
 {
 	if (!f)
 		return 0;
@@ -19,10 +16,23 @@ static __always_inline struct sock_state *held_socket(struct file *f, struct soc
 	if (!sock)
 		return 0;
 	struct sock *sk = sock->sk;
+	if (!sk || !BPF_CORE_READ(sk, sk_user_data))
+		return 0;
+	return sk;
+}
+
+/* The socket behind an open file and its bypass state, if shunt holds it
+ * (in the sockhash: a client whose server declined, release_client, keeps
+ * its storage until it closes but has no psock). The LSM hook's: a verifier
+ * that makes the socket untrusted refuses it (the iterators walk the
+ * storage instead: iter.h, held_state). */
+static __always_inline struct sock_state *held_socket(struct file *f, struct sock **skp)
+{
+	struct sock *sk = file_psock_sock(f);
 	if (!sk)
 		return 0;
 	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-	if (!st || !BPF_CORE_READ(sk, sk_user_data))
+	if (!st)
 		return 0;
 	*skp = sk;
 	return st;
