@@ -358,6 +358,14 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 		Getsockopt *ebpf.Program `ebpf:"shunt_getsockopt"`
 		SkMsg      *ebpf.Program `ebpf:"shunt_sk_msg"`
 		Splices    *ebpf.Program `ebpf:"shunt_splices"`
+		// Loaded only to know that they load here, and closed: without
+		// them shunt can neither list nor remove what it installs, nor
+		// scan for stalls (a kernel whose verifier refused them, 6.18.44
+		// of 2026-12-02 before held_state, got an install it could not
+		// take out again).
+		Flows  *ebpf.Program `ebpf:"shunt_iter_flows"`
+		Drain  *ebpf.Program `ebpf:"shunt_iter_drain"`
+		Stalls *ebpf.Program `ebpf:"shunt_iter_stalls"`
 	}
 	// One decode of the kernel's BTF for every load of this install (each
 	// load made its own: seconds under qemu without KVM).
@@ -371,6 +379,9 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	defer objs.Getsockopt.Close()
 	defer objs.SkMsg.Close()
 	defer objs.Splices.Close()
+	defer objs.Flows.Close()
+	defer objs.Drain.Close()
+	defer objs.Stalls.Close()
 	defer objs.bypassMaps.Close()
 	shared := mapsOf(&objs.bypassMaps)
 	shared[learnedMap] = learned
