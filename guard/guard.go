@@ -36,6 +36,25 @@ import (
 // on (its context, and the install still being there).
 const poll = 500 * time.Millisecond
 
+// Check loads what Run loads and lets it go, so that a guard which could
+// not run says so before it takes its lock: 'shunt bypass enable' counts a
+// guard that holds the lock as started.
+func Check(in *bypass.Install) error {
+	rd, err := in.WatchEvents()
+	if err != nil {
+		return err
+	}
+	rd.Close()
+	scan, err := in.OpenStallScan()
+	if errors.Is(err, bypass.ErrNoStallScan) {
+		return nil // Run reports it and guards without
+	}
+	if err != nil {
+		return err
+	}
+	return scan.Close()
+}
+
 // Run resets every caught connection of the install, wakes every reader the
 // programs or the stall scan found waiting with bytes queued, and reports
 // each blocking read that got EAGAIN, until ctx ends or the install is

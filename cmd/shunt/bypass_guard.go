@@ -43,6 +43,10 @@ removed, or on Ctrl-C.`,
 			if err != nil {
 				return err
 			}
+			if err := guard.Check(in); err != nil {
+				in.Close()
+				return err
+			}
 			release, err := guard.Lock(g.pinDir)
 			if err != nil {
 				in.Close()
