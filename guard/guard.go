@@ -44,7 +44,9 @@ func Check(in *bypass.Install) error {
 	if err != nil {
 		return err
 	}
-	rd.Close()
+	if err := rd.Close(); err != nil {
+		return err
+	}
 	scan, err := in.OpenStallScan()
 	if errors.Is(err, bypass.ErrNoStallScan) {
 		return nil // Run reports it and guards without
