@@ -147,3 +147,7 @@ func (in *Install) TimerSlots() (taken, free int, err error) {
 	}
 	return int(ever), len(slots), nil
 }
+
+// RefuseIterators makes the install's drain fail as on a kernel that
+// refuses its iterator.
+func (in *Install) RefuseIterators() { in.refuseIterators = true }

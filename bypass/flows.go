@@ -157,18 +157,14 @@ const (
 )
 
 func endpoint(r *bypassFlowRecord, cgPaths map[uint64]string) *Endpoint {
-	t := r.State.Self.Tuple
-	ip, port := t.ServerIp, t.ServerPort
-	if r.State.Self.Role == roleClient {
-		ip, port = t.ClientIp, t.ClientPort
-	}
+	addr, _ := r.State.Self.addrs()
 	path, ok := cgPaths[r.CgroupId]
 	if !ok {
 		path = host.CgroupPathByID(r.CgroupId)
 		cgPaths[r.CgroupId] = path
 	}
 	return &Endpoint{
-		Addr:        netip.AddrPortFrom(netip.AddrFrom16(ip).Unmap(), port),
+		Addr:        addr,
 		Netns:       r.State.Self.Netns,
 		Cgroup:      path,
 		Cookie:      r.Cookie,
@@ -180,6 +176,17 @@ func endpoint(r *bypassFlowRecord, cgPaths map[uint64]string) *Endpoint {
 		Throttled:   r.State.Flags&stateThrottled != 0,
 		Reader:      readerOf(r.State.Flags),
 	}
+}
+
+// addrs is the socket's own address and its peer's.
+func (k bypassSockKey) addrs() (local, remote netip.AddrPort) {
+	t := k.Tuple
+	client := netip.AddrPortFrom(netip.AddrFrom16(t.ClientIp).Unmap(), t.ClientPort)
+	server := netip.AddrPortFrom(netip.AddrFrom16(t.ServerIp).Unmap(), t.ServerPort)
+	if k.Role == roleClient {
+		return client, server
+	}
+	return server, client
 }
 
 const (

@@ -240,6 +240,9 @@ type Install struct {
 	// sockopts are the hooks each enabled cgroup gets with sockops (those
 	// the install has: sockoptHooks).
 	sockopts []loadedSockopt
+	// refuseIterators makes the drain fail as on a kernel that refuses its
+	// iterator (tests of a forced removal).
+	refuseIterators bool
 }
 
 // Dir returns the pin directory.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -369,5 +370,94 @@ func TestSquattedPinDirectoriesRefused(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestForceRemoveResetsUnreadConnections: a reader that never reads keeps a
+// plain removal waiting; a forced one resets that connection (its reader
+// gets an error, not a stream with the redirected bytes missing), names
+// it, and leaves nothing installed.
+func TestForceRemoveResetsUnreadConnections(t *testing.T) {
+	for _, network := range []string{"tcp4", "tcp6"} {
+		t.Run(network, func(t *testing.T) {
+			in, cg := mustInstall(t)
+			side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+			addr := map[string]string{"tcp4": "127.0.0.1:0", "tcp6": "[::1]:0"}[network]
+			c, s := testenv.ConnPair(t, network, side, addr, side, addr)
+			testenv.Warm(t, c, s)
+			if _, err := c.Write(make([]byte, 256<<10)); err != nil { // redirected; s does not read
+				t.Fatal(err)
+			}
+			dir := in.Dir()
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			stuck, err := in.ForceRemove(ctx)
+			if err != nil {
+				t.Fatalf("forced removal: %v", err)
+			}
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Fatalf("install still at %s after a forced removal", dir)
+			}
+			if len(stuck) != 1 || !stuck[0].Unread || stuck[0].Err != nil ||
+				stuck[0].Local.String() != s.LocalAddr().String() || stuck[0].Remote.String() != s.RemoteAddr().String() {
+				t.Fatalf("reset %+v, want the server's socket %s (unread, reset)", stuck, s.LocalAddr())
+			}
+			mustFailRead(t, s, "the reset reader")
+			mustFailRead(t, c, "its peer")
+		})
+	}
+}
+
+// TestForceRemoveWithoutTheDrain: on a kernel that refuses the drain's
+// iterator, removal says so and what --force does, drops nothing and keeps
+// the install; forced, it resets every connection still bypassed.
+func TestForceRemoveWithoutTheDrain(t *testing.T) {
+	in, cg := mustInstall(t)
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	testenv.Warm(t, c, s)
+	in.RefuseIterators()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := in.Remove(ctx); err == nil || !strings.Contains(err.Error(), "--force resets the connections still bypassed") {
+		t.Fatalf("removal without the drain: %v, want it to name --force", err)
+	}
+	if _, err := os.Stat(in.Dir()); err != nil {
+		t.Fatalf("install gone after a removal that could not drain: %v", err)
+	}
+	exchange(t, c, s, "still connected") // nothing dropped, sends on TCP
+	stuck, err := in.ForceRemove(ctx)
+	if err != nil {
+		t.Fatalf("forced removal: %v", err)
+	}
+	if len(stuck) != 2 {
+		t.Fatalf("reset %+v, want both ends", stuck)
+	}
+	// The first reset closes its peer: one reset, one closed already.
+	reset := 0
+	for _, x := range stuck {
+		if x.Unread || (x.Err != nil && !errors.Is(x.Err, os.ErrNotExist)) {
+			t.Errorf("socket %s: unread %v, reset error %v; want not looked into, reset", x.Local, x.Unread, x.Err)
+		}
+		if x.Err == nil {
+			reset++
+		}
+	}
+	if reset == 0 {
+		t.Errorf("no socket reset: %+v", stuck)
+	}
+	mustFailRead(t, s, "the server")
+	mustFailRead(t, c, "the client")
+}
+
+// mustFailRead checks that a read on conn fails at once with the error a
+// reset connection gives, and returns no bytes.
+func mustFailRead(t *testing.T, conn net.Conn, who string) {
+	t.Helper()
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := conn.Read(make([]byte, 1<<20))
+	reset := errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.ECONNRESET)
+	if n != 0 || !reset {
+		t.Errorf("%s read %d bytes, %v; want a reset connection's error", who, n, err)
 	}
 }

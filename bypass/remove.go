@@ -7,12 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
+	"sort"
 	"strconv"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/shunt-project/shunt/reap"
 )
 
 // ErrBusy means some bypassed sockets could not leave the sockhash yet:
@@ -31,7 +35,7 @@ func (e ErrBusy) Error() string {
 	default:
 		what = fmt.Sprintf("%d bypassed socket(s) still hold unread data and %d are not accepted by their server yet", e.Unread, e.Unheld)
 	}
-	return what + "; nothing was lost: new sends already take the TCP path, run 'shunt bypass disable --all' again once their readers have caught up"
+	return what + "; nothing was lost: new sends already take the TCP path, run 'shunt bypass disable --all' again once their readers have caught up, or add --force to reset those connections and remove shunt now"
 }
 
 // Sockets is how many sockets kept the install in place.
@@ -45,50 +49,134 @@ func (e ErrBusy) Sockets() int { return e.Unread + e.Unheld }
 // If readers do not catch up before ctx ends, it returns ErrBusy and leaves
 // the install in place (draining, no cgroup attached).
 func (in *Install) Remove(ctx context.Context) error {
+	_, err := in.remove(ctx, false)
+	return err
+}
+
+// Stuck is a socket a forced removal found still in the sockhash when it
+// stopped waiting, and what resetting its connection gave.
+type Stuck struct {
+	Netns  uint64
+	Local  netip.AddrPort
+	Remote netip.AddrPort
+	Cookie uint64
+	// Unread: it held redirected bytes its reader had not read. Otherwise
+	// shunt could not look (a socket its server has not accepted, or a
+	// kernel that refused the drain's iterator).
+	Unread bool
+	// Err is what the reset said: nil (reset), an error wrapping
+	// os.ErrNotExist (the socket had closed by then: its peer's reset came
+	// first) or a failure, in which case its reader was not told that the
+	// bytes redirected to it and not read went with the install.
+	Err error
+}
+
+// ForceRemove is Remove for an install that cannot wait: when readers have
+// not caught up by the time ctx ends, or the kernel refuses the drain's
+// iterator, it resets the connection of each socket still in the sockhash
+// and removes the install all the same. Taking the socket out of the
+// sockhash drops what was redirected to it; reset, its reader and its peer
+// see the connection fail instead of a stream with bytes missing. It
+// returns the sockets it reset.
+func (in *Install) ForceRemove(ctx context.Context) ([]Stuck, error) {
+	return in.remove(ctx, true)
+}
+
+func (in *Install) remove(ctx context.Context, force bool) ([]Stuck, error) {
 	cgs, err := in.Cgroups()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, cg := range cgs {
 		if _, err := in.Detach(cg.ID); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := in.setDraining(true); err != nil {
-		return err
+		return nil, err
 	}
 	// A send that read the control word just before it flipped finishes its
 	// redirect within its own syscall; give those a moment to land.
 	time.Sleep(redirectSettle)
 
-	if err := in.drain(ctx); err != nil {
-		return err
+	var stuck []Stuck
+	if unread, err := in.drain(ctx); err != nil {
+		var busy ErrBusy
+		if !force && !errors.As(err, &busy) {
+			return nil, fmt.Errorf("%w; nothing was dropped: new sends take the TCP path, and --force resets the connections still bypassed and removes shunt", err)
+		}
+		if !force {
+			return nil, err
+		}
+		if stuck, err = in.resetHeld(unread); err != nil {
+			return stuck, err
+		}
 	}
 
 	// Rename first so a concurrent reader never sees half an install.
 	gone := in.dir + "-old-" + strconv.Itoa(os.Getpid())
 	if err := os.Rename(in.dir, gone); err != nil {
-		return fmt.Errorf("remove %s: %w", in.dir, err)
+		return stuck, fmt.Errorf("remove %s: %w", in.dir, err)
 	}
 	in.Close()
 	if err := os.RemoveAll(gone); err != nil {
-		return fmt.Errorf("unpin %s: %w", gone, err)
+		return stuck, fmt.Errorf("unpin %s: %w", gone, err)
 	}
-	return nil
+	return stuck, nil
+}
+
+// resetHeld resets the connection of every socket left in the sockhash
+// (unread: those the drain saw holding unread bytes; nil if it could not
+// look), then takes it out of the sockhash. In that order its reader never
+// sees the stream go on with bytes missing: what it reads after the reset is
+// the reset's error. Those with unread bytes go first; their peers, reset
+// by them, have closed by their turn.
+func (in *Install) resetHeld(unread map[bypassSockKey]bool) ([]Stuck, error) {
+	var stuck []Stuck
+	var keys []bypassSockKey
+	var key bypassSockKey
+	var cookie uint64
+	hash := in.maps["sock_hash"]
+	it := hash.Iterate()
+	for it.Next(&key, &cookie) {
+		local, remote := key.addrs()
+		stuck = append(stuck, Stuck{Netns: key.Netns, Local: local, Remote: remote, Cookie: cookie, Unread: unread[key]})
+		keys = append(keys, key)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read sockhash: %w", err)
+	}
+	order := make([]int, len(stuck))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return stuck[order[a]].Unread && !stuck[order[b]].Unread })
+	for _, i := range order {
+		s := &stuck[i]
+		s.Err = reap.DestroyTCP(reap.TCPSocket{Netns: s.Netns, Local: s.Local, Remote: s.Remote, Cookie: s.Cookie})
+		if err := hash.Delete(keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return stuck, fmt.Errorf("take %s out of the sockhash: %w", s.Local, err)
+		}
+	}
+	return stuck, nil
 }
 
 // drain removes sockets with empty redirect queues from the sockhash until
-// none is left, or returns ErrBusy when ctx ends first.
-func (in *Install) drain(ctx context.Context) error {
+// none is left, or returns ErrBusy when ctx ends first, with the sockets
+// its last pass saw holding unread bytes.
+func (in *Install) drain(ctx context.Context) (map[bypassSockKey]bool, error) {
+	if in.refuseIterators {
+		return nil, errors.New("load BPF iterators: refused (test)")
+	}
 	iter, err := in.loadIterators()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer iter.Close()
 	for {
 		buf, err := runIter(iter.Drain)
 		if err != nil {
-			return fmt.Errorf("drain: %w", err)
+			return nil, fmt.Errorf("drain: %w", err)
 		}
 		unread := map[bypassSockKey]bool{}
 		for _, k := range decodeKeys(buf) {
@@ -108,14 +196,14 @@ func (in *Install) drain(ctx context.Context) error {
 			}
 		}
 		if err := it.Err(); err != nil {
-			return fmt.Errorf("drain: read sockhash: %w", err)
+			return nil, fmt.Errorf("drain: read sockhash: %w", err)
 		}
 		if busy.Sockets() == 0 {
-			return nil
+			return nil, nil
 		}
 		select {
 		case <-ctx.Done():
-			return busy
+			return unread, busy
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

@@ -25,6 +25,7 @@ func newBypassDisableCmd(e *env, g *globals) *cobra.Command {
 		wholeHost  bool
 		all        bool
 		timeout    time.Duration
+		force      bool
 	)
 	c := &cobra.Command{
 		Use:   "disable --cgroup PATH | --host | --all",
@@ -36,7 +37,10 @@ With --all (or when the last enabled cgroup is disabled) shunt is removed:
 every send switches to the TCP path, shunt waits until each bypassed socket's
 reader has consumed what was redirected to it (so no byte is lost), and then
 nothing of shunt stays pinned or attached. If readers do not catch up within
---timeout, shunt stays installed without any cgroup and says so. It names
+--timeout, shunt stays installed without any cgroup and says so; with
+--force it resets those connections instead (each named: its application
+sees the connection fail, not a stream with bytes missing) and removes
+shunt, also where the kernel lets shunt not look into the sockets. It names
 each cgroup it detaches and its owner, and the settings that go with the
 install (--exclude-ports); what shunt learned about splice readers stays.`,
 		Args: noArgs,
@@ -53,17 +57,18 @@ install (--exclude-ports); what shunt learned about splice readers stays.`,
 			if timeout < 0 {
 				return usageError{fmt.Errorf("--timeout %v: give how long to wait, 0 or more", timeout)}
 			}
-			return bypassDisable(c.Context(), e, g, cgroupPath, all, timeout)
+			return bypassDisable(c.Context(), e, g, cgroupPath, all, timeout, force)
 		},
 	}
 	c.Flags().StringVar(&cgroupPath, "cgroup", "", "cgroup v2 directory to disable")
 	c.Flags().BoolVar(&wholeHost, "host", false, "disable the root of the cgroup v2 hierarchy (what enable --host enabled)")
 	c.Flags().BoolVar(&all, "all", false, "disable every cgroup and remove shunt from the host")
 	c.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for readers to consume redirected bytes when removing")
+	c.Flags().BoolVar(&force, "force", false, "when removing, reset the connections whose readers have not caught up by --timeout instead of leaving shunt installed")
 	return c
 }
 
-func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, all bool, timeout time.Duration) error {
+func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, all bool, timeout time.Duration, force bool) error {
 	if err := host.CheckPrivileges(); err != nil {
 		return err
 	}
@@ -112,7 +117,7 @@ func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, a
 	}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := in.Remove(rctx); err != nil {
+	if err := remove(rctx, e, in, force); err != nil {
 		var busy bypass.ErrBusy
 		if errors.As(err, &busy) {
 			return err
@@ -125,6 +130,31 @@ func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, a
 	}
 	// The guard removes its own lock file once it sees the install gone.
 	return runlock.Remove("install", g.pinDir)
+}
+
+// remove takes the install off the host; forced, it says which connections
+// it reset on the way.
+func remove(ctx context.Context, e *env, in *bypass.Install, force bool) error {
+	if !force {
+		return in.Remove(ctx)
+	}
+	stuck, err := in.ForceRemove(ctx)
+	for _, s := range stuck {
+		conn := fmt.Sprintf("%s -> %s (netns %d, cookie %d)", s.Local, s.Remote, s.Netns, s.Cookie)
+		why := "shunt could not look into it (not accepted by its server yet, or the kernel refused the drain)"
+		if s.Unread {
+			why = "its reader had not read what was redirected to it"
+		}
+		switch {
+		case s.Err == nil:
+			fmt.Fprintf(e.stdout, "reset %s: %s\n", conn, why)
+		case errors.Is(s.Err, os.ErrNotExist):
+			fmt.Fprintf(e.stdout, "%s had closed already (its peer's reset)\n", conn)
+		default:
+			fmt.Fprintf(e.stderr, "could not reset %s (%s): %v; what was redirected to it and not read is dropped with shunt\n", conn, why, s.Err)
+		}
+	}
+	return err
 }
 
 // describeRemoval says what removing the install takes away: the cgroups

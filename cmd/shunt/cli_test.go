@@ -19,6 +19,7 @@ import (
 	"github.com/shunt-project/shunt/bypass"
 	"github.com/shunt-project/shunt/bypass/bypasstest"
 	"github.com/shunt-project/shunt/guard"
+	"github.com/shunt-project/shunt/host"
 	"github.com/shunt-project/shunt/internal/runlock"
 	"github.com/shunt-project/shunt/internal/testenv"
 )
@@ -225,11 +226,7 @@ func TestErrorExitCodes(t *testing.T) {
 func TestDisableWaitsForUnreadBytes(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.WatchKernelLog(t)
-	pin := bypasstest.MustPinDir(t)
-	cg := testenv.MustCgroup(t)
-	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--no-probation", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
-		t.Fatal(stderr)
-	}
+	pin, cg := mustEnabled(t, "--no-probation")
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
 	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
@@ -266,6 +263,31 @@ func TestDisableWaitsForUnreadBytes(t *testing.T) {
 	}
 	if _, err := os.Stat(pin); !os.IsNotExist(err) {
 		t.Fatalf("pin dir still there after disable")
+	}
+}
+
+// disable --all --force does not wait past --timeout: it resets the
+// connection whose reader has not read, names it, and removes shunt; the
+// reader sees the connection fail, not the stream go on without the bytes.
+func TestDisableForceResetsUnreadConnection(t *testing.T) {
+	pin, cg := mustEnabled(t, "--no-probation")
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	testenv.Warm(t, c, s)
+	if _, err := c.Write(make([]byte, 64<<10)); err != nil { // redirected; s does not read
+		t.Fatal(err)
+	}
+	out, stderr, code := runShunt(t, nil, "bypass", "disable", "--all", "--force", "--timeout", "200ms", "--pin-dir", pin)
+	want := fmt.Sprintf("reset %s -> %s", s.LocalAddr(), s.RemoteAddr())
+	if code != 0 || !strings.Contains(out, want) || !strings.Contains(out, "its reader had not read") || !strings.Contains(out, "shunt removed") {
+		t.Fatalf("disable --force: exit %d, %q %q; want %q and shunt removed", code, out, stderr, want)
+	}
+	if _, err := os.Stat(pin); !os.IsNotExist(err) {
+		t.Fatalf("pin dir still there after disable --force")
+	}
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := s.Read(make([]byte, 128<<10)); n != 0 || !errors.Is(err, syscall.ECONNABORTED) {
+		t.Fatalf("the reset reader read %d bytes, %v; want ECONNABORTED", n, err)
 	}
 }
 
@@ -310,12 +332,7 @@ func TestExcludePortsFlag(t *testing.T) {
 // --trust-readers: the first send of a connection is redirected, before its
 // reader has called recv.
 func TestBypassEnableTrustReaders(t *testing.T) {
-	testenv.RequireRoot(t)
-	pin := bypasstest.MustPinDir(t)
-	cg := testenv.MustCgroup(t)
-	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--trust-readers", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
-		t.Fatal(stderr)
-	}
+	pin, cg := mustEnabled(t, "--trust-readers")
 	t.Cleanup(func() { runShunt(t, nil, "bypass", "disable", "--all", "--pin-dir", pin) })
 	ns := testenv.MustNetNS(t)
 	side := testenv.Side{NS: ns, CG: cg}
@@ -345,12 +362,7 @@ func TestBypassEnableTrustReaders(t *testing.T) {
 // whose reader splices after recv with redirected bytes queued; status
 // names the program, and forget unlearns it.
 func TestGuardResetsCaughtSplicer(t *testing.T) {
-	testenv.RequireRoot(t)
-	pin := bypasstest.MustPinDir(t)
-	cg := testenv.MustCgroup(t)
-	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--no-probation", "--cgroup", cg.Path, "--pin-dir", pin); code != 0 {
-		t.Fatalf("enable: %s", stderr)
-	}
+	pin, cg := mustEnabled(t, "--no-probation")
 	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
 	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
 	for _, conn := range []*net.TCPConn{c, s} {
@@ -411,12 +423,7 @@ func TestGuardResetsCaughtSplicer(t *testing.T) {
 // waits for another one that holds it, and disable --all names what it
 // takes away (cgroups and their owner, --exclude-ports) and what it keeps.
 func TestDisableWaitsForTheInstallLockAndSaysWhatItRemoves(t *testing.T) {
-	testenv.RequireRoot(t)
-	pin := bypasstest.MustPinDir(t)
-	cg := testenv.MustCgroup(t)
-	if _, stderr, code := runShunt(t, nil, "bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin, "--exclude-ports", "8080", "--splicer", "haproxy", "--no-guard"); code != 0 {
-		t.Fatalf("enable: %s", stderr)
-	}
+	pin, cg := mustEnabled(t, "--exclude-ports", "8080", "--splicer", "haproxy", "--no-guard")
 	release, err := runlock.Lock("install", pin, 0, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -445,4 +452,18 @@ func TestDisableWaitsForTheInstallLockAndSaysWhatItRemoves(t *testing.T) {
 			t.Errorf("disable --all said %q, without %q", r.out, want)
 		}
 	}
+}
+
+// mustEnabled enables bypass through the CLI for a new cgroup, with a pin
+// directory of the test's own (removed when the test ends), giving flags.
+func mustEnabled(t *testing.T, flags ...string) (pin string, cg host.Cgroup) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	pin = bypasstest.MustPinDir(t)
+	cg = testenv.MustCgroup(t)
+	args := append([]string{"bypass", "enable", "--cgroup", cg.Path, "--pin-dir", pin}, flags...)
+	if _, stderr, code := runShunt(t, nil, args...); code != 0 {
+		t.Fatalf("enable: %s", stderr)
+	}
+	return pin, cg
 }
