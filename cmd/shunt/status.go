@@ -142,7 +142,7 @@ func printStatus(e *env, r statusReport) {
 	} else {
 		state := "enabled"
 		if r.Stats.Draining {
-			state = "draining (being removed; all sends take the TCP path)"
+			state = "draining (being removed; all sends take the TCP path; 'shunt bypass disable --all' finishes once readers have read what was redirected to them, or at once with --force, which resets their connections)"
 		}
 		fmt.Fprintf(w, "bypass:\t%s, pinned at %s\n", state, r.PinDir)
 		for _, cg := range r.Cgroups {
