@@ -74,7 +74,7 @@ type bypassConfig struct {
 	BehindBytes        uint32
 	BehindSends        uint32
 	RmemShare          uint32
-	_                  [4]byte
+	RefuseSplice       uint32
 }
 
 type bypassControlWord struct {

@@ -489,6 +489,9 @@ func newConfig(opts Options) bypassConfig {
 	if opts.TrustReaders {
 		cfg.TrustReaders = 1
 	}
+	if opts.RefuseSplice {
+		cfg.RefuseSplice = 1
+	}
 	if !opts.PairBrief {
 		cfg.BriefStreak, cfg.BriefSends, cfg.BriefSample = BriefStreak, BriefSends, BriefSample
 	}
@@ -561,8 +564,10 @@ func attachSpliceRefusal(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps
 	var objs struct {
 		Refuse *ebpf.Program `ebpf:"shunt_refuse_splice"`
 	}
-	replace := map[string]*ebpf.Map{"sock_states": maps.SockStates, "counters": maps.Counters}
-	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replace, Cache: cache}); err != nil {
+	if err := setStatesMapID(spec, maps.SockStates); err != nil {
+		return err
+	}
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: mapsOf(maps), Cache: cache}); err != nil {
 		return fmt.Errorf("load the splice refusal (lsm/file_permission): %w", err)
 	}
 	defer objs.Refuse.Close()

@@ -255,15 +255,8 @@ func (in *Install) loadBound(objs any, vars map[string]any) error {
 			return fmt.Errorf("configure %s: %w", name, err)
 		}
 	}
-	// The iterators over files find shunt's storage of a socket by its
-	// map's id (iter.h, held_state).
-	info, err := in.maps[bypassMapSockStates].Info()
-	if err != nil {
-		return fmt.Errorf("read the socket storage map's id: %w", err)
-	}
-	id, _ := info.ID()
-	if err := spec.Variables["states_map_id"].Set(uint32(id)); err != nil {
-		return fmt.Errorf("configure states_map_id: %w", err)
+	if err := setStatesMapID(spec, in.maps[bypassMapSockStates]); err != nil {
+		return err
 	}
 	for name, m := range in.maps {
 		ms, ok := spec.Maps[name]
@@ -274,6 +267,21 @@ func (in *Install) loadBound(objs any, vars map[string]any) error {
 		ms.Value = nil
 	}
 	return spec.LoadAndAssign(objs, &ebpf.CollectionOptions{MapReplacements: in.maps})
+}
+
+// setStatesMapID tells the programs that reach sockets through their files
+// (the iterators, the splice refusal) the id of the install's sock_states
+// map: they find shunt's storage of a socket by it (sockopt.h, held_state).
+func setStatesMapID(spec *ebpf.CollectionSpec, states *ebpf.Map) error {
+	info, err := states.Info()
+	if err != nil {
+		return fmt.Errorf("read the socket storage map's id: %w", err)
+	}
+	id, _ := info.ID()
+	if err := spec.Variables["states_map_id"].Set(uint32(id)); err != nil {
+		return fmt.Errorf("configure states_map_id: %w", err)
+	}
+	return nil
 }
 
 // runIter runs one pass of an iterator over every open file on the host

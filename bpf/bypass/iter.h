@@ -5,55 +5,6 @@
  * Part of bypass.c, which includes the parts in order: each uses what the
  * ones before it define. */
 
-/* The id of the install's sock_states map: Go sets it when it loads the
- * iterators (loadBound). */
-volatile const __u32 states_map_id;
-
-/* Storages a socket may have before shunt's is found: one per socket
- * storage map that stored on it (shunt has two). */
-#define STORAGE_WALK 8
-
-/* The socket behind an open file, if shunt holds it (its storage, and a
- * psock: in the sockhash; a client whose server declined, release_client,
- * keeps its storage until it closes but has no psock), with its bypass
- * state copied into *st. A socket several processes hold is seen once per
- * process: user space counts it once.
- *
- * The socket of bpf_sock_from_file is not trusted, and newer verifiers (a
- * 6.18.44 build these machines ran from 2026-12-02) make the sock it points
- * to an untrusted pointer, which no socket helper takes (bpf_sk_storage_get,
- * bpf_get_socket_cookie). So the storage is found as the kernel finds it,
- * in the socket's list of storages, by its map's id, and copied with probe
- * reads; the returned socket is for reading only. The copy is as current as
- * a lookup's: its counters are written without a lock either way. */
-static __always_inline struct sock *held_state(struct file *f, struct sock_state *st)
-{
-	struct sock *sk = file_psock_sock(f);
-	if (!sk)
-		return 0;
-	struct bpf_local_storage *ls = BPF_CORE_READ(sk, sk_bpf_storage);
-	if (!ls)
-		return 0;
-	struct hlist_node *n = BPF_CORE_READ(ls, list.first);
-	for (int i = 0; i < STORAGE_WALK && n; i++) {
-		void *e = (void *)n - bpf_core_field_offset(struct bpf_local_storage_elem, snode);
-		struct bpf_local_storage_map *m = BPF_CORE_READ((struct bpf_local_storage_elem *)e, sdata.smap);
-		if (m && BPF_CORE_READ(m, map.id) == states_map_id) {
-			void *data = e + bpf_core_field_offset(struct bpf_local_storage_elem, sdata) +
-				     bpf_core_field_offset(struct bpf_local_storage_data, data);
-			return bpf_probe_read_kernel(st, sizeof(*st), data) ? 0 : sk;
-		}
-		n = BPF_CORE_READ(n, next);
-	}
-	return 0;
-}
-
-/* Made at pairing (publish); read, as the socket is not trusted here. */
-static __always_inline __u64 held_cookie(struct sock *sk)
-{
-	return BPF_CORE_READ(sk, __sk_common.skc_cookie.counter);
-}
-
 /* One record per socket shunt holds that some process has open. A server
  * socket its listener has not accepted yet has no file and is not listed. */
 SEC("iter/task_file")

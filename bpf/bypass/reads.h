@@ -420,6 +420,15 @@ held:
 	return 0;
 }
 
+/* A read after a refused splice (shunt_refuse_splice): the program reads
+ * instead, and a splice after this read is refused again. */
+static __always_inline void forget_refusal(struct sock_state *st)
+{
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
+	if (ref && (ref->reads & STATE_SPLICE_REFUSED))
+		__sync_fetch_and_and(&ref->reads, ~STATE_SPLICE_REFUSED);
+}
+
 /* Runs after every recvmsg on the host (read, recv, recvmsg, io_uring recv):
  * records how the reader of a paired socket reads, for its peer's sk_msg.
  * A reader that blocks or asks for MSG_WAITALL (MSG_OOB, MSG_TRUNC), or
@@ -447,9 +456,8 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags, const
 		st->small_run = 0;
 	if (ret == 0)
 		note_eof(sk, st);
-	/* A read after a refused splice: the program reads instead. */
-	if (st->flags & STATE_SPLICE_REFUSED)
-		__sync_fetch_and_and(&st->flags, ~STATE_SPLICE_REFUSED);
+	if (cfg.refuse_splice)
+		forget_refusal(st);
 	if (!PSOCK_COUNTS && ret > 0 && !(flags & MSG_PEEK))
 		count_read(st, sk, ret);
 	if (flags & MSG_PEEK || (ret > 0 && (st->flags & STATE_PEEKED)))

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /* Socket options and file hooks: receive options, transmit timestamps and
  * kernel TLS set on a held socket, zerocopy receive, and --refuse-splice's
- * LSM hook.
+ * LSM hook; how a hook that reaches a socket through its file finds shunt's
+ * state of it (the iterators', iter.h, and the LSM hook's).
  *
  * Part of bypass.c, which includes the parts in order: each uses what the
  * ones before it define. */
@@ -21,21 +22,58 @@ static __always_inline struct sock *file_psock_sock(struct file *f)
 	return sk;
 }
 
-/* The socket behind an open file and its bypass state, if shunt holds it
- * (in the sockhash: a client whose server declined, release_client, keeps
- * its storage until it closes but has no psock). The LSM hook's: a verifier
- * that makes the socket untrusted refuses it (the iterators walk the
- * storage instead: iter.h, held_state). */
-static __always_inline struct sock_state *held_socket(struct file *f, struct sock **skp)
+/* The id of the install's sock_states map: Go sets it when it loads the
+ * iterators (loadBound) and the LSM hook. */
+volatile const __u32 states_map_id;
+
+/* Storages a socket may have before shunt's is found: one per socket
+ * storage map that stored on it (shunt has two). */
+#define STORAGE_WALK 8
+
+/* Shunt's state of a socket reached through its file, copied into *st: the
+ * socket itself if shunt holds it (has its storage), else 0.
+ *
+ * The socket of bpf_sock_from_file is not trusted, and newer verifiers (a
+ * 6.18.44 build these machines ran from 2026-12-02) make the sock it points
+ * to an untrusted pointer, which no socket helper takes (bpf_sk_storage_get,
+ * bpf_get_socket_cookie). So the storage is found as the kernel finds it,
+ * in the socket's list of storages, by its map's id, and copied with probe
+ * reads; the returned socket is for reading only. The copy is as current as
+ * a lookup's: its counters are written without a lock either way. */
+static __always_inline struct sock *sock_held_state(struct sock *sk, struct sock_state *st)
+{
+	struct bpf_local_storage *ls = BPF_CORE_READ(sk, sk_bpf_storage);
+	if (!ls)
+		return 0;
+	struct hlist_node *n = BPF_CORE_READ(ls, list.first);
+	for (int i = 0; i < STORAGE_WALK && n; i++) {
+		void *e = (void *)n - bpf_core_field_offset(struct bpf_local_storage_elem, snode);
+		struct bpf_local_storage_map *m = BPF_CORE_READ((struct bpf_local_storage_elem *)e, sdata.smap);
+		if (m && BPF_CORE_READ(m, map.id) == states_map_id) {
+			void *data = e + bpf_core_field_offset(struct bpf_local_storage_elem, sdata) +
+				     bpf_core_field_offset(struct bpf_local_storage_data, data);
+			return bpf_probe_read_kernel(st, sizeof(*st), data) ? 0 : sk;
+		}
+		n = BPF_CORE_READ(n, next);
+	}
+	return 0;
+}
+
+/* The socket behind an open file, if shunt holds it (its storage, and a
+ * psock: in the sockhash; a client whose server declined, release_client,
+ * keeps its storage until it closes but has no psock), its state copied
+ * into *st. A socket several processes hold is seen once per process: user
+ * space counts it once. */
+static __always_inline struct sock *held_state(struct file *f, struct sock_state *st)
 {
 	struct sock *sk = file_psock_sock(f);
-	if (!sk)
-		return 0;
-	struct sock_state *st = bpf_sk_storage_get(&sock_states, sk, 0, 0);
-	if (!st)
-		return 0;
-	*skp = sk;
-	return st;
+	return sk ? sock_held_state(sk, st) : 0;
+}
+
+/* Made at pairing (publish); read, as the socket is not trusted here. */
+static __always_inline __u64 held_cookie(struct sock *sk)
+{
+	return BPF_CORE_READ(sk, __sk_common.skc_cookie.counter);
 }
 
 #define MAY_READ 0x4 /* include/linux/fs.h */
@@ -245,15 +283,21 @@ int BPF_PROG(shunt_refuse_splice, struct file *file, int mask, int ret)
 		return ret;
 	/* A socket back on plain TCP (out of the sockhash) is not held: a
 	 * splice reads all there is. */
-	struct sock *sk = 0;
-	struct sock_state *st = held_socket(file, &sk);
-	if (!st)
+	struct sock *sk = file_psock_sock(file);
+	if (!sk || !in_splice())
 		return 0;
-	if (!in_splice())
+	struct sock_state st;
+	if (!sock_held_state(sk, &st))
 		return 0;
-	if (__sync_fetch_and_or(&st->flags, STATE_SPLICE_REFUSED) & STATE_SPLICE_REFUSED) {
+	/* Noted on its peer_refs entry, not its storage: the socket is
+	 * reached untrusted, for reading only (held_state). A read clears it
+	 * (forget_refusal). */
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st.self);
+	if (!ref)
+		return 0; /* leaving: its peer's sends take TCP */
+	if (__sync_fetch_and_or(&ref->reads, STATE_SPLICE_REFUSED) & STATE_SPLICE_REFUSED) {
 		/* Counted per socket: a caught one splices on until reset. */
-		if (!(st->flags & STATE_SPLICE))
+		if (!(st.flags & STATE_SPLICE))
 			count(CNT_SPLICE_RETRIED);
 		return 0;
 	}

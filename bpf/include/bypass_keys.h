@@ -109,7 +109,7 @@ enum state_flags {
 	STATE_MAY_SPLICE = 512, /* its reader's program was just learned splicing, or it reads by TCP_ZEROCOPY_RECEIVE or peeks in mid-stream: redirects only behind bytes still queued, past the backlog bound too (peer_refs only) */
 	STATE_CUT_SHORT = 1024, /* caught, and its peer's end of stream came before the guard's reset: the splice returned it first (peer_refs only) */
 	STATE_TCP_BEHIND = 2048, /* flow control sent its peer's bytes by TCP while redirected ones may have been unread: TCP bytes can wait behind a drained psock (peer_refs only) */
-	STATE_SPLICE_REFUSED = 4096, /* a splice from it was refused (--refuse-splice) and its reader has not read since (sock_state only) */
+	STATE_SPLICE_REFUSED = 4096, /* a splice from it was refused (--refuse-splice) and its reader has not read since (peer_refs only) */
 	STATE_EOF_SEEN = 8192, /* a recv returned 0 with the end come and nothing queued: its reader was told of the peer's end (peer_refs only) */
 	STATE_PEEKED = 16384,  /* its reader peeked at every redirected byte queued with TCP bytes behind them, and has not read since (watch_boundary_peek; sock_state only) */
 	STATE_SMALL_WRITES = 32768, /* its peer's writer streams small sends TCP would gather: its reader's next read sends the connection back to TCP (peer_refs only) */
