@@ -49,6 +49,9 @@ type Options struct {
 	// OwnerGone says whether the configuration's kubernetes.daemonset is
 	// gone; nil: asked of the API server, with KubePods' credentials.
 	OwnerGone kube.OwnerGone
+
+	// checkGuard is guard.Check unless a test sets it.
+	checkGuard func(*bypass.Install) error
 }
 
 // resync reconciles even without an event, in case one was missed.
@@ -399,18 +402,32 @@ func (a *Agent) startGuard(ctx context.Context) {
 			return
 		}
 	}
-	release, err := guard.Lock(a.opts.PinDir)
-	if errors.Is(err, guard.ErrRunning) {
-		return
-	}
-	if err != nil {
-		a.logf("guard: %v", err)
+	if guard.Running(a.opts.PinDir) {
 		return
 	}
 	in, err := bypass.Open(a.opts.PinDir)
 	if err != nil {
-		release()
 		a.logf("guard: %v", err)
+		return
+	}
+	// Loaded before the lock: a guard that holds it counts as running
+	// (status, enable), and one that cannot load would hold it and die.
+	// Tried again at the next reconciliation.
+	check := a.opts.checkGuard
+	if check == nil {
+		check = guard.Check
+	}
+	if err := check(in); err != nil {
+		in.Close()
+		a.logf("guard: cannot run: %v", err)
+		return
+	}
+	release, err := guard.Lock(a.opts.PinDir)
+	if err != nil {
+		in.Close()
+		if !errors.Is(err, guard.ErrRunning) {
+			a.logf("guard: %v", err)
+		}
 		return
 	}
 	gctx, cancel := context.WithCancel(ctx)
@@ -443,8 +460,10 @@ func (a *Agent) startGuard(ctx context.Context) {
 		if err != nil {
 			a.logf("guard: %v", err)
 		}
-		ended = gctx.Err() == nil
-		if ended && err == nil {
+		// Ended by a failure, it is tried again at the next
+		// reconciliation, not at once: a kick here would loop.
+		ended = gctx.Err() == nil && err == nil
+		if ended {
 			a.logf("guard: the install at %s was removed or replaced; reconciling", a.opts.PinDir)
 		}
 	}()

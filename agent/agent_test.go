@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -356,4 +357,28 @@ func TestAgentRestoresARemovedInstall(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("install and guard back %v after the removal", time.Since(start))
+}
+
+// A guard that cannot run (a kernel that refuses its programs) is said once
+// per reconciliation and never holds the guard's lock: a guard holding it
+// counts as running, and one that ended at once was started again at once,
+// in a loop.
+func TestAgentGuardThatCannotRunHoldsNothing(t *testing.T) {
+	testenv.RequireRoot(t)
+	pin := bypasstest.MustPinDir(t)
+	app := mkCgroup(t, testenv.MustCgroup(t).Path, "app")
+	config := filepath.Join(t.TempDir(), "config.yaml")
+	writeConfig(t, config, fmt.Sprintf("bypass:\n  cgroups: [%q]\n", app))
+	refused := func(*bypass.Install) error { return errors.New("refused (test)") }
+	log := runAgentWith(t, agent.WithGuardCheck(agent.Options{ConfigPath: config, PinDir: pin,
+		IndexDir: filepath.Join(pin, "no-index"), Version: "test", Features: host.Probe()}, refused))
+	waitEnabled(t, pin, app)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if guard.Running(pin) {
+			t.Fatal("the guard's lock is held although the guard cannot run")
+		}
+	}
+	if n := strings.Count(log.String(), "guard: cannot run: refused (test)"); n == 0 || n > 3 {
+		t.Errorf("the guard's failure said %d times in a second, want once per reconciliation", n)
+	}
 }
