@@ -46,6 +46,18 @@ func writeConfig(t *testing.T, path, text string) {
 	}
 }
 
+// mustOneCgroup makes a pin directory, a cgroup named name under the
+// test's own, and a configuration that enables it (needs root).
+func mustOneCgroup(t *testing.T, name string) (pin, cgroup, config string) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	pin = bypasstest.MustPinDir(t)
+	cgroup = mkCgroup(t, testenv.MustCgroup(t).Path, name)
+	config = filepath.Join(t.TempDir(), "config.yaml")
+	writeConfig(t, config, fmt.Sprintf("bypass:\n  cgroups: [%q]\n", cgroup))
+	return pin, cgroup, config
+}
+
 // runAgent starts an agent until the test ends.
 func runAgent(t *testing.T, config, pin string) *testenv.SyncBuffer {
 	return runAgentFor(t, config, pin)
@@ -320,11 +332,7 @@ func paired(t *testing.T, pin string) uint64 {
 // ended and nothing ran until the resync: no install, and no guard for
 // one that another command put back meanwhile.
 func TestAgentRestoresARemovedInstall(t *testing.T) {
-	testenv.RequireRoot(t)
-	pin := bypasstest.MustPinDir(t)
-	app := mkCgroup(t, testenv.MustCgroup(t).Path, "app-1")
-	config := filepath.Join(t.TempDir(), "config.yaml")
-	writeConfig(t, config, fmt.Sprintf("bypass:\n  cgroups: [%q]\n", app))
+	pin, app, config := mustOneCgroup(t, "app-1")
 	log := runAgent(t, config, pin)
 	waitEnabled(t, pin, app)
 	for deadline := time.Now().Add(5 * time.Second); !guard.Running(pin); time.Sleep(10 * time.Millisecond) {
@@ -364,11 +372,7 @@ func TestAgentRestoresARemovedInstall(t *testing.T) {
 // counts as running, and one that ended at once was started again at once,
 // in a loop.
 func TestAgentGuardThatCannotRunHoldsNothing(t *testing.T) {
-	testenv.RequireRoot(t)
-	pin := bypasstest.MustPinDir(t)
-	app := mkCgroup(t, testenv.MustCgroup(t).Path, "app")
-	config := filepath.Join(t.TempDir(), "config.yaml")
-	writeConfig(t, config, fmt.Sprintf("bypass:\n  cgroups: [%q]\n", app))
+	pin, app, config := mustOneCgroup(t, "app")
 	refused := func(*bypass.Install) error { return errors.New("refused (test)") }
 	log := runAgentWith(t, agent.WithGuardCheck(agent.Options{ConfigPath: config, PinDir: pin,
 		IndexDir: filepath.Join(pin, "no-index"), Version: "test", Features: host.Probe()}, refused))
