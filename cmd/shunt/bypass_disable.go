@@ -40,7 +40,8 @@ nothing of shunt stays pinned or attached. If readers do not catch up within
 --timeout, shunt stays installed without any cgroup and says so; with
 --force it resets those connections instead (each named: its application
 sees the connection fail, not a stream with bytes missing) and removes
-shunt, also where the kernel lets shunt not look into the sockets. It names
+shunt, also on a kernel that refuses the drain's look into the sockets
+(then every connection still bypassed is reset). It names
 each cgroup it detaches and its owner, and the settings that go with the
 install (--exclude-ports); what shunt learned about splice readers stays.`,
 		Args: noArgs,
@@ -117,7 +118,7 @@ func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, a
 	}
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := remove(rctx, e, in, force); err != nil {
+	if err := removeInstall(rctx, e, in, force); err != nil {
 		var busy bypass.ErrBusy
 		if errors.As(err, &busy) {
 			return err
@@ -132,9 +133,9 @@ func bypassDisable(ctx context.Context, e *env, g *globals, cgroupPath string, a
 	return runlock.Remove("install", g.pinDir)
 }
 
-// remove takes the install off the host; forced, it says which connections
-// it reset on the way.
-func remove(ctx context.Context, e *env, in *bypass.Install, force bool) error {
+// removeInstall takes the install off the host; forced, it says which
+// connections it reset on the way.
+func removeInstall(ctx context.Context, e *env, in *bypass.Install, force bool) error {
 	if !force {
 		return in.Remove(ctx)
 	}
