@@ -116,8 +116,10 @@ static __always_inline __u32 peer_unread(struct peer_ref *ref, unsigned long ud)
  * dropped at the reader (RcvPruned, BeyondWindow) and sent again after
  * RTOs: 256 KiB writes on one CPU moved 0.13x TCP's bytes; 32 MiB against
  * 32 MiB collapsed too, 8 did not, nor did 1.5 against 6 (docs/BENCHMARKS.md,
- * "Flow control against TCP's receive buffer"). Read only once bytes are
- * unread: a reader that keeps up never needs it. */
+ * "Flow control against TCP's receive buffer"): redirected bytes count in
+ * the reader's sk_rmem_alloc, so they and what the writer has on the way by
+ * TCP (its send buffer, up to tcp_wmem[2]) must fit tcp_rmem[2]. Read only
+ * once bytes are unread: a reader that keeps up never needs it. */
 static __always_inline __u32 peer_limit(void *sk)
 {
 	__u32 limit = cfg.max_backlog;
