@@ -69,6 +69,8 @@ type Stuck struct {
 	// first) or a failure, in which case its reader was not told that the
 	// bytes redirected to it and not read went with the install.
 	Err error
+
+	key bypassSockKey
 }
 
 // ForceRemove is Remove for an install that cannot wait: when readers have
@@ -101,11 +103,10 @@ func (in *Install) remove(ctx context.Context, force bool) ([]Stuck, error) {
 
 	var stuck []Stuck
 	if unread, err := in.drain(ctx); err != nil {
-		var busy ErrBusy
-		if !force && !errors.As(err, &busy) {
-			return nil, fmt.Errorf("%w; nothing was dropped: new sends take the TCP path, and --force resets the connections still bypassed and removes shunt", err)
-		}
 		if !force {
+			if !errors.As(err, new(ErrBusy)) {
+				err = fmt.Errorf("%w; nothing was dropped: new sends take the TCP path, and --force resets the connections still bypassed and removes shunt", err)
+			}
 			return nil, err
 		}
 		if stuck, err = in.resetHeld(unread); err != nil {
@@ -133,28 +134,22 @@ func (in *Install) remove(ctx context.Context, force bool) ([]Stuck, error) {
 // by them, have closed by their turn.
 func (in *Install) resetHeld(unread map[bypassSockKey]bool) ([]Stuck, error) {
 	var stuck []Stuck
-	var keys []bypassSockKey
 	var key bypassSockKey
 	var cookie uint64
 	hash := in.maps["sock_hash"]
 	it := hash.Iterate()
 	for it.Next(&key, &cookie) {
 		local, remote := key.addrs()
-		stuck = append(stuck, Stuck{Netns: key.Netns, Local: local, Remote: remote, Cookie: cookie, Unread: unread[key]})
-		keys = append(keys, key)
+		stuck = append(stuck, Stuck{Netns: key.Netns, Local: local, Remote: remote, Cookie: cookie, Unread: unread[key], key: key})
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read sockhash: %w", err)
 	}
-	order := make([]int, len(stuck))
-	for i := range order {
-		order[i] = i
-	}
-	sort.SliceStable(order, func(a, b int) bool { return stuck[order[a]].Unread && !stuck[order[b]].Unread })
-	for _, i := range order {
+	sort.SliceStable(stuck, func(a, b int) bool { return stuck[a].Unread && !stuck[b].Unread })
+	for i := range stuck {
 		s := &stuck[i]
 		s.Err = reap.DestroyTCP(reap.TCPSocket{Netns: s.Netns, Local: s.Local, Remote: s.Remote, Cookie: s.Cookie})
-		if err := hash.Delete(keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := hash.Delete(s.key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return stuck, fmt.Errorf("take %s out of the sockhash: %w", s.Local, err)
 		}
 	}
