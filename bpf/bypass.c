@@ -100,12 +100,12 @@ volatile const struct config {
 	__u64 probation_ns;   /* ... and this long passed since the first probe began */
 	__u32 behind_bytes;   /* a socket's sends that took TCP in a row because its peer's reader was behind: past this many bytes the connection goes back to TCP (0: never) ... */
 	__u32 behind_sends;   /* ... once the socket made this many sends */
-	__u32 rmem_share;     /* a reader's unread redirected bytes stay under its netns's tcp_rmem[2] / this (0: no such bound) */
+	__u32 writer_margin;  /* a reader's unread redirected bytes leave room in its netns's tcp_rmem[2] for its writer's send buffer and 1/this of it more (0: no such bound) */
 	__u32 refuse_splice;  /* an LSM hook refuses splices (--refuse-splice): each read forgets a refusal */
 } cfg = {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,
-	.rmem_share = 4,
+	.writer_margin = 8,
 	.stall_ns = 20ULL * 1000 * 1000,
 	.told_zero_ns = 2ULL * 1000 * 1000,
 	.scan_stall_ns = 500ULL * 1000 * 1000,

@@ -73,7 +73,7 @@ type bypassConfig struct {
 	ProbationNs        uint64
 	BehindBytes        uint32
 	BehindSends        uint32
-	RmemShare          uint32
+	WriterMargin       uint32
 	RefuseSplice       uint32
 }
 

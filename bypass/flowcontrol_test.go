@@ -30,10 +30,12 @@ func (c counting) Write(b []byte) (int, error) {
 // Flow control: a reader that stops reading bounds what its writer can hand
 // over, the writer blocks as over TCP, no byte is lost or reordered, and the
 // flow returns to the redirect path once the reader has caught up. A reader
-// that set SO_RCVBUF is held to that instead of the install's limit, and
-// one whose netns lets TCP grow its buffer less (tcp_rmem[2] of 6 MiB, 6.1's
-// and 6.12's default) to a quarter of that: with the install's 8 MiB there,
-// a throttled stream's TCP segments were dropped and resent after RTOs.
+// that set SO_RCVBUF is held to that instead of the install's limit. One
+// whose netns lets TCP grow its buffer less (tcp_rmem[2] of 6 MiB, 6.1's
+// and 6.12's default) is held to what that leaves beside its writer's send
+// buffer (its SO_SNDBUF, else tcp_wmem[2]) and an eighth of it: with the
+// install's 8 MiB there, a throttled stream's TCP segments were dropped and
+// resent after RTOs.
 func TestFlowControlBoundsBacklog(t *testing.T) {
 	flowControlBoundsBacklog(t, bypass.Options{})
 }
@@ -44,45 +46,78 @@ func TestFlowControlByProbeReads(t *testing.T) {
 	flowControlBoundsBacklog(t, bypass.Options{Mechanisms: host.Mechanisms{ProbeReads: true}})
 }
 
+// backlogCase is a reader stopped behind a writer, with the buffers each set.
+type backlogCase struct {
+	name           string
+	rcvbuf, sndbuf int // 0: leave the socket's buffer to the kernel
+	rmem, wmem     int // 0: the netns's tcp_rmem[2], tcp_wmem[2] as they come
+	held           int64
+}
+
 func flowControlBoundsBacklog(t *testing.T, opts bypass.Options) {
 	// The stopped reader's 64 MiB stream goes by TCP once throttled, more
 	// than it redirected: past BehindBytes the connection would go back to
 	// TCP before the check that redirects resume (TestReaderBehindGoesBackToTCP).
 	in, cg := mustInstallWith(t, bypass.WithBehindReader(opts, ^uint32(0), 0))
-	for _, tc := range []struct {
-		name   string
-		rcvbuf int // 0: leave the receiver's buffer to the kernel
-		rmem   int // 0: the netns's tcp_rmem as it comes
-		bound  int64
-	}{
-		// The install's limit, one send more, and what TCP itself buffers
-		// once sends take it (send queue and receive queue).
-		{"install limit", 0, 0, bypass.DefaultMaxBacklog + 8<<20},
+	// held: what the writer may hand over in all: the bound, one send more,
+	// and what TCP itself buffers once sends take it (send and receive queue).
+	for _, tc := range []backlogCase{
+		{name: "install limit", held: bypass.DefaultMaxBacklog + 8<<20},
 		// Below the install's limit alone: only the receiver's own
 		// SO_RCVBUF can have stopped the redirect this early.
-		{"receiver SO_RCVBUF", 256 << 10, 0, bypass.DefaultMaxBacklog},
-		{"netns tcp_rmem 6 MiB", 0, 6 << 20, bypass.DefaultMaxBacklog + 8<<20},
+		{name: "receiver SO_RCVBUF", rcvbuf: 256 << 10, held: bypass.DefaultMaxBacklog},
+		{name: "netns tcp_rmem 6 MiB", rmem: 6 << 20, held: bypass.DefaultMaxBacklog + 8<<20},
+		// A writer whose send buffer is set small leaves the reader more
+		// room: 6 MiB less 9/8 of its buffer.
+		{name: "writer SO_SNDBUF", sndbuf: 256 << 10, rmem: 6 << 20, held: bypass.DefaultMaxBacklog + 8<<20},
+		// Send buffers that may grow to the whole receive buffer leave no
+		// room: the redirect carries only what the reader keeps up with.
+		{name: "netns tcp_wmem as tcp_rmem", rmem: 6 << 20, wmem: 6 << 20, held: bypass.DefaultMaxBacklog + 8<<20},
 	} {
-		t.Run(tc.name, func(t *testing.T) { boundedBacklog(t, in, cg, tc.rcvbuf, tc.rmem, tc.bound) })
+		t.Run(tc.name, func(t *testing.T) { boundedBacklog(t, in, cg, tc) })
 	}
 }
 
-func boundedBacklog(t *testing.T, in *bypass.Install, cg host.Cgroup, rcvbuf, rmem int, bound int64) {
+func boundedBacklog(t *testing.T, in *bypass.Install, cg host.Cgroup, tc backlogCase) {
 	ns := testenv.MustNetNS(t)
-	if rmem > 0 {
-		setting := fmt.Sprintf("4096 131072 %d", rmem)
-		ns.Do(t, func() {
-			if err := os.WriteFile("/proc/sys/net/ipv4/tcp_rmem", []byte(setting), 0); err != nil {
+	var bufs bypass.TCPBuffers
+	ns.Do(t, func() {
+		for name, most := range map[string]int{"tcp_rmem": tc.rmem, "tcp_wmem": tc.wmem} {
+			if most == 0 {
+				continue
+			}
+			if err := os.WriteFile("/proc/sys/net/ipv4/"+name, fmt.Appendf(nil, "4096 131072 %d", most), 0); err != nil {
 				t.Fatal(err)
 			}
-		})
-	}
-	side := testenv.Side{NS: ns, CG: cg}
-	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
-	if rcvbuf > 0 {
-		if err := s.SetReadBuffer(rcvbuf); err != nil {
+		}
+		var err error
+		if bufs, err = bypass.ReadTCPBuffers(); err != nil {
 			t.Fatal(err)
 		}
+	})
+	side := testenv.Side{NS: ns, CG: cg}
+	c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+	if tc.rcvbuf > 0 {
+		if err := s.SetReadBuffer(tc.rcvbuf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writerMost := bufs.WmemMax
+	if tc.sndbuf > 0 {
+		if err := c.SetWriteBuffer(tc.sndbuf); err != nil {
+			t.Fatal(err)
+		}
+		// The kernel doubles what it is given, within net.core.wmem_max.
+		raw, err := c.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got int
+		var gerr error
+		if err := raw.Control(func(fd uintptr) { got, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF) }); err != nil || gerr != nil {
+			t.Fatal(err, gerr)
+		}
+		writerMost = uint64(got)
 	}
 	testenv.Warm(t, c, s)
 
@@ -97,18 +132,23 @@ func boundedBacklog(t *testing.T, in *bypass.Install, cg host.Cgroup, rcvbuf, rm
 	// The reader reads nothing yet: wait until the writer is held (no
 	// progress for 300 ms), however long a busy machine takes to get there.
 	held := waitStalled(t, &accepted, 300*time.Millisecond, 30*time.Second)
-	if held > bound {
-		t.Fatalf("writer handed over %d MiB with the reader stopped; want at most %d MiB", held>>20, bound>>20)
+	if held > tc.held {
+		t.Fatalf("writer handed over %d MiB with the reader stopped; want at most %d MiB", held>>20, tc.held>>20)
 	}
 	f := flowOf(t, in, testenv.Cookie(t, c))
 	if f == nil || f.Client == nil || !f.Client.Throttled || f.Client.TxBytes == 0 {
 		t.Fatalf("flow not shown throttled after a redirected start: %+v", f.Client)
 	}
 	t.Logf("held %.1f MiB with the reader stopped (%.1f MiB by redirect)", float64(held)/(1<<20), float64(f.Client.TxBytes)/(1<<20))
-	// A quarter of what TCP may grow the buffer to (as bypass.BacklogBound
-	// says: shunt status prints it), and one send more.
-	if most := bypass.BacklogBound(bypass.DefaultMaxBacklog, uint64(rmem)) + 64<<10; rmem > 0 && f.Client.TxBytes > most {
-		t.Fatalf("redirected %d bytes to a stopped reader whose tcp_rmem[2] is %d: want at most %d", f.Client.TxBytes, rmem, most)
+	// What TCP's buffers leave (as bypass.BacklogBound says: shunt status
+	// prints it), and one send more; where the reader kept its own buffer,
+	// that much at least, so the writer's send buffer was read, not assumed.
+	if tc.rcvbuf == 0 {
+		bound := bypass.BacklogBound(bypass.DefaultMaxBacklog, bufs.RmemMax, writerMost)
+		if got := f.Client.TxBytes; got > bound+64<<10 || got < bound {
+			t.Fatalf("redirected %d bytes to a stopped reader (tcp_rmem[2] %d, writer's send buffer up to %d): want %d and one send at most, at least %d",
+				got, bufs.RmemMax, writerMost, bound, bound)
+		}
 	}
 
 	if err := stream.Check(s, false); err != nil {

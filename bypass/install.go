@@ -465,7 +465,7 @@ func newConfig(opts Options) bypassConfig {
 	cfg := bypassConfig{
 		SettleNs:           uint64(cmp.Or(opts.settle, redirectSettle)),
 		MaxBacklog:         opts.MaxBacklog,
-		RmemShare:          RmemShare,
+		WriterMargin:       WriterMargin,
 		SpliceNr:           unix.SYS_SPLICE,
 		SendtoNr:           unix.SYS_SENDTO,
 		SendmsgNr:          unix.SYS_SENDMSG,

@@ -144,14 +144,14 @@ func checkTranslated(t *testing.T, in *bypass.Install, cg host.Cgroup, tr transl
 // that reader's unread bytes if that is less.
 func redirectedAtLeast(t *testing.T, ns *testenv.NetNS, size uint64) uint64 {
 	t.Helper()
-	var rmem uint64
+	var bufs bypass.TCPBuffers
 	ns.Do(t, func() {
 		var err error
-		if rmem, err = bypass.TCPRmemMax(); err != nil {
+		if bufs, err = bypass.ReadTCPBuffers(); err != nil {
 			t.Fatal(err)
 		}
 	})
-	return min(size/2, bypass.BacklogBound(bypass.DefaultMaxBacklog, rmem))
+	return min(size/2, bufs.Bound(bypass.DefaultMaxBacklog))
 }
 
 // streamBothWays sends size bytes from c to s, then back, and checks them.

@@ -108,19 +108,43 @@ static __always_inline __u32 peer_unread(struct peer_ref *ref, unsigned long ud)
 	return psock->msg_tot_len;
 }
 
+/* The most the writer can have on its way by TCP once throttled: its send
+ * buffer, SO_SNDBUF where it set one, else what TCP grows it to (its
+ * netns's tcp_wmem[2]). */
+static __always_inline __u32 writer_most(void *sk)
+{
+	int locked, sndbuf, wmem_max;
+	if (cfg.probe_reads) {
+		struct sock *w = sk;
+		locked = BPF_CORE_READ_BITFIELD_PROBED(w, sk_userlocks) & SOCK_SNDBUF_LOCK;
+		sndbuf = BPF_CORE_READ(w, sk_sndbuf);
+		wmem_max = BPF_CORE_READ(w, __sk_common.skc_net.net, ipv4.sysctl_tcp_wmem[2]);
+	} else {
+		struct sock *w = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+		locked = w->sk_userlocks & SOCK_SNDBUF_LOCK;
+		sndbuf = w->sk_sndbuf;
+		struct net *net = bpf_rdonly_cast(w->__sk_common.skc_net.net, bpf_core_type_id_kernel(struct net));
+		wmem_max = net->ipv4.sysctl_tcp_wmem[2];
+	}
+	int most = locked ? sndbuf : wmem_max;
+	return most > 0 ? most : 0;
+}
+
 /* Unless the reader set SO_RCVBUF (its bound then), its redirected bytes
- * are bounded by --max-backlog and by a share (cfg.rmem_share: a quarter)
- * of the most TCP grows its receive buffer to, its netns's tcp_rmem[2].
- * With 8 MiB unread against a tcp_rmem[2] of 6 MiB (6.1's and 6.12's
- * default; 6.18's is 32 MiB), a throttled stream's TCP segments were
- * dropped at the reader (RcvPruned, BeyondWindow) and sent again after
- * RTOs: 256 KiB writes on one CPU moved 0.13x TCP's bytes; 32 MiB against
- * 32 MiB collapsed too, 8 did not, nor did 1.5 against 6 (docs/BENCHMARKS.md,
- * "Flow control against TCP's receive buffer"): redirected bytes count in
- * the reader's sk_rmem_alloc, so they and what the writer has on the way by
- * TCP (its send buffer, up to tcp_wmem[2]) must fit tcp_rmem[2]. Read only
- * once bytes are unread: a reader that keeps up never needs it. */
-static __always_inline __u32 peer_limit(void *sk)
+ * are bounded by --max-backlog and by the room its netns's tcp_rmem[2] (the
+ * most TCP grows its receive buffer to) leaves once the writer's TCP bytes
+ * are in: redirected bytes count in the reader's sk_rmem_alloc, and when
+ * they and what a throttled writer has on the way by TCP (writer_most) pass
+ * tcp_rmem[2], TCP refuses in-window segments (PROTO_MEM), clamps the
+ * window to two segments and the stream crawls on RTOs (docs/BENCHMARKS.md,
+ * "Flow control against TCP's receive buffer": 2 MiB + 4 MiB against 6 MiB
+ * did, 1.5 + 4 did not; 32 + 4 against 32 did, 16 + 4 did not). The margin,
+ * an eighth of writer_most (cfg.writer_margin), is for the segments'
+ * overhead. Where no room is left, nothing unread is allowed: the redirect
+ * carries a stream only while its reader keeps up. writer: the peer's TCP
+ * sender. Read only once bytes are unread: a reader that keeps up never
+ * needs it. */
+static __always_inline __u32 peer_limit(void *sk, void *writer)
 {
 	__u32 limit = cfg.max_backlog;
 	int locked, rmem_max;
@@ -140,14 +164,17 @@ static __always_inline __u32 peer_limit(void *sk)
 	}
 	if (locked)
 		return rcvbuf;
-	if (rmem_max > 0 && cfg.rmem_share && (__u32)rmem_max / cfg.rmem_share < limit)
-		limit = (__u32)rmem_max / cfg.rmem_share;
-	return limit;
+	if (rmem_max <= 0 || !cfg.writer_margin)
+		return limit;
+	__u64 most = writer_most(writer);
+	__u64 taken = most + most / cfg.writer_margin;
+	__u64 room = (__u64)rmem_max > taken ? (__u64)rmem_max - taken : 0;
+	return room < limit ? (__u32)room : limit;
 }
 
-/* sent: the end of what the peer's TCP sender (the sending socket, or the
- * far socket of a join) has queued for TCP. */
-static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
+/* writer: the peer's TCP sender (the sending socket, or the far socket of
+ * a join); sent: the end of what it has queued for TCP. */
+static __always_inline int check_peer(struct peer_ref *ref, void *writer, __u32 sent)
 {
 	if (!ref)
 		return REDIRECT_NO_PEER;
@@ -189,7 +216,7 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 		 * caught; the guard resets it), and refuse past the bound. */
 		if (!unread)
 			return REDIRECT_READER;
-		return unread > peer_limit(peer) ? REDIRECT_REFUSE : REDIRECT_OK;
+		return unread > peer_limit(peer, writer) ? REDIRECT_REFUSE : REDIRECT_OK;
 	}
 	/* Its reader's program was just learned splicing (presume_splicer), or
 	 * it reads by zerocopy receive or peeks in mid-stream: each sees one
@@ -200,7 +227,7 @@ static __always_inline int check_peer(struct peer_ref *ref, __u32 sent)
 	 * then), then take TCP. */
 	if (behind_only && !unread && (PSOCK_COUNTS || ingress_empty((struct sock *)peer)))
 		return REDIRECT_READER; /* shunt's own count is an estimate: the queue says */
-	if (unread && !may_splice && unread > peer_limit(peer))
+	if (unread && !may_splice && unread > peer_limit(peer, writer))
 		return REDIRECT_BACKLOG;
 	return REDIRECT_OK;
 }
@@ -239,7 +266,7 @@ static __always_inline int through_join(__u32 sent, __u64 redirected, struct pee
 	if (out - back->snd_origin - (sent - front->rcv_origin) - to_front != sc->added)
 		return REDIRECT_JOINED;
 	asm volatile("" ::: "memory");
-	int r = check_peer(u, out);
+	int r = check_peer(u, back->sk, out);
 	if (r == REDIRECT_JOINED)
 		return r;
 	*far = u;
@@ -466,7 +493,7 @@ int shunt_sk_msg(struct sk_msg_md *msg)
 	struct sock_key *to = &st->peer;
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, to);
 	struct shortcut *via = 0;
-	int check = check_peer(ref, tp->write_seq);
+	int check = check_peer(ref, tp, tp->write_seq);
 	if (check == REDIRECT_JOINED && ref) {
 		struct peer_ref *far = 0;
 		check = through_join(tp->write_seq, st->tx_bytes, ref, &far, &to, &via);

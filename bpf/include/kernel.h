@@ -39,6 +39,7 @@ struct ns_common {
 
 struct netns_ipv4 {
 	int sysctl_tcp_rmem[3];
+	int sysctl_tcp_wmem[3];
 };
 
 struct net {
@@ -411,7 +412,8 @@ enum {
 /* For bpf_timer_init (include/uapi/linux/time.h). */
 #define CLOCK_MONOTONIC 1
 
-/* sk_userlocks: the application set SO_RCVBUF (include/net/sock.h). */
+/* sk_userlocks: the application set SO_SNDBUF, SO_RCVBUF (include/net/sock.h). */
+#define SOCK_SNDBUF_LOCK 1
 #define SOCK_RCVBUF_LOCK 2
 
 /* A pointer the verifier lets BPF keep in a map without holding a reference:

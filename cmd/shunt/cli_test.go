@@ -91,9 +91,9 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 	if st.Guard == nil || !st.Guard.Running || st.Stats.SplicePrograms == nil {
 		t.Fatalf("status --json: want the guard running (enable starts it) and a splice program list: %s", out)
 	}
-	if rmem, err := bypass.TCPRmemMax(); err != nil || st.FlowControl == nil || st.FlowControl.TCPRmemMax != rmem ||
-		st.FlowControl.Bound != min(uint64(bypass.DefaultMaxBacklog), rmem/4) {
-		t.Fatalf("status --json flow_control = %+v, want the least of 8 MiB and a quarter of tcp_rmem[2] (%d, %v)", st.FlowControl, rmem, err)
+	if bufs, err := bypass.ReadTCPBuffers(); err != nil || st.FlowControl == nil || st.FlowControl.TCPBuffers != bufs ||
+		st.FlowControl.Bound != min(uint64(bypass.DefaultMaxBacklog), bufs.RmemMax-bufs.WmemMax*9/8) {
+		t.Fatalf("status --json flow_control = %+v, want the least of --max-backlog and tcp_rmem[2] less 9/8 of tcp_wmem[2] (%+v, %v)", st.FlowControl, bufs, err)
 	}
 	if tot := st.Stats.Totals; tot == nil || tot.RedirectedBytes != 5 || tot.RedirectedSends != 1 {
 		t.Fatalf("status --json totals = %+v, want the 5 bytes in 1 send redirected", st.Stats.Totals)

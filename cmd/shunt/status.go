@@ -37,8 +37,8 @@ type statusReport struct {
 
 // flowControl says what bounds a reader's unread redirected bytes here.
 type flowControl struct {
-	Bound      uint64 `json:"bound"`        // min(max_backlog, tcp_rmem_max / 4)
-	TCPRmemMax uint64 `json:"tcp_rmem_max"` // this netns's tcp_rmem[2]
+	Bound uint64 `json:"bound"` // min(max_backlog, tcp_rmem_max - tcp_wmem_max * 9/8)
+	bypass.TCPBuffers
 }
 
 // guardStatus says whether a guard watches the install (bypass guard).
@@ -76,8 +76,8 @@ func newStatusCmd(e *env, g *globals) *cobra.Command {
 				}
 				rep.Stats = &st
 				rep.Guard = &guardStatus{Running: guard.Running(g.pinDir), Log: guard.LogPath(g.pinDir)}
-				if rmem, err := bypass.TCPRmemMax(); err == nil {
-					rep.FlowControl = &flowControl{Bound: bypass.BacklogBound(st.Options.MaxBacklog, rmem), TCPRmemMax: rmem}
+				if bufs, err := bypass.ReadTCPBuffers(); err == nil {
+					rep.FlowControl = &flowControl{Bound: bufs.Bound(st.Options.MaxBacklog), TCPBuffers: bufs}
 				}
 			}
 			ix, err := sockindex.Open(g.indexDir)
@@ -154,8 +154,8 @@ func printStatus(e *env, r statusReport) {
 		}
 		fmt.Fprintf(w, "options:\t%s\n", describeOptions(r.Stats.Options))
 		if fc := r.FlowControl; fc != nil {
-			fmt.Fprintf(w, "flow control:\ta reader here may hold %s unread by redirect before its writer's sends take TCP (the least of --max-backlog and a quarter of tcp_rmem[2], %s; in other network namespaces by their own tcp_rmem[2]; its SO_RCVBUF where the reader set one)\n",
-				humanBytes(fc.Bound), humanBytes(fc.TCPRmemMax))
+			fmt.Fprintf(w, "flow control:\ta reader here may hold %s unread by redirect before its writer's sends take TCP (the least of --max-backlog and what tcp_rmem[2], %s, leaves beside the writer's send buffer, tcp_wmem[2] %s, and an eighth of it; in other network namespaces by their own; the reader's SO_RCVBUF, the writer's SO_SNDBUF where they set one)\n",
+				humanBytes(fc.Bound), humanBytes(fc.RmemMax), humanBytes(fc.WmemMax))
 		}
 		for _, p := range r.Stats.Programs {
 			fmt.Fprintf(w, "program %s:\tid %d, attached to %s (links %v)\n", p.Name, p.ID, p.Attached, p.Links)
