@@ -65,7 +65,7 @@ func flowControlBoundsBacklog(t *testing.T, opts bypass.Options) {
 		{name: "install limit", held: bypass.DefaultMaxBacklog + 8<<20},
 		// Below the install's limit alone: only the receiver's own
 		// SO_RCVBUF can have stopped the redirect this early.
-		{name: "receiver SO_RCVBUF", rcvbuf: 256 << 10, held: bypass.DefaultMaxBacklog},
+		{name: "receiver SO_RCVBUF", rcvbuf: 256 << 10, held: 8 << 20},
 		{name: "netns tcp_rmem 6 MiB", rmem: 6 << 20, held: bypass.DefaultMaxBacklog + 8<<20},
 		// A writer whose send buffer is set small leaves the reader more
 		// room: 6 MiB less 9/8 of its buffer.

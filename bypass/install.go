@@ -181,8 +181,10 @@ const learnedMap = "splice_programs"
 func LearnedDir(dir string) string { return dir + "-learned" }
 
 // DefaultMaxBacklog is how many redirected bytes a receiver may hold unread
-// before its writer is moved to TCP, unless the receiver set SO_RCVBUF:
-// twice tcp_wmem's default ceiling, the order of what TCP itself buffers.
+// before its writer is moved to TCP, unless the receiver set SO_RCVBUF or
+// its tcp_rmem[2] leaves less (BacklogBound). 16 MiB moved 1.18-1.26x the
+// bytes at 16 and 64 KiB writes on one CPU and 0.84x at 256 KiB
+// (docs/BENCHMARKS.md, "Flow control against TCP's receive buffer").
 const DefaultMaxBacklog = 8 << 20
 
 // Options shape a new install.

@@ -108,25 +108,33 @@ static __always_inline __u32 peer_unread(struct peer_ref *ref, unsigned long ud)
 	return psock->msg_tot_len;
 }
 
-/* The most the writer can have on its way by TCP once throttled: its send
- * buffer, SO_SNDBUF where it set one, else what TCP grows it to (its
- * netns's tcp_wmem[2]). */
-static __always_inline __u32 writer_most(void *sk)
+/* The most a socket's buffer may hold, sending or receiving: the size its
+ * application set (SO_SNDBUF, SO_RCVBUF: *set), else what TCP grows it to,
+ * its netns's tcp_wmem[2] or tcp_rmem[2]. */
+static __always_inline __u32 buf_most(void *sk, int send, int *set)
 {
-	int locked, sndbuf, wmem_max;
+	__u8 lock = send ? SOCK_SNDBUF_LOCK : SOCK_RCVBUF_LOCK;
+	int most;
 	if (cfg.probe_reads) {
-		struct sock *w = sk;
-		locked = BPF_CORE_READ_BITFIELD_PROBED(w, sk_userlocks) & SOCK_SNDBUF_LOCK;
-		sndbuf = BPF_CORE_READ(w, sk_sndbuf);
-		wmem_max = BPF_CORE_READ(w, __sk_common.skc_net.net, ipv4.sysctl_tcp_wmem[2]);
+		struct sock *s = sk;
+		/* A 4-bit field before 6.5ish, a byte after: read it as either. */
+		*set = !!(BPF_CORE_READ_BITFIELD_PROBED(s, sk_userlocks) & lock);
+		if (*set)
+			most = send ? BPF_CORE_READ(s, sk_sndbuf) : BPF_CORE_READ(s, sk_rcvbuf);
+		else if (send)
+			most = BPF_CORE_READ(s, __sk_common.skc_net.net, ipv4.sysctl_tcp_wmem[2]);
+		else
+			most = BPF_CORE_READ(s, __sk_common.skc_net.net, ipv4.sysctl_tcp_rmem[2]);
 	} else {
-		struct sock *w = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
-		locked = w->sk_userlocks & SOCK_SNDBUF_LOCK;
-		sndbuf = w->sk_sndbuf;
-		struct net *net = bpf_rdonly_cast(w->__sk_common.skc_net.net, bpf_core_type_id_kernel(struct net));
-		wmem_max = net->ipv4.sysctl_tcp_wmem[2];
+		struct sock *s = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+		*set = !!(s->sk_userlocks & lock);
+		if (*set) {
+			most = send ? s->sk_sndbuf : s->sk_rcvbuf;
+		} else {
+			struct net *net = bpf_rdonly_cast(s->__sk_common.skc_net.net, bpf_core_type_id_kernel(struct net));
+			most = send ? net->ipv4.sysctl_tcp_wmem[2] : net->ipv4.sysctl_tcp_rmem[2];
+		}
 	}
-	int most = locked ? sndbuf : wmem_max;
 	return most > 0 ? most : 0;
 }
 
@@ -134,12 +142,12 @@ static __always_inline __u32 writer_most(void *sk)
  * are bounded by --max-backlog and by the room its netns's tcp_rmem[2] (the
  * most TCP grows its receive buffer to) leaves once the writer's TCP bytes
  * are in: redirected bytes count in the reader's sk_rmem_alloc, and when
- * they and what a throttled writer has on the way by TCP (writer_most) pass
- * tcp_rmem[2], TCP refuses in-window segments (PROTO_MEM), clamps the
+ * they and what a throttled writer has on the way by TCP (its send buffer)
+ * pass tcp_rmem[2], TCP refuses in-window segments (PROTO_MEM), clamps the
  * window to two segments and the stream crawls on RTOs (docs/BENCHMARKS.md,
  * "Flow control against TCP's receive buffer": 2 MiB + 4 MiB against 6 MiB
  * did, 1.5 + 4 did not; 32 + 4 against 32 did, 16 + 4 did not). The margin,
- * an eighth of writer_most (cfg.writer_margin), is for the segments'
+ * an eighth of the send buffer (cfg.writer_margin), is for the segments'
  * overhead. Where no room is left, nothing unread is allowed: the redirect
  * carries a stream only while its reader keeps up. writer: the peer's TCP
  * sender. Read only once bytes are unread: a reader that keeps up never
@@ -147,28 +155,15 @@ static __always_inline __u32 writer_most(void *sk)
 static __always_inline __u32 peer_limit(void *sk, void *writer)
 {
 	__u32 limit = cfg.max_backlog;
-	int locked, rmem_max;
-	__u32 rcvbuf;
-	if (cfg.probe_reads) {
-		struct sock *peer = sk;
-		/* A 4-bit field before 6.5ish, a byte after: read it as either. */
-		locked = BPF_CORE_READ_BITFIELD_PROBED(peer, sk_userlocks) & SOCK_RCVBUF_LOCK;
-		rcvbuf = BPF_CORE_READ(peer, sk_rcvbuf);
-		rmem_max = BPF_CORE_READ(peer, __sk_common.skc_net.net, ipv4.sysctl_tcp_rmem[2]);
-	} else {
-		struct sock *peer = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
-		locked = peer->sk_userlocks & SOCK_RCVBUF_LOCK;
-		rcvbuf = peer->sk_rcvbuf;
-		struct net *net = bpf_rdonly_cast(peer->__sk_common.skc_net.net, bpf_core_type_id_kernel(struct net));
-		rmem_max = net->ipv4.sysctl_tcp_rmem[2];
-	}
-	if (locked)
-		return rcvbuf;
-	if (rmem_max <= 0 || !cfg.writer_margin)
+	int set;
+	__u64 rmem_max = buf_most(sk, 0, &set);
+	if (set)
+		return rmem_max; /* the reader's SO_RCVBUF */
+	if (!rmem_max || !cfg.writer_margin)
 		return limit;
-	__u64 most = writer_most(writer);
-	__u64 taken = most + most / cfg.writer_margin;
-	__u64 room = (__u64)rmem_max > taken ? (__u64)rmem_max - taken : 0;
+	__u64 sending = buf_most(writer, 1, &set);
+	__u64 taken = sending + sending / cfg.writer_margin;
+	__u64 room = rmem_max > taken ? rmem_max - taken : 0;
 	return room < limit ? (__u32)room : limit;
 }
 

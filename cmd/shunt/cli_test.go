@@ -346,7 +346,8 @@ func TestBypassEnableTrustReaders(t *testing.T) {
 		t.Fatalf("first send not redirected with --trust-readers: %q", out)
 	}
 	out, _, code = runShunt(t, nil, "status", "--pin-dir", pin)
-	if code != 0 || !strings.Contains(out, "--max-backlog 8M, --trust-readers") {
+	defaults := "--max-backlog " + formatSize(bypass.DefaultMaxBacklog) + ", --trust-readers"
+	if code != 0 || !strings.Contains(out, defaults) {
 		t.Fatalf("status does not show the install's options: %q", out)
 	}
 	// Options apply when the install is made; a later enable says so.
@@ -355,7 +356,7 @@ func TestBypassEnableTrustReaders(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("second enable: exit %d %s", code, stderr)
 	}
-	oneLine(t, stderr, "keeps the options it was created with (--max-backlog 8M, --trust-readers")
+	oneLine(t, stderr, "keeps the options it was created with ("+defaults)
 }
 
 // The guard `bypass enable` starts in the background resets a connection
