@@ -36,9 +36,11 @@ this command exits. Enabling a cgroup twice is harmless.
 
 Flow control: a receiving socket may hold at most --max-backlog redirected
 bytes its reader has not read (or its SO_RCVBUF, if the application set
-one), and at most a quarter of the most TCP grows its buffer to
-(tcp_rmem[2]: 1.5 MiB where that is 6 MiB, as on 6.1 and 6.12); past
-that its writer's sends take the TCP path, where TCP slows the writer as
+one), and at most what the most TCP grows its buffer to (tcp_rmem[2])
+leaves beside its writer's send buffer (SO_SNDBUF, else tcp_wmem[2]) and
+an eighth of that: 1.5 MiB with 6 MiB and 4 MiB, as on 6.1 and 6.12,
+nothing where tcp_wmem[2] is as large as tcp_rmem[2]. Past that its
+writer's sends take the TCP path, where TCP slows the writer as
 usual, until the reader has caught up. No byte is lost or
 reordered by the switch.
 
