@@ -184,7 +184,7 @@ func LearnedDir(dir string) string { return dir + "-learned" }
 // before its writer is moved to TCP, unless the receiver set SO_RCVBUF or
 // its tcp_rmem[2] leaves less (BacklogBound). 16 MiB moved 1.18-1.26x the
 // bytes at 16 and 64 KiB writes on one CPU and 0.84x at 256 KiB
-// (docs/BENCHMARKS.md, "Flow control against TCP's receive buffer").
+// (docs/BENCHMARKS.md, "The writer's send buffer in the bound").
 const DefaultMaxBacklog = 8 << 20
 
 // Options shape a new install.

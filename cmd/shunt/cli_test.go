@@ -92,7 +92,7 @@ func TestBypassCommandsEndToEnd(t *testing.T) {
 		t.Fatalf("status --json: want the guard running (enable starts it) and a splice program list: %s", out)
 	}
 	if bufs, err := bypass.ReadTCPBuffers(); err != nil || st.FlowControl == nil || st.FlowControl.TCPBuffers != bufs ||
-		st.FlowControl.Bound != min(uint64(bypass.DefaultMaxBacklog), bufs.RmemMax-bufs.WmemMax*9/8) {
+		st.FlowControl.Bound != min(uint64(bypass.DefaultMaxBacklog), bufs.RmemMax-bufs.WmemMax-bufs.WmemMax/8) {
 		t.Fatalf("status --json flow_control = %+v, want the least of --max-backlog and tcp_rmem[2] less 9/8 of tcp_wmem[2] (%+v, %v)", st.FlowControl, bufs, err)
 	}
 	if tot := st.Stats.Totals; tot == nil || tot.RedirectedBytes != 5 || tot.RedirectedSends != 1 {
