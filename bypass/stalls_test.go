@@ -350,6 +350,13 @@ func guardedPair(t *testing.T, network string, opts bypass.Options) (*bypass.Ins
 func guardedPairLog(t *testing.T, network string, opts bypass.Options) (*bypass.Install, *net.TCPConn, *net.TCPConn, func() []string) {
 	t.Helper()
 	in, cg := mustInstallWith(t, opts)
+	c, s, said := guardedPairIn(t, network, in, cg)
+	return in, c, s, said
+}
+
+// guardedPairIn is guardedPairLog on an install the caller made.
+func guardedPairIn(t *testing.T, network string, in *bypass.Install, cg host.Cgroup) (*net.TCPConn, *net.TCPConn, func() []string) {
+	t.Helper()
 	var mu sync.Mutex
 	var lines []string
 	bypasstest.RunGuard(t, in, func(s string) {
@@ -359,7 +366,7 @@ func guardedPairLog(t *testing.T, network string, opts bypass.Options) (*bypass.
 		mu.Unlock()
 	})
 	c, s := connPairOver(t, network, cg)
-	return in, c, s, func() []string {
+	return c, s, func() []string {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Clone(lines)

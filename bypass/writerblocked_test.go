@@ -175,7 +175,7 @@ func TestToldZeroInAProcessWithManyDescriptorsIsWoken(t *testing.T) {
 	}
 	unix.Close(null)
 	t.Cleanup(func() { unix.Close(far) })
-	toldZeroReaderIsQuick(t, "its stalls waited out the scan's time")
+	toldZeroReaderIsQuick(t, false, "its stalls waited out the scan's time")
 }
 
 // nginx told 0 while another client of its worker is slow: the stall
@@ -199,7 +199,7 @@ func TestToldZeroWhileAnotherClientIsSlow(t *testing.T) {
 	if err := fillUntilFull(slow[0]); err != nil {
 		t.Fatal(err)
 	}
-	toldZeroReaderIsQuick(t, "the other client's full socket held its stalls back")
+	toldZeroReaderIsQuick(t, false, "the other client's full socket held its stalls back")
 }
 
 // fillUntilFull writes to the non-blocking socket fd until it takes no
@@ -217,10 +217,18 @@ func fillUntilFull(fd int) error {
 
 // toldZeroReaderIsQuick connects a guarded pair with FIONREAD as the kernel
 // answers it, reads 1 MiB on it as nginx does, and fails the test if that
-// takes over 400 ms: why says what held the reader back then.
-func toldZeroReaderIsQuick(t *testing.T, why string) {
+// takes over 400 ms: why says what held the reader back then. With
+// probation the test's program is new to the install, its readers held.
+// It returns the install's counters after the read.
+func toldZeroReaderIsQuick(t *testing.T, probation bool, why string) bypass.Counters {
 	t.Helper()
-	in, c, s, _ := guardedPairLog(t, "tcp4", bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}})
+	opts := bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}}
+	install := mustInstallWith
+	if probation {
+		install = mustInstallNew
+	}
+	in, cg := install(t, opts)
+	c, s, _ := guardedPairIn(t, "tcp4", in, cg)
 	took := readMiBToldZero(t, c, s)
 	st, err := in.Stats()
 	if err != nil {
@@ -230,6 +238,7 @@ func toldZeroReaderIsQuick(t *testing.T, why string) {
 	if took > 400*time.Millisecond {
 		t.Errorf("the reader took %v for 1 MiB: %s", took, why)
 	}
+	return st.Counters
 }
 
 // readMiBToldZero sends 1 MiB from s and reads it on c as nginx does

@@ -495,8 +495,15 @@ static __always_inline int watch_read(struct sock *sk, int ret, int flags, const
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st->self);
 	if (!ref)
 		return 0; /* left already, or closing */
-	if (mark == STATE_READS && !cfg.trust_readers && !admit_reader(sk, st, ref, &prog, ret))
-		return 0; /* its peer's sends take TCP for now */
+	if (mark == STATE_READS && !cfg.trust_readers && !admit_reader(sk, st, ref, &prog, ret)) {
+		/* Its peer's sends take TCP for now, into a socket still in
+		 * the sockhash, whose FIONREAD leaves them out (6.18): watched
+		 * as any reader. Unwatched, nginx held on its first connection
+		 * waited for the stall scan, told 0 after its second read. */
+		if (ret > 0)
+			watch_stall(sk, st);
+		return 0;
+	}
 	if (mark == STATE_READS) {
 		/* Who reads it, for presume_splicer: set before the mark, so a
 		 * learn that sees the mark sees them. */
