@@ -117,7 +117,7 @@ volatile const struct config {
 #include "bypass/learn.h"
 #include "bypass/stall.h"
 #include "bypass/reads.h"
-#include "bypass/fionread.h"
 #include "bypass/splice_watch.h"
 #include "bypass/sockopt.h"
+#include "bypass/fionread.h"
 #include "bypass/iter.h"

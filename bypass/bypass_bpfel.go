@@ -144,6 +144,7 @@ const (
 	bypassEventKindEVENT_SPLICE_TRUNCATED bypassEventKind = 5
 	bypassEventKindEVENT_ZEROCOPY_CAUGHT  bypassEventKind = 6
 	bypassEventKindEVENT_PEEK_STUCK       bypassEventKind = 7
+	bypassEventKindEVENT_TOLD_SHORT       bypassEventKind = 8
 )
 
 type bypassFlowRecord struct {
@@ -266,8 +267,9 @@ type bypassSpliceSeen struct {
 type bypassStallFound uint32
 
 const (
-	bypassStallFoundFOUND_BY_WATCH bypassStallFound = 1
-	bypassStallFoundFOUND_BY_SCAN  bypassStallFound = 2
+	bypassStallFoundFOUND_BY_WATCH    bypassStallFound = 1
+	bypassStallFoundFOUND_BY_SCAN     bypassStallFound = 2
+	bypassStallFoundFOUND_BY_FIONREAD bypassStallFound = 3
 )
 
 type bypassStateFlags uint32
@@ -291,6 +293,7 @@ const (
 	bypassStateFlagsSTATE_SMALL_WRITES   bypassStateFlags = 32768
 	bypassStateFlagsSTATE_PROBE          bypassStateFlags = 65536
 	bypassStateFlagsSTATE_HELD           bypassStateFlags = 131072
+	bypassStateFlagsSTATE_TOLD_SHORT     bypassStateFlags = 262144
 )
 
 type bypassTuple struct {
@@ -328,6 +331,7 @@ const (
 	bypassMapTimerPool           = "timer_pool"
 	bypassMapWakesDelivered      = "wakes_delivered"
 	bypassProgShuntFionread      = "shunt_fionread"
+	bypassProgShuntFionreadTold  = "shunt_fionread_told"
 	bypassProgShuntGetsockopt    = "shunt_getsockopt"
 	bypassProgShuntIterDrain     = "shunt_iter_drain"
 	bypassProgShuntIterFlows     = "shunt_iter_flows"
@@ -397,6 +401,7 @@ type bypassSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bypassProgramSpecs struct {
 	ShuntFionread     *ebpf.ProgramSpec `ebpf:"shunt_fionread"`
+	ShuntFionreadTold *ebpf.ProgramSpec `ebpf:"shunt_fionread_told"`
 	ShuntGetsockopt   *ebpf.ProgramSpec `ebpf:"shunt_getsockopt"`
 	ShuntIterDrain    *ebpf.ProgramSpec `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows    *ebpf.ProgramSpec `ebpf:"shunt_iter_flows"`
@@ -552,6 +557,7 @@ type bypassVariables struct {
 // It can be passed to loadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bypassPrograms struct {
 	ShuntFionread     *ebpf.Program `ebpf:"shunt_fionread"`
+	ShuntFionreadTold *ebpf.Program `ebpf:"shunt_fionread_told"`
 	ShuntGetsockopt   *ebpf.Program `ebpf:"shunt_getsockopt"`
 	ShuntIterDrain    *ebpf.Program `ebpf:"shunt_iter_drain"`
 	ShuntIterFlows    *ebpf.Program `ebpf:"shunt_iter_flows"`
@@ -568,6 +574,7 @@ type bypassPrograms struct {
 func (p *bypassPrograms) Close() error {
 	return _BypassClose(
 		p.ShuntFionread,
+		p.ShuntFionreadTold,
 		p.ShuntGetsockopt,
 		p.ShuntIterDrain,
 		p.ShuntIterFlows,

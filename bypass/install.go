@@ -61,6 +61,7 @@ const (
 	readsLinkName = "reads"
 	splicesLink   = "splices"
 	fionreadLink  = "fionread"
+	toldLink      = "fionread_told"
 )
 
 var pinnedMaps = []string{"sock_hash", "sock_states", "control", "counters", "peer_refs", "excluded_ports", "guard_events"}
@@ -228,6 +229,10 @@ type Options struct {
 	// behindBytes and behindSends replace BehindBytes and BehindSends in
 	// the programs (tests only; behindBytes ^0: never).
 	behindBytes, behindSends uint32
+	// noToldWatch leaves shunt_fionread_told out where it would run
+	// (tests only: the stall watch and scan are what such readers meet
+	// without it, and what readers that never ask FIONREAD meet).
+	noToldWatch bool
 }
 
 // ErrNoSpliceRefusal: RefuseSplice asked on a kernel that runs no BPF LSM
@@ -433,8 +438,13 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 	if err := attachSkMsg(dir, objs.SockHash, objs.SkMsg, opts.Mechanisms.AttachOnMap); err != nil {
 		return err
 	}
-	if cfg.FionreadCorrected != 0 {
+	switch {
+	case cfg.FionreadCorrected != 0:
 		if err := attachFionreadFix(dir, spec, &objs.bypassMaps, cache); err != nil {
+			return err
+		}
+	case fionreadMisses(cfg) && !opts.noToldWatch:
+		if err := attachFionreadTold(dir, spec, &objs.bypassMaps, cache); err != nil {
 			return err
 		}
 	}
@@ -517,11 +527,17 @@ func newConfig(opts Options) bypassConfig {
 	// Corrected where this kernel's FIONREAD leaves bytes out of a socket
 	// in a sockhash and the helper that writes the answer loads (no
 	// lockdown).
-	misses := missesTCP || !host.PsockCountsQueue()
-	if !opts.Mechanisms.KernelFIONREAD && misses && host.CanWriteUser() {
+	if !opts.Mechanisms.KernelFIONREAD && fionreadMisses(cfg) && host.CanWriteUser() {
 		cfg.FionreadCorrected = 1
 	}
 	return cfg
+}
+
+// fionreadMisses says whether FIONREAD of a socket in the sockhash leaves
+// bytes out on this kernel, for an install with cfg: TCP's (6.18), or the
+// redirected ones where the psock does not count them (6.1).
+func fionreadMisses(cfg bypassConfig) bool {
+	return cfg.FionreadMissesTcp != 0 || !host.PsockCountsQueue()
 }
 
 // loadReaderWatch loads the reader watch on the sock_recv_length tracepoint
@@ -604,6 +620,29 @@ func attachFionreadFix(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps, 
 	}
 	l, err := link.Tracepoint("syscalls", "sys_exit_ioctl", objs.Fionread, nil)
 	return pinLink(dir, fionreadLink, l, err, "the FIONREAD correction (tracepoint syscalls/sys_exit_ioctl)")
+}
+
+// attachFionreadTold attaches, where FIONREAD leaves bytes out and cannot
+// be corrected (lockdown), the program that notes a reader told too few of
+// a held socket's bytes, for the guard to rescue at once (the ioctl system
+// call's exit tracepoint, as the correction).
+func attachFionreadTold(dir string, spec *ebpf.CollectionSpec, maps *bypassMaps, cache *btf.Cache) error {
+	var objs struct {
+		Told *ebpf.Program `ebpf:"shunt_fionread_told"`
+	}
+	if err := setStatesMapID(spec, maps.SockStates); err != nil {
+		return err
+	}
+	what := "the watch on FIONREAD's answers (tracepoint syscalls/sys_exit_ioctl)"
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: mapsOf(maps), Cache: cache}); err != nil {
+		return fmt.Errorf("load %s: %w", what, err)
+	}
+	defer objs.Told.Close()
+	if err := host.EnsureTracefs(); err != nil {
+		return fmt.Errorf("attach %s: %w", what, err)
+	}
+	l, err := link.Tracepoint("syscalls", "sys_exit_ioctl", objs.Told, nil)
+	return pinLink(dir, toldLink, l, err, what)
 }
 
 // attachSkMsg attaches the sk_msg program to the sockhash: as a pinned BPF

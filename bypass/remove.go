@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"sort"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 
 	"github.com/shunt-project/shunt/reap"
 )
@@ -277,24 +275,4 @@ func setStatesMapID(spec *ebpf.CollectionSpec, states *ebpf.Map) error {
 		return fmt.Errorf("configure states_map_id: %w", err)
 	}
 	return nil
-}
-
-// runIter runs one pass of an iterator over every open file on the host
-// and returns what it wrote.
-func runIter(prog *ebpf.Program) ([]byte, error) {
-	l, err := link.AttachIter(link.IterOptions{Program: prog})
-	if err != nil {
-		return nil, err
-	}
-	defer l.Close()
-	r, err := l.Open()
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	var b bytes.Buffer
-	if _, err := io.Copy(&b, r); err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
-	}
-	return b.Bytes(), nil
 }

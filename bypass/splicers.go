@@ -288,6 +288,12 @@ const (
 	// this is one whose TCP bytes came behind before that. The guard says
 	// so: nothing can bring the two queues together for it.
 	PeekStuck = EventKind(bypassEventKindEVENT_PEEK_STUCK)
+	// ToldShort: FIONREAD told a reader fewer bytes than a held socket
+	// had queued, and this kernel's answer cannot be corrected
+	// (lockdown). The guard runs the stall scan over the reader's
+	// process (StallScan.RunIn): it sends the connection back to TCP and
+	// reports it as a StallRescued found by FIONREAD.
+	ToldShort = EventKind(bypassEventKindEVENT_TOLD_SHORT)
 )
 
 // Event is what the BPF programs tell the guard about one socket.
@@ -296,7 +302,7 @@ type Event struct {
 	Local, Remote netip.AddrPort // the reading socket's own address, and its peer's
 	Netns         uint64
 	Cookie        uint64
-	Unread        uint64 // SpliceCaught, SpliceTruncated, ZerocopyCaught, PeekStuck: redirected bytes queued when caught; StallRescued, Wake: bytes queued
+	Unread        uint64 // SpliceCaught, SpliceTruncated, ZerocopyCaught, PeekStuck: redirected bytes queued when caught; StallRescued, Wake: bytes queued; ToldShort: bytes the answer left out
 	PID           int    // the process that read
 	Command       string
 	Inode         uint64 // StallRescued, Wake: the socket's inode ("socket:[N]" in /proc/PID/fd)
@@ -317,6 +323,9 @@ const (
 	FoundByWatch = StallFound(bypassStallFoundFOUND_BY_WATCH)
 	// FoundByScan: the stall scan saw nothing read for 500 ms.
 	FoundByScan = StallFound(bypassStallFoundFOUND_BY_SCAN)
+	// FoundByFIONREAD: FIONREAD told the reader fewer bytes than were
+	// queued (ToldShort), before it could wait on them.
+	FoundByFIONREAD = StallFound(bypassStallFoundFOUND_BY_FIONREAD)
 )
 
 // EventReader delivers events as the BPF programs report them.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // StallScanInterval is how often the guard runs the stall scan: a held
@@ -51,6 +52,26 @@ func (s *StallScan) Run() (int, error) {
 	buf, err := runIter(s.prog)
 	if err != nil {
 		return 0, fmt.Errorf("stall scan: %w", err)
+	}
+	return len(decodeKeys(buf)), nil
+}
+
+// RunIn scans the open files of one process (pid) at once, and returns how
+// many of its sockets it sent back to TCP: run when FIONREAD told a reader
+// of that process too few bytes (ToldShort), whose socket the scan sends
+// back whatever its reader did since, while those bytes are still hidden.
+// A kernel that cannot filter its task iterators by process (before 6.1)
+// gets a scan of every file.
+func (s *StallScan) RunIn(pid int) (int, error) {
+	buf, err := runIterIn(s.prog, pid)
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		return 0, nil // gone: nobody waits
+	case errors.Is(err, unix.EINVAL):
+		return s.Run()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("stall scan of pid %d: %w", pid, err)
 	}
 	return len(decodeKeys(buf)), nil
 }

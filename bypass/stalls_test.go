@@ -36,7 +36,8 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 		// else they are the connection's first bytes, by TCP.
 		warm bool
 		// askFirst: FIONREAD before the first read, which the read
-		// watch never sees (the stall scan must find it).
+		// watch never sees (the FIONREAD watch, or where FIONREAD is
+		// corrected nothing, or the stall scan must find it).
 		askFirst bool
 		// end: the writer closes after its last byte and the reader
 		// reads on to the end, as nginx does once an edge has carried
@@ -64,49 +65,63 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 			if !onDiagonal(k, f) {
 				continue
 			}
-			t.Run(tc.name+"/"+network, func(t *testing.T) {
-				// FIONREAD as the kernel answers it (under lockdown
-				// shunt cannot correct it): the watch and the scan
-				// must make the reader progress.
-				in, c, s, said := guardedPairLog(t, network, bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}})
-				if tc.warm {
-					testenv.Warm(t, c, s)
+			for _, watchOnly := range []bool{false, true} {
+				name := tc.name + "/" + network
+				if watchOnly {
+					name += "/without the FIONREAD watch"
 				}
-				data := randomBytes(cmp.Or(tc.size, 1<<20), 7)
-				written := sendAll(t, s, data, tc.end)
-				if tc.late {
-					written()
-					time.Sleep(50 * time.Millisecond) // the FIN on its way
-				}
-				start := time.Now()
-				got, err := fionreadRead(t, c, len(data), fionreadReader{askFirst: tc.askFirst, end: tc.end}, 10*time.Second)
-				took := time.Since(start)
-				written()
-				st, serr := in.Stats()
-				if serr != nil {
-					t.Fatal(serr)
-				}
-				t.Logf("%d bytes in %v; stalls rescued %d, sockets left %d", len(got), took.Round(time.Millisecond), st.Counters.StallsRescued, st.Counters.Left)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !bytes.Equal(got, data) {
-					t.Fatalf("got %d bytes that differ from the %d sent", len(got), len(data))
-				}
-				// Found within a second (the scan), woken at once; on
-				// 6.1, where redirected bytes are what FIONREAD misses,
-				// read one buffer a wake-up (2.3 s under qemu).
-				if took > 5*time.Second {
-					t.Errorf("the reader took %v: it waited on a stall", took)
-				}
-				// Each stall's line says how it was found.
-				for _, l := range said() {
-					if strings.Contains(l, " waited on ") && !strings.Contains(l, ", asleep in epoll_") &&
-						!strings.Contains(l, ", nothing read for the stall scan's") {
-						t.Errorf("the guard's line does not say how the stall was found: %s", l)
+				t.Run(name, func(t *testing.T) {
+					// FIONREAD as the kernel answers it (under lockdown
+					// shunt cannot correct it): the FIONREAD watch, the
+					// stall watch and the scan must make the reader
+					// progress; the last two alone as well.
+					opts := bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}}
+					if watchOnly {
+						opts = bypass.WithoutFIONREADWatch(opts)
 					}
-				}
-			})
+					in, c, s, said := guardedPairLog(t, network, opts)
+					if tc.warm {
+						testenv.Warm(t, c, s)
+					}
+					data := randomBytes(cmp.Or(tc.size, 1<<20), 7)
+					written := sendAll(t, s, data, tc.end)
+					if tc.late {
+						written()
+						time.Sleep(50 * time.Millisecond) // the FIN on its way
+					}
+					start := time.Now()
+					got, err := fionreadRead(t, c, len(data), fionreadReader{askFirst: tc.askFirst, end: tc.end}, 10*time.Second)
+					took := time.Since(start)
+					written()
+					st, serr := in.Stats()
+					if serr != nil {
+						t.Fatal(serr)
+					}
+					t.Logf("%d bytes in %v; stalls rescued %d, sockets left %d", len(got), took.Round(time.Millisecond), st.Counters.StallsRescued, st.Counters.Left)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !bytes.Equal(got, data) {
+						t.Fatalf("got %d bytes that differ from the %d sent", len(got), len(data))
+					}
+					// Found within a second (the scan), woken at once; on
+					// 6.1, where redirected bytes are what FIONREAD misses,
+					// read one buffer a wake-up (2.3 s under qemu).
+					if took > 5*time.Second {
+						t.Errorf("the reader took %v: it waited on a stall", took)
+					}
+					// Each stall's line says how it was found.
+					for _, l := range said() {
+						if strings.Contains(l, "goes back to TCP") && strings.Contains(l, " waited on ") == strings.Contains(l, " asked FIONREAD on ") {
+							t.Errorf("the guard's line says neither that the reader waited nor what FIONREAD told it: %s", l)
+						}
+						if strings.Contains(l, " waited on ") && !strings.Contains(l, ", asleep in epoll_") &&
+							!strings.Contains(l, ", nothing read for the stall scan's") {
+							t.Errorf("the guard's line does not say how the stall was found: %s", l)
+						}
+					}
+				})
+			}
 		}
 	}
 }
@@ -273,6 +288,7 @@ func TestFIONREADPollerReadsEverything(t *testing.T) {
 			in, c, s := guardedPair(t, network, bypass.Options{})
 			answer := make([]byte, 300_000)
 			rng := rand.NewChaCha8([32]byte{11})
+			var slowest time.Duration
 			for round := range 4 {
 				_, _ = rng.Read(answer)
 				go func() {
@@ -284,6 +300,7 @@ func TestFIONREADPollerReadsEverything(t *testing.T) {
 				got, err := pollFIONREAD(t, c, len(answer), 10*time.Second)
 				took := time.Since(start)
 				t.Logf("round %d: %d bytes in %v", round, len(got), took.Round(time.Millisecond))
+				slowest = max(slowest, took)
 				if err != nil {
 					t.Fatalf("round %d: %v", round, err)
 				}
@@ -313,6 +330,13 @@ func TestFIONREADPollerReadsEverything(t *testing.T) {
 				if n.StallsRescued == 0 {
 					t.Error("FIONREAD misses bytes here and is not corrected, yet no stall was rescued")
 				}
+				// Rescued as FIONREAD told it too few, not after the
+				// stall scan's 0.5 s with nothing read (508-579 ms
+				// for the first answer before the watch on FIONREAD).
+				if slowest > 250*time.Millisecond {
+					t.Errorf("an answer took %v: the reader FIONREAD told too few was left to the stall scan", slowest)
+				}
+				programGoesWithTheInstall(t, in, st.Programs, "fionread_told", "the watch on FIONREAD's answers", c, s)
 			default:
 				if n.StallsRescued != 0 {
 					t.Errorf("%d stalls rescued where FIONREAD counts every byte", n.StallsRescued)

@@ -72,7 +72,7 @@ type Counters struct {
 	// again with TCP bytes behind them out of reach (reported by the guard).
 	PeekStuck     uint64 `json:"readers_peek_stuck" help:"Readers that peeked three times in a row, reading nothing, at every redirected byte queued while TCP held more behind them, which no peek reaches: TCP bytes came behind before their first peek in mid-stream. The guard logs each with its pid and command."`
 	CgroupsFull   uint64 `json:"cgroups_uncounted" help:"Sockets paired whose cgroup found no room among the per-cgroup counts (16,384 cgroups): their sends are not counted per cgroup."`
-	StallsRescued uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count or a short read hid, or any for the stall scan): their connection sent back to TCP and the reader woken."`
+	StallsRescued uint64 `json:"stalls_rescued" help:"Readers found waiting with bytes queued (bytes FIONREAD did not count or a short read hid, or any for the stall scan), or told too few by FIONREAD where its answer cannot be corrected: their connection sent back to TCP and the reader woken."`
 	// Translated counts the paired connections whose ends see different
 	// addresses or ports (DNAT, REDIRECT, SNAT between them), included in Paired.
 	Translated uint64 `json:"connections_translated" help:"Connections bypassed whose ends see different tuples (address translation between them): counted in connections_paired too."`
@@ -449,6 +449,7 @@ func (in *Install) programs() ([]Program, error) {
 	// Optional: pinned where this kernel offers them.
 	for _, o := range []struct{ link, what, attached string }{
 		{fionreadLink, "FIONREAD correction", "tracepoint syscalls/sys_exit_ioctl"}, // FIONREAD wrong and correctable
+		{toldLink, "FIONREAD watch", "tracepoint syscalls/sys_exit_ioctl"},          // FIONREAD wrong, not correctable
 		{refuseLink, "splice refusal", "lsm file_permission"},                       // BPF LSM
 	} {
 		lid, pid, err = pinnedLinkIDs(filepath.Join(in.dir, linksDir, o.link))

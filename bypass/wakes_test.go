@@ -35,7 +35,9 @@ func TestWokenReaderIsGivenItsTimeFromTheWakeUp(t *testing.T) {
 			continue
 		}
 		t.Run(network, func(t *testing.T) {
-			in, cg := mustInstallWith(t, bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}})
+			// The watch's wake-up: the FIONREAD watch would move the
+			// reader before the watch looks.
+			in, cg := mustInstallWith(t, bypass.WithoutFIONREADWatch(bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}}))
 			runTestGuard(t, in, 60*time.Millisecond)
 			c, s := connPairOver(t, network, cg)
 			took := readMiBToldZero(t, c, s)
@@ -65,9 +67,16 @@ func TestWakeNamesTheReadersDescriptor(t *testing.T) {
 	}{
 		{"watch", fionreadReader{}, bypass.FoundByWatch},
 		{"scan", fionreadReader{askFirst: true}, bypass.FoundByScan},
+		{"fionread", fionreadReader{askFirst: true}, bypass.FoundByFIONREAD},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			in, cg := mustInstallWith(t, bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}})
+			// The watch and the scan alone: the FIONREAD watch would
+			// find both first.
+			opts := bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}}
+			if tc.found != bypass.FoundByFIONREAD {
+				opts = bypass.WithoutFIONREADWatch(opts)
+			}
+			in, cg := mustInstallWith(t, opts)
 			events := runTestGuard(t, in, 0)
 			c, s := connPair(t, cg)
 			fd := -1

@@ -124,6 +124,15 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 				ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread))
 		case bypass.StallRescued, bypass.Wake:
 			wake(in, ev, report)
+		case bypass.ToldShort:
+			// Its finds come back as StallRescued events.
+			if scan == nil {
+				break
+			}
+			if _, err := scan.RunIn(ev.PID); err != nil {
+				report(fmt.Sprintf("pid %d (%s) was told too few bytes by FIONREAD on %s (peer %s); scanning it failed, the stall scan's next pass finds it: %v",
+					ev.PID, ev.Command, ev.Local, ev.Remote, err))
+			}
 		}
 	}
 	return nil
@@ -159,6 +168,9 @@ func WakeReader(in *bypass.Install, ev bypass.Event) error {
 
 // stallLine says who waited on what, and how the stall was found.
 func stallLine(ev bypass.Event) string {
+	if ev.Found == bypass.FoundByFIONREAD {
+		return fmt.Sprintf("pid %d (%s) asked FIONREAD on %s (peer %s), whose answer left out %d queued bytes (not correctable on this kernel)", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
+	}
 	what := fmt.Sprintf("pid %d (%s) waited on %s (peer %s) with %d bytes queued that FIONREAD or a short read did not show", ev.PID, ev.Command, ev.Local, ev.Remote, ev.Unread)
 	if ev.Unread == 0 {
 		// Only the peer's end was left unread.

@@ -189,7 +189,7 @@ func (f Features) Mechanisms() []Mechanism {
 	}
 	correct := "not needed: the kernel counts every byte"
 	if f.FionreadMisses() {
-		correct = "not possible: bpf_probe_write_user refused (lockdown); the stall watch and scan wake readers told 0 instead (docs/TRANSPARENCY.md)"
+		correct = "not possible: bpf_probe_write_user refused (lockdown); tracepoint syscalls/sys_exit_ioctl notes each reader told too few, whose connection the guard sends back to TCP at once, and the stall watch and scan wake readers told 0 (docs/TRANSPARENCY.md)"
 		if f.WriteUser {
 			correct = "tracepoint syscalls/sys_exit_ioctl adds the bytes the kernel leaves out (bpf_probe_write_user)"
 		}

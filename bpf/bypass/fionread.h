@@ -83,18 +83,10 @@ static __always_inline __u32 fionread_missing(struct sock *sk)
 	return psock_queued(sk, psock);
 }
 
-/* FIONREAD made to count every queued byte, on kernels whose answer leaves
- * some out while a socket is in a sockhash (fionread_missing): a reader
- * that reads only what FIONREAD announces, and waits or sleeps while told
- * 0 (a Java available() loop, nginx after a full buffer), is told what is
- * there. Runs as the ioctl returns, adds the missing bytes to the answer
- * the kernel wrote to the caller's memory (bpf_probe_write_user: refused
- * under lockdown, where the stall watch and scan remain the net). Any
- * socket with a psock and no sk_skb verdict is corrected, shunt's or not:
- * the answer only becomes true. Attached only where FIONREAD misses bytes;
- * every ioctl of the host passes here (the first tests end the others). */
-SEC("tracepoint/syscalls/sys_exit_ioctl")
-int shunt_fionread(struct sys_exit_record *ctx)
+/* The TCP socket a FIONREAD that just returned asked about, with where the
+ * answer went; NULL after any other ioctl (every ioctl of the host passes
+ * here: the first tests end the others). */
+static __always_inline struct sock *fionread_sock(struct sys_exit_record *ctx, int **answer)
 {
 	if (ctx->ret)
 		return 0;
@@ -102,9 +94,8 @@ int shunt_fionread(struct sys_exit_record *ctx)
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	if (!regs || (__u32)regs->si != FIONREAD)
 		return 0;
-	__u32 fd = regs->di;
-	int *answer = (int *)regs->dx;
-	struct file *f = task_file(task, fd);
+	*answer = (int *)regs->dx;
+	struct file *f = task_file(task, regs->di);
 	if (!f)
 		return 0;
 	struct socket *sock = file_socket(f);
@@ -113,6 +104,25 @@ int shunt_fionread(struct sys_exit_record *ctx)
 	struct sock *sk = BPF_CORE_READ(sock, sk);
 	if (!sk || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
 		return 0;
+	return sk;
+}
+
+/* FIONREAD made to count every queued byte, on kernels whose answer leaves
+ * some out while a socket is in a sockhash (fionread_missing): a reader
+ * that reads only what FIONREAD announces, and waits or sleeps while told
+ * 0 (a Java available() loop, nginx after a full buffer), is told what is
+ * there. Runs as the ioctl returns, adds the missing bytes to the answer
+ * the kernel wrote to the caller's memory (bpf_probe_write_user: refused
+ * under lockdown, where shunt_fionread_told runs instead). Any socket with
+ * a psock and no sk_skb verdict is corrected, shunt's or not: the answer
+ * only becomes true. Attached only where FIONREAD misses bytes. */
+SEC("tracepoint/syscalls/sys_exit_ioctl")
+int shunt_fionread(struct sys_exit_record *ctx)
+{
+	int *answer = 0;
+	struct sock *sk = fionread_sock(ctx, &answer);
+	if (!sk)
+		return 0;
 	__u32 missing = fionread_missing(sk);
 	int told = 0;
 	if (!missing || bpf_probe_read_user(&told, sizeof(told), answer))
@@ -120,5 +130,50 @@ int shunt_fionread(struct sys_exit_record *ctx)
 	told += missing;
 	if (!bpf_probe_write_user(answer, &told, sizeof(told)))
 		count(CNT_FIONREAD_CORRECTED);
+	return 0;
+}
+
+/* Where the answer cannot be corrected (lockdown), a reader FIONREAD told
+ * too few bytes of a socket shunt holds is noted as it is told: it may now
+ * wait for an edge that never comes (nginx) or sleep until told more (a
+ * Java available() loop), and one that asked before its first read is seen
+ * by nothing else until the stall scan's 0.5 s (508-579 ms for such a
+ * loop's first answer). The guard, told, runs the stall scan over the
+ * reader's process at once, which sends the connection back to TCP, whose
+ * FIONREAD is right, and wakes the reader (shunt_iter_stalls). A classic
+ * tracepoint cannot start the leave itself: tracing programs of its kind
+ * may not use bpf_timer. Once a connection: the mark stays until the scan
+ * has looked. */
+SEC("tracepoint/syscalls/sys_exit_ioctl")
+int shunt_fionread_told(struct sys_exit_record *ctx)
+{
+	int *answer = 0;
+	struct sock *sk = fionread_sock(ctx, &answer);
+	if (!sk)
+		return 0;
+	__u32 missing = fionread_missing(sk);
+	struct sock_state st;
+	if (!missing || !sock_held_state(sk, &st))
+		return 0;
+	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st.self);
+	if (!ref || ref->leaving || (ref->reads & (STATE_TCP_READER | STATE_TOLD_SHORT)))
+		return 0;
+	if (__sync_fetch_and_or(&ref->reads, STATE_TOLD_SHORT) & STATE_TOLD_SHORT)
+		return 0;
+	struct guard_event *ev = bpf_ringbuf_reserve(&guard_events, sizeof(*ev), 0);
+	if (!ev) {
+		/* Told at the next FIONREAD, or found by the scan's time. */
+		__sync_fetch_and_and(&ref->reads, ~STATE_TOLD_SHORT);
+		count(CNT_EVENTS_LOST);
+		return 0;
+	}
+	__builtin_memset(ev, 0, sizeof(*ev));
+	ev->self = st.self;
+	ev->cookie = held_cookie(sk);
+	ev->unread = missing;
+	ev->pid = bpf_get_current_pid_tgid() >> 32;
+	ev->kind = EVENT_TOLD_SHORT;
+	current_comm(ev->comm);
+	bpf_ringbuf_submit(ev, 0);
 	return 0;
 }

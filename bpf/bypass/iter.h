@@ -71,7 +71,16 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	 * this distinction (nginx's stream proxy on 6.1 under qemu once kept
 	 * a client open past its end without that). */
 	int quiet = 0;
-	if (!may_stall(sk, ref, &hidden)) {
+	int stalls = may_stall(sk, ref, &hidden);
+	/* FIONREAD told its reader too few (shunt_fionread_told): with
+	 * those bytes still hidden it goes now, whatever it read since. */
+	__u32 found = FOUND_BY_SCAN;
+	if (ref->reads & STATE_TOLD_SHORT) {
+		__sync_fetch_and_and(&ref->reads, ~STATE_TOLD_SHORT);
+		if (hidden)
+			found = FOUND_BY_FIONREAD;
+	}
+	if (!stalls) {
 		if (!end_unread(sk, ref)) {
 			ref->scan_at = 0;
 			return 0;
@@ -80,12 +89,12 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	}
 	__u64 now = bpf_ktime_get_ns();
 	__u32 progress = read_progress(sk, ref);
-	if (!ref->scan_at || ref->scan_progress != progress) {
+	if (found == FOUND_BY_SCAN && (!ref->scan_at || ref->scan_progress != progress)) {
 		ref->scan_at = now;
 		ref->scan_progress = progress;
 		return 0;
 	}
-	if (now - ref->scan_at < cfg.scan_stall_ns)
+	if (found == FOUND_BY_SCAN && now - ref->scan_at < cfg.scan_stall_ns)
 		return 0;
 	ref->cookie = held_cookie(sk);
 	ref->reader_pid = task->tgid;
@@ -95,7 +104,7 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
 	__u32 fd = ctx->fd + 1;
 	bpf_map_update_elem(&reader_fds, &ref->cookie, &fd, BPF_ANY);
-	rescue(&k, ref, hidden, move_delay(sk, ref), quiet ? EVENT_WAKE : EVENT_STALL_RESCUED, FOUND_BY_SCAN, 0);
+	rescue(&k, ref, hidden, move_delay(sk, ref), quiet ? EVENT_WAKE : EVENT_STALL_RESCUED, found, 0);
 	bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 	return 0;
 }

@@ -115,6 +115,7 @@ enum state_flags {
 	STATE_SMALL_WRITES = 32768, /* its peer's writer streams small sends TCP would gather: its reader's next read sends the connection back to TCP (peer_refs only) */
 	STATE_PROBE = 65536,   /* its reader is its program's probe: its reads tell whether the program splices after recv (admit_reader; sock_state only) */
 	STATE_HELD = 131072,   /* its reader read by TCP while its program was on probation (counted once; sock_state only) */
+	STATE_TOLD_SHORT = 262144, /* FIONREAD, not corrected here, told its reader fewer bytes than were queued: the stall scan of its process rescues it (peer_refs only) */
 };
 
 /* Record written by the flows iterator. */
@@ -276,6 +277,7 @@ enum event_kind {
 	EVENT_SPLICE_TRUNCATED = 5, /* a splice reader caught after its peer's end of stream: the splice returned end of stream before the redirected bytes */
 	EVENT_ZEROCOPY_CAUGHT = 6,  /* a TCP_ZEROCOPY_RECEIVE reader with redirected bytes it cannot map */
 	EVENT_PEEK_STUCK = 7,       /* a reader peeking again and again at redirected bytes, with TCP's behind them out of its sight */
+	EVENT_TOLD_SHORT = 8,       /* FIONREAD told a reader fewer bytes than were queued (not corrected here): the guard runs the stall scan over its process */
 };
 
 /* What the guard (user space) hears of: a splice reader caught with
@@ -302,4 +304,5 @@ struct guard_event {
 enum stall_found {
 	FOUND_BY_WATCH = 1, /* a read left bytes FIONREAD misses, then cfg.stall_ns asleep in a wait for the socket */
 	FOUND_BY_SCAN = 2,  /* the stall scan: nothing read for cfg.scan_stall_ns */
+	FOUND_BY_FIONREAD = 3, /* FIONREAD told its reader fewer bytes than were queued (EVENT_TOLD_SHORT), and the stall scan of its process found them still there */
 };
