@@ -83,9 +83,41 @@ static __always_inline __u32 fionread_missing(struct sock *sk)
 	return psock_queued(sk, psock);
 }
 
-/* The TCP socket a FIONREAD that just returned asked about, with where the
- * answer went; NULL after any other ioctl (every ioctl of the host passes
- * here: the first tests end the others). */
+/* The TCP socket open as fd in task if it has a psock (in a sockhash or
+ * sockmap), else NULL. Every FIONREAD of the host comes here: where
+ * bpf_rdonly_cast loads (6.2) the chain is read by direct loads, with one
+ * helper call (the descriptor table's slot) where probe reads made eleven. */
+static __always_inline struct sock *fd_psock_sock(struct task_struct *task, __u32 fd)
+{
+	if (cfg.probe_reads) {
+		struct file *f = task_file(task, fd);
+		struct socket *sock = f ? file_socket(f) : 0;
+		struct sock *sk = sock ? BPF_CORE_READ(sock, sk) : 0;
+		if (!sk || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP ||
+		    !((unsigned long)BPF_CORE_READ(sk, sk_user_data) & SK_USER_DATA_PSOCK))
+			return 0;
+		return sk;
+	}
+	struct fdtable *fdt = task->files->fdt;
+	if (!fdt || fd >= fdt->max_fds)
+		return 0;
+	struct file **fds = fdt->fd;
+	void *slot = 0;
+	if (bpf_probe_read_kernel(&slot, sizeof(slot), &fds[fd]) || !slot)
+		return 0;
+	struct file *f = bpf_rdonly_cast(slot, bpf_core_type_id_kernel(struct file));
+	if ((f->f_inode->i_mode & S_IFMT) != S_IFSOCK)
+		return 0;
+	struct socket *sock = bpf_rdonly_cast(f->private_data, bpf_core_type_id_kernel(struct socket));
+	struct sock *sk = sock->sk;
+	if (!sk || sk->sk_protocol != IPPROTO_TCP || !((unsigned long)sk->sk_user_data & SK_USER_DATA_PSOCK))
+		return 0;
+	return sk;
+}
+
+/* The socket a FIONREAD that just returned asked about, if it is a TCP one
+ * with a psock, with where the answer went; NULL after any other ioctl
+ * (every ioctl of the host passes here: the first tests end the others). */
 static __always_inline struct sock *fionread_sock(struct sys_exit_record *ctx, int **answer)
 {
 	if (ctx->ret)
@@ -95,16 +127,7 @@ static __always_inline struct sock *fionread_sock(struct sys_exit_record *ctx, i
 	if (!regs || (__u32)regs->si != FIONREAD)
 		return 0;
 	*answer = (int *)regs->dx;
-	struct file *f = task_file(task, regs->di);
-	if (!f)
-		return 0;
-	struct socket *sock = file_socket(f);
-	if (!sock)
-		return 0;
-	struct sock *sk = BPF_CORE_READ(sock, sk);
-	if (!sk || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
-		return 0;
-	return sk;
+	return fd_psock_sock(task, regs->di);
 }
 
 /* FIONREAD made to count every queued byte, on kernels whose answer leaves
