@@ -346,6 +346,61 @@ func TestFIONREADPollerReadsEverything(t *testing.T) {
 	}
 }
 
+// Connections of one process that FIONREAD tells too few at once (a
+// server's clients whose first bytes came together) are all rescued at
+// once, where the answer cannot be corrected: the guard takes the FIONREAD
+// watch's reports of one process together, in one pass of the stall scan
+// over its files, and none may be left to the scan's 0.5 s.
+func TestManyToldShortAtOnceAreAllRescued(t *testing.T) {
+	testenv.RequireRoot(t)
+	if f := host.Probe(); !f.FionreadMisses() || f.WriteUser {
+		t.Skip("the FIONREAD watch runs only where FIONREAD leaves bytes out and cannot be corrected")
+	}
+	in, cg := mustInstallWith(t, bypass.Options{})
+	bypasstest.RunGuard(t, in, func(s string) { t.Logf("guard: %s", s) })
+	side := testenv.Side{NS: testenv.MustNetNS(t), CG: cg}
+	const n, size = 20, 64 << 10
+	fds := make([]int, n)
+	for i := range fds {
+		c, s := testenv.ConnPair(t, "tcp4", side, "127.0.0.1:0", side, "127.0.0.1:0")
+		if _, err := s.Write(randomBytes(size, byte(i))); err != nil {
+			t.Fatal(err)
+		}
+		rawFD(t, c, func(fd int) { fds[i] = fd })
+	}
+	time.Sleep(20 * time.Millisecond) // loopback: delivered by now
+	start := time.Now()
+	for _, fd := range fds {
+		if _, err := unix.IoctlGetInt(fd, unix.SIOCINQ); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Told right once out of the sockhash.
+	for i, fd := range fds {
+		for {
+			n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == size {
+				break
+			}
+			if time.Since(start) > 250*time.Millisecond {
+				t.Fatalf("connection %d of %d: FIONREAD still says %d of %d after %v: left to the stall scan", i+1, len(fds), n, size, time.Since(start).Round(time.Millisecond))
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	st, err := in.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d connections told right after %v; %d stalls rescued", len(fds), time.Since(start).Round(time.Millisecond), st.Counters.StallsRescued)
+	if st.Counters.StallsRescued < n {
+		t.Errorf("%d stalls rescued, want %d", st.Counters.StallsRescued, n)
+	}
+}
+
 // programGoesWithTheInstall removes the install (its connection closed
 // first) and checks that its program name, which runs for every task of the
 // host (a tracepoint's), went with it.

@@ -88,6 +88,10 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 		return err == nil && os.SameFile(fi0, fi)
 	}
 	next := time.Now()
+	// Processes FIONREAD told too few, scanned once the events queued so
+	// far are read: a burst of one process's connections costs one pass
+	// over its files.
+	told := map[int]bypass.Event{}
 	for ctx.Err() == nil {
 		deadline := time.Now().Add(poll)
 		if scan != nil {
@@ -103,11 +107,15 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 			}
 			deadline = next
 		}
+		if len(told) > 0 {
+			deadline = time.Now()
+		}
 		ev, err := rd.Read(deadline)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			if !ours() {
 				return nil // removed or replaced: nothing left to guard here
 			}
+			scanTold(scan, told, report)
 			continue
 		}
 		if err != nil {
@@ -125,17 +133,25 @@ func Run(ctx context.Context, in *bypass.Install, report func(string)) error {
 		case bypass.StallRescued, bypass.Wake:
 			wake(in, ev, report)
 		case bypass.ToldShort:
-			// Its finds come back as StallRescued events.
-			if scan == nil {
-				break
-			}
-			if _, err := scan.RunIn(ev.PID); err != nil {
-				report(fmt.Sprintf("pid %d (%s) was told too few bytes by FIONREAD on %s (peer %s); scanning it failed, the stall scan's next pass finds it: %v",
-					ev.PID, ev.Command, ev.Local, ev.Remote, err))
+			if scan != nil {
+				told[ev.PID] = ev
 			}
 		}
 	}
 	return nil
+}
+
+// scanTold runs the stall scan over each process FIONREAD told too few
+// (one of its ToldShort events each) and forgets them; its finds come back
+// as StallRescued events.
+func scanTold(scan *bypass.StallScan, told map[int]bypass.Event, report func(string)) {
+	for pid, ev := range told {
+		if _, err := scan.RunIn(pid); err != nil {
+			report(fmt.Sprintf("pid %d (%s) was told too few bytes by FIONREAD on %s (peer %s); scanning it failed, the stall scan's next pass finds it: %v",
+				pid, ev.Command, ev.Local, ev.Remote, err))
+		}
+	}
+	clear(told)
 }
 
 // wake wakes the reader an event names, and says so for each connection
