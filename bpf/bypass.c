@@ -102,6 +102,7 @@ volatile const struct config {
 	__u32 behind_sends;   /* ... once the socket made this many sends */
 	__u32 writer_margin;  /* a reader's unread redirected bytes leave room in its netns's tcp_rmem[2] for its writer's send buffer and 1/this of it more (0: no such bound) */
 	__u32 refuse_splice;  /* an LSM hook refuses splices (--refuse-splice): each read forgets a refusal */
+	__u32 no_fionread_watch; /* --no-fionread-watch: shunt_fionread_told left out where it would run (read by Go only: the install's record) */
 } cfg = {
 	.settle_ns = 100ULL * 1000 * 1000,
 	.max_backlog = 8 << 20,

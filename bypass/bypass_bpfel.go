@@ -75,6 +75,8 @@ type bypassConfig struct {
 	BehindSends        uint32
 	WriterMargin       uint32
 	RefuseSplice       uint32
+	NoFionreadWatch    uint32
+	_                  [4]byte
 }
 
 type bypassControlWord struct {

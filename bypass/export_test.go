@@ -18,14 +18,6 @@ func WithSettle(o Options, d time.Duration) Options {
 	return o
 }
 
-// WithoutFIONREADWatch is o without the program that notes a reader
-// FIONREAD told too few (where FIONREAD cannot be corrected): such readers
-// meet only the stall watch and scan.
-func WithoutFIONREADWatch(o Options) Options {
-	o.noToldWatch = true
-	return o
-}
-
 // WithSmallWriteWindow is o with the window in which 64 small sends make a
 // stream (smallWriteWindow) set to d.
 func WithSmallWriteWindow(o Options, d time.Duration) Options {

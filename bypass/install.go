@@ -214,6 +214,15 @@ type Options struct {
 	// program reads a header and then splices, and for tests whose every
 	// end is one process.
 	NoProbation bool `json:"no_probation"`
+	// NoFIONREADWatch leaves out, where FIONREAD leaves bytes out of a
+	// socket in the sockhash and cannot be corrected (lockdown), the
+	// tracepoint on the ioctl system call's exit that sends a reader told
+	// too few to TCP at once: every system call of the host keeps the
+	// kernel's fast path (with it, 62-69 ns more each on these VMs), and
+	// such a reader waits for the stall watch (one that waits for an
+	// edge: 2-20 ms) or the stall scan (one that sleeps while told 0: up
+	// to 1 s) instead.
+	NoFIONREADWatch bool `json:"no_fionread_watch"`
 	// Mechanisms: the zero value uses the kernel's newest; tests set it
 	// to run an older kernel's ways on this one.
 	Mechanisms host.Mechanisms `json:"-"`
@@ -229,10 +238,6 @@ type Options struct {
 	// behindBytes and behindSends replace BehindBytes and BehindSends in
 	// the programs (tests only; behindBytes ^0: never).
 	behindBytes, behindSends uint32
-	// noToldWatch leaves shunt_fionread_told out where it would run
-	// (tests only: the stall watch and scan are what such readers meet
-	// without it, and what readers that never ask FIONREAD meet).
-	noToldWatch bool
 }
 
 // ErrNoSpliceRefusal: RefuseSplice asked on a kernel that runs no BPF LSM
@@ -443,7 +448,7 @@ func build(dir string, opts Options, learned *ebpf.Map) error {
 		if err := attachFionreadFix(dir, spec, &objs.bypassMaps, cache); err != nil {
 			return err
 		}
-	case fionreadMisses(cfg) && !opts.noToldWatch:
+	case fionreadMisses(cfg) && cfg.NoFionreadWatch == 0:
 		if err := attachFionreadTold(dir, spec, &objs.bypassMaps, cache); err != nil {
 			return err
 		}
@@ -500,6 +505,9 @@ func newConfig(opts Options) bypassConfig {
 	}
 	if opts.TrustReaders {
 		cfg.TrustReaders = 1
+	}
+	if opts.NoFIONREADWatch {
+		cfg.NoFionreadWatch = 1
 	}
 	if opts.RefuseSplice {
 		cfg.RefuseSplice = 1

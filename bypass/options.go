@@ -21,7 +21,7 @@ func (in *Install) Options() (Options, error) {
 		return Options{}, fmt.Errorf("read install options: %w", err)
 	}
 	_, refusal := os.Stat(filepath.Join(in.dir, linksDir, refuseLink))
-	return Options{MaxBacklog: cfg.MaxBacklog, TrustReaders: cfg.TrustReaders != 0, RefuseSplice: refusal == nil, PairBrief: cfg.BriefStreak == 0, NoProbation: cfg.ProbationReads == 0}, nil
+	return Options{MaxBacklog: cfg.MaxBacklog, TrustReaders: cfg.TrustReaders != 0, RefuseSplice: refusal == nil, PairBrief: cfg.BriefStreak == 0, NoProbation: cfg.ProbationReads == 0, NoFIONREADWatch: cfg.NoFionreadWatch != 0}, nil
 }
 
 // config reads the configuration the install's programs were loaded with.

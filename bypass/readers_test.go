@@ -252,7 +252,7 @@ func TestLeaveUnderTrafficBothWays(t *testing.T) {
 // An install reports the options it was created with, also through a handle
 // opened later from the pins.
 func TestOptionsReadBack(t *testing.T) {
-	for _, want := range []bypass.Options{{MaxBacklog: bypass.DefaultMaxBacklog}, {MaxBacklog: 1 << 20, TrustReaders: true}, {MaxBacklog: bypass.DefaultMaxBacklog, NoProbation: true}} {
+	for _, want := range []bypass.Options{{MaxBacklog: bypass.DefaultMaxBacklog}, {MaxBacklog: 1 << 20, TrustReaders: true}, {MaxBacklog: bypass.DefaultMaxBacklog, NoProbation: true}, {MaxBacklog: bypass.DefaultMaxBacklog, NoFIONREADWatch: true}} {
 		in, _ := bypasstest.MustEnabled(t, want)
 		again, err := bypass.Open(in.Dir())
 		if err != nil {

@@ -77,9 +77,12 @@ func TestFIONREADReaderNeverStalls(t *testing.T) {
 					// progress; the last two alone as well.
 					opts := bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}}
 					if watchOnly {
-						opts = bypass.WithoutFIONREADWatch(opts)
+						opts.NoFIONREADWatch = true
 					}
 					in, c, s, said := guardedPairLog(t, network, opts)
+					if st, err := in.Stats(); err != nil || watchOnly && slices.ContainsFunc(st.Programs, func(p bypass.Program) bool { return p.Name == "fionread_told" }) {
+						t.Fatalf("installed with NoFIONREADWatch, the FIONREAD watch is attached (%v)", err)
+					}
 					if tc.warm {
 						testenv.Warm(t, c, s)
 					}

@@ -37,7 +37,7 @@ func TestWokenReaderIsGivenItsTimeFromTheWakeUp(t *testing.T) {
 		t.Run(network, func(t *testing.T) {
 			// The watch's wake-up: the FIONREAD watch would move the
 			// reader before the watch looks.
-			in, cg := mustInstallWith(t, bypass.WithoutFIONREADWatch(bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}}))
+			in, cg := mustInstallWith(t, bypass.Options{NoFIONREADWatch: true, Mechanisms: host.Mechanisms{KernelFIONREAD: true}})
 			runTestGuard(t, in, 60*time.Millisecond)
 			c, s := connPairOver(t, network, cg)
 			took := readMiBToldZero(t, c, s)
@@ -74,7 +74,7 @@ func TestWakeNamesTheReadersDescriptor(t *testing.T) {
 			// find both first.
 			opts := bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}}
 			if tc.found != bypass.FoundByFIONREAD {
-				opts = bypass.WithoutFIONREADWatch(opts)
+				opts.NoFIONREADWatch = true
 			}
 			in, cg := mustInstallWith(t, opts)
 			events := runTestGuard(t, in, 0)

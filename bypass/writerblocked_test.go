@@ -224,7 +224,7 @@ func toldZeroReaderIsQuick(t *testing.T, probation bool, why string) bypass.Coun
 	t.Helper()
 	// The stall watch's own finds: the FIONREAD watch would move such a
 	// reader before the watch looks.
-	opts := bypass.WithoutFIONREADWatch(bypass.Options{Mechanisms: host.Mechanisms{KernelFIONREAD: true}})
+	opts := bypass.Options{NoFIONREADWatch: true, Mechanisms: host.Mechanisms{KernelFIONREAD: true}}
 	install := mustInstallWith
 	if probation {
 		install = mustInstallNew

@@ -14,16 +14,17 @@ import (
 
 func newBypassEnableCmd(e *env, g *globals) *cobra.Command {
 	var (
-		cgroupPath   string
-		maxBacklog   string
-		excludePorts string
-		trustReaders bool
-		refuseSplice bool
-		pairBrief    bool
-		noProbation  bool
-		wholeHost    bool
-		noGuard      bool
-		splicers     []string
+		cgroupPath      string
+		maxBacklog      string
+		excludePorts    string
+		trustReaders    bool
+		refuseSplice    bool
+		pairBrief       bool
+		noProbation     bool
+		noFIONREADWatch bool
+		wholeHost       bool
+		noGuard         bool
+		splicers        []string
 	)
 	c := &cobra.Command{
 		Use:   "enable --cgroup PATH | --host",
@@ -100,8 +101,8 @@ machine, shunt's own included. Say so explicitly; no cgroup is a mistake.`,
 					return usageError{fmt.Errorf("--splicer: %q is not a command name (1 to 15 characters, as 'ps -o comm' shows it)", name)}
 				}
 			}
-			opts := bypass.Options{MaxBacklog: uint32(sizes[0]), TrustReaders: trustReaders, RefuseSplice: refuseSplice, PairBrief: pairBrief, NoProbation: noProbation}
-			asked := c.Flags().Changed("max-backlog") || c.Flags().Changed("trust-readers") || c.Flags().Changed("refuse-splice") || c.Flags().Changed("pair-brief") || c.Flags().Changed("no-probation")
+			opts := bypass.Options{MaxBacklog: uint32(sizes[0]), TrustReaders: trustReaders, RefuseSplice: refuseSplice, PairBrief: pairBrief, NoProbation: noProbation, NoFIONREADWatch: noFIONREADWatch}
+			asked := c.Flags().Changed("max-backlog") || c.Flags().Changed("trust-readers") || c.Flags().Changed("refuse-splice") || c.Flags().Changed("pair-brief") || c.Flags().Changed("no-probation") || c.Flags().Changed("no-fionread-watch")
 			if err := bypassEnable(c.Context(), e, g, cgroupPath, opts, asked, exclude, splicers); err != nil {
 				return err
 			}
@@ -125,6 +126,7 @@ machine, shunt's own included. Say so explicitly; no cgroup is a mistake.`,
 	c.Flags().BoolVar(&refuseSplice, "refuse-splice", false, "where the kernel runs BPF LSM programs, fail a splice(2) from a bypassed socket with EINVAL before it reads, for applications that then read instead (Go's io.Copy): they stay bypassed; one that splices again without reading (HAProxy 2.6) has that splice let through, as without this flag (applies when shunt is first installed)")
 	c.Flags().BoolVar(&pairBrief, "pair-brief", false, "pair every connection, also to server ports whose connections from one client address are brief (16 in a row closed after at most 4 sends each way), whose new connections are otherwise left on TCP but one in 64: a pairing costs them more than it wins (applies when shunt is first installed)")
 	c.Flags().BoolVar(&noProbation, "no-probation", false, "redirect to a program's readers from their first recv also while the program is new to shunt, whose readers otherwise read by TCP until one of them has read 16 times or twice and 1 s passed (a program that reads a header and then splices is learned then with no connection reset): for hosts where none does (applies when shunt is first installed)")
+	c.Flags().BoolVar(&noFIONREADWatch, "no-fionread-watch", false, "where FIONREAD leaves bytes of a bypassed socket out and shunt cannot correct it (lockdown), do not watch its answers on the ioctl system call's exit tracepoint: every system call of the host keeps the kernel's fast path (about 65 ns each on a 2-core VM), and a reader told too few waits for the stall watch (2-20 ms) or, if it sleeps while told 0, the stall scan (up to 1 s) before its connection goes back to TCP (applies when shunt is first installed)")
 	c.Flags().BoolVar(&trustReaders, "trust-readers", false, "redirect before a reader has called recv, and to blocking readers: first exchanges and blocking programs are bypassed too; breaks splice(2) readers, and a signal in a blocking read returns EAGAIN (applies when shunt is first installed)")
 	return c
 }

@@ -302,5 +302,8 @@ func describeOptions(o bypass.Options) string {
 	if o.NoProbation {
 		readers += ", --no-probation"
 	}
+	if o.NoFIONREADWatch {
+		readers += ", --no-fionread-watch"
+	}
 	return fmt.Sprintf("--max-backlog %s, %s", formatSize(uint64(o.MaxBacklog)), readers)
 }
