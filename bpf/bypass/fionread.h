@@ -178,8 +178,10 @@ int shunt_fionread_told(struct sys_exit_record *ctx)
 	struct sock_state st;
 	if (!missing || !sock_held_state(sk, &st))
 		return 0;
+	/* Leaving too: the scan hastens a leave that waits out its settle
+	 * with only TCP bytes queued (its peer's reader blocked in recv). */
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &st.self);
-	if (!ref || ref->leaving || (ref->reads & (STATE_TCP_READER | STATE_TOLD_SHORT)))
+	if (!ref || (ref->reads & STATE_TOLD_SHORT))
 		return 0;
 	if (__sync_fetch_and_or(&ref->reads, STATE_TOLD_SHORT) & STATE_TOLD_SHORT)
 		return 0;

@@ -40,6 +40,20 @@ int shunt_iter_drain(struct bpf_iter__task_file *ctx)
 	return 0;
 }
 
+/* Who reads a socket the stall scan found, for the guard to wake: the
+ * process whose file it visits, through descriptor fd. */
+static __always_inline void scan_note_reader(struct peer_ref *ref, struct sock *sk, struct task_struct *task, __u32 fd)
+{
+	ref->cookie = held_cookie(sk);
+	ref->reader_pid = task->tgid;
+	ref->reader_ino = socket_ino(sk);
+	struct task_struct *leader = task->group_leader;
+	if (leader)
+		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
+	__u32 hint = fd + 1;
+	bpf_map_update_elem(&reader_fds, &ref->cookie, &hint, BPF_ANY);
+}
+
 /* The stall scan, which the guard runs every few hundred milliseconds: a
  * held socket with bytes queued that FIONREAD does not count here, whose
  * reader has read nothing for cfg.scan_stall_ns, goes back to TCP and its
@@ -62,8 +76,24 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 		return 0;
 	struct sock_key k = st.self;
 	struct peer_ref *ref = bpf_map_lookup_elem(&peer_refs, &k);
-	if (!ref || ref->leaving || (ref->reads & STATE_TCP_READER))
+	if (!ref)
 		return 0;
+	if (ref->leaving || (ref->reads & STATE_TCP_READER)) {
+		/* Leaving on its own time (a settle: its peer's reader blocked
+		 * in recv), and FIONREAD told its reader too few meanwhile:
+		 * with only TCP bytes queued no redirect can be landing, so it
+		 * goes now, and wakes its reader as it goes. A poller told 0
+		 * waited the settle out (100 ms for its first answer). */
+		if (ref->reads & STATE_TOLD_SHORT) {
+			__sync_fetch_and_and(&ref->reads, ~STATE_TOLD_SHORT);
+			if (nothing_landing(sk, ref)) {
+				scan_note_reader(ref, sk, task, ctx->fd);
+				__sync_fetch_and_or(&ref->reads, STATE_WATCHED);
+				arm(ref, 0);
+			}
+		}
+		return 0;
+	}
 	__u32 hidden;
 	/* The end unread with nobody waiting on the socket (a pool's idle
 	 * connection) is no stall, and is not counted or logged as one; it
@@ -96,14 +126,7 @@ int shunt_iter_stalls(struct bpf_iter__task_file *ctx)
 	}
 	if (found == FOUND_BY_SCAN && now - ref->scan_at < cfg.scan_stall_ns)
 		return 0;
-	ref->cookie = held_cookie(sk);
-	ref->reader_pid = task->tgid;
-	ref->reader_ino = socket_ino(sk);
-	struct task_struct *leader = task->group_leader;
-	if (leader)
-		bpf_probe_read_kernel_str(ref->reader_comm, sizeof(ref->reader_comm), leader->comm);
-	__u32 fd = ctx->fd + 1;
-	bpf_map_update_elem(&reader_fds, &ref->cookie, &fd, BPF_ANY);
+	scan_note_reader(ref, sk, task, ctx->fd);
 	rescue(&k, ref, hidden, move_delay(sk, ref), quiet ? EVENT_WAKE : EVENT_STALL_RESCUED, found, 0);
 	bpf_seq_write(ctx->meta->seq, &k, sizeof(k));
 	return 0;
