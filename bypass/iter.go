@@ -35,13 +35,15 @@ func runIter(prog *ebpf.Program) ([]byte, error) {
 func runIterIn(prog *ebpf.Program, pid int) ([]byte, error) {
 	// union bpf_iter_link_info's task member: tid, pid, pid_fd.
 	info := [3]uint32{0, uint32(pid), 0}
-	// The BPF_LINK_CREATE attribute as far as an iterator's fields go.
+	// The BPF_LINK_CREATE attribute as far as an iterator's fields go;
+	// iterInfo a pointer the garbage collector sees (a 64-bit field: the
+	// static binary is built for 64-bit architectures only).
 	attr := struct {
 		progFD, targetFD, attachType, flags uint32
-		iterInfo                            uint64
+		iterInfo                            unsafe.Pointer
 		iterInfoLen                         uint32
 		_                                   uint32
-	}{progFD: uint32(prog.FD()), attachType: unix.BPF_TRACE_ITER, iterInfo: uint64(uintptr(unsafe.Pointer(&info))), iterInfoLen: uint32(unsafe.Sizeof(info))}
+	}{progFD: uint32(prog.FD()), attachType: unix.BPF_TRACE_ITER, iterInfo: unsafe.Pointer(&info), iterInfoLen: uint32(unsafe.Sizeof(info))}
 	lfd, err := bpfCall(unix.BPF_LINK_CREATE, unsafe.Pointer(&attr), unsafe.Sizeof(attr))
 	if err != nil {
 		return nil, fmt.Errorf("create an iterator link for pid %d: %w", pid, err)
